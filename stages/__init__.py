@@ -1,0 +1,1 @@
+"""The flash operations (one module per stage) and the layers beneath them."""

@@ -1,0 +1,1 @@
+"""BAR5 access: the interface every transport implements, and the transports."""

@@ -1,0 +1,201 @@
+"""The emulated Navi31 board: BAR5 register file with behaviour, wired to its models.
+
+`Board` is the hardware. It knows nothing about drivers; it offers BAR5 the way the
+physical paths do, each charged on the virtual clock by the active cost profile:
+
+* `stream_read` / `stream_write`: one streamed BAR access (ASM24 modes 2/1, or a run of
+  PCIe dwords);
+* `tlp_read32` / `tlp_write32`: one single-TLP register access (ASM24 mode 0);
+* `reg_read` / `reg_write`: the raw access underneath, uncharged, used by the emulated
+  USB bridge, which charges its own USB transfers.
+
+Registers without behaviour read back what was written. Registers with behaviour have
+hooks: a write hook sees the merged 32-bit value after the bytes landed, a read hook
+supplies the value. Block accesses visit hooked dwords in ascending address order, as the
+TLPs of a streamed access do.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Callable
+
+from stages.navi31 import regs as R
+from stages.transport.sim import cost as costmod
+from stages.transport.sim.clock import SimClock
+from stages.transport.sim.faults import Faults
+from stages.transport.sim.state import C, BoardFiles
+
+ReadHook = Callable[[], int]
+WriteHook = Callable[[int], None]
+
+# Slots of the persistent fault-state region (signed 64-bit each).
+F_WRITES = 0          # register write accesses since the board was created
+F_KILL_FIRED = 1      # kill-after-writes has fired (one-shot)
+F_USB_TRANSFERS = 2   # USB transfers, for usb-disconnect-after
+F_ENGINE_TXNS = 3     # ROM_SW transactions, for stall-after
+F_FLIP_DRAWS = 4      # read-flip random draws consumed
+
+# Counter slots, bound once: these are touched on every access.
+_CONTROL, _BULK, _BULK_BYTES, _TLPS = C["control_transfers"], C["bulk_transfers"], C["bulk_bytes"], C["tlps"]
+_REG_READS, _REG_WRITES = C["reg_reads"], C["reg_writes"]
+
+
+class Board:
+    def __init__(self, path: str | os.PathLike[str], profile: str | None = None,
+                 realtime_scale: float | None = None):
+        self.path = Path(path)
+        self.files = BoardFiles(self.path)
+        self.config = self.files.config
+        self.regs = self.files.regs
+        self.counters = self.files.region("counters").cast("d")
+        self.fault_state = self.files.region("faults").cast("q")
+        self.faults = Faults.from_json(self.config.get("faults", {}))
+        self.cost = costmod.profile(profile or self.config.get("transport", "asm24"))
+        scale = self.config.get("realtime_scale", 0.0) if realtime_scale is None else realtime_scale
+        self.clock = SimClock(self.counters, C["modelled_seconds"], C["sleep_seconds"], float(scale))
+        self.variant: dict = self.config.get("variant", {})
+        self.seed: int = int(self.config.get("seed", 0))
+
+        self._read_hooks: dict[int, ReadHook] = {}
+        self._write_hooks: dict[int, WriteHook] = {}
+        self._hooked = bytearray(R.BAR5_SIZE >> 2)  # 1 per dword with behaviour
+        self._kill_at = self.faults.kill_after_writes if not self.fault_state[F_KILL_FIRED] else None
+
+        # The models, wired onto the register file. Imported here so each stays a leaf.
+        from stages.transport.sim.aperture import RomAperture
+        from stages.transport.sim.gd25 import Gd25Chip
+        from stages.transport.sim.psp import PspMailbox
+        from stages.transport.sim.romsw import RomSwEngine
+
+        self.chip = Gd25Chip(self)
+        self.engine = RomSwEngine(self)
+        self.aperture = RomAperture(self)
+        self.psp = PspMailbox(self)
+        self._closed = False
+
+    # -- wiring for the models ------------------------------------------------------------
+    def on_read(self, offset: int, hook: ReadHook) -> None:
+        self._read_hooks[offset] = hook
+        self._hooked[offset >> 2] = 1
+
+    def on_write(self, offset: int, hook: WriteHook) -> None:
+        self._write_hooks[offset] = hook
+        self._hooked[offset >> 2] = 1
+
+    def get32(self, offset: int) -> int:
+        return int.from_bytes(self.regs[offset:offset + 4], "little")
+
+    def set32(self, offset: int, value: int) -> None:
+        self.regs[offset:offset + 4] = (value & 0xFFFFFFFF).to_bytes(4, "little")
+
+    def count(self, name: str, n: float = 1) -> None:
+        self.counters[C[name]] += n
+
+    # -- raw BAR5 access ------------------------------------------------------------------
+    def reg_read(self, offset: int, size: int) -> bytes:
+        self._check_range(offset, size)
+        self.counters[_REG_READS] += 1
+        first, last = offset >> 2, (offset + size + 3) >> 2
+        if self._hooked.find(1, first, last) < 0:
+            return self.regs[offset:offset + size]
+        out = bytearray()
+        for dword in range(first, last):
+            base = dword << 2
+            hook = self._read_hooks.get(base)
+            out += hook().to_bytes(4, "little") if hook else self.regs[base:base + 4]
+        start = offset - (first << 2)
+        return bytes(out[start:start + size])
+
+    def reg_write(self, offset: int, data: bytes) -> None:
+        size = len(data)
+        self._check_range(offset, size)
+        counters = self.counters
+        counters[_REG_WRITES] += 1
+        fs = self.fault_state
+        fs[F_WRITES] += 1
+        if self._kill_at is not None and fs[F_WRITES] >= self._kill_at:
+            self._power_loss()
+        first, last = offset >> 2, (offset + size + 3) >> 2
+        if self._hooked.find(1, first, last) < 0:
+            self.regs[offset:offset + size] = data
+            return
+        for dword in range(first, last):
+            base = dword << 2
+            lo, hi = max(base, offset), min(base + 4, offset + size)
+            self.regs[lo:hi] = data[lo - offset:hi - offset]
+            hook = self._write_hooks.get(base)
+            if hook:
+                hook(self.get32(base))
+
+    def _check_range(self, offset: int, size: int) -> None:
+        if offset < 0 or size <= 0 or offset + size > R.BAR5_SIZE:
+            raise ValueError(f"BAR5 access {offset:#x}+{size:#x} is outside the 1 MiB aperture")
+
+    def _power_loss(self) -> None:
+        """kill-after-writes: the host dies here, before this write reaches the board."""
+        self.fault_state[F_KILL_FIRED] = 1
+        self.files.state.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    # -- charged frontends ----------------------------------------------------------------
+    def stream_read(self, offset: int, size: int) -> bytes:
+        cost = self.cost
+        c = self.counters
+        if cost.usb:
+            c[_CONTROL] += 1
+            c[_BULK] += 1
+            c[_BULK_BYTES] += size
+        c[_TLPS] += (size + 3) >> 2
+        self.clock.advance(cost.stream_read(size))
+        return self.reg_read(offset, size)
+
+    def stream_write(self, offset: int, data: bytes) -> None:
+        cost = self.cost
+        c = self.counters
+        size = len(data)
+        if cost.usb:
+            c[_CONTROL] += 1
+            c[_BULK] += 1
+            c[_BULK_BYTES] += size
+        c[_TLPS] += (size + 3) >> 2
+        self.clock.advance(cost.stream_write(size))
+        self.reg_write(offset, data)
+
+    def tlp_read32(self, offset: int) -> int:
+        if self.cost.usb:
+            self.counters[_CONTROL] += 2
+        self.counters[_TLPS] += 1
+        self.clock.advance(self.cost.tlp_read32())
+        return int.from_bytes(self.reg_read(offset, 4), "little")
+
+    def tlp_write32(self, offset: int, value: int) -> None:
+        if self.cost.usb:
+            self.counters[_CONTROL] += 1
+        self.counters[_TLPS] += 1
+        self.clock.advance(self.cost.tlp_write32())
+        self.reg_write(offset, (value & 0xFFFFFFFF).to_bytes(4, "little"))
+
+    # -- lifetime -------------------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        from stages.transport.sim.state import COUNTER_NAMES
+
+        return {name: self.counters[i] for i, name in enumerate(COUNTER_NAMES)}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.psp.close()
+        self.counters.release()
+        self.fault_state.release()
+        self.chip.close()
+        self.engine.close()
+        self.files.close()
+
+    def __enter__(self) -> "Board":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

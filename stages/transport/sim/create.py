@@ -1,0 +1,100 @@
+"""Making an emulated board: a directory holding flash content, registers and identity."""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import os
+import secrets
+from pathlib import Path
+
+from stages.navi31 import regs as R
+from stages.transport.sim import cost
+from stages.transport.sim.faults import Faults
+from stages.transport.sim.state import BAR5_SIZE, FLASH_SIZE, REGIONS, create_files
+
+# Power-on register values (assumptions: no dump of a stalled Navi31 is public). They are
+# chosen so that a driver which skips a documented step fails visibly: the SPI pads start
+# owned by GPIO and page-mirror usage starts clear.
+POWER_ON_REGISTERS = {
+    R.ROM_CNTL: 0x0A000002,
+    R.PAGE_MIRROR_CNTL: 0x00000000,
+    R.GPIOPAD_MASK: 0x00001F80,
+    R.GPIOPAD_A: 0x00000780,
+    R.GPIOPAD_EN: 0x00000F80,
+}
+
+
+class BoardExistsError(FileExistsError):
+    pass
+
+
+def create_board(
+    path: str | os.PathLike[str],
+    *,
+    content: str | bytes = "synthetic",
+    cmp: bool = False,
+    bp: int = 0,
+    gated: bool = False,
+    no_raw_rom: bool = False,
+    mirrored_rom: bool = False,
+    sos: bool = False,
+    transport: str = "asm24",
+    seed: int | None = None,
+    faults: list[str] | None = None,
+    realtime_scale: float = 0.0,
+    psp_order: list[int] | None = None,
+) -> Path:
+    """Create a board directory. `content` is "synthetic", "blank" or a 2 MiB image."""
+    path = Path(path)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise BoardExistsError(f"{path} already exists and is not an empty directory")
+    cost.profile(transport)  # validates the name
+    if not 0 <= bp <= 7:
+        raise ValueError("--bp must be 0..7 (BP2..BP0)")
+    fault_set = Faults.parse(faults or [])
+    if seed is None:
+        seed = secrets.randbits(32)
+
+    if content == "synthetic":
+        from stages.transport.sim.synth import synthetic_ifwi
+
+        flash = synthetic_ifwi(seed)
+    elif content == "blank":
+        flash = b"\xff" * FLASH_SIZE
+    elif isinstance(content, (bytes, bytearray)):
+        if len(content) != FLASH_SIZE:
+            raise ValueError(f"image must be exactly {FLASH_SIZE:#x} bytes, got {len(content):#x}")
+        flash = bytes(content)
+    else:
+        raise ValueError(f"unknown board content {content!r}")
+
+    identity = hashlib.sha256(f"amdflash-sim:{seed}:{path.resolve()}".encode()).digest()
+    regs = bytearray(BAR5_SIZE)
+    for offset, value in POWER_ON_REGISTERS.items():
+        regs[offset:offset + 4] = value.to_bytes(4, "little")
+
+    config = {
+        "format": 1,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "label": "amdflash emulated Navi31 board (synthetic, not an AMD device)",
+        "seed": seed,
+        "transport": transport,
+        "content": content if isinstance(content, str) else "image",
+        "variant": {"gated": gated, "no_raw_rom": no_raw_rom, "mirrored_rom": mirrored_rom, "sos": sos},
+        "unique_id": identity[:16].hex(),
+        "serial": identity[16:20].hex(),
+        "faults": fault_set.to_json(),
+        "realtime_scale": realtime_scale,
+        "psp_order": psp_order,
+    }
+    create_files(path, config, flash, bytes(regs))
+
+    # The chip's status registers (CMP, BP) are part of its persistent state.
+    from stages.transport.sim.gd25 import Gd25Chip
+
+    chip_state = Gd25Chip.initial_state(cmp=cmp, bp=bp)
+    offset, size = REGIONS["chip"]
+    with open(path / "state.bin", "r+b") as f:
+        f.seek(offset)
+        f.write(chip_state[:size])
+    return path

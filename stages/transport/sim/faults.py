@@ -1,0 +1,123 @@
+"""Fault injection for the emulated board: parsed from `--fault SPEC`, persisted with it.
+
+Every fault is deterministic for a given board seed, so a failing test replays exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FLASH_SIZE = 0x200000
+SECTOR_SIZE = 0x1000
+
+FAULT_HELP = """\
+read-flip=P             flip one bit of an RX byte with probability P per byte (transient)
+stuck-bit=ADDR[:BIT]    that flash bit stays 1 (default bit 0): programming it to 0 fails
+erase-fail=SECTOR       erasing that 4 KiB sector (by index) silently does nothing
+stall-after=N           the ROM_SW engine stops completing after N transactions
+usb-disconnect-after=N  the USB bridge disappears after N USB transfers
+kill-after-writes=N     the host process dies at its Nth register write (one-shot, as on power loss)
+psp-error=CMD:CODE      the PSP answers mailbox command CMD with error CODE"""
+
+
+class FaultSpecError(ValueError):
+    pass
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise FaultSpecError(f"{what}: {text!r} is not a number") from None
+
+
+@dataclass
+class Faults:
+    read_flip: float = 0.0
+    stuck_bits: list[tuple[int, int]] = field(default_factory=list)   # (address, bit)
+    erase_fail: list[int] = field(default_factory=list)               # sector indices
+    stall_after: int | None = None
+    usb_disconnect_after: int | None = None
+    kill_after_writes: int | None = None
+    psp_errors: dict[int, int] = field(default_factory=dict)          # command -> error code
+
+    @classmethod
+    def parse(cls, specs: list[str]) -> "Faults":
+        faults = cls()
+        for spec in specs:
+            faults.add(spec)
+        return faults
+
+    def add(self, spec: str) -> None:
+        name, sep, value = spec.partition("=")
+        if not sep or not value:
+            raise FaultSpecError(f"fault {spec!r}: expected NAME=VALUE\n{FAULT_HELP}")
+        if name == "read-flip":
+            try:
+                p = float(value)
+            except ValueError:
+                raise FaultSpecError(f"read-flip: {value!r} is not a probability") from None
+            if not 0.0 <= p <= 1.0:
+                raise FaultSpecError(f"read-flip: probability {p} is outside 0..1")
+            self.read_flip = p
+        elif name == "stuck-bit":
+            addr_text, _, bit_text = value.partition(":")
+            addr = _int(addr_text, "stuck-bit address")
+            bit = _int(bit_text, "stuck-bit bit") if bit_text else 0
+            if not 0 <= addr < FLASH_SIZE or not 0 <= bit <= 7:
+                raise FaultSpecError(f"stuck-bit: {value!r} is outside the 2 MiB flash or bit 0..7")
+            self.stuck_bits.append((addr, bit))
+        elif name == "erase-fail":
+            sector = _int(value, "erase-fail sector")
+            if not 0 <= sector < FLASH_SIZE // SECTOR_SIZE:
+                raise FaultSpecError(f"erase-fail: sector {sector} is outside 0..511")
+            self.erase_fail.append(sector)
+        elif name in ("stall-after", "usb-disconnect-after", "kill-after-writes"):
+            n = _int(value, name)
+            if n < 0 or (name == "kill-after-writes" and n < 1):
+                raise FaultSpecError(f"{name}: {n} is out of range")
+            setattr(self, name.replace("-", "_"), n)
+        elif name == "psp-error":
+            cmd_text, sep2, code_text = value.partition(":")
+            if not sep2:
+                raise FaultSpecError("psp-error: expected CMD:CODE, e.g. psp-error=0x8:0xC")
+            cmd, code = _int(cmd_text, "psp-error command"), _int(code_text, "psp-error code")
+            if not 0 <= cmd <= 0xFF or not 1 <= code <= 0xFFFF:
+                raise FaultSpecError(f"psp-error: {value!r} out of range")
+            self.psp_errors[cmd] = code
+        else:
+            raise FaultSpecError(f"unknown fault {name!r}; known faults:\n{FAULT_HELP}")
+
+    def to_json(self) -> dict:
+        return {
+            "read_flip": self.read_flip,
+            "stuck_bits": [list(x) for x in self.stuck_bits],
+            "erase_fail": list(self.erase_fail),
+            "stall_after": self.stall_after,
+            "usb_disconnect_after": self.usb_disconnect_after,
+            "kill_after_writes": self.kill_after_writes,
+            "psp_errors": {str(k): v for k, v in self.psp_errors.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Faults":
+        return cls(
+            read_flip=float(data.get("read_flip", 0.0)),
+            stuck_bits=[(int(a), int(b)) for a, b in data.get("stuck_bits", [])],
+            erase_fail=[int(s) for s in data.get("erase_fail", [])],
+            stall_after=data.get("stall_after"),
+            usb_disconnect_after=data.get("usb_disconnect_after"),
+            kill_after_writes=data.get("kill_after_writes"),
+            psp_errors={int(k): int(v) for k, v in data.get("psp_errors", {}).items()},
+        )
+
+    def describe(self) -> list[str]:
+        out = []
+        if self.read_flip:
+            out.append(f"read-flip={self.read_flip}")
+        out += [f"stuck-bit={a:#x}:{b}" for a, b in self.stuck_bits]
+        out += [f"erase-fail={s}" for s in self.erase_fail]
+        for name in ("stall_after", "usb_disconnect_after", "kill_after_writes"):
+            if getattr(self, name) is not None:
+                out.append(f"{name.replace('_', '-')}={getattr(self, name)}")
+        out += [f"psp-error={c:#x}:{e:#x}" for c, e in self.psp_errors.items()]
+        return out

@@ -1,0 +1,112 @@
+"""The emulated board's persistent state: a directory of memory-mapped files.
+
+A real board keeps its flash and its register state while the host process that drives
+it crashes. Mapping the state files shared means every store lands in the page cache at
+once, so a host killed at any instant leaves the board exactly as it was at that
+instant, and the next process continues from there.
+
+    board.json   configuration (variant, profile, seed, faults, identity)
+    flash.bin    the 2 MiB SPI NOR array
+    regs.bin     BAR5, 1 MiB of registers
+    state.bin    counters, chip status/OTP bits, engine capture, mailbox and fault state
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from pathlib import Path
+
+FLASH_SIZE = 0x200000
+BAR5_SIZE = 0x100000
+STATE_SIZE = 0x4000
+STATE_MAGIC = b"AMDFSIM1"
+
+# state.bin regions: (offset, size). Each model owns its region and lays it out itself.
+REGIONS: dict[str, tuple[int, int]] = {
+    "header": (0x0000, 0x40),
+    "counters": (0x0040, 0x1C0),    # 56 doubles
+    "faults": (0x0200, 0x100),      # 32 signed 64-bit counters
+    "engine": (0x0300, 0x200),      # ROM_SW capture buffer and engine flags
+    "aperture": (0x0500, 0x100),
+    "chip": (0x0600, 0x200),        # status registers, WEL/busy/power state
+    "psp": (0x0800, 0x800),
+    "otp": (0x1000, 0x1000),        # security registers
+    "spare": (0x2000, 0x2000),
+}
+
+COUNTER_NAMES = (
+    "modelled_seconds",
+    "control_transfers",
+    "bulk_transfers",
+    "bulk_bytes",
+    "tlps",
+    "config_accesses",
+    "reg_reads",
+    "reg_writes",
+    "spi_transactions",
+    "spi_bytes",
+    "spi_seconds",
+    "flash_busy_seconds",
+    "sleep_seconds",
+)
+C = {name: i for i, name in enumerate(COUNTER_NAMES)}
+
+
+class BoardFiles:
+    """Opens (or creates) the files of one board directory and maps them."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        config_file = self.path / "board.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"{self.path} is not an emulated board (no board.json); create one with 'amdflash sim create'")
+        self.config: dict = json.loads(config_file.read_text())
+        self._files = []
+        self.flash = self._map("flash.bin", FLASH_SIZE)
+        self.regs = self._map("regs.bin", BAR5_SIZE)
+        self.state = self._map("state.bin", STATE_SIZE)
+        if bytes(self.state[0:8]) != STATE_MAGIC:
+            raise ValueError(f"{self.path}/state.bin is not an emulated board state file")
+
+    def _map(self, name: str, size: int) -> mmap.mmap:
+        file = open(self.path / name, "r+b")
+        if os.fstat(file.fileno()).st_size != size:
+            file.close()
+            raise ValueError(f"{self.path / name} has the wrong size (expected {size:#x} bytes)")
+        self._files.append(file)
+        return mmap.mmap(file.fileno(), size)
+
+    def region(self, name: str) -> memoryview:
+        offset, size = REGIONS[name]
+        return memoryview(self.state)[offset:offset + size]
+
+    def save_config(self) -> None:
+        tmp = self.path / "board.json.tmp"
+        tmp.write_text(json.dumps(self.config, indent=2, sort_keys=True))
+        os.replace(tmp, self.path / "board.json")
+
+    def close(self) -> None:
+        for m in (self.flash, self.regs, self.state):
+            try:
+                m.flush()
+                m.close()
+            except (BufferError, ValueError):
+                # A memoryview onto the map is still alive somewhere; the map closes with it.
+                pass
+        for f in self._files:
+            f.close()
+        self._files.clear()
+
+
+def create_files(path: Path, config: dict, flash: bytes, regs: bytes) -> None:
+    """Write a fresh board directory atomically enough: board.json is written last."""
+    if len(flash) != FLASH_SIZE or len(regs) != BAR5_SIZE:
+        raise ValueError("internal: wrong flash or register image size")
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "flash.bin").write_bytes(flash)
+    (path / "regs.bin").write_bytes(regs)
+    state = bytearray(STATE_SIZE)
+    state[0:8] = STATE_MAGIC
+    (path / "state.bin").write_bytes(bytes(state))
+    (path / "board.json").write_text(json.dumps(config, indent=2, sort_keys=True))
