@@ -36,6 +36,7 @@ F_KILL_FIRED = 1      # kill-after-writes has fired (one-shot)
 F_USB_TRANSFERS = 2   # USB transfers, for usb-disconnect-after
 F_ENGINE_TXNS = 3     # ROM_SW transactions, for stall-after
 F_FLIP_DRAWS = 4      # read-flip random draws consumed
+F_USB_FIRED = 5       # usb-disconnect-after has fired (one-shot)
 
 # Counter slots, bound once: these are touched on every access.
 _CONTROL, _BULK, _BULK_BYTES, _TLPS = C["control_transfers"], C["bulk_transfers"], C["bulk_bytes"], C["tlps"]

@@ -16,7 +16,8 @@ erase-fail=SECTOR       erasing that 4 KiB sector (by index) silently does nothi
 stall-after=N           the ROM_SW engine stops completing after N transactions
 usb-disconnect-after=N  the USB bridge disappears after N USB transfers
 kill-after-writes=N     the host process dies at its Nth register write (one-shot, as on power loss)
-psp-error=CMD:CODE      the PSP answers mailbox command CMD with error CODE"""
+psp-error=CMD:CODE      the PSP answers mailbox command CMD with error CODE
+Counted faults (N) count from board creation, or from when 'sim fault' set them."""
 
 
 class FaultSpecError(ValueError):

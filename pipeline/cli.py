@@ -1,0 +1,45 @@
+"""The amdflash command line (DESIGN.md "Command line" is the contract)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pipeline import sim_commands
+from pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED, Refusal
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="amdflash",
+        description="Dump, verify and recover the SPI flash of AMD Navi31 boards (RX 7900 XT/XTX) over "
+                    "the ASM24 USB bridge or native PCIe. Every register write and verify result is "
+                    "recorded in an append-only SQLite audit trail.")
+    p.add_argument("--db", metavar="PATH", help="audit database (default $AMDFLASH_DB, else "
+                   "~/.local/share/amdflash/audit.sqlite)")
+    p.add_argument("--log-json", action="store_true", help="log events as JSON lines on stderr")
+    verbosity = p.add_mutually_exclusive_group()
+    verbosity.add_argument("-v", "--verbose", action="store_true", help="more log output")
+    verbosity.add_argument("-q", "--quiet", action="store_true", help="errors only")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sim_commands.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except Refusal as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (OSError, RuntimeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

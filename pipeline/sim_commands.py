@@ -1,0 +1,212 @@
+"""`amdflash sim ...`: make, inspect and export emulated boards."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pipeline.errors import Refusal
+from stages.transport.sim import Board, create_board
+from stages.transport.sim.create import BoardExistsError
+from stages.transport.sim.faults import FAULT_HELP, Faults, FaultSpecError
+from stages.transport.sim.state import COUNTER_NAMES, FLASH_SIZE, BoardFiles
+
+
+def _int(text: str) -> int:
+    return int(text, 0)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    sim = sub.add_parser(
+        "sim", help="emulated boards: create, export, counters, synthetic images",
+        description="Emulated Navi31 boards for tests, the demo and benchmarks. A board is a directory; "
+                    "every amdflash command reaches it as --board sim:PATH, through the same "
+                    "interfaces as hardware. Everything here is synthetic, never an AMD image.")
+    ssub = sim.add_subparsers(dest="sim_command", required=True, metavar="SIM_COMMAND")
+
+    c = ssub.add_parser(
+        "create", help="make a new emulated board directory",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Create an emulated board at PATH (an empty or new directory). Default content: a "
+                    "synthetic IFWI. Writes only PATH.",
+        epilog="faults (--fault, repeatable; seeded and deterministic):\n" + FAULT_HELP)
+    c.add_argument("path", type=Path)
+    content = c.add_mutually_exclusive_group()
+    content.add_argument("--synthetic", action="store_true", help="synthetic IFWI content (default)")
+    content.add_argument("--image", type=Path, metavar="FILE", help="start with this 2 MiB image")
+    content.add_argument("--blank", action="store_true", help="start erased (all 0xFF)")
+    c.add_argument("--cmp", action="store_true", help="set SR2.CMP (with BP=0: the whole array is protected)")
+    c.add_argument("--bp", type=int, default=0, metavar="N", help="BP2..BP0 block-protect value 0..7")
+    c.add_argument("--gated", action="store_true",
+                   help="healthy autonomous boot: the ROM_SW engine is gated (STATUS 0x04000800)")
+    c.add_argument("--sos", action="store_true", help="SOS is up: PSP update commands answer gated (0xA)")
+    c.add_argument("--no-raw-rom", action="store_true", help="raw SMUIO ROM controller unavailable")
+    c.add_argument("--mirrored-rom", action="store_true", help="ROM aperture mirrors a 1 MiB window")
+    c.add_argument("--transport", choices=("asm24", "pcie", "ideal"), default="asm24",
+                   help="cost profile charged on the virtual clock (default asm24)")
+    c.add_argument("--realtime", type=float, default=0.0, metavar="SCALE",
+                   help="sleep SCALE wall seconds per modelled second (default 0: virtual time only)")
+    c.add_argument("--seed", type=_int, help="seed for content, identity and faults (default random)")
+    c.add_argument("--psp-order", help="comma-separated item ids the PSP bootloader requests, e.g. 0x01,0x08")
+    c.add_argument("--fault", action="append", default=[], metavar="SPEC", help="inject a fault (see below)")
+    c.set_defaults(func=cmd_create)
+
+    i = ssub.add_parser("image", help="export the raw flash content, bypassing every driver",
+                        description="Copy the board's flash array to FILE: the physical truth, read "
+                                    "without any driver. Writes only FILE.")
+    i.add_argument("path", type=Path)
+    i.add_argument("-o", "--output", type=Path, required=True)
+    i.set_defaults(func=cmd_image)
+
+    s = ssub.add_parser("stats", help="print the board's counters as JSON",
+                        description="Counters: USB transfers, TLPs, register accesses, SPI transactions, "
+                                    "flash busy seconds and modelled seconds. --reset zeroes them.")
+    s.add_argument("path", type=Path)
+    s.add_argument("--reset", action="store_true", help="zero the counters after printing them")
+    s.set_defaults(func=cmd_stats)
+
+    y = ssub.add_parser("synth", help="write a synthetic IFWI image (labelled synthetic)",
+                        description="Write a 2 MiB synthetic IFWI with the Navi31 layout and seeded "
+                                    "pseudo-random payloads. Not an AMD image.")
+    y.add_argument("-o", "--output", type=Path, required=True)
+    y.add_argument("--seed", type=_int, default=0)
+    y.set_defaults(func=cmd_synth)
+
+    f = ssub.add_parser("fault", help="add or clear faults on an existing board",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        description="Change the board's injected faults.",
+                        epilog="faults:\n" + FAULT_HELP)
+    f.add_argument("path", type=Path)
+    f.add_argument("specs", nargs="*", metavar="SPEC")
+    f.add_argument("--clear", action="store_true", help="remove every fault first")
+    f.set_defaults(func=cmd_fault)
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    if args.image:
+        try:
+            content: str | bytes = args.image.read_bytes()
+        except OSError as e:
+            raise Refusal(f"cannot read image {args.image}: {e.strerror}") from None
+        if len(content) != FLASH_SIZE:
+            raise Refusal(f"image {args.image} is {len(content):#x} bytes; a board holds exactly {FLASH_SIZE:#x}")
+    else:
+        content = "blank" if args.blank else "synthetic"
+    psp_order = None
+    if args.psp_order:
+        try:
+            psp_order = [int(x, 0) for x in args.psp_order.split(",")]
+        except ValueError:
+            raise Refusal(f"--psp-order: {args.psp_order!r} is not a comma-separated list of numbers") from None
+    try:
+        path = create_board(
+            args.path, content=content, cmp=args.cmp, bp=args.bp, gated=args.gated, sos=args.sos,
+            no_raw_rom=args.no_raw_rom, mirrored_rom=args.mirrored_rom, transport=args.transport,
+            seed=args.seed, faults=args.fault, realtime_scale=args.realtime, psp_order=psp_order)
+    except (BoardExistsError, FaultSpecError, ValueError) as e:
+        raise Refusal(str(e)) from None
+    files = BoardFiles(path)
+    try:
+        cfg = files.config
+        print(f"created emulated board {path} (synthetic hardware, not an AMD device)")
+        print(f"  spec:      sim:{path}")
+        print(f"  content:   {cfg['content']}   transport: {cfg['transport']}   seed: {cfg['seed']}")
+        print(f"  serial:    {cfg['serial']}   unique id: {cfg['unique_id']}")
+        variant = [k for k, v in cfg["variant"].items() if v]
+        if args.cmp or args.bp:
+            variant.append(f"SR: CMP={int(args.cmp)} BP={args.bp}")
+        if variant:
+            print(f"  variant:   {', '.join(variant)}")
+        faults = Faults.from_json(cfg["faults"]).describe()
+        if faults:
+            print(f"  faults:    {', '.join(faults)}")
+    finally:
+        files.close()
+    return 0
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    files = _open_files(args.path)
+    try:
+        data = bytes(files.flash[:])
+    finally:
+        files.close()
+    args.output.write_bytes(data)
+    import hashlib
+
+    print(f"wrote {args.output} ({len(data):#x} bytes) sha256={hashlib.sha256(data).hexdigest()}")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    files = _open_files(args.path)
+    try:
+        counters = files.region("counters").cast("d")
+        stats = {name: counters[i] for i, name in enumerate(COUNTER_NAMES)}
+        for name in stats:
+            if name not in ("modelled_seconds", "spi_seconds", "flash_busy_seconds", "sleep_seconds"):
+                stats[name] = int(stats[name])
+        json.dump(stats, sys.stdout, indent=2)
+        print()
+        if args.reset:
+            for i in range(len(COUNTER_NAMES)):
+                counters[i] = 0.0
+        counters.release()
+    finally:
+        files.close()
+    return 0
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from stages.transport.sim.synth import synthetic_ifwi
+
+    data = synthetic_ifwi(args.seed)
+    args.output.write_bytes(data)
+    import hashlib
+
+    print(f"wrote synthetic IFWI {args.output} (seed {args.seed}, not an AMD image) "
+          f"sha256={hashlib.sha256(data).hexdigest()}")
+    return 0
+
+
+def cmd_fault(args: argparse.Namespace) -> int:
+    files = _open_files(args.path)
+    try:
+        faults = Faults() if args.clear else Faults.from_json(files.config.get("faults", {}))
+        try:
+            for spec in args.specs:
+                faults.add(spec)
+        except FaultSpecError as e:
+            raise Refusal(str(e)) from None
+        files.config["faults"] = faults.to_json()
+        files.save_config()
+        _restart_fault_counts(files, faults)
+        print(f"faults on {args.path}: {', '.join(faults.describe()) or 'none'}")
+    finally:
+        files.close()
+    return 0
+
+
+def _restart_fault_counts(files: BoardFiles, faults: Faults) -> None:
+    """Counted faults count from the moment they are set, and may fire again."""
+    from stages.transport.sim import board as b
+
+    state = files.region("faults").cast("q")
+    if faults.kill_after_writes is not None:
+        state[b.F_WRITES] = state[b.F_KILL_FIRED] = 0
+    if faults.usb_disconnect_after is not None:
+        state[b.F_USB_TRANSFERS] = state[b.F_USB_FIRED] = 0
+    if faults.stall_after is not None:
+        state[b.F_ENGINE_TXNS] = 0
+    state.release()
+
+
+def _open_files(path: Path) -> BoardFiles:
+    try:
+        return BoardFiles(path)
+    except (FileNotFoundError, ValueError) as e:
+        raise Refusal(str(e)) from None
+
+
+__all__ = ["add_parser", "Board"]
