@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline import sim_commands
+from pipeline import commands, sim_commands
 from pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED, Refusal
 
 
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     verbosity.add_argument("-v", "--verbose", action="store_true", help="more log output")
     verbosity.add_argument("-q", "--quiet", action="store_true", help="errors only")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parsers(sub)
     sim_commands.add_parser(sub)
     return p
 
@@ -28,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from pipeline.logsetup import configure
+
+    configure(json_lines=args.log_json, verbose=args.verbose, quiet=args.quiet)
     try:
         return int(args.func(args) or 0)
     except Refusal as e:

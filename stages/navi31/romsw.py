@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Literal
+from typing import Callable, Iterable, Iterator, Literal
 
 from stages.navi31 import regs as R
 from stages.transport.base import Bar5
@@ -77,6 +77,8 @@ class RomSw:
         self._open = False
         self._engine_answers = True   # false after a timeout: nothing more may be started
         self.transactions = 0
+        # Told of every transaction started: (opcode, address, address_bytes, tx_len, rx_len).
+        self.observer: Callable[[int, int, int, int, int], None] | None = None
 
     # -- lifetime -------------------------------------------------------------------------
     def open(self) -> "RomSw":
@@ -216,6 +218,8 @@ class RomSw:
         control = address_bytes << 16 | (R.ROM_SW_RETURN_DATA_ENABLE if rx_count else 0) | count
         bar.write32(R.ROM_SW_CNTL, control)
         self.transactions += 1
+        if self.observer:
+            self.observer(opcode, address, address_bytes, len(tx), rx_count)
         window_bytes = (rx_count + 3) & ~3 if fetch and rx_count else 0
         return self._wait_done(window_bytes)[:rx_count]
 

@@ -1,0 +1,191 @@
+"""Running jobs: one audited run per board, all boards concurrently, restore on every path.
+
+Lifecycle of a run: record the run row, open the transport (and lock the board), run the
+job's stages, and — whatever happened — restore registers inside a shielded cancel
+scope, record the outcome, release the board. SIGINT/SIGTERM set a stop flag that the
+stages honour at their next safe point; a second signal cancels outright (restore still
+runs).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import json
+import os
+import signal
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import anyio
+
+from pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, Refusal
+from pipeline.logsetup import logger
+from pipeline.progress import ProgressBoard
+from stages.device import Device, Interrupted, StopFlag
+from stages.open_transport import AuditedBar, BoardSpec, open_transport
+from stages.restore import restore_registers
+from stages.snapshot import snapshot_registers
+from store.writer import Recorder
+
+TOOL_VERSION = "0.1.0"
+
+JobBody = Callable[[Device, "RunInfo"], Awaitable[dict[str, Any]]]
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass
+class RunInfo:
+    """What a job body knows about its run, and what it reports back."""
+
+    run_id: str
+    spec: BoardSpec
+    command: str
+    arguments: dict[str, Any]
+    image_sha256: str | None = None
+    resumes_run_id: str | None = None
+    output: list[str] = field(default_factory=list)   # lines to print when the run ends
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    spec: str
+    status: str          # succeeded | failed | interrupted
+    exit_code: int
+    error: str | None
+    summary: dict[str, Any]
+    output: list[str]
+
+
+def new_run_id() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: ProgressBoard,  # noqa: ANN001
+                    image_path: str | None) -> RunResult:
+    recorder = Recorder(writer, info.run_id)
+    log = logger(run_id=info.run_id, board=str(info.spec))
+    recorder.add("runs", command=info.command, arguments=json.dumps(info.arguments, sort_keys=True),
+                 operator=_operator(), host=socket.gethostname(), tool_version=TOOL_VERSION,
+                 image_path=image_path, image_sha256=info.image_sha256, board_spec=str(info.spec),
+                 resumes_run_id=info.resumes_run_id, at=now_iso())
+    recorder.add("run_status", status="running", detail=None, at=now_iso())
+    log.info("run started", command=info.command)
+    progress = ui.reporter(str(info.spec), info.run_id)
+
+    dev: Device | None = None
+    lock = None
+    status, code, error, summary = "failed", EXIT_FAILED, None, {}
+    try:
+        stage(recorder, "open_transport", "start")
+        bar, lock = await anyio.to_thread.run_sync(open_transport, info.spec, lambda m: log.info(m))
+        dev = Device(AuditedBar(bar, recorder), bar.identity, recorder, stop, progress)
+        stage(recorder, "open_transport", "end", bar.identity.spec)
+        await dev.call(snapshot_registers, dev, "before")
+        summary = await body(dev, info)
+        status, code = "succeeded", EXIT_OK
+    except Interrupted as e:
+        status, code, error = "interrupted", EXIT_INTERRUPTED, str(e)
+    except anyio.get_cancelled_exc_class():
+        status, code, error = "interrupted", EXIT_INTERRUPTED, "cancelled"
+        raise
+    except Refusal as e:
+        status, code, error = "failed", EXIT_REFUSED, f"refused: {e}"
+    except Exception as e:  # noqa: BLE001 - every failure is recorded with its message
+        status, code, error = "failed", EXIT_FAILED, _message(e)
+        recorder.add("errors", stage=getattr(e, "stage", None), message=error,
+                     address=getattr(e, "address", None), at=now_iso())
+        if not isinstance(e, (RuntimeError, OSError, ValueError, TimeoutError)):
+            log.exception("unexpected failure")
+    finally:
+        with anyio.CancelScope(shield=True):
+            if dev is not None:
+                stage(recorder, "restore", "start")
+                try:
+                    note = await dev.call(restore_registers, dev)
+                    stage(recorder, "restore", "end", note)
+                except Exception as e:  # noqa: BLE001
+                    stage(recorder, "restore", "fail", _message(e))
+                    error = error or f"restoring registers failed: {_message(e)}"
+                    status, code = "failed", EXIT_FAILED
+                await anyio.to_thread.run_sync(dev.bar.close)
+            if lock is not None:
+                lock.release()
+            recorder.add("run_status", status=status, detail=error,
+                         result_sha256=summary.get("result_sha256") if status == "succeeded" else None,
+                         summary=json.dumps(summary, sort_keys=True, default=str), at=now_iso())
+            try:
+                await anyio.to_thread.run_sync(recorder.durable)
+            except Exception as e:  # noqa: BLE001 - the audit itself failed: say so, fail the run
+                error = error or _message(e)
+                status, code = "failed", EXIT_FAILED
+            log.info("run ended", status=status, error=error)
+    return RunResult(info.run_id, str(info.spec), status, code, error, summary, info.output)
+
+
+def stage(recorder: Recorder, name: str, event: str, detail: str | None = None) -> None:
+    recorder.add("stages", stage=name, event=event, detail=detail, at=now_iso())
+
+
+def _operator() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no passwd entry in some containers
+        return str(os.getuid())
+
+
+def _message(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    return text
+
+
+async def run_boards(make_body: Callable[[BoardSpec], tuple[JobBody, RunInfo]], specs: list[BoardSpec],
+                     writer, show_progress: bool = True, image_path: str | None = None) -> list[RunResult]:  # noqa: ANN001
+    """Run the job on every board concurrently; one board's failure does not stop the others."""
+    stop = StopFlag()
+    results: list[RunResult] = []
+    with ProgressBoard(enabled=show_progress) as ui:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_signals, stop, tg.cancel_scope)
+
+            async def one(spec: BoardSpec) -> None:
+                body, info = make_body(spec)
+                results.append(await run_board(body, info, writer, stop, ui, image_path))
+
+            async with anyio.create_task_group() as boards:
+                for spec in specs:
+                    boards.start_soon(one, spec)
+            tg.cancel_scope.cancel()   # stop the signal watcher
+    finished = {r.spec for r in results}
+    for spec in specs:
+        if str(spec) not in finished:   # cancelled by a second signal before it could report
+            results.append(RunResult("", str(spec), "interrupted", EXIT_INTERRUPTED, "cancelled", {}, []))
+    order = {str(s): i for i, s in enumerate(specs)}
+    return sorted(results, key=lambda r: order.get(r.spec, 0))
+
+
+async def _watch_signals(stop: StopFlag, scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if stop:
+                scope.cancel()   # a second signal: stop now (restore still runs, shielded)
+            else:
+                stop.set(f"{name} received: stopped at a safe point")
+                logger().warning("stopping at the next safe point", signal=name)
+
+
+def exit_code(results: list[RunResult]) -> int:
+    codes = {r.exit_code for r in results}
+    if EXIT_INTERRUPTED in codes:
+        return EXIT_INTERRUPTED
+    if EXIT_FAILED in codes:
+        return EXIT_FAILED
+    if EXIT_REFUSED in codes:
+        return EXIT_REFUSED
+    return EXIT_OK

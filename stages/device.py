@@ -1,0 +1,84 @@
+"""What every stage of one board's job shares: the audited BAR, the drivers, the recorder.
+
+Device I/O runs in a worker thread behind a per-board CapacityLimiter(1): one board is
+one serial SPI bus, while different boards run truly in parallel.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, TypeVar
+
+import anyio
+
+from stages.flash.spinor import SpiNor
+from stages.navi31.romsw import RomSw
+from stages.transport.base import Bar5, BoardIdentity
+
+T = TypeVar("T")
+
+
+class Interrupted(Exception):
+    """The operator asked to stop (Ctrl-C, SIGTERM); raised at the next safe point."""
+
+
+class AuditSink(Protocol):
+    run_id: str
+    register_writes: int
+
+    @property
+    def failed(self) -> str | None: ...
+
+    def add(self, table: str, **row: Any) -> None: ...
+
+    def register_write(self, offset: int, value: int | None, data: bytes | None, clock: float) -> None: ...
+
+    def spi_transaction(self, opcode: int, address: int, address_bytes: int, tx_len: int, rx_len: int,
+                        clock: float) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def durable(self) -> None: ...
+
+
+class StopFlag:
+    """Set from the signal handler; checked by stages between units (the safe points)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = ""
+
+    def set(self, reason: str) -> None:
+        self.reason = reason
+        self._event.set()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+    def check(self) -> None:
+        if self._event.is_set():
+            raise Interrupted(self.reason or "interrupted")
+
+
+Progress = Callable[[str, int, int], None]   # (stage, done, total)
+
+
+@dataclass
+class Device:
+    bar: Bar5
+    identity: BoardIdentity
+    recorder: AuditSink
+    stop: StopFlag
+    progress: Progress = lambda stage, done, total: None
+    limiter: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
+    romsw: RomSw | None = None
+    nor: SpiNor | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking device I/O in this board's worker thread slot."""
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    @property
+    def clock(self):  # noqa: ANN201 - the transport's Clock
+        return self.bar.clock

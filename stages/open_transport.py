@@ -1,0 +1,94 @@
+"""Stage: open the transport named by a board spec, lock the board, audit every write."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from stages.transport.base import Bar5, BoardIdentity
+from stages.transport.lock import BoardLock, sim_key
+
+
+class BoardSpecError(ValueError):
+    pass
+
+
+class AuditFailureError(RuntimeError):
+    """The audit trail failed: no further hardware write is issued."""
+
+
+@dataclass(frozen=True)
+class BoardSpec:
+    kind: str            # auto | usb | pci | sim
+    selector: str = ""   # usb: index or serial; pci: address; sim: path
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.selector}" if self.selector else self.kind
+
+
+def parse_spec(text: str) -> BoardSpec:
+    kind, _, selector = text.partition(":")
+    if kind not in ("auto", "usb", "pci", "sim"):
+        raise BoardSpecError(f"board spec {text!r}: expected auto, usb[:N|:SERIAL], pci[:DDDD:BB:DD.F] or sim:PATH")
+    if kind == "sim" and not selector:
+        raise BoardSpecError("board spec 'sim' needs a path: sim:PATH")
+    if kind == "auto" and selector:
+        raise BoardSpecError("board spec 'auto' takes no selector")
+    if kind == "sim":
+        selector = os.path.abspath(selector)
+    return BoardSpec(kind, selector)
+
+
+def open_transport(spec: BoardSpec, announce=print) -> tuple[Bar5, BoardLock]:  # noqa: ANN001
+    """Open and lock the board. Never falls back to an emulator silently."""
+    if spec.kind == "sim":
+        from stages.transport.sim import SimBar5
+
+        if not os.path.isfile(os.path.join(spec.selector, "board.json")):
+            raise BoardSpecError(f"{spec.selector} is not an emulated board (create one with 'amdflash sim create')")
+        lock = BoardLock(sim_key(spec.selector)).acquire()
+        try:
+            return SimBar5(spec.selector), lock
+        except BaseException:
+            lock.release()
+            raise
+    from stages.transport import discovery
+
+    return discovery.open_spec(spec, announce)
+
+
+class AuditedBar:
+    """A Bar5 that records every register write before issuing it.
+
+    If the audit trail has failed, no further write reaches the hardware; the job then
+    fails and restores registers through the raw transport.
+    """
+
+    def __init__(self, bar: Bar5, recorder) -> None:  # noqa: ANN001 - an AuditSink
+        self.raw = bar
+        self.recorder = recorder
+        self.clock = bar.clock
+        self.identity: BoardIdentity = bar.identity
+
+    def _check(self) -> None:
+        if self.recorder.failed:
+            raise AuditFailureError(f"audit trail write failed ({self.recorder.failed}); "
+                                    "no further hardware write is issued")
+
+    def read32(self, offset: int) -> int:
+        return self.raw.read32(offset)
+
+    def read_block(self, offset: int, size: int) -> bytes:
+        return self.raw.read_block(offset, size)
+
+    def write32(self, offset: int, value: int) -> None:
+        self._check()
+        self.recorder.register_write(offset, value & 0xFFFFFFFF, None, self.clock.now())
+        self.raw.write32(offset, value)
+
+    def write_block(self, offset: int, data: bytes) -> None:
+        self._check()
+        self.recorder.register_write(offset, None, bytes(data), self.clock.now())
+        self.raw.write_block(offset, data)
+
+    def close(self) -> None:
+        self.raw.close()

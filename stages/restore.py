@@ -1,0 +1,18 @@
+"""Stage: put back every register the job changed. Runs on every exit path, audited."""
+from __future__ import annotations
+
+from stages.device import Device
+from stages.snapshot import snapshot_registers
+
+
+def restore_registers(dev: Device) -> str:
+    """Close the engine (restores pads, page mirror, ROM_CNTL), then snapshot the result."""
+    notes = []
+    if dev.romsw is not None:
+        dev.romsw.close()
+        notes.append("ROM_SW engine registers restored")
+    try:
+        snapshot_registers(dev, "after restore")
+    except Exception as e:  # noqa: BLE001 - a failing transport must not hide the job's own error
+        notes.append(f"post-restore snapshot failed: {e}")
+    return "; ".join(notes) or "nothing to restore"

@@ -1,0 +1,1 @@
+"""The audit trail: schema, the single writer, the hash chain, queries, replay."""

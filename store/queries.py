@@ -1,0 +1,129 @@
+"""Read side of the audit trail: run listings and the per-run report."""
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+import sqlite_utils
+
+
+class RunNotFound(LookupError):
+    pass
+
+
+def open_readonly(path: str) -> sqlite_utils.Database:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
+    return sqlite_utils.Database(conn)
+
+
+def _last_status(db: sqlite_utils.Database, run_id: str) -> dict[str, Any]:
+    rows = list(db.query("SELECT * FROM run_status WHERE run_id = ? ORDER BY seq DESC LIMIT 1", [run_id]))
+    return rows[0] if rows else {}
+
+
+def resolve_run(db: sqlite_utils.Database, run_id: str) -> str:
+    rows = [r["run_id"] for r in db.query("SELECT run_id FROM runs WHERE run_id LIKE ? ORDER BY seq",
+                                          [run_id + "%"])]
+    if not rows:
+        raise RunNotFound(f"no run {run_id!r} in the audit database")
+    if len(rows) > 1 and run_id not in rows:
+        raise RunNotFound(f"run id {run_id!r} is ambiguous ({len(rows)} runs start with it)")
+    return run_id if run_id in rows else rows[0]
+
+
+def runs(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+    out = []
+    for r in db.query("""
+        SELECT r.run_id, r.command, r.board_spec, r.at AS started, r.image_sha256, r.resumes_run_id,
+               (SELECT status FROM run_status s WHERE s.run_id = r.run_id ORDER BY seq DESC LIMIT 1) AS status,
+               (SELECT at FROM run_status s WHERE s.run_id = r.run_id ORDER BY seq DESC LIMIT 1) AS updated,
+               (SELECT unique_id FROM boards b WHERE b.run_id = r.run_id ORDER BY seq LIMIT 1) AS unique_id
+        FROM runs r ORDER BY r.seq"""):
+        out.append(dict(r))
+    return out
+
+
+def latest_unfinished(db: sqlite_utils.Database, board_spec: str) -> str | None:
+    """The newest flash/resume run of this board that did not succeed."""
+    for r in reversed(runs(db)):
+        if r["board_spec"] == board_spec and r["command"] in ("flash", "resume"):
+            return None if r["status"] == "succeeded" else r["run_id"]
+    return None
+
+
+def unit_states(db: sqlite_utils.Database, run_id: str) -> dict[int, dict[str, Any]]:
+    """The latest state row of every unit of the run."""
+    states: dict[int, dict[str, Any]] = {}
+    for u in db.query("SELECT address, size, state, action, detail FROM units WHERE run_id = ? ORDER BY seq",
+                      [run_id]):
+        prev = states.get(u["address"])
+        action = u["action"] if u["state"] != "verified" or not prev else prev["action"]
+        states[u["address"]] = {**u, "action": action}
+    return states
+
+
+def run_chain(db: sqlite_utils.Database, run_id: str) -> list[str]:
+    """Run ids from the original flash to this one, following resumes."""
+    chain = [run_id]
+    while True:
+        rows = list(db.query("SELECT resumes_run_id FROM runs WHERE run_id = ?", [chain[-1]]))
+        parent = rows[0]["resumes_run_id"] if rows else None
+        if not parent or parent in chain:
+            return list(reversed(chain))
+        chain.append(parent)
+
+
+def report(db: sqlite_utils.Database, run_id: str) -> dict[str, Any]:
+    run_id = resolve_run(db, run_id)
+    run = next(db.query("SELECT * FROM runs WHERE run_id = ?", [run_id]))
+    status = _last_status(db, run_id)
+    boards = list(db.query("SELECT * FROM boards WHERE run_id = ? ORDER BY seq", [run_id]))
+    board = boards[0] if boards else {}
+    count = next(db.query("SELECT count(*) AS n FROM register_writes WHERE run_id = ?", [run_id]))["n"]
+    spi = next(db.query("SELECT count(*) AS n FROM spi_transactions WHERE run_id = ?", [run_id]))["n"]
+    units = [{"address": u["address"], "size": u["size"], "action": u["action"], "state": u["state"]}
+             for u in sorted(unit_states(db, run_id).values(), key=lambda u: u["address"])]
+    errors = list(db.query("SELECT stage, message, address, at FROM errors WHERE run_id = ? ORDER BY seq", [run_id]))
+    stages = list(db.query("SELECT stage, event, detail, at FROM stages WHERE run_id = ? ORDER BY seq", [run_id]))
+    verifies = next(db.query(
+        "SELECT count(*) AS total, sum(ok) AS ok FROM verifies WHERE run_id = ?", [run_id]))
+    failed_verifies = list(db.query(
+        "SELECT address, attempt, mismatch_address, flash_byte, image_byte FROM verifies "
+        "WHERE run_id = ? AND ok = 0 ORDER BY seq", [run_id]))
+    backups = list(db.query("SELECT sha256, size, path FROM backups WHERE run_id = ? ORDER BY seq", [run_id]))
+    summary = json.loads(status["summary"]) if status.get("summary") else {}
+    return {
+        "run_id": run_id,
+        "command": run["command"],
+        "arguments": json.loads(run["arguments"] or "{}"),
+        "status": status.get("status", "running"),
+        "started": run["at"],
+        "ended": status.get("at") if status.get("status") != "running" else None,
+        "operator": run["operator"],
+        "host": run["host"],
+        "tool_version": run["tool_version"],
+        "resumes_run_id": run["resumes_run_id"],
+        "board": {
+            "spec": run["board_spec"],
+            "jedec": board.get("jedec"),
+            "chip": board.get("chip"),
+            "unique_id": board.get("unique_id"),
+            "bridge_serial": board.get("bridge_serial"),
+            "pci_address": board.get("pci_address"),
+            "sr1": board.get("sr1"), "sr2": board.get("sr2"), "sr3": board.get("sr3"),
+            "protection": board.get("protection"),
+        },
+        "image_path": run["image_path"],
+        "image_sha256": run["image_sha256"],
+        "result_sha256": status.get("result_sha256"),
+        "units": units,
+        "register_writes": count,
+        "spi_transactions": spi,
+        "verifies": {"total": verifies["total"] or 0, "ok": verifies["ok"] or 0, "failed": failed_verifies},
+        "backups": backups,
+        "stages": stages,
+        "errors": errors,
+        "error": status.get("detail") if status.get("status") != "succeeded" else None,
+        "summary": summary,
+    }
