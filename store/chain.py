@@ -10,34 +10,39 @@ from typing import Any, Iterator
 from store.schema import AUDIT_TABLES, GENESIS
 
 
-def _field(value: Any) -> str:
-    # Typed and length-prefixed, so no two different rows share an encoding.
-    if value is None:
-        return "n"
-    if isinstance(value, bool):
-        return f"i{int(value)}"
-    if isinstance(value, int):
-        return f"i{value}"
-    if isinstance(value, float):
-        return f"f{value!r}"
-    if isinstance(value, str):
-        return f"s{len(value)}:{value}"
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return f"b{bytes(value).hex()}"
-    raise TypeError(f"cannot record a {type(value).__name__} in the audit trail")
+def _bytes(value: Any) -> bytes:
+    return bytes(value)
 
 
-_COLUMNS = {table: ("seq", *cols) for table, cols in AUDIT_TABLES.items()}
+_CONVERT = {int: int, float: float, str: str, bytes: _bytes}
+# Per table: column names and the conversion that makes a value what SQLite will give back
+# (a REAL column returns 0.0 for 0, a TEXT column '5' for 5), so that a row hashes the same
+# when it is written and when it is read back for verification.
+_COLUMNS = {table: tuple(cols) for table, cols in AUDIT_TABLES.items()}
+_CONVERTERS = {table: tuple(_CONVERT[t] for t in cols.values()) for table, cols in AUDIT_TABLES.items()}
 
 
-def canonical(table: str, row: dict[str, Any]) -> bytes:
-    """A byte string that changes whenever any recorded value of the row changes."""
+def normalise(table: str, row: dict[str, Any]) -> tuple[Any, ...]:
+    """The row's recorded values in column order, as SQLite stores and returns them."""
     get = row.get
-    return "|".join([table, *[_field(get(c)) for c in _COLUMNS[table]]]).encode()
+    out = []
+    for column, convert in zip(_COLUMNS[table], _CONVERTERS[table]):
+        value = get(column)
+        if value is not None:
+            if isinstance(value, bool):
+                value = int(value)
+            value = convert(value)
+        out.append(value)
+    return tuple(out)
 
 
-def link(prev_hash: str, table: str, row: dict[str, Any]) -> str:
-    return hashlib.sha256(prev_hash.encode() + canonical(table, row)).hexdigest()
+def canonical(table: str, seq: int, values: tuple[Any, ...]) -> bytes:
+    """Python's repr of str, bytes, int, float and None is exact and unambiguous."""
+    return repr((table, seq, values)).encode()
+
+
+def link(prev_hash: str, table: str, seq: int, values: tuple[Any, ...]) -> str:
+    return hashlib.sha256(prev_hash.encode() + canonical(table, seq, values)).hexdigest()
 
 
 @dataclass
@@ -75,7 +80,7 @@ def verify(conn: sqlite3.Connection) -> ChainReport:
         if seq != expected_seq:
             return ChainReport(False, count, expected_seq - 1, prev,
                                f"{table} seq {seq}: expected seq {expected_seq} (a row is missing)")
-        digest = link(prev, table, row)
+        digest = link(prev, table, seq, tuple(row[c] for c in _COLUMNS[table]))
         if row["hash"] != digest:
             return ChainReport(False, count, seq - 1, prev,
                                f"{table} seq {seq}: stored hash does not match its content")

@@ -53,8 +53,8 @@ INDEXES = {
     "run_status": [["run_id"]],
     "boards": [["run_id"]],
     "stages": [["run_id"]],
-    "register_writes": [["run_id", "n"]],
-    "spi_transactions": [["run_id", "n"]],
+    # register_writes and spi_transactions carry no index: they are the bulk of the trail, and
+    # a run's rows are found by seq range (between its runs row and its last status row).
     "register_snapshots": [["run_id"]],
     "backup_units": [["run_id", "address"]],
     "backups": [["run_id"]],

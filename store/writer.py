@@ -23,7 +23,7 @@ from typing import Any
 from store import chain
 from store.schema import AUDIT_TABLES, connect, ensure
 
-Row = tuple[str, dict[str, Any]]
+Row = tuple[str, "dict[str, Any] | tuple[Any, ...]"]
 
 _STOP = object()
 
@@ -142,12 +142,13 @@ class AuditWriter:
         try:
             seq, prev = conn.execute("SELECT seq, hash FROM chain_head WHERE id = 1").fetchone()
             by_table: dict[str, list[tuple]] = {}
+            link, normalise = chain.link, chain.normalise
             for table, row in rows:
                 seq += 1
-                row["seq"] = seq
-                prev = chain.link(prev, table, row)
-                sql, cols = _INSERTS[table]
-                by_table.setdefault(table, []).append((seq, *(row.get(c) for c in cols), prev))
+                # The bulk tables arrive as ready tuples (see Recorder.register_write).
+                values = row if type(row) is tuple else normalise(table, row)
+                prev = link(prev, table, seq, values)
+                by_table.setdefault(table, []).append((seq, *values, prev))
             for table, values in by_table.items():
                 conn.executemany(_INSERTS[table][0], values)
             conn.execute("UPDATE chain_head SET seq = ?, hash = ? WHERE id = 1", (seq, prev))
@@ -176,21 +177,27 @@ class Recorder:
 
     def add(self, table: str, **row: Any) -> None:
         row["run_id"] = self.run_id
-        with self._lock:
-            self._buffer.append((table, row))
-            full = len(self._buffer) >= self.batch_rows
-        if full:
-            self.flush()
+        self._append((table, row))
 
+    # The two bulk records are built as tuples in column order, already of the stored types
+    # (schema.AUDIT_TABLES), which spares the writer normalising tens of thousands of rows.
     def register_write(self, offset: int, value: int | None, data: bytes | None, clock: float) -> None:
         self.register_writes += 1
-        self.add("register_writes", n=self.register_writes, offset=offset, value=value, data=data, clock=clock)
+        self._append(("register_writes", (self.run_id, self.register_writes, int(offset),
+                                          None if value is None else int(value), data, float(clock))))
 
     def spi_transaction(self, opcode: int, address: int, address_bytes: int, tx_len: int, rx_len: int,
                         clock: float) -> None:
         self.spi_transactions += 1
-        self.add("spi_transactions", n=self.spi_transactions, opcode=opcode, address=address,
-                 address_bytes=address_bytes, tx_len=tx_len, rx_len=rx_len, clock=clock)
+        self._append(("spi_transactions", (self.run_id, self.spi_transactions, int(opcode), int(address),
+                                           int(address_bytes), int(tx_len), int(rx_len), float(clock))))
+
+    def _append(self, record: Row) -> None:
+        with self._lock:
+            self._buffer.append(record)
+            full = len(self._buffer) >= self.batch_rows
+        if full:
+            self.flush()
 
     def flush(self) -> None:
         with self._lock:

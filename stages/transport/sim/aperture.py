@@ -50,3 +50,6 @@ class RomAperture:
 
     def _ignore_data_write(self, _value: int) -> None:
         self.board.set32(R.ROM_DATA, 0)  # read-only: nothing the host writes sticks
+
+    def close(self) -> None:
+        self._pointer.release()

@@ -193,6 +193,7 @@ class Board:
         self.fault_state.release()
         self.chip.close()
         self.engine.close()
+        self.aperture.close()
         self.files.close()
 
     def __enter__(self) -> "Board":
