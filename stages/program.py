@@ -8,24 +8,9 @@ from stages.flash.planning import UnitPlan
 
 
 def program_unit(dev: Device, unit: UnitPlan, pages: tuple[int, ...] | None = None) -> int:
-    """Program the unit's pages (or `pages`); consecutive pages are programmed in one pass."""
+    """Program the unit's planned pages (or `pages`)."""
     assert dev.nor is not None
-    nor = dev.nor
-    todo = unit.pages if pages is None else pages
-    if not todo:
-        return 0
-    page_size = nor.chip.page_size if nor.chip else 0x100
-    written = 0
-    run_start = prev = todo[0]
-    for page in (*todo[1:], None):
-        if page is not None and page == prev + page_size:
-            prev = page
-            continue
-        offset = run_start - unit.address
-        written += nor.program(run_start, unit.wanted[offset:offset + prev + page_size - run_start])
-        if page is not None:
-            run_start = prev = page
-    return written
+    return dev.nor.program_pages(unit.address, unit.wanted, unit.pages if pages is None else pages)
 
 
 async def program_stage(dev: Device, units: ObjectReceiveStream[UnitPlan], out: ObjectSendStream[UnitPlan],

@@ -13,7 +13,7 @@ from anyio.abc import ObjectReceiveStream
 
 from stages.device import Device
 from stages.erase import record_intent
-from stages.flash.planning import Erase, UnitPlan
+from stages.flash.planning import Erase, UnitPlan, plan_unit
 from stages.program import program_unit
 from stages.snapshot import read_unit
 
@@ -70,12 +70,10 @@ def verify_unit(dev: Device, unit: UnitPlan, retries: int) -> int:
         attempt += 1
         erase = Erase(unit.address, unit.size)
         record_intent(dev, [unit], erase, detail=f"retry {attempt - 1}:")
-        assert dev.nor is not None
+        assert dev.nor is not None and dev.nor.chip is not None
         dev.nor.erase(erase.address, erase.size)
-        blank = b"\xff" * 0x100
-        pages = tuple(unit.address + o for o in range(0, unit.size, 0x100)
-                      if unit.wanted[o:o + 0x100] != blank)
-        program_unit(dev, unit, pages)
+        after_erase = plan_unit(unit.address, b"\xff" * unit.size, unit.wanted, dev.nor.chip.page_size)
+        program_unit(dev, unit, after_erase.pages)
 
 
 async def verify_stage(dev: Device, units: ObjectReceiveStream[UnitPlan], total_units: int,

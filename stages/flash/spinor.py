@@ -9,7 +9,7 @@ and that the next may start — one status read per page instead of two.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from stages.flash import protection, sfdp
 from stages.flash.chips import ChipInfo, EraseType, match_jedec
@@ -164,29 +164,34 @@ class SpiNor:
         self.wait_ready(etype.typical, etype.maximum, f"{size // 1024} KiB erase at {address:#08x}", started)
 
     def program(self, address: int, data: bytes, on_page: Callable[[int], None] | None = None) -> int:
-        """Program `data` (page aligned pieces); all-0xFF pages are skipped. Returns pages written."""
-        chip = self._chip()
-        page_size = chip.page_size
-        self._check_range(address, len(data))
+        """Program `data` (whole, aligned pages); all-0xFF pages are skipped. Returns pages written."""
+        page_size = self._chip().page_size
         if address % page_size or len(data) % page_size:
             raise ValueError("program() takes whole, aligned pages")
         erased = b"\xff" * page_size
+        pages = [address + o for o in range(0, len(data), page_size) if data[o:o + page_size] != erased]
+        return self.program_pages(address, data, pages, on_page)
+
+    def program_pages(self, base: int, data: bytes, pages: Sequence[int],
+                      on_page: Callable[[int], None] | None = None) -> int:
+        """Program the listed pages (absolute addresses) from `data`, which starts at `base`."""
+        chip = self._chip()
+        page_size = chip.page_size
+        self._check_range(base, len(data))
         typical, maximum = chip.page_program
-        written = 0
         pending: float | None = None   # start time of a page whose completion is not yet seen
-        for offset in range(0, len(data), page_size):
-            page = data[offset:offset + page_size]
-            if page == erased:
-                continue
+        for page in pages:
+            offset = page - base
+            if page % page_size or not 0 <= offset <= len(data) - page_size:
+                raise ValueError(f"page {page:#x} is not an aligned page inside {base:#x}+{len(data):#x}")
             self._enable_after(pending, maximum)
             pending = self.clock.now()
-            self.spi.command(PP, address + offset, 3, page)
-            written += 1
+            self.spi.command(PP, page, 3, data[offset:offset + page_size])
             if on_page:
-                on_page(address + offset)
+                on_page(page)
         if pending is not None:
             self.wait_ready(typical, maximum, "page program", pending)
-        return written
+        return len(pages)
 
     def program_page(self, address: int, data: bytes) -> None:
         page_size = self._chip().page_size

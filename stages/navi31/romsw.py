@@ -194,6 +194,7 @@ class RomSw:
     def _restore_each(self) -> None:
         bar, saved = self.bar, self.saved
         bar.write32(R.ROM_SW_STATUS, 0)
+        bar.write32(R.ROM_SW_COMMAND, saved[R.ROM_SW_COMMAND])
         for reg in (R.ROM_CNTL, R.PAGE_MIRROR_CNTL, R.GPIOPAD_A, R.GPIOPAD_EN, R.GPIOPAD_MASK):
             bar.write32(reg, saved[reg])
 
