@@ -109,7 +109,7 @@ class SpiNor:
         remaining = typical - (clock.now() - started)
         if remaining > 0:
             clock.sleep(remaining)
-        interval = max(typical / 10, 100e-6)
+        interval = max(typical / 20, 100e-6)
         while True:
             sr1 = self.status()
             if not sr1 & protection.SR1_WIP:
@@ -133,9 +133,9 @@ class SpiNor:
         if not sr2 & protection.SR2_CMP:
             return False
         self.write_enable()
-        started = self.clock.now()
         # WIP and WEL are not writable; LB bits are written back as read, so nothing is locked.
         self.spi.command(WRSR, tx=bytes((sr1 & 0xFC, sr2 & ~protection.SR2_CMP & 0xFF)))
+        started = self.clock.now()
         typical, maximum = self._chip().status_write
         self.wait_ready(typical, maximum, "write status", started)
         new_sr2 = self.status(RDSR2)
@@ -159,8 +159,9 @@ class SpiNor:
             raise ValueError(f"{size // 1024} KiB erase at {address:#x} is not aligned")
         self._check_range(address, size)
         self.write_enable()
-        started = self.clock.now()
         self.spi.command(etype.opcode, address, 3)
+        # Timed from the command's completion: the chip went busy just before it.
+        started = self.clock.now()
         self.wait_ready(etype.typical, etype.maximum, f"{size // 1024} KiB erase at {address:#08x}", started)
 
     def program(self, address: int, data: bytes, on_page: Callable[[int], None] | None = None) -> int:
@@ -185,8 +186,8 @@ class SpiNor:
             if page % page_size or not 0 <= offset <= len(data) - page_size:
                 raise ValueError(f"page {page:#x} is not an aligned page inside {base:#x}+{len(data):#x}")
             self._enable_after(pending, maximum)
-            pending = self.clock.now()
             self.spi.command(PP, page, 3, data[offset:offset + page_size])
+            pending = self.clock.now()
             if on_page:
                 on_page(page)
         if pending is not None:
@@ -199,8 +200,8 @@ class SpiNor:
             raise ValueError(f"page program of {len(data)} bytes at {address:#x} crosses a page boundary")
         self._check_range(address, len(data))
         self.write_enable()
-        started = self.clock.now()
         self.spi.command(PP, address, 3, data)
+        started = self.clock.now()
         typical, maximum = self._chip().page_program
         self.wait_ready(typical, maximum, f"page program at {address:#08x}", started)
 
