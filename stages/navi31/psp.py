@@ -159,12 +159,14 @@ class PspMailbox:
         if problems:
             raise ifwi.IfwiError("; ".join(problems))
         done: list[StreamedItem] = []
-        state = self.require(GET_TRANSFER_TYPE, name="GET_TRANSFER_TYPE")
+        error, state = self.command(GET_TRANSFER_TYPE)
+        if TRANSFER_TYPE_GATED in (error, state):
+            raise PspError("update commands are gated (transfer type 0xA): SOS is up; reset the card and "
+                           "do not initialise a driver/SOS before streaming", error or None)
+        if error:
+            raise PspError(f"PSP GET_TRANSFER_TYPE failed: error {describe_error(error)}", error)
         for _ in range(IFWI_MAX_ITEMS):
             item, phase = state & 0xFF, state >> 8
-            if state == TRANSFER_TYPE_GATED:
-                raise PspError("update commands are gated (transfer type 0xA): reset the card and do not "
-                               "initialise a driver/SOS before streaming")
             offset, payload = ifwi.resolve_item(image, item)
             self.stream(payload, item, state, on_progress)
             streamed = StreamedItem(item, phase, offset, len(payload))
