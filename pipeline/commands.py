@@ -17,7 +17,8 @@ from pipeline.runner import RunInfo, RunResult, exit_code, new_run_id, run_board
 from stages.navi31.psp import DISABLED_REASON
 from stages.open_transport import BoardSpec, BoardSpecError, parse_spec
 from store import chain
-from store.queries import RunNotFound, latest_unfinished, open_readonly, report, resolve_run, runs, unit_states
+from store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, open_readonly, register_snapshot, report,
+                           resolve_run, runs, unit_states)
 from store.writer import AuditWriter, NullWriter, StoreUnavailable
 
 FLASH_SIZE = jobs.FLASH_SIZE
@@ -45,6 +46,27 @@ def _board_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--board", action="append", metavar="SPEC", dest="boards",
                    help="board to use, repeatable (all run concurrently): auto (default: first USB bridge, "
                         "else native PCI), usb, usb:N, usb:SERIAL, pci, pci:DDDD:BB:DD.F, sim:PATH")
+    # Hidden: dangerous, and named by the refusal message of a PCI device with a driver bound.
+    p.add_argument("--unbind-driver", action=_UnbindDriver, help=argparse.SUPPRESS)
+
+
+class _UnbindDriver(argparse.Action):
+    """--unbind-driver: unbinds the kernel driver from the PCI device before use.
+
+    The PCI transport then writes the device address to the driver's sysfs 'unbind' file
+    instead of refusing. It reaches the transport through the environment, which keeps the
+    open_transport signature unchanged.
+    """
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from stages.transport.discovery import ENV_UNBIND_DRIVER
+
+        os.environ[ENV_UNBIND_DRIVER] = "1"
+        setattr(namespace, self.dest, True)
 
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
@@ -215,8 +237,12 @@ def _open_writer(args: argparse.Namespace, audit: bool = True):  # noqa: ANN202
     path = db_path(args)
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise Refusal(f"audit database {path} is not writable: cannot create its directory "
+                      f"({e.strerror})") from None
+    try:
         return AuditWriter(path).open()
-    except (StoreUnavailable, OSError) as e:
+    except StoreUnavailable as e:
         raise Refusal(str(e)) from None
 
 
@@ -280,7 +306,8 @@ def cmd_board(args: argparse.Namespace) -> int:
             a = plan["arguments"]
             engine = jobs.EngineOptions(a.get("prescale", 8), a.get("rx_mode", "primed"), a.get("restore_each", False))
             body = jobs.FlashJob(engine, image, a["start_sector"], a["sector_count"], a["clear_cmp"],
-                                 a.get("retries", 2), backup_dir, frozenset(plan["verified"]), plan["identity"])
+                                 a.get("retries", 2), backup_dir, frozenset(plan["verified"]), plan["identity"],
+                                 plan["registers"])
         elif job == "probe":
             body = jobs.ProbeJob()
         elif job == "ifwi-all":
@@ -320,6 +347,9 @@ def _resume_plan(args: argparse.Namespace, spec: BoardSpec) -> tuple[dict[str, A
             raise Refusal(f"run {run_id} is a {rep['command']} run; only flash runs can be resumed")
         if rep["status"] == "succeeded":
             raise Refusal(f"run {run_id} already succeeded; nothing to resume")
+        done = finished_by(db, run_id)
+        if done:
+            raise Refusal(f"run {run_id} was already completed by resume run {done}; nothing to resume")
         if str(spec) != rep["board"]["spec"] and spec.kind != "auto":
             # A different spec may still reach the same board (e.g. usb:0 vs usb:SERIAL): identity decides.
             pass
@@ -329,19 +359,31 @@ def _resume_plan(args: argparse.Namespace, spec: BoardSpec) -> tuple[dict[str, A
         if hashlib.sha256(image).hexdigest() != rep["image_sha256"]:
             raise Refusal(f"image {image_file} is not the image of run {run_id} "
                           f"(sha256 {hashlib.sha256(image).hexdigest()[:16]}…, the run used {rep['image_sha256'][:16]}…)")
+        lineage = _run_lineage(db, run_id)
         verified: set[int] = set()
-        for rid in _run_lineage(db, run_id):
+        for rid in lineage:
             verified |= {a for a, u in unit_states(db, rid).items() if u["state"] == "verified"}
-        identity = {"unique_id": rep["board"]["unique_id"] or "", "jedec_chip": rep["board"]["chip"] or "",
-                    "bridge_serial": rep["board"]["bridge_serial"] or ""}
-        if not identity["unique_id"]:
-            raise Refusal(f"run {run_id} never identified its board; start a new flash instead")
+        identity = {}
+        for rid in lineage:
+            b = report(db, rid)["board"]
+            if b["unique_id"]:
+                identity = {"unique_id": b["unique_id"], "jedec_chip": b["chip"] or "",
+                            "bridge_serial": b["bridge_serial"] or ""}
+                break
+        if not identity:
+            if any(has_intents(db, rid) for rid in lineage):
+                raise Refusal(f"run {run_id} began writing but recorded no board identity; refusing to guess")
+            if str(spec) != rep["board"]["spec"]:
+                raise Refusal(f"run {run_id} died before identifying its board; resume it with the same "
+                              f"--board {rep['board']['spec']}")
+        # Registers as they were before the first run touched them: restored at the end.
+        original = register_snapshot(db, lineage[0], "before")
     except RunNotFound as e:
         raise Refusal(str(e)) from None
     finally:
         db.conn.close()
-    return ({"run_id": run_id, "arguments": arguments, "verified": verified, "identity": identity},
-            image, str(image_file.resolve()))
+    return ({"run_id": run_id, "arguments": arguments, "verified": verified, "identity": identity,
+             "registers": original}, image, str(image_file.resolve()))
 
 
 def _run_lineage(db, run_id: str) -> list[str]:  # noqa: ANN001

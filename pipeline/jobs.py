@@ -201,6 +201,7 @@ class FlashJob:
     backup_dir: Path | None = None
     skip_units: frozenset[int] = field(default_factory=frozenset)   # resume: already verified
     expected_identity: dict[str, str] | None = None                  # resume: must match
+    original_registers: dict[int, int] | None = None                 # resume: restore these at the end
 
     @property
     def addresses(self) -> list[int]:
@@ -209,6 +210,11 @@ class FlashJob:
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
         ident = await identify(dev, self.engine)
         self._check_identity(dev, ident)
+        if self.original_registers and dev.romsw is not None:
+            # A resumed run puts back what the board held before the first (killed) run began.
+            for reg in dev.romsw.saved:
+                if reg in self.original_registers:
+                    dev.romsw.saved[reg] = self.original_registers[reg]
         await self._check_protection(dev, ident)
         addresses = [a for a in self.addresses if a not in self.skip_units]
         clock0 = dev.clock.now()

@@ -27,6 +27,7 @@ from stages.device import Device, Interrupted, StopFlag
 from stages.open_transport import AuditedBar, BoardSpec, open_transport
 from stages.restore import restore_registers
 from stages.snapshot import snapshot_registers
+from stages.transport.lock import BoardBusy
 from store.writer import Recorder
 
 TOOL_VERSION = "0.1.0"
@@ -87,6 +88,9 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
         dev = Device(AuditedBar(bar, recorder), bar.identity, recorder, stop, progress)
         stage(recorder, "open_transport", "end", bar.identity.spec)
         await dev.call(snapshot_registers, dev, "before")
+        # The run and the registers as found are on record before the first register write:
+        # a host that dies at that write still leaves a run to resume and values to restore.
+        await anyio.to_thread.run_sync(recorder.durable)
         summary = await body(dev, info)
         status, code = "succeeded", EXIT_OK
     except Interrupted as e:
@@ -96,6 +100,8 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
         raise
     except Refusal as e:
         status, code, error = "failed", EXIT_REFUSED, f"refused: {e}"
+    except BoardBusy as e:      # another process (or a kernel driver) owns the board: nothing was sent
+        status, code, error = "failed", EXIT_REFUSED, str(e)
     except Exception as e:  # noqa: BLE001 - every failure is recorded with its message
         status, code, error = "failed", EXIT_FAILED, _message(e)
         recorder.add("errors", stage=getattr(e, "stage", None), message=error,

@@ -127,3 +127,27 @@ def report(db: sqlite_utils.Database, run_id: str) -> dict[str, Any]:
         "error": status.get("detail") if status.get("status") != "succeeded" else None,
         "summary": summary,
     }
+
+
+def register_snapshot(db: sqlite_utils.Database, run_id: str, label: str) -> dict[int, int] | None:
+    rows = list(db.query("SELECT registers FROM register_snapshots WHERE run_id = ? AND label = ? ORDER BY seq LIMIT 1",
+                         [run_id, label]))
+    if not rows:
+        return None
+    return {int(k, 16): v for k, v in json.loads(rows[0]["registers"]).items()}
+
+
+def has_intents(db: sqlite_utils.Database, run_id: str) -> bool:
+    return bool(list(db.query("SELECT 1 FROM units WHERE run_id = ? AND state = 'intent' LIMIT 1", [run_id])))
+
+
+def finished_by(db: sqlite_utils.Database, run_id: str) -> str | None:
+    """The run that completed this run's work through resumes, if any."""
+    todo = [run_id]
+    while todo:
+        current = todo.pop()
+        for r in db.query("SELECT run_id FROM runs WHERE resumes_run_id = ?", [current]):
+            if _last_status(db, r["run_id"]).get("status") == "succeeded":
+                return r["run_id"]
+            todo.append(r["run_id"])
+    return None

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from store import chain
-from store.schema import AUDIT_TABLES, connect, ensure
+from store.schema import AUDIT_TABLES, SchemaError, connect, ensure
 
 Row = tuple[str, "dict[str, Any] | tuple[Any, ...]"]
 
@@ -67,7 +67,7 @@ class AuditWriter:
             ensure(conn)
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("ROLLBACK")
-        except (sqlite3.Error, OSError) as e:
+        except (sqlite3.Error, OSError, SchemaError) as e:
             raise StoreUnavailable(f"audit database {self.path} is not writable: {e}") from None
         self._conn = conn
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)

@@ -154,7 +154,11 @@ class RomSw:
         return self._transaction(opcode, address, address_bytes, b"", count, fetch=True)
 
     def read_chain(self, requests: Iterable[Request]) -> Iterator[bytes]:
-        """Results of a series of RX transactions, in order, in the configured RX mode."""
+        """Results of a series of RX transactions, in order, in the configured RX mode.
+
+        A chain must run to its end without other RX transactions in between: in chained
+        mode each window holds the previous RX capture, whoever caused it.
+        """
         if self.options.rx_mode == "primed":
             for r in requests:
                 yield self.read(r.opcode, r.address, r.address_bytes, r.count)

@@ -1,0 +1,148 @@
+"""The audit trail: append-only, hash-chained, tamper-evident; failures stop the hardware."""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+import pytest
+
+from stages.navi31 import regs as R
+from stages.transport.sim import Board
+from store import writer as writer_module
+from tests.pipeline.conftest import flash_content
+
+
+@pytest.fixture
+def flashed(cli, make_board, image, db):
+    board = make_board(content="blank", transport="ideal")
+    assert cli("flash", image, "--yes", "--board", f"sim:{board}").code == 0
+    return db
+
+
+def test_every_write_and_verify_is_recorded(cli, flashed):
+    run = json.loads(cli("runs", "--format", "json").out)[-1]
+    rep = json.loads(cli("report", run["run_id"], "--format", "json").out)
+    con = sqlite3.connect(flashed)
+    n = con.execute("SELECT count(*), min(n), max(n) FROM register_writes WHERE run_id = ?", [run["run_id"]]).fetchone()
+    assert n[0] == rep["register_writes"] == n[2] and n[1] == 1
+    assert con.execute("SELECT count(*) FROM verifies WHERE run_id = ?", [run["run_id"]]).fetchone()[0] >= 512
+    stages = [r[0] for r in con.execute("SELECT DISTINCT stage FROM stages WHERE run_id = ?", [run["run_id"]])]
+    for s in ("open_transport", "identify", "backup", "plan", "erase", "program", "verify", "restore"):
+        assert s in stages
+    assert con.execute("SELECT count(*) FROM backup_units WHERE run_id = ?", [run["run_id"]]).fetchone()[0] == 512
+    sha, path = con.execute("SELECT sha256, path FROM backups WHERE run_id = ?", [run["run_id"]]).fetchone()
+    import hashlib
+    from pathlib import Path
+    assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == sha and Path(path).name == f"{sha}.bin"
+
+
+def test_triggers_refuse_update_and_delete(flashed):
+    con = sqlite3.connect(flashed)
+    for sql in ("UPDATE register_writes SET value = 0 WHERE seq = 10", "DELETE FROM units WHERE seq > 0",
+                "UPDATE runs SET command = 'x'"):
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            con.execute(sql)
+
+
+def test_audit_verify_is_clean_and_names_the_first_tampered_row(cli, flashed):
+    r = cli("audit", "verify")
+    assert r.code == 0 and "intact" in r.out
+    con = sqlite3.connect(flashed)
+    seq = con.execute("SELECT seq FROM register_writes ORDER BY seq LIMIT 1 OFFSET 100").fetchone()[0]
+    con.execute("DROP TRIGGER register_writes_no_update")
+    con.execute("UPDATE register_writes SET value = value + 1 WHERE seq = ?", [seq])
+    con.commit()
+    r = cli("audit", "verify")
+    assert r.code == 1 and f"register_writes seq {seq}" in r.out
+
+
+def test_a_removed_row_is_found(cli, flashed):
+    con = sqlite3.connect(flashed)
+    seq = con.execute("SELECT seq FROM verifies ORDER BY seq LIMIT 1 OFFSET 3").fetchone()[0]
+    con.execute("DROP TRIGGER verifies_no_delete")
+    con.execute("DELETE FROM verifies WHERE seq = ?", [seq])
+    con.commit()
+    r = cli("audit", "verify")
+    assert r.code == 1 and f"expected seq {seq}" in r.out
+
+
+def test_truncating_the_tail_is_found(cli, flashed):
+    con = sqlite3.connect(flashed)
+    last = con.execute("SELECT max(seq) FROM run_status").fetchone()[0]
+    con.execute("DROP TRIGGER run_status_no_delete")
+    con.execute("DELETE FROM run_status WHERE seq = ?", [last])
+    con.commit()
+    r = cli("audit", "verify")
+    assert r.code == 1 and "chain head" in r.out
+
+
+def test_audit_failure_mid_job_stops_hardware_writes_and_restores_registers(cli, make_board, image, monkeypatch):
+    board = make_board(content="blank", transport="ideal")
+    with Board(board) as b:
+        before = {r: b.get32(r) for r in (R.GPIOPAD_MASK, R.PAGE_MIRROR_CNTL, R.ROM_CNTL)}
+    real_insert = writer_module.AuditWriter._insert
+    real_write = Board.reg_write
+    state = {"commits": 0, "failed": False, "writes_after": []}
+
+    def failing(self, rows):  # noqa: ANN001
+        state["commits"] += 1
+        if state["commits"] >= 2:     # the run row is on record, then the disk "fills"
+            state["failed"] = True
+            raise sqlite3.OperationalError("database or disk is full")
+        return real_insert(self, rows)
+
+    def counting(self, offset, data):  # noqa: ANN001
+        if state["failed"]:
+            state["writes_after"].append(offset)
+        return real_write(self, offset, data)
+
+    monkeypatch.setattr(writer_module.AuditWriter, "_insert", failing)
+    monkeypatch.setattr(Board, "reg_write", counting)
+    r = cli("flash", image, "--yes", "--board", f"sim:{board}")
+    assert r.code == 1
+    assert "audit" in r.err and "disk is full" in r.err
+    assert flash_content(board) == b"\xff" * 0x200000
+    with Board(board) as b:
+        assert {r: b.get32(r) for r in before} == before
+    # After the failure only the restore reached the board: at most the transaction in flight,
+    # the closing write-disable and the register restores.
+    restores = {R.ROM_SW_STATUS, R.ROM_SW_COMMAND, R.ROM_SW_CNTL, R.ROM_CNTL, R.PAGE_MIRROR_CNTL,
+                R.GPIOPAD_A, R.GPIOPAD_EN, R.GPIOPAD_MASK}
+    assert len(state["writes_after"]) <= 14 and set(state["writes_after"]) <= restores
+
+
+def test_multi_board_one_failure_does_not_stop_the_others(cli, make_board, image):
+    img = image.read_bytes()
+    bad_address = next(a for a in range(0x2000, 0x200000) if img[a] == 0x00)
+    boards = [make_board(content="blank", transport="ideal"),
+              make_board(content="blank", transport="ideal", faults=[f"stuck-bit={bad_address:#x}:7"]),
+              make_board(content="blank", transport="ideal")]
+    args = [a for b in boards for a in ("--board", f"sim:{b}")]
+    r = cli("flash", image, "--yes", *args)
+    assert r.code == 1
+    assert flash_content(boards[0]) == img and flash_content(boards[2]) == img
+    assert flash_content(boards[1]) != img
+    summary = r.out[r.out.index("board"):]
+    assert summary.count("succeeded") == 2 and summary.count("failed") == 1
+    runs = json.loads(cli("runs", "--format", "json").out)
+    assert sorted(x["status"] for x in runs[-3:]) == ["failed", "succeeded", "succeeded"]
+
+
+def test_boards_in_real_time_run_concurrently(cli_process, make_board, tmp_path):
+    """Four boards take about as long in wall time as one (real-time emulation, scale 1)."""
+    import os
+
+    image = tmp_path / "dense.bin"
+    image.write_bytes(b"\xaa\x55\xaa\x55" + os.urandom(0x200000 - 4))
+
+    def wall(n: int) -> float:
+        boards = [make_board(content="blank", transport="asm24", realtime_scale=1.0) for _ in range(n)]
+        args = [a for b in boards for a in ("--board", f"sim:{b}")]
+        start = time.perf_counter()
+        r = cli_process("-q", "flash", image, "--yes", "--start-sector", "0", "--sector-count", "16", *args)
+        assert r.code == 0, r.err
+        return time.perf_counter() - start
+    one, four = wall(1), wall(4)
+    print(f"real-time wall: one board {one:.2f} s, four boards {four:.2f} s")
+    assert four < 1.6 * one, (one, four)

@@ -1,0 +1,137 @@
+"""Killed and interrupted flashes resume to exactly the image, with an intact audit chain."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stages.navi31 import regs as R
+from stages.transport.sim import Board, create_board
+from stages.transport.sim.synth import synthetic_ifwi
+from tests.pipeline.conftest import ROOT, flash_content
+
+SAVED = (R.GPIOPAD_MASK, R.GPIOPAD_A, R.GPIOPAD_EN, R.PAGE_MIRROR_CNTL, R.ROM_CNTL)
+
+
+def registers(path) -> dict[int, int]:  # noqa: ANN001
+    with Board(path) as b:
+        return {r: b.get32(r) for r in SAVED}
+
+
+def damaged(image: bytes) -> bytes:
+    """The image with a few units broken in different ways: erase and program-only work."""
+    out = bytearray(image)
+    out[0x0000:0x1000] = bytes(0x1000)              # needs an erase
+    out[0x30000:0x40000] = os.urandom(0x10000)      # a whole 64K block
+    out[0x1F0000:0x1F0100] = b"\xff" * 0x100        # programmable without erase
+    return bytes(out)
+
+
+class KillSetup:
+    def __init__(self, work, image: bytes, content: bytes, total: int):  # noqa: ANN001
+        self.work, self.image, self.content, self.total = work, image, content, total
+
+    def __repr__(self) -> str:
+        return f"KillSetup(total={self.total})"
+
+
+@pytest.fixture(scope="module")
+def kill_setup(tmp_path_factory) -> KillSetup:
+    """The image, the board content, and how many register writes an undisturbed flash makes."""
+    work = tmp_path_factory.mktemp("kill")
+    image = synthetic_ifwi(99)
+    (work / "image.bin").write_bytes(image)
+    content = damaged(image)
+    ref = create_board(work / "reference", content=content, transport="ideal", seed=5)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(work / "ref.sqlite"),
+           "AMDFLASH_LOCK_DIR": str(work / "locks")}
+    subprocess.run([sys.executable, "-m", "pipeline.cli", "-q", "flash", str(work / "image.bin"), "--yes",
+                    "--board", f"sim:{ref}"], check=True, env=env, capture_output=True)
+    with Board(ref) as b:
+        total = int(b.stats()["reg_writes"])
+    return KillSetup(work, image, content, total)
+
+
+def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", "-q", *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fraction=st.floats(0.0, 1.0))
+def test_a_flash_killed_at_any_register_write_resumes_to_the_image(kill_setup, tmp_path_factory, fraction):
+    work, image, content, total = kill_setup.work, kill_setup.image, kill_setup.content, kill_setup.total
+    n = max(1, min(total, int(fraction * total)))
+    case = tmp_path_factory.mktemp(f"kill{n}")
+    board = create_board(case / "board", content=content, transport="ideal", seed=5,
+                         faults=[f"kill-after-writes={n}"])
+    before = registers(board)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(case / "audit.sqlite"),
+           "AMDFLASH_LOCK_DIR": str(case / "locks")}
+    killed = run(["flash", str(work / "image.bin"), "--yes", "--board", f"sim:{board}"], env)
+    assert killed.returncode == -signal.SIGKILL, (n, killed.stderr)
+    resumed = run(["resume", "--board", f"sim:{board}", "--yes"], env)
+    assert resumed.returncode == 0, (n, resumed.stderr)
+    assert flash_content(board) == image
+    assert registers(board) == before                     # put back as before the killed run
+    chain = run(["audit", "verify"], env)
+    assert chain.returncode == 0 and "intact" in chain.stdout
+
+
+def test_resume_refuses_another_board_and_another_image(cli, make_board, image, tmp_path):
+    board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=45000"])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "pipeline.cli", "-q", "flash", str(image), "--yes",
+                        "--board", f"sim:{board}"], env=env, capture_output=True)
+    assert p.returncode == -signal.SIGKILL
+    runs = json.loads(cli("runs", "--format", "json").out)
+    run_id = runs[-1]["run_id"]
+    other = make_board(content=damaged(image.read_bytes()), transport="ideal")
+    r = cli("resume", run_id, "--board", f"sim:{other}", "--yes")
+    assert r.code == 2 and "not the board" in r.err
+    wrong = tmp_path / "wrong.bin"
+    wrong.write_bytes(synthetic_ifwi(1))
+    r = cli("resume", run_id, "--board", f"sim:{board}", "--yes", "--image", wrong)
+    assert r.code == 2 and "not the image" in r.err
+    assert cli("resume", run_id, "--board", f"sim:{board}").code == 2            # --yes
+    assert cli("resume", run_id, "--board", f"sim:{board}", "--yes").code == 0
+    assert flash_content(board) == image.read_bytes()
+    assert cli("resume", run_id, "--board", f"sim:{board}", "--yes").code == 2   # nothing left to do
+
+
+def test_sigint_mid_flash_restores_registers_marks_interrupted_and_resumes(make_board, tmp_path):
+    image = bytearray(os.urandom(0x200000))
+    image[:4] = b"\xaa\x55\xaa\x55"
+    (tmp_path / "dense.bin").write_bytes(image)
+    board = make_board(content="blank", transport="ideal")
+    before = registers(board)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(tmp_path / "audit.sqlite"),
+           "AMDFLASH_LOCK_DIR": str(tmp_path / "locks")}
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "flash", str(tmp_path / "dense.bin"), "--yes",
+                             "--board", f"sim:{board}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    # Wait until programming is under way (the flash content starts to change), then interrupt.
+    deadline = time.monotonic() + 120
+    while flash_content(board)[:0x1000] == b"\xff" * 0x1000:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert registers(board) == before
+    assert flash_content(board) != bytes(image)
+    runs = subprocess.run([sys.executable, "-m", "pipeline.cli", "runs", "--format", "json"], env=env,
+                          capture_output=True, text=True)
+    assert json.loads(runs.stdout)[-1]["status"] == "interrupted"
+    resumed = subprocess.run([sys.executable, "-m", "pipeline.cli", "-q", "resume", "--board", f"sim:{board}",
+                              "--yes"], env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert flash_content(board) == bytes(image)
+    assert registers(board) == before
