@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline import commands, sim_commands
+from pipeline import commands, replay_command, review_commands, sim_commands
 from pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED, Refusal
 
 
@@ -21,7 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     verbosity.add_argument("-v", "--verbose", action="store_true", help="more log output")
     verbosity.add_argument("-q", "--quiet", action="store_true", help="errors only")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands.add_parsers(sub)
+    audit_sub = commands.add_parsers(sub)
+    replay_command.add_parsers(sub, audit_sub)
+    review_commands.add_parsers(sub, audit_sub)
     sim_commands.add_parser(sub)
     return p
 
