@@ -79,7 +79,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="save/configure/restore the engine registers around every transaction, as the reference does")
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Add the board and audit commands; returns the `audit` group for other modules."""
     F = argparse.RawDescriptionHelpFormatter
     ro = ("Read-only for the flash: the ROM_SW engine registers (SPI pads, page mirror, clock) are "
           "configured and restored on every exit path; every register write is audited.")
@@ -204,6 +205,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         description="Recompute the hash chain over every audit row. Exit 1 naming the first row "
                                     "that does not match. Read-only.")
     p.set_defaults(func=cmd_audit_verify)
+    return asub
 
 
 # -- board commands ------------------------------------------------------------------------------
