@@ -164,6 +164,15 @@ class SpiNor:
         started = self.clock.now()
         self.wait_ready(etype.typical, etype.maximum, f"{size // 1024} KiB erase at {address:#08x}", started)
 
+    def chip_erase(self) -> None:
+        """Erase the whole array (refused up front if anything is protected)."""
+        chip = self._chip()
+        self.check_writable(0, chip.size)
+        self.write_enable()
+        self.spi.command(chip.chip_erase.opcode)
+        started = self.clock.now()
+        self.wait_ready(chip.chip_erase.typical, chip.chip_erase.maximum, "chip erase", started)
+
     def program(self, address: int, data: bytes, on_page: Callable[[int], None] | None = None) -> int:
         """Program `data` (whole, aligned pages); all-0xFF pages are skipped. Returns pages written."""
         page_size = self._chip().page_size

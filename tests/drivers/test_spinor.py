@@ -176,3 +176,19 @@ def test_the_chip_itself_silently_ignores_protected_writes(open_board):
         o.engine.command(0x20, MiB2 - 0x1000, 3)
         o.nor.wait_ready(0.05, 0.3, "erase")
         assert o.nor.read(MiB2 - 0x1000, 16) == bytes(16)
+
+
+def test_chip_erase_erases_everything_and_is_refused_when_anything_is_protected(open_board):
+    o = open_board(content=bytes(MiB2))
+    with o.engine:
+        o.nor.identify()
+        start = o.bar.clock.now()
+        o.nor.chip_erase()
+        assert 8.0 <= o.bar.clock.now() - start < 8.5
+    assert bytes(o.board.files.flash) == b"\xff" * MiB2
+    p = open_board(content=bytes(MiB2), bp=1)
+    with p.engine:
+        p.nor.identify()
+        with pytest.raises(ProtectedError):
+            p.nor.chip_erase()
+    assert p.writes_to_flash() == []

@@ -5,6 +5,8 @@ waits for the ready bit on the board's virtual clock, as HARDWARE.md §5 describ
 """
 from __future__ import annotations
 
+import json
+
 import struct
 from pathlib import Path
 
@@ -467,7 +469,14 @@ def test_a_running_update_survives_reopening_the_board(make_board):
 
 
 @pytest.mark.parametrize("order", [[], [0x01, 0x100], [0x00], ["0x01"]])
-def test_a_bad_psp_order_is_refused_when_the_board_opens(make_board, order):
-    path = make_board(psp_order=order)
+def test_a_bad_psp_order_is_refused(make_board, order):
+    # At creation (sim create checks it) ...
+    with pytest.raises(ValueError, match="psp_order"):
+        make_board(psp_order=order)
+    # ... and when a hand-edited board opens.
+    path = make_board()
+    config = json.loads((path / "board.json").read_text())
+    config["psp_order"] = order
+    (path / "board.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="psp_order"):
         Board(path)

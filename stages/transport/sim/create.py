@@ -6,6 +6,7 @@ import hashlib
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 
 from stages.navi31 import regs as R
 from stages.transport.sim import cost
@@ -43,8 +44,13 @@ def create_board(
     faults: list[str] | None = None,
     realtime_scale: float = 0.0,
     psp_order: list[int] | None = None,
+    bridge: dict[str, Any] | None = None,
 ) -> Path:
-    """Create a board directory. `content` is "synthetic", "blank" or a 2 MiB image."""
+    """Create a board directory. `content` is "synthetic", "blank" or a 2 MiB image.
+
+    `bridge`: options of the emulated ASM24 bridge in front of the board (see
+    `stages.transport.sim.usb.BridgeOptions`), stored as board.json's "bridge" object.
+    """
     path = Path(path)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise BoardExistsError(f"{path} already exists and is not an empty directory")
@@ -52,6 +58,16 @@ def create_board(
     if not 0 <= bp <= 7:
         raise ValueError("--bp must be 0..7 (BP2..BP0)")
     fault_set = Faults.parse(faults or [])
+    from stages.transport.sim.psp import check_order
+
+    check_order(psp_order)
+    if bridge:
+        from stages.transport.sim.usb import BridgeOptions
+
+        try:
+            BridgeOptions.resolve(bridge)
+        except TypeError as e:
+            raise ValueError(str(e)) from None
     if seed is None:
         seed = secrets.randbits(32)
 
@@ -87,6 +103,8 @@ def create_board(
         "realtime_scale": realtime_scale,
         "psp_order": psp_order,
     }
+    if bridge:
+        config["bridge"] = dict(bridge)
     create_files(path, config, flash, bytes(regs))
 
     # The chip's status registers (CMP, BP) are part of its persistent state.

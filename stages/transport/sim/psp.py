@@ -185,7 +185,7 @@ class _State:
 class PspMailbox:
     def __init__(self, board: "Board"):
         self.board = board
-        self.order = _order(board.config.get("psp_order"))
+        self.order = check_order(board.config.get("psp_order"))
         self.sos = bool(board.variant.get("sos"))
         self.state = _State(board.files.region("psp"))
         self._sram_map: mmap.mmap | None = None
@@ -445,12 +445,13 @@ class PspMailbox:
         self.state.mem.release()
 
 
-def _order(value: object) -> tuple[int, ...]:
+def check_order(value: object) -> tuple[int, ...]:
+    """The bootloader's item request order from board.json (None: the default order)."""
     if value is None:
         return DEFAULT_ORDER
     if (not isinstance(value, list) or not value
-            or any(type(item) is not int or not 0 < item <= 0xFF for item in value)):
-        raise ValueError(f"board psp_order {value!r}: expected a non-empty list of item ids 0x01..0xFF")
+            or len(value) > 19 or any(type(item) is not int or not 0 < item <= 0xFF for item in value)):
+        raise ValueError(f"board psp_order {value!r}: expected a non-empty list of at most 19 item ids 0x01..0xFF")
     return tuple(value)
 
 
