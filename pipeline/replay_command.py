@@ -1,8 +1,141 @@
-"""`amdflash replay`: re-apply a run's recorded register writes to an emulated board. (Being written.)"""
+"""`amdflash replay`: re-apply a run's recorded register writes to an emulated board."""
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+from pathlib import Path
+
+from pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
+
+DESCRIPTION = """\
+Rebuild the board of RUN_ID as the run found it — flash content from the run's backup,
+registers from its "before" snapshot, SR1/SR2/SR3 as identified (so CMP and BP protect what
+they protected) — on an emulated board in a temporary directory (ideal profile: every SPI
+operation completes at once), then re-apply the recorded register writes in order.
+
+Each recorded verify result is compared with the replayed unit when the replay reaches it
+(verify rows and register writes share one sequence), and at the end the replayed flash
+with the run's result SHA-256. The first divergence is named: the verify row, the last
+register write applied, the unit, the byte address and the recorded and replayed bytes.
+A stuck bit, an erase that did nothing or a transient read error on the hardware shows up
+there; an emulated replay has none of them.
+
+Only register writes are recorded. That is enough for ROM_SW flash runs: the reads they
+made (status polls, data windows) change no state, and the ideal profile needs no polls.
+Units the run did not back up stay 0xFF and are left out of every comparison.
+
+Writes nothing but the temporary emulated board, which is deleted afterwards; the audit
+database is opened read-only. Exit 0 identical, 1 diverged, 2 refused (unknown run, run
+without a backup, an --image that is not the run's image)."""
 
 
 def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction) -> None:
-    pass
+    p = sub.add_parser("replay", help="re-apply a run's register writes to an emulated board from its backup; "
+                                      "show where hardware and replay diverge",
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_id", metavar="RUN_ID", help="the run (a unique prefix is enough)")
+    p.add_argument("--until", type=_positive, metavar="N", help="stop after register write N (numbered from 1)")
+    p.add_argument("--image", type=Path, metavar="FILE",
+                   help="the run's image, if it moved since the run (default: the recorded path); it lets a "
+                        "divergence in a unit that verified be pinned to a byte")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=cmd_replay)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("register writes are numbered from 1")
+    return value
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from pipeline.commands import db_path
+    from store.queries import RunNotFound, open_readonly, resolve_run
+    from store.replay import ReplayRefused, replay
+
+    path = db_path(args)
+    if not Path(path).exists():
+        raise Refusal(f"no audit database at {path}")
+    db = open_readonly(path)
+    try:
+        try:
+            run_id = resolve_run(db, args.run_id)
+        except RunNotFound as e:
+            raise Refusal(str(e)) from None
+        image = _image(db, run_id, args.image)
+        try:
+            result = replay(db, run_id, until=args.until, image=image)
+        except ReplayRefused as e:
+            raise Refusal(str(e)) from None
+    finally:
+        db.conn.close()
+    if args.format == "json":
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(render_text(result))
+    return EXIT_OK if result.identical else EXIT_FAILED
+
+
+def _image(db, run_id: str, given: Path | None) -> bytes | None:  # noqa: ANN001
+    """The run's image: --image (must match the run), else the recorded path if it still matches."""
+    run = next(db.query("SELECT image_path, image_sha256 FROM runs WHERE run_id = ?", [run_id]))
+    if given is not None:
+        try:
+            data = given.read_bytes()
+        except OSError as e:
+            raise Refusal(f"cannot read image {given}: {e.strerror}") from None
+        if hashlib.sha256(data).hexdigest() != run["image_sha256"]:
+            raise Refusal(f"image {given} is not the image of run {run_id}")
+        return data
+    if not run["image_path"]:
+        return None
+    try:
+        return Path(run["image_path"]).read_bytes()   # store.replay ignores it unless its hash matches
+    except OSError:
+        return None
+
+
+def render_text(r) -> str:  # noqa: ANN001 - a store.replay.ReplayResult
+    sr1, sr2, sr3 = r.status_registers
+    lines = [
+        f"replay     run {r.run_id} ({r.command}, {r.status}) on a temporary emulated board (ideal profile)",
+        f"start      backup of {r.units_backed_up} units, \"before\" register snapshot, "
+        f"SR1={sr1:02x} SR2={sr2:02x} SR3={sr3:02x}",
+        f"applied    {r.writes_applied} of {r.writes_total} register writes"
+        + (f" (--until {r.until})" if r.until is not None else ""),
+        f"verifies   {r.verifies_checked} checked, {r.verifies_matching} match the record"
+        + (f", {r.verifies_excluded} excluded (units not backed up)" if r.verifies_excluded else ""),
+    ]
+    if r.result_matches is not None:
+        lines.append(f"result     replayed sha256 {r.replay_sha256} "
+                     f"{'matches' if r.result_matches else 'differs from'} the recorded {r.result_sha256}")
+    for note in r.notes:
+        lines.append(f"note       {note}")
+    first = r.first
+    if first is None:
+        lines.append("identical  the replay reproduces every recorded outcome")
+        return "\n".join(lines)
+    lines.append(f"DIVERGED   {len(r.divergences)} divergence{'s' if len(r.divergences) != 1 else ''}; the first:")
+    where = []
+    if first.verify_seq is not None:
+        where.append(f"verify row seq {first.verify_seq} (attempt {first.attempt})")
+    if first.after_write_n is not None:
+        where.append(f"after register write {first.after_write_n} (seq {first.after_write_seq})")
+    else:
+        where.append("before the first register write")
+    lines.append("  at       " + ", ".join(where))
+    if first.unit is not None:
+        lines.append(f"  unit     {first.unit:#08x}")
+    if first.address is not None:
+        lines.append(f"  byte     {first.address:#08x}: recorded {first.recorded_byte:#04x}, "
+                     f"replayed {first.replayed_byte:#04x}")
+    else:
+        lines.append("  byte     not pinned: the record holds only the read-back's hash there")
+    lines.append(f"  why      {first.detail}")
+    return "\n".join(lines)
+

@@ -1,8 +1,172 @@
-"""Commands for reviewers and first-time users: demo, audit export. (Being written.)"""
+"""Commands for reviewers and first-time users: demo, audit export, audit verify --export,
+audit datasette-metadata."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeline.commands import db_path
+from pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
+
+DATASETTE_METADATA = "datasette_metadata.json"
+# The database key of the packaged metadata: datasette names a database by its file stem.
+DATASETTE_DEFAULT_NAME = "audit"
 
 
 def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction) -> None:
-    pass
+    from pipeline.demo import DEFAULT_DIR, DEFAULT_SEED
+
+    p = sub.add_parser(
+        "demo", help="a full recovery on an emulated board, no hardware needed",
+        description="Walk through a recovery on an emulated board (synthetic: no hardware, no AMD image): "
+                    "creates a board whose flash holds a damaged synthetic IFWI with SR2.CMP set, writes the "
+                    "clean image beside it as the known-good image, then runs info, dump (backup), "
+                    "flash --clear-cmp and verify exactly as you would, and prints the flash run's report. "
+                    "Everything goes into DIR, including the demo's own audit database unless --db is given "
+                    "(AMDFLASH_DB is ignored, so your audit trail is never touched by surprise).")
+    p.add_argument("--dir", type=Path, default=DEFAULT_DIR, metavar="DIR",
+                   help=f"demo directory (default ./{DEFAULT_DIR}); must be new or empty")
+    p.add_argument("--fresh", action="store_true",
+                   help="first remove everything inside DIR, if an earlier 'amdflash demo' made it")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"synthetic content and damage (default {DEFAULT_SEED})")
+    p.set_defaults(func=cmd_demo)
+
+    p = audit_sub.add_parser(
+        "export", help="export audit rows with their chain hashes (JSONL or CSV) for archiving",
+        description="Write every audit row (or one run's rows) in seq order with its table, seq, all columns "
+                    "(blobs hex-encoded) and its chain hashes (prev_hash, hash), ending with the chain head. "
+                    "The file can be checked later, without the database: 'amdflash audit verify --export FILE'. "
+                    "Read-only.")
+    p.add_argument("--run", metavar="RUN_ID", help="only this run's rows (a unique prefix is enough): a partial chain")
+    p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", help="default jsonl")
+    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE (default stdout)")
+    p.set_defaults(func=cmd_audit_export)
+
+    p = audit_sub.add_parser(
+        "datasette-metadata", help="write datasette metadata (canned queries, descriptions) for the audit DB",
+        description="Write the metadata that makes 'datasette AUDIT.sqlite -m FILE' a browsable audit: "
+                    "runs by status, failed units with their last register writes, one board's history, "
+                    "the chain head, and a description of every table and column. datasette is optional: "
+                    "pip install 'amdflash[datasette]'.")
+    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE (default stdout)")
+    p.add_argument("--name", help="the database name datasette will use: the audit DB's file name without "
+                                  "extension (default: taken from --db / AMDFLASH_DB / the default path)")
+    p.set_defaults(func=cmd_datasette_metadata)
+
+    _add_verify_export(audit_sub.choices["verify"])
+
+
+# -- demo ----------------------------------------------------------------------------------------
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pipeline.demo import run_demo
+
+    flags = [f for f, on in (("--log-json", args.log_json), ("-v", args.verbose), ("-q", args.quiet)) if on]
+    return run_demo(args.dir, fresh=args.fresh, db=Path(args.db) if args.db else None, seed=args.seed,
+                    cli_flags=flags)
+
+
+# -- audit export / verify --export --------------------------------------------------------------
+
+def _open_db(args: argparse.Namespace):  # noqa: ANN202
+    from store.queries import open_readonly
+
+    path = db_path(args)
+    if not Path(path).exists():
+        raise Refusal(f"no audit database at {path}")
+    return open_readonly(path)
+
+
+def cmd_audit_export(args: argparse.Namespace) -> int:
+    from store.export import export
+    from store.queries import RunNotFound, resolve_run
+
+    db = _open_db(args)
+    try:
+        run_id = None
+        if args.run:
+            try:
+                run_id = resolve_run(db, args.run)
+            except RunNotFound as e:
+                raise Refusal(str(e)) from None
+        if args.output is None:
+            try:
+                summary = export(db.conn, sys.stdout, args.format, run_id)
+                sys.stdout.flush()
+            except BrokenPipeError:
+                # The reader stopped early (| head): no traceback, and none again at exit.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return EXIT_FAILED
+        else:
+            # Written aside and renamed: an interrupted export never leaves a plausible file.
+            partial = args.output.with_name(args.output.name + ".partial")
+            try:
+                with open(partial, "w", encoding="utf-8", newline="") as f:
+                    summary = export(db.conn, f, args.format, run_id)
+                os.replace(partial, args.output)
+            except BaseException:
+                partial.unlink(missing_ok=True)
+                raise
+    finally:
+        db.conn.close()
+    scope = f"run {run_id}" if run_id else "the whole trail"
+    span = f"seq {summary.first_seq}..{summary.last_seq}" if summary.rows else "no rows"
+    where = f"wrote {args.output}" if args.output else "exported"
+    print(f"{where}: {summary.rows} rows of {scope} ({span}), {args.format}; chain head seq {summary.head_seq} "
+          f"hash {summary.head_hash}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_verify_export(path: Path) -> int:
+    from store.export import verify_export
+
+    if not path.is_file():
+        raise Refusal(f"no export file at {path}")
+    report = verify_export(path)
+    print(report.describe())
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _add_verify_export(verify: argparse.ArgumentParser) -> None:
+    """`audit verify --export FILE`: the same command, pointed at an exported file instead of the DB."""
+    verify.add_argument("--export", type=Path, metavar="FILE",
+                        help="verify an exported file (JSONL or CSV from 'audit export') instead of the database; "
+                             "exit 1 naming the first record that does not match")
+    database_verify: Callable[[argparse.Namespace], int] = verify.get_default("func")
+
+    def verify_either(args: argparse.Namespace) -> int:
+        if args.export is None:
+            return database_verify(args)
+        return cmd_verify_export(args.export)
+
+    verify.set_defaults(func=verify_either)
+
+
+# -- datasette -----------------------------------------------------------------------------------
+
+def datasette_metadata(name: str = DATASETTE_DEFAULT_NAME) -> dict[str, Any]:
+    """The packaged metadata, keyed by the database name datasette will use."""
+    from store import schema
+
+    # Beside the store modules rather than importlib.resources: an editable install made while
+    # store/ had no __init__.py maps it as a namespace package, which resources cannot read.
+    metadata = json.loads(Path(schema.__file__).with_name(DATASETTE_METADATA).read_text(encoding="utf-8"))
+    metadata["databases"] = {name: metadata["databases"][DATASETTE_DEFAULT_NAME]}
+    return metadata
+
+
+def cmd_datasette_metadata(args: argparse.Namespace) -> int:
+    db = Path(db_path(args))
+    name = args.name or db.stem
+    text = json.dumps(datasette_metadata(name), indent=2) + "\n"
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        args.output.write_text(text, encoding="utf-8")
+        print(f"wrote {args.output} (database name {name!r})\n"
+              f"  browse: datasette {db} -m {args.output}   (pip install 'amdflash[datasette]')", file=sys.stderr)
+    return EXIT_OK

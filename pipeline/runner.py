@@ -24,11 +24,11 @@ from pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED
 from pipeline.logsetup import logger
 from pipeline.progress import ProgressBoard
 from stages.device import Device, Interrupted, StopFlag
-from stages.open_transport import AuditedBar, BoardSpec, open_transport
+from stages.open_transport import AuditedBar, AuditFailureError, BoardSpec, open_transport
 from stages.restore import restore_registers
 from stages.snapshot import snapshot_registers
 from stages.transport.lock import BoardBusy
-from store.writer import Recorder
+from store.writer import AuditFailure, Recorder
 
 TOOL_VERSION = "0.1.0"
 
@@ -93,21 +93,23 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
         await anyio.to_thread.run_sync(recorder.durable)
         summary = await body(dev, info)
         status, code = "succeeded", EXIT_OK
-    except Interrupted as e:
-        status, code, error = "interrupted", EXIT_INTERRUPTED, str(e)
     except anyio.get_cancelled_exc_class():
         status, code, error = "interrupted", EXIT_INTERRUPTED, "cancelled"
         raise
-    except Refusal as e:
-        status, code, error = "failed", EXIT_REFUSED, f"refused: {e}"
-    except BoardBusy as e:      # another process (or a kernel driver) owns the board: nothing was sent
-        status, code, error = "failed", EXIT_REFUSED, str(e)
-    except Exception as e:  # noqa: BLE001 - every failure is recorded with its message
-        status, code, error = "failed", EXIT_FAILED, _message(e)
-        recorder.add("errors", stage=getattr(e, "stage", None), message=error,
-                     address=getattr(e, "address", None), at=now_iso())
-        if not isinstance(e, (RuntimeError, OSError, ValueError, TimeoutError)):
-            log.exception("unexpected failure")
+    except Exception as raised:  # noqa: BLE001 - every failure is recorded with its message
+        e = primary_error(raised)
+        if isinstance(e, Interrupted):
+            status, code, error = "interrupted", EXIT_INTERRUPTED, str(e)
+        elif isinstance(e, Refusal):
+            status, code, error = "failed", EXIT_REFUSED, f"refused: {e}"
+        elif isinstance(e, BoardBusy):   # another process (or a kernel driver) owns the board: nothing was sent
+            status, code, error = "failed", EXIT_REFUSED, str(e)
+        else:
+            status, code, error = "failed", EXIT_FAILED, _message(e)
+            recorder.add("errors", stage=getattr(e, "stage", None), message=error,
+                         address=getattr(e, "address", None), at=now_iso())
+            if not isinstance(e, (RuntimeError, OSError, ValueError, TimeoutError)):
+                log.exception("unexpected failure", exc_info=raised)
     finally:
         with anyio.CancelScope(shield=True):
             if dev is not None:
@@ -132,6 +134,31 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
                 status, code = "failed", EXIT_FAILED
             log.info("run ended", status=status, error=error)
     return RunResult(info.run_id, str(info.spec), status, code, error, summary, info.output)
+
+
+def primary_error(raised: BaseException) -> BaseException:
+    """The one failure to report when concurrent stages failed together.
+
+    When one cause (a dead audit trail, a stop request) hits several stages at once, anyio
+    raises them as a group; the operator needs the cause, not the group.
+    """
+    if not isinstance(raised, BaseExceptionGroup):
+        return raised
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        elif not isinstance(e, anyio.get_cancelled_exc_class()):
+            leaves.append(e)
+
+    walk(raised)
+    for kind in (Interrupted, Refusal, BoardBusy, AuditFailure, AuditFailureError):
+        for leaf in leaves:
+            if isinstance(leaf, kind):
+                return leaf
+    return leaves[0] if leaves else raised
 
 
 def stage(recorder: Recorder, name: str, event: str, detail: str | None = None) -> None:

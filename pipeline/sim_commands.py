@@ -17,6 +17,25 @@ def _int(text: str) -> int:
     return int(text, 0)
 
 
+# --bridge-link -> the emulated bridge's (pcie_on_at_boot, link_trains).
+BRIDGE_LINKS = {"up": (True, True), "down": (False, True), "never": (False, False)}
+
+
+def _bridge_options(args: argparse.Namespace) -> dict[str, object] | None:
+    bridge: dict[str, object] = {}
+    if args.bridge_link:
+        bridge["pcie_on_at_boot"], bridge["link_trains"] = BRIDGE_LINKS[args.bridge_link]
+    if args.gpu_device_id is not None:
+        if not 0 <= args.gpu_device_id <= 0xFFFF:
+            raise Refusal(f"--gpu-device-id {args.gpu_device_id:#x} is not a 16-bit PCI device id")
+        bridge["gpu_device_id"] = args.gpu_device_id
+    return bridge or None
+
+
+def _describe_bridge(bridge: dict[str, object]) -> str:
+    return ", ".join(f"{k}={v:#06x}" if k == "gpu_device_id" else f"{k}={v}" for k, v in bridge.items())
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     sim = sub.add_parser(
         "sim", help="emulated boards: create, export, counters, synthetic images",
@@ -50,6 +69,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--seed", type=_int, help="seed for content, identity and faults (default random)")
     c.add_argument("--psp-order", help="comma-separated item ids the PSP bootloader requests, e.g. 0x01,0x08")
     c.add_argument("--fault", action="append", default=[], metavar="SPEC", help="inject a fault (see below)")
+    c.add_argument("--bridge-link", choices=tuple(BRIDGE_LINKS),
+                   help="PCIe link of the emulated USB bridge: up at plug-in (default), down (the host must "
+                        "power it on and train it) or never (training never reaches L0)")
+    c.add_argument("--gpu-device-id", type=_int, metavar="ID",
+                   help="PCI device id of the GPU behind the emulated USB bridge (default 0x744C, Navi31)")
     c.set_defaults(func=cmd_create)
 
     i = ssub.add_parser("image", help="export the raw flash content, bypassing every driver",
@@ -103,7 +127,8 @@ def cmd_create(args: argparse.Namespace) -> int:
         path = create_board(
             args.path, content=content, cmp=args.cmp, bp=args.bp, gated=args.gated, sos=args.sos,
             no_raw_rom=args.no_raw_rom, mirrored_rom=args.mirrored_rom, transport=args.transport,
-            seed=args.seed, faults=args.fault, realtime_scale=args.realtime, psp_order=psp_order)
+            seed=args.seed, faults=args.fault, realtime_scale=args.realtime, psp_order=psp_order,
+            bridge=_bridge_options(args))
     except (BoardExistsError, FaultSpecError, ValueError) as e:
         raise Refusal(str(e)) from None
     files = BoardFiles(path)
@@ -118,6 +143,8 @@ def cmd_create(args: argparse.Namespace) -> int:
             variant.append(f"SR: CMP={int(args.cmp)} BP={args.bp}")
         if variant:
             print(f"  variant:   {', '.join(variant)}")
+        if cfg.get("bridge"):
+            print(f"  bridge:    {_describe_bridge(cfg['bridge'])}")
         faults = Faults.from_json(cfg["faults"]).describe()
         if faults:
             print(f"  faults:    {', '.join(faults)}")

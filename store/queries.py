@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any
+from typing import Any, Iterator
 
 import sqlite_utils
 
@@ -151,3 +151,55 @@ def finished_by(db: sqlite_utils.Database, run_id: str) -> str | None:
                 return r["run_id"]
             todo.append(r["run_id"])
     return None
+
+
+# -- a run's bulk rows, by seq range ---------------------------------------------------------
+# register_writes and spi_transactions carry no run_id index (store/schema.py): a run's rows
+# are found by walking the seq primary key between the run's first and last rows, which
+# stays cheap however many other runs the database holds.
+
+def run_seq_range(db: sqlite_utils.Database, run_id: str) -> tuple[int, int]:
+    """(first, last) seq that can hold rows of this run.
+
+    A run that never recorded its final status (killed host) may have rows up to the chain
+    head; rows of other runs inside the range are told apart by run_id.
+    """
+    first = next(db.query("SELECT min(seq) AS s FROM runs WHERE run_id = ?", [run_id]))["s"]
+    if first is None:
+        raise RunNotFound(f"no run {run_id!r} in the audit database")
+    status = _last_status(db, run_id)
+    if status and status.get("status") != "running":
+        return first, status["seq"]
+    # chain_head is updated in the transaction that inserts rows: it is the last seq there is.
+    head = list(db.query("SELECT seq FROM chain_head WHERE id = 1"))
+    return first, max(status.get("seq", first), head[0]["seq"] if head else 2 ** 62)
+
+
+def register_writes_before(db: sqlite_utils.Database, run_id: str, seq: int, limit: int = 32) -> list[dict[str, Any]]:
+    """The run's last `limit` register writes recorded before `seq`, oldest first."""
+    first, last = run_seq_range(db, run_id)
+    rows = db.conn.execute(
+        "SELECT seq, n, offset, value, data, clock FROM register_writes "
+        "WHERE seq BETWEEN ? AND ? AND run_id = ? ORDER BY seq DESC LIMIT ?",
+        [first, min(seq - 1, last), run_id, limit]).fetchall()
+    keys = ("seq", "n", "offset", "value", "data", "clock")
+    return [dict(zip(keys, r)) for r in reversed(rows)]
+
+
+def iter_register_writes(db: sqlite_utils.Database, run_id: str,
+                         until: int | None = None) -> Iterator[tuple[int, int, int, int | None, bytes | None]]:
+    """(seq, n, offset, value, data) of the run's register writes in issue order (n)."""
+    first, last = run_seq_range(db, run_id)
+    cursor = db.conn.execute(
+        "SELECT seq, n, offset, value, data FROM register_writes "
+        "WHERE seq BETWEEN ? AND ? AND run_id = ? AND n <= ? ORDER BY n",
+        [first, last, run_id, until if until is not None else 2 ** 62])
+    yield from cursor
+
+
+def register_write_order(db: sqlite_utils.Database, run_id: str) -> Iterator[tuple[int, int]]:
+    """(seq, n) of the run's register writes in seq order: how they interleave with other rows."""
+    first, last = run_seq_range(db, run_id)
+    yield from db.conn.execute(
+        "SELECT seq, n FROM register_writes WHERE seq BETWEEN ? AND ? AND run_id = ? ORDER BY seq",
+        [first, last, run_id])

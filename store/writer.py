@@ -1,11 +1,13 @@
 """The single audit writer and the per-run recorders that feed it.
 
-One writer owns the SQLite connection. It runs in its own thread so that commits (each
-one an fsync, see schema.connect) overlap device I/O and never stall the event loop.
-Producers hand it batches through a small bounded queue: when it falls behind they
-block — backpressure — and nothing is ever dropped. Rows are chained (store.chain) in
-the order they reach the writer, inside the same transaction that inserts them, with the
-chain head read under the write lock so that several processes share one chain.
+One writer owns the SQLite connection, and it lives in a process of its own: hashing and
+inserting hundreds of thousands of rows would otherwise compete with device I/O for the
+interpreter lock, while in a second process it runs truly beside it. Producers hand it
+batches through a pipe; when the writer falls behind the pipe fills and producers block
+— backpressure — and nothing is ever dropped. Rows are chained (store.chain) in the order
+they reach the writer, inside the transaction that inserts them, with the chain head read
+under the write lock so that several amdflash processes share one chain. If the host
+process dies, the writer still commits every batch it was handed before it exits.
 
 `Recorder.durable()` is the write-ahead barrier: it returns only when everything recorded
 before it is committed. The erase stage calls it between recording a unit's intent and
@@ -13,11 +15,14 @@ erasing the unit.
 """
 from __future__ import annotations
 
-import queue
+import itertools
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from store import chain
@@ -25,7 +30,7 @@ from store.schema import AUDIT_TABLES, SchemaError, connect, ensure
 
 Row = tuple[str, "dict[str, Any] | tuple[Any, ...]"]
 
-_STOP = object()
+_STOP = None
 
 
 class AuditFailure(RuntimeError):
@@ -36,127 +41,264 @@ class StoreUnavailable(RuntimeError):
     """The database cannot be opened or written: refuse before touching a board."""
 
 
-@dataclass
-class _Barrier:
-    done: threading.Event = field(default_factory=threading.Event)
-
-
 _INSERTS = {
-    table: (f"INSERT INTO {table} (seq, {', '.join(cols)}, hash) VALUES (?, {', '.join('?' * len(cols))}, ?)",
-            tuple(cols))
+    table: f"INSERT INTO {table} (seq, {', '.join(cols)}, hash) VALUES (?, {', '.join('?' * len(cols))}, ?)"
     for table, cols in AUDIT_TABLES.items()
 }
 
 
+def _start_method() -> str:
+    # fork is cheapest and safe while this process runs a single thread (the CLI opens the
+    # writer before anything else starts); otherwise forkserver avoids forking live threads.
+    return "fork" if threading.active_count() == 1 else "forkserver"
+
+
 class AuditWriter:
-    def __init__(self, path: str, group_rows: int = 4000, group_seconds: float = 0.25, queue_batches: int = 8):
+    def __init__(self, path: str, group_rows: int = 4000, group_seconds: float = 0.25,
+                 max_pages: int | None = None):
         self.path = path
         self.group_rows = group_rows
         self.group_seconds = group_seconds
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_batches)
+        self.max_pages = max_pages      # cap the database size (SQLite max_page_count)
         self.failed: str | None = None
-        self.rows_written = 0
-        self._conn: sqlite3.Connection | None = None
-        self._thread: threading.Thread | None = None
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._send: multiprocessing.connection.Connection | None = None
+        self._send_lock = threading.Lock()
+        self._barriers: dict[int, threading.Event] = {}
+        self._ids = itertools.count(1)
+        self._reader: threading.Thread | None = None
 
     # -- lifetime -------------------------------------------------------------------------
     def open(self) -> "AuditWriter":
-        """Open, create the schema, and prove the database writable; else StoreUnavailable."""
+        """Create the schema and prove the database writable (else StoreUnavailable), then
+        start the writer process."""
         try:
             conn = connect(self.path)
-            ensure(conn)
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("ROLLBACK")
+            try:
+                ensure(conn)
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("ROLLBACK")
+            finally:
+                conn.close()
         except (sqlite3.Error, OSError, SchemaError) as e:
             raise StoreUnavailable(f"audit database {self.path} is not writable: {e}") from None
-        self._conn = conn
-        self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
-        self._thread.start()
+        method = _start_method()
+        ctx = multiprocessing.get_context(method)
+        rows_rx, self._send = ctx.Pipe(duplex=False)
+        status_rx, status_tx = ctx.Pipe(duplex=False)
+        # A forked child inherits this side's pipe ends too; it must close them, or it would
+        # never see end-of-file when this process dies.
+        inherited = (self._send.fileno(), status_rx.fileno()) if method == "fork" else ()
+        self._process = ctx.Process(
+            target=_writer_main, name="amdflash-audit-writer", daemon=True,
+            args=(self.path, rows_rx, status_tx, self.group_rows, self.group_seconds, self.max_pages,
+                  os.getpid(), inherited))
+        self._process.start()
+        rows_rx.close()
+        status_tx.close()
+        self._reader = threading.Thread(target=self._read_status, args=(status_rx,), name="audit-status",
+                                        daemon=True)
+        self._reader.start()
         return self
 
     def close(self) -> None:
-        if self._thread is None:
+        if self._process is None:
             return
-        self._queue.put(_STOP)
-        self._thread.join()
-        self._thread = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        try:
+            with self._send_lock:
+                assert self._send is not None
+                self._send.send(_STOP)
+        except OSError:
+            pass   # the writer is already gone; its status reader has said why
+        self._process.join()
+        assert self._reader is not None
+        self._reader.join()
+        self._send.close()
+        self._process = None
 
     # -- producers ------------------------------------------------------------------------
     def submit(self, rows: list[Row]) -> None:
         self._check()
-        self._queue.put(rows)  # blocks while the writer is behind: backpressure
+        self._post(rows)   # blocks while the pipe is full: backpressure
 
     def barrier(self, timeout: float = 120.0) -> None:
         self._check()
-        b = _Barrier()
-        self._queue.put(b)
-        if not b.done.wait(timeout):
+        ident = next(self._ids)
+        done = self._barriers[ident] = threading.Event()
+        self._post(("barrier", ident))
+        if not done.wait(timeout):
             raise AuditFailure(f"audit writer did not commit within {timeout:g} s")
+        self._barriers.pop(ident, None)
         self._check()
+
+    def _post(self, message: object) -> None:
+        assert self._send is not None, "AuditWriter used before open()"
+        try:
+            with self._send_lock:
+                self._send.send(message)
+        except OSError as e:
+            self._fail(f"audit writer process is gone ({e})")
+            self._check()
 
     def _check(self) -> None:
         if self.failed:
             raise AuditFailure(f"audit trail write failed: {self.failed}")
 
-    # -- the writer thread ----------------------------------------------------------------
-    def _run(self) -> None:
-        pending: list[Row] = []
-        waiting: list[_Barrier] = []
-        oldest = 0.0  # when the oldest uncommitted row arrived
+    def _fail(self, message: str) -> None:
+        self.failed = self.failed or message
+        for event in list(self._barriers.values()):
+            event.set()
+
+    def _read_status(self, status: multiprocessing.connection.Connection) -> None:
         while True:
             try:
-                item = self._queue.get(timeout=self.group_seconds)
-            except queue.Empty:
-                item = None
-            if item is _STOP:
-                self._commit(pending, waiting)
-                return
-            if isinstance(item, _Barrier):
-                waiting.append(item)
-                self._commit(pending, waiting)
-            elif item is not None:
-                if not pending:
-                    oldest = time.monotonic()
-                pending.extend(item)
-            if pending and (len(pending) >= self.group_rows or time.monotonic() - oldest >= self.group_seconds):
-                self._commit(pending, waiting)
+                kind, value = status.recv()
+            except (EOFError, OSError):
+                if self._process is not None and self._process.exitcode not in (None, 0):
+                    self._fail(f"audit writer process exited ({self._process.exitcode})")
+                break
+            if kind == "done":
+                event = self._barriers.get(value)
+                if event:
+                    event.set()
+            elif kind == "failed":
+                self._fail(value)
+            elif kind == "closed":
+                break
+        status.close()
 
-    def _commit(self, pending: list[Row], waiting: list[_Barrier]) -> None:
-        if pending and not self.failed:
+
+def _writer_main(path: str, rows: multiprocessing.connection.Connection,
+                 status: multiprocessing.connection.Connection, group_rows: int, group_seconds: float,
+                 max_pages: int | None, host_pid: int, inherited: tuple[int, ...]) -> None:
+    """The writer process: chain and insert rows as they arrive, commit in groups, answer
+    barriers.
+
+    Rows are hashed and inserted as soon as they arrive, inside a transaction that stays
+    open until the group is full or old enough; a barrier then costs one COMMIT, not the
+    work on a whole backlog.
+    """
+    # Ctrl-C and SIGTERM are for the host process, which stops at a safe point and then
+    # tells the writer to finish; the writer must not die with half its queue unwritten.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for fd in inherited:
+        os.close(fd)
+    chain_writer = _ChainWriter(connect(path), max_pages)
+    waiting: list[int] = []
+    failed: str | None = None
+
+    def settle() -> None:
+        """Commit what is open and release the barriers waiting for it."""
+        nonlocal failed
+        if not failed:
             try:
-                self._insert(pending)
+                chain_writer.commit()
             except Exception as e:  # noqa: BLE001 - any failure stops the job, with its reason
-                self.failed = f"{type(e).__name__}: {e}"
-        pending.clear()
-        for b in waiting:
-            b.done.set()
+                failed = f"{type(e).__name__}: {e}"
+                _tell(status, ("failed", failed))
+        for ident in waiting:
+            _tell(status, ("done", ident))
         waiting.clear()
 
-    def _insert(self, rows: list[Row]) -> None:
-        conn = self._conn
-        assert conn is not None
-        conn.execute("BEGIN IMMEDIATE")
+    while True:
+        message: object = ()
+        if rows.poll(group_seconds if chain_writer.open_rows else 1.0):
+            try:
+                message = rows.recv()
+            except EOFError:
+                message = _STOP   # the host died: keep what it handed over
+        elif not _alive(host_pid):
+            message = _STOP       # belt and braces: the host is gone even if the pipe is not
+        if message is _STOP:
+            settle()
+            _tell(status, ("closed", None))
+            chain_writer.close()
+            return
+        if isinstance(message, tuple) and message and message[0] == "barrier":
+            waiting.append(message[1])
+            settle()
+        elif isinstance(message, list) and not failed:
+            try:
+                chain_writer.add(message)
+            except Exception as e:  # noqa: BLE001
+                failed = f"{type(e).__name__}: {e}"
+                _tell(status, ("failed", failed))
+                chain_writer.abandon()
+        if chain_writer.open_rows and (chain_writer.open_rows >= group_rows
+                                        or time.monotonic() - chain_writer.opened >= group_seconds):
+            settle()
+
+
+def _tell(status: multiprocessing.connection.Connection, message: tuple[str, object]) -> None:
+    try:
+        status.send(message)
+    except OSError:
+        pass   # the host is gone; the rows are committed all the same
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _ChainWriter:
+    """Appends chained rows to the database inside one open transaction at a time."""
+
+    def __init__(self, conn: sqlite3.Connection, max_pages: int | None):
+        self.conn = conn
+        if max_pages:
+            conn.execute(f"PRAGMA max_page_count = {int(max_pages)}")
+        self.open_rows = 0
+        self.opened = 0.0
+        self.seq = 0
+        self.prev = ""
+
+    def add(self, rows: list[Row]) -> None:
+        conn = self.conn
+        if not self.open_rows:
+            conn.execute("BEGIN IMMEDIATE")
+            # Read under the write lock: another amdflash process may have extended the chain.
+            self.seq, self.prev = conn.execute("SELECT seq, hash FROM chain_head WHERE id = 1").fetchone()
+            self.opened = time.monotonic()
+        seq, prev = self.seq, self.prev
+        by_table: dict[str, list[tuple]] = {}
+        link, normalise = chain.link, chain.normalise
+        for table, row in rows:
+            seq += 1
+            # The bulk tables arrive as ready tuples (see Recorder.register_write).
+            values = row if type(row) is tuple else normalise(table, row)
+            prev = link(prev, table, seq, values)
+            by_table.setdefault(table, []).append((seq, *values, prev))
+        for table, values in by_table.items():
+            conn.executemany(_INSERTS[table], values)
+        self.seq, self.prev = seq, prev
+        self.open_rows += len(rows)
+
+    def commit(self) -> None:
+        if not self.open_rows:
+            return
         try:
-            seq, prev = conn.execute("SELECT seq, hash FROM chain_head WHERE id = 1").fetchone()
-            by_table: dict[str, list[tuple]] = {}
-            link, normalise = chain.link, chain.normalise
-            for table, row in rows:
-                seq += 1
-                # The bulk tables arrive as ready tuples (see Recorder.register_write).
-                values = row if type(row) is tuple else normalise(table, row)
-                prev = link(prev, table, seq, values)
-                by_table.setdefault(table, []).append((seq, *values, prev))
-            for table, values in by_table.items():
-                conn.executemany(_INSERTS[table][0], values)
-            conn.execute("UPDATE chain_head SET seq = ?, hash = ? WHERE id = 1", (seq, prev))
-            conn.execute("COMMIT")
+            self.conn.execute("UPDATE chain_head SET seq = ?, hash = ? WHERE id = 1", (self.seq, self.prev))
+            self.conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            self.abandon()
             raise
-        self.rows_written += len(rows)
+        self.open_rows = 0
+
+    def abandon(self) -> None:
+        if self.conn.in_transaction:   # SQLite may already have rolled back (e.g. disk full)
+            self.conn.execute("ROLLBACK")
+        self.open_rows = 0
+
+    def close(self) -> None:
+        self.abandon()
+        self.conn.close()
 
 
 class Recorder:
@@ -168,6 +310,7 @@ class Recorder:
         self.batch_rows = batch_rows
         self._buffer: list[Row] = []
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
         self.register_writes = 0
         self.spi_transactions = 0
 
@@ -200,10 +343,13 @@ class Recorder:
             self.flush()
 
     def flush(self) -> None:
-        with self._lock:
-            batch, self._buffer = self._buffer, []
-        if batch:
-            self.writer.submit(batch)
+        # Taking the batch and handing it over happen under one lock, so batches reach the
+        # writer (and the chain) in the order their rows were recorded.
+        with self._flush_lock:
+            with self._lock:
+                batch, self._buffer = self._buffer, []
+            if batch:
+                self.writer.submit(batch)
 
     def durable(self) -> None:
         """Return once every row recorded so far is committed (write-ahead barrier)."""

@@ -1,0 +1,306 @@
+"""Finding boards and opening a board spec: USB bridges first, then native PCI devices.
+
+Specs: `auto` (the first USB bridge, else the first native PCI device), `usb` / `usb:N` /
+`usb:SERIAL`, `pci` / `pci:DDDD:BB:DD.F`. `sim:PATH` never gets here (open_transport
+handles it). Every board is locked (`BoardLock`, keyed by bridge serial or PCI address)
+before anything is sent to it, so a second process gets "board busy (pid N)".
+
+Emulated USB bridges are used only when chosen explicitly: `AMDFLASH_SIM_USB=DIR[,DIR...]`
+replaces libusb with the emulated pyusb backend serving those board directories, and
+says so. Nothing ever falls back to an emulator. `AMDFLASH_SYSFS_PCI` points native PCI
+discovery at another sysfs devices directory (tests); `AMDFLASH_UNBIND_DRIVER=1` (set by
+the CLI's --unbind-driver) lets the PCI transport unbind a bound kernel driver.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import usb.core
+
+from stages.transport.base import Bar5, Clock, TransportError
+from stages.transport.lock import BoardBusy, BoardLock
+from stages.transport.pci import SYSFS_PCI_DEVICES, PciBar5, PciDevice, find_devices, normalise_address
+from stages.transport.usb import BridgeInfo, LinkDown, UnexpectedDevice, UsbBar5, default_backend, find_bridges
+
+ENV_SIM_USB = "AMDFLASH_SIM_USB"
+ENV_SYSFS_PCI = "AMDFLASH_SYSFS_PCI"
+ENV_UNBIND_DRIVER = "AMDFLASH_UNBIND_DRIVER"
+PROBE_TIMEOUT = 0.05        # seconds on the board's clock: a gated engine must not stall `list`
+_SERIAL = re.compile(r"[0-9a-fA-F]{8}")
+
+Announce = Callable[[str], None]
+
+
+class Spec(Protocol):
+    kind: str
+    selector: str
+
+
+class NoBoardFound(TransportError):
+    pass
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+# -- USB -----------------------------------------------------------------------------------------
+
+@dataclass
+class UsbScan:
+    """The bridges one backend shows; an emulated backend holds its boards until closed."""
+
+    backend: Any
+    bridges: list[BridgeInfo]
+    emulated: bool
+
+    @property
+    def usable(self) -> list[BridgeInfo]:
+        """What usb:N counts: bridges that are (or may be, permissions aside) our firmware."""
+        return [b for b in self.bridges if not b.foreign_firmware]
+
+    def close(self) -> None:
+        if self.emulated:
+            self.backend.close()
+
+
+def emulated_usb_backend(paths: list[str]) -> Any:
+    """The emulated bridge backend, with the board clocks exposed through `clock_for`."""
+    from stages.transport.sim.usb import SimUsbBackend
+
+    for path in paths:
+        if not os.path.isfile(os.path.join(path, "board.json")):
+            raise TransportError(f"{ENV_SIM_USB}: {path} is not an emulated board "
+                                 "(create one with 'amdflash sim create')")
+    backend = SimUsbBackend(paths)
+
+    def clock_for(device: usb.core.Device) -> Clock:
+        for bridge in backend.bridges:
+            d = bridge.descriptors.device
+            if (d.bus, d.address) == (device.bus, device.address):
+                return bridge.board.clock
+        raise TransportError(f"no emulated bridge at bus {device.bus} address {device.address}")
+
+    backend.clock_for = clock_for
+    return backend
+
+
+def scan_usb(announce: Announce) -> UsbScan:
+    selected = [p.strip() for p in os.environ.get(ENV_SIM_USB, "").split(",") if p.strip()]
+    if selected:
+        announce(f"{ENV_SIM_USB} is set: USB bridges are EMULATED boards ({', '.join(selected)}), not hardware")
+        backend = emulated_usb_backend(selected)
+        try:
+            return UsbScan(backend, find_bridges(backend), emulated=True)
+        except BaseException:
+            backend.close()
+            raise
+    backend = default_backend()
+    try:
+        return UsbScan(backend, find_bridges(backend), emulated=False)
+    except (usb.core.NoBackendError, usb.core.USBError) as e:
+        announce(f"USB: cannot enumerate devices ({e}); looking for native PCI devices only")
+        return UsbScan(backend, [], emulated=False)
+
+
+def select_usb(bridges: list[BridgeInfo], selector: str) -> int:
+    """Index into `bridges` for usb, usb:N or usb:SERIAL (8 hex digits)."""
+    if not bridges:
+        raise NoBoardFound("no board found: no ASM24 USB bridge (add1:0001 or 3801:0001) is connected")
+    if not selector:
+        return 0
+    if _SERIAL.fullmatch(selector):
+        matches = [i for i, b in enumerate(bridges) if (b.serial or "").lower() == selector.lower()]
+        if len(matches) > 1:
+            raise TransportError(f"usb:{selector}: {len(matches)} bridges share this serial; "
+                                 f"use usb:N ({', '.join(f'usb:{i}' for i in matches)})")
+        if matches:
+            return matches[0]
+        found = ", ".join(b.serial or "?" for b in bridges)
+        raise TransportError(f"usb:{selector}: no USB bridge with this serial (found: {found})")
+    if selector.isdecimal():
+        index = int(selector)
+        if index < len(bridges):
+            return index
+        raise TransportError(f"usb:{index}: only {len(bridges)} USB bridge(s) found (usb:0..usb:{len(bridges) - 1})")
+    raise TransportError(f"usb:{selector}: expected a bridge index (usb:0) or an 8-hex-digit serial")
+
+
+def _open_usb(scan: UsbScan, index: int) -> tuple[Bar5, BoardLock]:
+    bridge = scan.usable[index]
+    try:
+        lock = BoardLock(bridge.lock_key).acquire()
+    except BaseException:
+        scan.close()
+        raise
+    try:
+        bar = UsbBar5(bridge, scan.backend, on_close=scan.close)
+    except BaseException:
+        lock.release()
+        scan.close()
+        raise
+    if scan.emulated:
+        bar.identity.extra["emulated"] = True
+    return bar, lock
+
+
+# -- native PCI ----------------------------------------------------------------------------------
+
+def sysfs_root() -> Path:
+    return Path(os.environ.get(ENV_SYSFS_PCI) or SYSFS_PCI_DEVICES)
+
+
+def _open_pci(device: PciDevice, announce: Announce) -> tuple[Bar5, BoardLock]:
+    lock = BoardLock(device.spec).acquire()
+    try:
+        return PciBar5(device, unbind_driver=os.environ.get(ENV_UNBIND_DRIVER) == "1", announce=announce), lock
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _select_pci(devices: list[PciDevice], selector: str) -> PciDevice:
+    if not devices:
+        raise NoBoardFound("no board found: no native Navi31 PCI device (1002:744c)")
+    if not selector:
+        return devices[0]
+    address = normalise_address(selector).lower()
+    for device in devices:
+        if device.address.lower() == address:
+            return device
+    raise TransportError(f"pci:{selector}: no Navi31 at this address (found: "
+                         f"{', '.join(d.address for d in devices)})")
+
+
+# -- opening a spec -------------------------------------------------------------------------------
+
+def open_spec(spec: Spec, announce: Announce = _stderr) -> tuple[Bar5, BoardLock]:
+    """Open and lock the board a spec names."""
+    if spec.kind == "auto":
+        scan = scan_usb(announce)
+        if scan.usable:
+            bridge = scan.usable[0]
+            announce(f"auto: using usb:0 (ASM24 bridge {bridge.serial or bridge.usb_id}"
+                     f"{', emulated' if scan.emulated else ''})")
+            return _open_usb(scan, 0)
+        scan.close()
+        devices = find_devices(sysfs_root())
+        if devices:
+            announce(f"auto: no USB bridge; using {devices[0].spec} (native PCIe)")
+            return _open_pci(devices[0], announce)
+        raise NoBoardFound("no board found: no ASM24 USB bridge (add1:0001 or 3801:0001) and no native "
+                           "Navi31 PCI device (1002:744c)")
+    if spec.kind == "usb":
+        scan = scan_usb(announce)
+        try:
+            index = select_usb(scan.usable, spec.selector)
+        except BaseException:
+            scan.close()
+            raise
+        return _open_usb(scan, index)
+    if spec.kind == "pci":
+        return _open_pci(_select_pci(find_devices(sysfs_root()), spec.selector), announce)
+    raise TransportError(f"board spec {spec.kind}:{spec.selector} is not a USB or PCI board")
+
+
+# -- listing --------------------------------------------------------------------------------------
+
+def probe_flash(bar: Bar5) -> dict[str, Any]:
+    """JEDEC id and unique ID through ROM_SW, read-only, every register restored."""
+    from stages.flash.spinor import FlashError, SpiNor
+    from stages.navi31 import regs as R
+    from stages.navi31.romsw import RomSw, RomSwError, RomSwOptions
+
+    try:
+        with RomSw(bar, RomSwOptions(timeout=PROBE_TIMEOUT)) as engine:
+            ident = SpiNor(engine).identify()
+        return {"chip": ident.chip.name, "jedec": ident.chip.jedec.hex(), "unique_id": ident.unique_id.hex()}
+    except (RomSwError, FlashError) as e:
+        # A gated engine still leaves the ROM aperture (after autonomous boot); say whether it is there.
+        raw = bar.read32(R.ROM_CNTL) != R.ROM_CNTL_RAW_UNAVAILABLE
+        return {"flash": f"ROM_SW does not answer: {e}",
+                "aperture": "available (dump --via aperture)" if raw else "unavailable"}
+
+
+def _list_usb(index: int | None, bridge: BridgeInfo, scan: UsbScan) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "spec": f"usb:{index}" if index is not None else None,
+        "spec_serial": f"usb:{bridge.serial}" if index is not None and bridge.serial else None,
+        "kind": "usb", "serial": bridge.serial, "usb_id": bridge.usb_id, "product": bridge.product,
+        "bus": bridge.bus, "address": bridge.address, "emulated": True if scan.emulated else None,
+    }
+    if bridge.error:
+        entry["error"] = bridge.error
+        return entry
+    try:
+        lock = BoardLock(bridge.lock_key).acquire()
+    except BoardBusy as e:
+        entry["status"] = f"busy (pid {e.pid})" if e.pid else "busy"
+        return entry
+    try:
+        bar = UsbBar5(bridge, scan.backend)
+    except LinkDown as e:
+        entry.update(link="down", error=str(e))
+    except UnexpectedDevice as e:
+        entry.update(link="up", pci_ids=f"{e.vendor_id:04x}:{e.device_id:04x}", error=str(e))
+    except TransportError as e:
+        entry["error"] = str(e)
+    else:
+        try:
+            entry.update(link="up", pci_ids=f"{bar.identity.vendor_id:04x}:{bar.identity.device_id:04x}",
+                         bar5=bar.identity.extra["bar5"])
+            entry.update(probe_flash(bar))
+        except TransportError as e:
+            entry["error"] = str(e)
+        finally:
+            bar.close()
+    finally:
+        lock.release()
+    return entry
+
+
+def _list_pci(device: PciDevice, announce: Announce) -> dict[str, Any]:
+    entry: dict[str, Any] = {"spec": device.spec, "kind": "pci", "pci_address": device.address,
+                             "pci_ids": f"{device.vendor_id:04x}:{device.device_id:04x}", "driver": device.driver}
+    if device.driver:
+        entry["status"] = f"kernel driver {device.driver} bound: not probed (see --unbind-driver)"
+        return entry
+    try:
+        lock = BoardLock(device.spec).acquire()
+    except BoardBusy as e:
+        entry["status"] = f"busy (pid {e.pid})" if e.pid else "busy"
+        return entry
+    try:
+        bar = PciBar5(device, announce=announce)
+        try:
+            entry.update(probe_flash(bar))
+        finally:
+            bar.close()
+    except TransportError as e:
+        entry["error"] = str(e)
+    finally:
+        lock.release()
+    return entry
+
+
+def list_boards(announce: Announce = _stderr) -> list[dict[str, Any]]:
+    """Every USB bridge and native Navi31, with spec, identity, link and (where it answers) the flash."""
+    boards: list[dict[str, Any]] = []
+    scan = scan_usb(announce)
+    try:
+        index = 0
+        for bridge in scan.bridges:
+            if bridge.foreign_firmware:
+                boards.append(_list_usb(None, bridge, scan))
+            else:
+                boards.append(_list_usb(index, bridge, scan))
+                index += 1
+    finally:
+        scan.close()
+    boards += [_list_pci(device, announce) for device in find_devices(sysfs_root())]
+    return boards

@@ -1,0 +1,469 @@
+"""`amdflash report --format html`: one self-contained page per run, for forensic review.
+
+The page carries everything inline — CSS in a <style> element, graphics as plain HTML
+blocks — and fetches nothing (no scripts, fonts, images or links out), so it can be
+archived with a compliance record and opened years later on an offline machine. Every
+recorded value is escaped: board strings, paths and error texts come from the field.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from dataclasses import dataclass
+from html import escape
+from typing import Any, Iterable
+
+import sqlite_utils
+
+from stages.flash import protection as prot
+from stages.navi31 import regs as R
+from store.chain import ChainReport
+from store.queries import register_writes_before, unit_states
+
+FLASH_SIZE = 0x200000
+UNIT = 0x1000
+CELLS_PER_ROW = 32            # two 64 KiB blocks per row: 16 rows for the 2 MiB
+BLOCK_CELLS = 16
+WRITES_BEFORE_ERROR = 32
+
+# Map categories: (css class, legend text). Written units are drawn solid once verified
+# and hatched before (class "unverified"), so "verified" reads across the three actions.
+CATEGORIES = (
+    ("skip", "skipped — already equal"),
+    ("program", "programmed without erase, verified"),
+    ("erase", "erased + programmed, verified"),
+    ("failed", "verify failed"),
+    ("protected", "protected (block protection)"),
+    ("none", "not part of the run"),
+)
+_ACTION_CLASS = {"skip": "skip", "program": "program", "erase+program": "erase"}
+
+REGISTER_NAMES = {getattr(R, name): name for name in (
+    "ROM_CNTL", "PAGE_MIRROR_CNTL", "ROM_STATUS", "ROM_INDEX", "ROM_DATA", "ROM_START",
+    "ROM_SW_CNTL", "ROM_SW_STATUS", "ROM_SW_COMMAND", "GPIOPAD_MASK", "GPIOPAD_A", "GPIOPAD_EN",
+    "MP0_C2PMSG_73", "MP0_C2PMSG_115", "MP0_C2PMSG_116")}
+
+# SPI NOR opcodes as the datasheets name them (GD25LQ16E, HARDWARE.md §7).
+OPCODES = {
+    0x01: "WRSR", 0x02: "PP", 0x03: "READ", 0x04: "WRDI", 0x05: "RDSR1", 0x06: "WREN", 0x0B: "FAST_READ",
+    0x11: "WRSR3", 0x15: "RDSR3", 0x20: "SE 4K", 0x31: "WRSR2", 0x35: "RDSR2", 0x4B: "RDUID", 0x50: "VWREN",
+    0x52: "BE 32K", 0x5A: "RDSFDP", 0x60: "CE", 0x66: "RSTEN", 0x75: "SUSPEND", 0x7A: "RESUME",
+    0x99: "RST", 0x9F: "RDID", 0xAB: "RDP", 0xB9: "DP", 0xC7: "CE", 0xD8: "BE 64K",
+}
+
+
+def render(db: sqlite_utils.Database, rep: dict[str, Any], chain: ChainReport) -> str:
+    run_id = rep["run_id"]
+    body = [
+        _header(rep),
+        _identity(rep),
+        _sector_map(rep, unit_states(db, run_id)),
+        _timeline(rep),
+        _verifies(rep),
+        _first_error(db, rep),
+        _chain(chain),
+    ]
+    return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>amdflash run {escape(run_id)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
+            + "\n".join(body)
+            + f"\n<footer>amdflash {escape(str(rep.get('tool_version') or ''))} report · generated "
+              f"{escape(_now())} from the audit trail · self-contained: nothing is fetched</footer>\n"
+              "</body>\n</html>\n")
+
+
+# -- identity ---------------------------------------------------------------------------------
+
+def _header(rep: dict[str, Any]) -> str:
+    status = str(rep["status"])
+    return (f"<header><h1>Run <span class=\"mono\">{escape(rep['run_id'])}</span></h1>"
+            f"<span class=\"badge {escape(_status_class(status))}\" data-field=\"status-badge\">"
+            f"{escape(status)}</span> <span class=\"muted\">{escape(str(rep['command']))}</span></header>")
+
+
+def _status_class(status: str) -> str:
+    return {"succeeded": "ok", "failed": "bad", "interrupted": "warn"}.get(status, "neutral")
+
+
+def _identity(rep: dict[str, Any]) -> str:
+    b = rep["board"]
+    srs = (f"SR1={b['sr1']:02x} SR2={b['sr2']:02x} SR3={b['sr3']:02x}"
+           if None not in (b["sr1"], b["sr2"], b["sr3"]) else None)
+    effective = _protection(rep)
+    rows: list[tuple[str, str, Any]] = [
+        ("run_id", "run", rep["run_id"]),
+        ("command", "command", rep["command"]),
+        ("status", "status", rep["status"]),
+        ("started", "started", rep["started"]),
+        ("ended", "ended", rep["ended"]),
+        ("resumes_run_id", "resumed from", rep["resumes_run_id"]),
+        ("operator", "operator", rep["operator"]),
+        ("host", "host", rep["host"]),
+        ("tool_version", "amdflash version", rep["tool_version"]),
+        ("board_spec", "board spec", b["spec"]),
+        ("jedec", "JEDEC capture", b["jedec"]),
+        ("chip", "chip", b["chip"]),
+        ("unique_id", "flash unique ID", b["unique_id"]),
+        ("bridge_serial", "bridge serial", b["bridge_serial"]),
+        ("pci_address", "PCI address", b["pci_address"]),
+        ("status_registers", "status registers", srs),
+        ("protection", "protection as identified", b["protection"]),
+        ("protection_effective", "protection during the run", effective.describe if effective else None),
+        ("image_path", "image", rep["image_path"]),
+        ("image_sha256", "image SHA-256", rep["image_sha256"]),
+        ("result_sha256", "result SHA-256", rep["result_sha256"]),
+        ("arguments", "arguments", json.dumps(rep["arguments"], sort_keys=True) if rep["arguments"] else None),
+        ("register_writes", "register writes", rep["register_writes"]),
+        ("spi_transactions", "SPI transactions", rep["spi_transactions"]),
+        ("backups", "backup", "; ".join(f"{x['sha256']} {x['path']}" for x in rep["backups"]) or None),
+        ("error", "error", rep["error"]),
+    ]
+    cells = "".join(
+        f"<tr><th>{escape(label)}</th><td data-field=\"{escape(key)}\"{_MONO_ATTR if key in _MONO else ''}>"
+        f"{_value(value)}</td></tr>"
+        for key, label, value in rows)
+    return f"<section id=\"identity\"><h2>Run and board</h2><table class=\"kv\">{cells}</table></section>"
+
+
+_MONO = {"run_id", "jedec", "unique_id", "bridge_serial", "status_registers", "image_sha256", "result_sha256",
+         "backups", "arguments", "image_path", "board_spec"}
+_MONO_ATTR = ' class="mono"'
+
+
+def _value(value: Any) -> str:
+    if value is None or value == "":
+        return "<span class=\"muted\">—</span>"
+    return escape(str(value))
+
+
+@dataclass(frozen=True)
+class _Range:
+    start: int
+    end: int
+    describe: str
+
+    def covers(self, address: int) -> bool:
+        return self.start <= address < self.end
+
+
+def _protection(rep: dict[str, Any]) -> _Range | None:
+    """What the chip protected while the run wrote: as identified, less CMP if the run cleared it."""
+    b = rep["board"]
+    cleared = any(s["stage"] == "clear_cmp" and s["event"] == "end" for s in rep["stages"])
+    if b["sr1"] is not None and b["sr2"] is not None:
+        sr2 = b["sr2"] & ~prot.SR2_CMP if cleared else b["sr2"]
+        p = prot.decode(b["sr1"], sr2, FLASH_SIZE)
+        return _Range(p.start, p.end, p.describe() + (" (CMP cleared by this run)" if cleared else ""))
+    m = re.search(r"(0x[0-9a-fA-F]+)-(0x[0-9a-fA-F]+) protected", b.get("protection") or "")
+    if m and not cleared:
+        return _Range(int(m[1], 16), int(m[2], 16) + 1, b["protection"])
+    return None
+
+
+# -- sector map -------------------------------------------------------------------------------
+
+def _cell(address: int, unit: dict[str, Any] | None, protected: _Range | None) -> tuple[str, str]:
+    """(css classes, tooltip) of the 4 KiB unit at `address`."""
+    span = f"{address:#08x}–{address + UNIT - 1:#08x}"
+    if unit is None:
+        if protected and protected.covers(address):
+            return "protected", f"{span} · protected · not written"
+        return "none", f"{span} · not part of the run"
+    action, state = unit["action"], unit["state"]
+    detail = f" · {unit['detail']}" if unit.get("detail") else ""
+    tip = f"{span} · {action} · {state}{detail}"
+    if state == "failed":
+        return "failed", tip
+    category = _ACTION_CLASS.get(action, "none")
+    return (category if state == "verified" else f"{category} unverified"), tip
+
+
+def _sector_map(rep: dict[str, Any], units: dict[int, dict[str, Any]]) -> str:
+    protected = _protection(rep)
+    by_cell: dict[int, dict[str, Any]] = {}
+    for u in units.values():
+        for a in range(u["address"], u["address"] + (u["size"] or UNIT), UNIT):
+            by_cell[a] = u
+    counts: dict[str, int] = {}
+    rows = []
+    for row in range(0, FLASH_SIZE, CELLS_PER_ROW * UNIT):
+        blocks = []
+        for block in range(row, row + CELLS_PER_ROW * UNIT, BLOCK_CELLS * UNIT):
+            cells = []
+            for address in range(block, block + BLOCK_CELLS * UNIT, UNIT):
+                classes, tip = _cell(address, by_cell.get(address), protected)
+                counts[classes] = counts.get(classes, 0) + 1
+                cells.append(f"<div class=\"cell {classes}\" data-address=\"{address:#08x}\" "
+                             f"title=\"{escape(tip)}\"></div>")
+            blocks.append(f"<div class=\"block\">{''.join(cells)}</div>")
+        rows.append(f"<div class=\"maprow\"><span class=\"addr\">{row:#08x}</span>{''.join(blocks)}</div>")
+    return (f"<section id=\"sector-map\"><h2>Sector map</h2><p class=\"muted\">One cell per 4 KiB erase unit "
+            f"(512 cells), 64 KiB blocks grouped; hover a cell for its address, action and state.</p>"
+            f"{_legend(counts)}<div class=\"map\">{''.join(rows)}</div></section>")
+
+
+def _legend(counts: dict[str, int]) -> str:
+    items = [f"<li><span class=\"cell {c}\"></span>{escape(text)} <b>{counts.get(c, 0)}</b></li>"
+             for c, text in CATEGORIES]
+    unverified = sum(n for classes, n in counts.items() if "unverified" in classes.split())
+    items.insert(3, f"<li><span class=\"cell erase unverified\"></span>hatched: planned or written, not verified "
+                    f"<b>{unverified}</b></li>")
+    return f"<ul class=\"legend\">{''.join(items)}</ul>"
+
+
+# -- stage timeline ---------------------------------------------------------------------------
+
+@dataclass
+class _Stage:
+    name: str
+    start: dt.datetime | None = None
+    end: dt.datetime | None = None
+    outcome: str = "no end recorded"
+    detail: str = ""
+    events: int = 0
+
+
+def _stages(rows: Iterable[dict[str, Any]]) -> list[_Stage]:
+    stages: dict[str, _Stage] = {}
+    for r in rows:
+        s = stages.setdefault(r["stage"], _Stage(r["stage"]))
+        at = _time(r["at"])
+        if r["event"] == "start":
+            s.start = s.start or at
+        elif r["event"] in ("end", "fail"):
+            s.end, s.outcome = at or s.end, "failed" if r["event"] == "fail" else "ended"
+        else:
+            s.events += 1
+        if r["detail"] and (r["event"] != "start" or not s.detail):
+            s.detail = r["detail"]   # the end's detail says more than the start's
+    return list(stages.values())
+
+
+def _timeline(rep: dict[str, Any]) -> str:
+    stages = _stages(rep["stages"])
+    t0 = _time(rep["started"])
+    known = [t for s in stages for t in (s.start, s.end) if t]
+    t1 = _time(rep["ended"]) or (max(known) if known else None)
+    if not stages or t0 is None or t1 is None:
+        return "<section id=\"timeline\"><h2>Stage timeline</h2><p class=\"muted\">no stages recorded</p></section>"
+    span = max((t1 - t0).total_seconds(), 1e-3)
+    rows = "".join(_stage_row(s, t0, span) for s in stages)
+    if rep["ended"]:
+        scale = f"the run took {span:.3f} s"
+    else:
+        scale = (f"the run recorded no end, so the axis stops at its last timestamp on record ({span:.3f} s) and "
+                 f"stages without an end run off its right edge")
+    return (f"<section id=\"timeline\"><h2>Stage timeline</h2><p class=\"muted\">Seconds from the start of the "
+            f"run ({escape(rep['started'])}); {scale}. Backup, plan, erase, program and verify run as one pipeline, "
+            f"so their bars overlap.</p><table class=\"stages\"><thead><tr><th>stage</th><th>start</th><th>end</th>"
+            f"<th>duration</th><th>outcome</th><th class=\"trackhead\">0 s → {span:.3f} s</th><th>detail</th></tr>"
+            f"</thead><tbody>{rows}</tbody></table></section>")
+
+
+def _stage_row(s: _Stage, t0: dt.datetime, span: float) -> str:
+    start = (s.start or t0) - t0
+    left = min(100 * start.total_seconds() / span, 99.6)
+    if s.end:
+        width = max(100 * ((s.end - t0) - start).total_seconds() / span, 0.4)
+        end, duration = _seconds(s.end - t0), _seconds(s.end - t0 - start)
+    else:
+        width, end, duration = 100.0, "—", "—"    # open: drawn to the edge of the axis
+    kind = {"ended": "ok", "failed": "bad"}.get(s.outcome, "open")
+    extra = f" · {s.events} events" if s.events else ""
+    return (f"<tr data-stage=\"{escape(s.name)}\"><th>{escape(s.name)}</th><td class=\"num\">{_seconds(start)}</td>"
+            f"<td class=\"num\">{end}</td><td class=\"num\">{duration}</td><td class=\"{kind}\">{escape(s.outcome)}"
+            f"</td><td class=\"track\"><div class=\"bar {kind}\" style=\"left:{left:.2f}%;"
+            f"width:{min(width, 100 - left):.2f}%\"></div></td><td class=\"detail\">{escape(s.detail + extra)}</td></tr>")
+
+
+def _time(text: str | None) -> dt.datetime | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def _seconds(delta: dt.timedelta) -> str:
+    return f"{delta.total_seconds():.3f} s"
+
+
+# -- verify results ---------------------------------------------------------------------------
+
+def _verifies(rep: dict[str, Any]) -> str:
+    v = rep["verifies"]
+    failed = v["failed"]
+    summary = (f"<p data-field=\"verify-counts\"><b>{v['total']}</b> verify results: <b>{v['ok']}</b> ok, "
+               f"<b>{v['total'] - v['ok']}</b> failed.</p>")
+    if not failed:
+        return f"<section id=\"verifies\"><h2>Verify results</h2>{summary}</section>"
+    rows = "".join(
+        f"<tr class=\"failed-verify\"><td class=\"mono\">{_hex(f['address'], 6)}</td><td class=\"num\">"
+        f"{escape(str(f['attempt']))}</td><td class=\"mono\">{_hex(f['mismatch_address'], 6)}</td>"
+        f"<td class=\"mono\">{_hex(f['flash_byte'], 2)}</td><td class=\"mono\">{_hex(f['image_byte'], 2)}</td></tr>"
+        for f in failed)
+    return (f"<section id=\"verifies\"><h2>Verify results</h2>{summary}<table class=\"grid\"><thead><tr>"
+            f"<th>unit</th><th>attempt</th><th>mismatch address</th><th>flash byte</th><th>image byte</th></tr>"
+            f"</thead><tbody>{rows}</tbody></table></section>")
+
+
+def _hex(value: int | None, digits: int) -> str:
+    return "—" if value is None else f"0x{value:0{digits}x}"
+
+
+# -- the first error and the register writes before it ----------------------------------------
+
+def _first_error_event(db: sqlite_utils.Database, rep: dict[str, Any]) -> tuple[int, str] | None:
+    """(seq, description) of the earliest failure on record: a failed verify, an error, a failed stage."""
+    run_id = rep["run_id"]
+    found: list[tuple[int, str]] = []
+    for r in db.query("SELECT seq, address, attempt, mismatch_address, flash_byte, image_byte FROM verifies "
+                      "WHERE run_id = ? AND ok = 0 ORDER BY seq LIMIT 1", [run_id]):
+        found.append((r["seq"], f"verify of unit {_hex(r['address'], 6)} failed (attempt {r['attempt']}): "
+                                f"{_hex(r['mismatch_address'], 6)} flash={_hex(r['flash_byte'], 2)} "
+                                f"image={_hex(r['image_byte'], 2)}"))
+    for r in db.query("SELECT seq, stage, message, address FROM errors WHERE run_id = ? ORDER BY seq LIMIT 1",
+                      [run_id]):
+        where = f" at {_hex(r['address'], 6)}" if r["address"] is not None else ""
+        found.append((r["seq"], f"error{' in ' + r['stage'] if r['stage'] else ''}{where}: {r['message']}"))
+    for r in db.query("SELECT seq, stage, detail FROM stages WHERE run_id = ? AND event = 'fail' "
+                      "ORDER BY seq LIMIT 1", [run_id]):
+        found.append((r["seq"], f"stage {r['stage']} failed: {r['detail'] or ''}"))
+    if not found and rep["status"] in ("failed", "interrupted"):
+        for r in db.query("SELECT seq, status, detail FROM run_status WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
+                          [run_id]):
+            found.append((r["seq"], f"run {r['status']}: {r['detail'] or 'no detail recorded'}"))
+    return min(found) if found else None
+
+
+def _first_error(db: sqlite_utils.Database, rep: dict[str, Any]) -> str:
+    event = _first_error_event(db, rep)
+    if event is None and rep["status"] == "running":
+        return ("<section id=\"first-error\"><h2>First error</h2><p class=\"warn\" data-field=\"first-error\">"
+                "no error recorded, but the run recorded no end either: its host may have died mid-run "
+                "('amdflash resume' finishes it)</p></section>")
+    if event is None:
+        return "<section id=\"first-error\"><h2>First error</h2><p class=\"ok\">no error recorded</p></section>"
+    seq, text = event
+    writes = register_writes_before(db, rep["run_id"], seq, WRITES_BEFORE_ERROR)
+    rows = "".join(_write_row(w) for w in writes) or "<tr><td colspan=\"7\" class=\"muted\">none</td></tr>"
+    run_error = (f"<p>The run ended: <span data-field=\"run-error\">{escape(rep['error'])}</span></p>"
+                 if rep["error"] else "")
+    return (f"<section id=\"first-error\"><h2>First error</h2><p class=\"bad\" data-field=\"first-error\" "
+            f"data-seq=\"{seq}\">{escape(text)} <span class=\"muted\">(audit seq {seq})</span></p>{run_error}"
+            f"<h3>The last {len(writes)} register writes before it</h3><table class=\"grid writes\"><thead><tr>"
+            f"<th>n</th><th>seq</th><th>clock (s)</th><th>offset</th><th>register</th><th>written</th>"
+            f"<th>meaning</th></tr></thead><tbody>{rows}</tbody></table></section>")
+
+
+def _write_row(w: dict[str, Any]) -> str:
+    name, written, meaning = decode_write(w["offset"], w["value"], w["data"])
+    return (f"<tr class=\"write\" data-n=\"{w['n']}\"><td class=\"num\">{w['n']}</td><td class=\"num\">{w['seq']}"
+            f"</td><td class=\"num\">{w['clock']:.6f}</td><td class=\"mono\">{w['offset']:#07x}</td>"
+            f"<td class=\"mono\">{escape(name)}</td><td class=\"mono\">{escape(written)}</td>"
+            f"<td>{escape(meaning)}</td></tr>")
+
+
+def decode_write(offset: int, value: int | None, data: bytes | None) -> tuple[str, str, str]:
+    """(register name, value written, what it means to the ROM_SW engine)."""
+    if R.ROM_SW_DATA <= offset < R.ROM_SW_DATA + R.ROM_SW_DATA_SIZE:
+        name = f"ROM_SW_DATA_{(offset - R.ROM_SW_DATA) // 4 + 1}"
+    else:
+        name = REGISTER_NAMES.get(offset, f"{offset:#07x}")
+    if value is None:
+        blob = bytes(data or b"")
+        # The window holds big-endian dwords stored little-endian: reverse each for wire order.
+        wire = b"".join(blob[i:i + 4][::-1] for i in range(0, min(len(blob), 16), 4))
+        return name, f"{len(blob)} bytes", f"TX data on the wire: {wire.hex(' ')}{' …' if len(blob) > 16 else ''}"
+    return name, f"{value:#010x}", _meaning(offset, value)
+
+
+def _meaning(offset: int, value: int) -> str:
+    if offset == R.ROM_SW_STATUS:
+        return "clear DONE" if value == 0 else ""
+    if offset == R.ROM_SW_COMMAND:
+        op = value & 0xFF
+        return f"opcode {op:02X}h {OPCODES.get(op, '?')}, address field {value >> 8:#08x}"
+    if offset == R.ROM_SW_CNTL:
+        count, address_bytes = value & 0xFFFF, (value >> 16) & 0x7
+        rx = "receive" if value & R.ROM_SW_RETURN_DATA_ENABLE else "send"
+        data = f"{rx} {count} bytes" if count else "no data"
+        return f"start transaction: {address_bytes} address bytes, {data}"
+    if offset in (R.GPIOPAD_MASK, R.GPIOPAD_A, R.GPIOPAD_EN):
+        return "SPI pads released" if not value & R.SPI_PAD_BITS else "SPI pads held by GPIO"
+    if offset == R.PAGE_MIRROR_CNTL:
+        usage = value & R.PAGE_MIRROR_USAGE_MASK
+        return "page mirror usage: SPI" if usage == R.PAGE_MIRROR_USAGE_SPI & R.PAGE_MIRROR_USAGE_MASK \
+            else f"page mirror usage bits {usage >> 26}"
+    if offset == R.ROM_CNTL:
+        return f"SCK prescale {(value >> 24) & 0xF}"
+    return ""
+
+
+# -- audit chain ------------------------------------------------------------------------------
+
+def _chain(chain: ChainReport) -> str:
+    kind = "ok" if chain.ok else "bad"
+    return (f"<section id=\"chain\"><h2>Audit chain</h2><p class=\"{kind}\" data-field=\"chain\" "
+            f"data-ok=\"{'true' if chain.ok else 'false'}\">{escape(chain.describe())}</p><p class=\"muted\">"
+            f"Recomputed over every audit row of the database when this report was made.</p></section>")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+CSS = """
+:root { --skip: #cfe3d4; --program: #3d7dd8; --erase: #e69a28; --failed: #d23a3a; --protected: #5b6270;
+        --none: #ffffff; --line: #d5d9e0; --ink: #1d2330; --muted: #6a7282; }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: var(--ink); margin: 24px 32px;
+       background: #f6f7f9; max-width: 1300px; }
+header { display: flex; align-items: center; gap: 12px; }
+h1 { font-size: 22px; margin: 0; } h2 { font-size: 17px; margin: 0 0 8px; } h3 { font-size: 14px; margin: 14px 0 6px; }
+section { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 14px 18px; margin: 14px 0; }
+.mono, td.num { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; font-size: 12.5px; }
+td.num { text-align: right; white-space: nowrap; }
+.muted { color: var(--muted); }
+.badge { border-radius: 10px; padding: 2px 10px; font-weight: 600; color: #fff; background: var(--muted); }
+.badge.ok { background: #2f8f4e; } .badge.bad { background: var(--failed); } .badge.warn { background: #c77b12; }
+p.ok, td.ok { color: #2f8f4e; } p.warn { color: #c77b12; font-weight: 600; } p.bad, td.bad { color: var(--failed); font-weight: 600; } td.open { color: #c77b12; }
+table { border-collapse: collapse; }
+table.kv th { text-align: left; font-weight: 500; color: var(--muted); padding: 2px 16px 2px 0; vertical-align: top;
+              white-space: nowrap; }
+table.kv td { padding: 2px 0; word-break: break-all; }
+table.stages { width: 100%; }
+table.grid { min-width: 50%; }
+table.grid th, table.stages th { text-align: left; font-weight: 600; border-bottom: 1px solid var(--line); padding: 4px 8px; }
+table.grid td, table.stages td { border-bottom: 1px solid #eef0f3; padding: 3px 8px; }
+table.stages tbody th { font-weight: 500; padding: 3px 8px; }
+td.track { position: relative; width: 45%; min-width: 260px; }
+table.stages td:nth-child(5) { white-space: nowrap; }
+td.track .bar { position: absolute; top: 6px; bottom: 6px; border-radius: 3px; }
+td.track::before { content: ""; position: absolute; left: 8px; right: 8px; top: 50%; border-top: 1px dashed var(--line); }
+.bar.ok { background: #5aa36f; } .bar.bad { background: var(--failed); }
+.bar.open { background: repeating-linear-gradient(45deg, #e4a13a 0 4px, #f6dcae 4px 8px); }
+td.detail { color: var(--muted); font-size: 12.5px; }
+.legend { list-style: none; padding: 0; margin: 4px 0 12px; display: flex; flex-wrap: wrap; gap: 6px 18px; }
+.legend li { display: flex; align-items: center; gap: 6px; }
+.legend .cell { display: inline-block; width: 14px; height: 14px; }
+.map { display: inline-block; }
+.maprow { display: flex; align-items: center; gap: 10px; margin-bottom: 3px; }
+.maprow .addr { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 11.5px; color: var(--muted);
+                width: 68px; text-align: right; }
+.block { display: grid; grid-template-columns: repeat(16, 22px); gap: 2px; }
+.cell { height: 22px; border-radius: 2px; border: 1px solid rgba(0, 0, 0, 0.12); }
+.cell.skip { background: var(--skip); }
+.cell.program { background: var(--program); }
+.cell.erase { background: var(--erase); }
+.cell.failed { background: var(--failed); border-color: #7d1010; }
+.cell.protected { background: repeating-linear-gradient(135deg, var(--protected) 0 3px, #8c93a0 3px 6px); }
+.cell.none { background: var(--none); border-color: var(--line); }
+.cell.program.unverified { background: repeating-linear-gradient(45deg, var(--program) 0 3px, #fff 3px 6px); }
+.cell.erase.unverified { background: repeating-linear-gradient(45deg, var(--erase) 0 3px, #fff 3px 6px); }
+.cell.skip.unverified { background: repeating-linear-gradient(45deg, var(--skip) 0 3px, #fff 3px 6px); }
+.cell:hover { outline: 2px solid var(--ink); }
+table.writes td { font-size: 12.5px; }
+footer { color: var(--muted); font-size: 12px; margin-top: 18px; }
+"""

@@ -1,0 +1,344 @@
+"""Replay a recorded run on an emulated board and show where hardware and replay diverge.
+
+The replay board starts as the run's board started, as far as the audit trail knows it:
+
+* flash: the run's backup (`backup_units`); units the run did not back up stay 0xFF and
+  are left out of every comparison;
+* registers: the "before" snapshot, stored as values (not written: a write to ROM_SW_CNTL
+  would start a transaction);
+* chip status registers: SR1/SR2/SR3 as identified (`boards`), so CMP and BP protect what
+  they protected on the board.
+
+Then the recorded register writes are re-applied in issue order (`n`), raw. The board is
+on the ideal profile: every SPI operation completes at once, so the recorded status polls
+that waited for WIP are not needed — reads are not recorded, and on a ROM_SW flash run no
+read changes state (only ROM_DATA/the aperture pointer and the PSP mailbox react to reads,
+and such a run uses neither), so the writes alone reproduce the SPI conversation. A WREN
+that real silicon ignored while busy lands on the idle replay chip, which only sets a WEL
+the next recorded command sets again.
+
+Every recorded verify row is checked when the replay reaches it: verify rows and register
+writes share the global seq order, so a verify row is checked once every write recorded
+before it has been applied. A run whose hardware behaved like a perfect chip replays
+identically; a stuck bit, an erase that did nothing or a transient read error shows up as
+the first divergence: the verify row, the last write applied, the unit, the byte and both
+values.
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from store.queries import (RunNotFound, iter_register_writes, register_snapshot, register_write_order,
+                           resolve_run, run_seq_range)
+
+FLASH_SIZE = 0x200000
+UNIT = 0x1000
+
+# The chip's status-register writes: what a real chip needs to hold given values.
+_WREN, _WRSR, _WRSR3, _RDSR1, _RDSR2, _RDSR3 = 0x06, 0x01, 0x11, 0x05, 0x35, 0x15
+_SR1_WRITABLE, _SR2_KEPT, _SR3_WRITABLE = 0xFC, 0x7B, 0x60   # SR2 without SUS1/SUS2: transient
+
+
+class ReplayRefused(Exception):
+    """Nothing to replay: unknown run, or a run without a backup to start from."""
+
+
+@dataclass
+class Divergence:
+    what: str                    # "verify" or "result"
+    detail: str
+    verify_seq: int | None = None
+    attempt: int | None = None
+    after_write_n: int | None = None      # the last register write applied before it
+    after_write_seq: int | None = None
+    unit: int | None = None
+    address: int | None = None            # the first differing byte, when the record pins it
+    recorded_byte: int | None = None
+    replayed_byte: int | None = None
+
+
+@dataclass
+class ReplayResult:
+    run_id: str
+    command: str
+    status: str
+    writes_total: int
+    writes_applied: int
+    until: int | None
+    units_backed_up: int
+    status_registers: tuple[int, int, int]
+    verifies_checked: int = 0
+    verifies_matching: int = 0
+    verifies_excluded: int = 0
+    divergences: list[Divergence] = field(default_factory=list)
+    result_sha256: str | None = None      # recorded
+    replay_sha256: str | None = None      # of the replayed flash, when comparable
+    result_matches: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return not self.divergences
+
+    @property
+    def first(self) -> Divergence | None:
+        return self.divergences[0] if self.divergences else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "identical": self.identical}
+
+
+@dataclass
+class _Verify:
+    seq: int
+    address: int
+    size: int
+    ok: int
+    attempt: int
+    expected_sha256: str | None
+    actual_sha256: str | None
+    mismatch_address: int | None
+    flash_byte: int | None
+    image_byte: int | None
+
+
+def replay(db: sqlite_utils.Database, run_id: str, until: int | None = None,
+           image: bytes | None = None, workdir: str | None = None) -> ReplayResult:
+    """Replay RUN_ID; `image`, when it is the run's image, pins bytes the record only hashes."""
+    try:
+        run_id = resolve_run(db, run_id)
+    except RunNotFound as e:
+        raise ReplayRefused(str(e)) from None
+    run = next(db.query("SELECT command, image_sha256 FROM runs WHERE run_id = ? ORDER BY seq LIMIT 1", [run_id]))
+    backup = {r["address"]: bytes(r["data"]) for r in
+              db.query("SELECT address, data FROM backup_units WHERE run_id = ? ORDER BY seq", [run_id])}
+    if not backup:
+        raise ReplayRefused(f"run {run_id} ({run['command']}) recorded no backup: there is no starting content "
+                            "to replay from")
+    if image is not None and hashlib.sha256(image).hexdigest() != run["image_sha256"]:
+        image = None
+    result = _start(db, run_id, run["command"], until, len(backup))
+    if image is None:
+        result.notes.append("the run's image is not available (or not the run's): a unit whose recorded "
+                            "read-back matched the image is compared by hash only")
+    with tempfile.TemporaryDirectory(prefix="amdflash-replay-", dir=workdir) as tmp:
+        board = build_board(Path(tmp) / "board", backup, result.status_registers,
+                            register_snapshot(db, run_id, "before") or {}, result.notes)
+        try:
+            _Replayer(db, run_id, board, backup, image, result).run(until)
+        finally:
+            board.close()
+    return result
+
+
+def _start(db: sqlite_utils.Database, run_id: str, command: str, until: int | None, backed_up: int) -> ReplayResult:
+    status = list(db.query("SELECT status, result_sha256 FROM run_status WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
+                           [run_id]))
+    board = list(db.query("SELECT sr1, sr2, sr3 FROM boards WHERE run_id = ? ORDER BY seq LIMIT 1", [run_id]))
+    sr1, sr2, sr3 = ((board[0][k] or 0) if board else 0 for k in ("sr1", "sr2", "sr3"))
+    result = ReplayResult(
+        run_id=run_id, command=command, status=status[0]["status"] if status else "running",
+        writes_total=_count_writes(db, run_id), writes_applied=0, until=until, units_backed_up=backed_up,
+        status_registers=(sr1, sr2, sr3), result_sha256=status[0]["result_sha256"] if status else None)
+    if result.status == "running":
+        result.notes.append("the run recorded no end (its host died?): writes it had issued but not yet handed "
+                            "to the audit writer are not on record, so the board may have received more than "
+                            "this replay applies")
+    return result
+
+
+def _count_writes(db: sqlite_utils.Database, run_id: str) -> int:
+    first, last = run_seq_range(db, run_id)
+    return db.conn.execute("SELECT count(*) FROM register_writes WHERE seq BETWEEN ? AND ? AND run_id = ?",
+                           [first, last, run_id]).fetchone()[0]
+
+
+def build_board(path: Path, backup: dict[int, bytes], status: tuple[int, int, int],
+                registers: dict[int, int], notes: list[str]):  # noqa: ANN201 - a sim Board
+    """A fresh emulated board (ideal profile) holding the run's starting state."""
+    from stages.transport.sim import Board, create_board
+
+    flash = bytearray(b"\xff" * FLASH_SIZE)
+    for address, data in backup.items():
+        flash[address:address + len(data)] = data
+    create_board(path, content=bytes(flash), transport="ideal", seed=0)
+    board = Board(path)
+    _set_status(board, status, notes)
+    for offset, value in registers.items():
+        board.set32(offset, value)
+    return board
+
+
+def _set_status(board, status: tuple[int, int, int], notes: list[str]) -> None:  # noqa: ANN001
+    """Give the chip the identified SR1/SR2/SR3 the way a host would: WREN + status writes.
+
+    Going through the chip's own commands (rather than its private state layout) applies
+    the chip's rules — writable bits, one-time lock bits — and the read-back proves the
+    values took; SR3 goes first because an SR2 with SRP1 set locks every later write.
+    """
+    sr1, sr2, sr3 = status
+    chip = board.chip
+    chip.transaction(bytes((_WREN,)), 0)
+    chip.transaction(bytes((_WRSR3, sr3 & _SR3_WRITABLE)), 0)
+    chip.transaction(bytes((_WREN,)), 0)
+    chip.transaction(bytes((_WRSR, sr1 & _SR1_WRITABLE, sr2 & _SR2_KEPT)), 0)
+    got = tuple(chip.transaction(bytes((op,)), 1)[0] for op in (_RDSR1, _RDSR2, _RDSR3))
+    want = (sr1 & _SR1_WRITABLE, sr2 & _SR2_KEPT, sr3 & _SR3_WRITABLE)
+    if got != want:
+        notes.append("the replay chip holds SR1/SR2/SR3 = {:02x}/{:02x}/{:02x}, not the identified "
+                     "{:02x}/{:02x}/{:02x}".format(*got, *want))
+
+
+class _Replayer:
+    def __init__(self, db: sqlite_utils.Database, run_id: str, board, backup: dict[int, bytes],  # noqa: ANN001
+                 image: bytes | None, result: ReplayResult):
+        self.db, self.run_id, self.board = db, run_id, board
+        self.backup, self.image, self.result = backup, image, result
+        self.flash = board.files.flash
+        self.last_n: int | None = None
+        self.last_seq: int | None = None
+
+    def run(self, until: int | None) -> None:
+        verifies = self._verifies()
+        checkpoints = self._checkpoints(verifies)
+        pending = 0
+        board = self.board
+        for seq, n, offset, value, data in iter_register_writes(self.db, self.run_id, until):
+            while pending < len(verifies) and checkpoints[pending] < n:
+                self._check(verifies[pending])
+                pending += 1
+            board.reg_write(offset, value.to_bytes(4, "little") if value is not None else bytes(data))
+            self.last_n, self.last_seq = n, seq
+            self.result.writes_applied += 1
+        stopped_early = until is not None and self.result.writes_applied < self.result.writes_total
+        limit = until if stopped_early else None
+        while pending < len(verifies) and (limit is None or checkpoints[pending] <= limit):
+            self._check(verifies[pending])
+            pending += 1
+        if stopped_early:
+            self.result.notes.append(f"stopped after register write {until}: {len(verifies) - pending} later "
+                                     "verify rows and the final content were not compared")
+        else:
+            self._compare_result()
+
+    def _verifies(self) -> list[_Verify]:
+        rows = self.db.conn.execute(
+            "SELECT seq, address, size, ok, attempt, expected_sha256, actual_sha256, mismatch_address, "
+            "flash_byte, image_byte FROM verifies WHERE run_id = ? ORDER BY seq", [self.run_id]).fetchall()
+        return [_Verify(*r) for r in rows]
+
+    def _checkpoints(self, verifies: list[_Verify]) -> list[int]:
+        """Per verify row, the highest write n recorded before it (0: none).
+
+        Writes are applied in n order, the order they were issued; the seq order they were
+        chained in is the same unless two threads' batches crossed in the writer, and the
+        highest n seen before a row stays right either way.
+        """
+        seqs: list[int] = []
+        highest: list[int] = []
+        top, crossed = 0, False
+        for seq, n in register_write_order(self.db, self.run_id):
+            crossed |= n < top
+            top = max(top, n)
+            seqs.append(seq)
+            highest.append(top)
+        if crossed:
+            self.result.notes.append("register writes were chained out of issue order; verify rows are checked "
+                                     "after the highest write recorded before them")
+        out = []
+        for v in verifies:
+            i = bisect.bisect_left(seqs, v.seq)
+            out.append(highest[i - 1] if i else 0)
+        return out
+
+    # -- comparisons ------------------------------------------------------------------------
+    def _check(self, v: _Verify) -> None:
+        result = self.result
+        if any(a not in self.backup for a in range(v.address, v.address + v.size, UNIT)):
+            result.verifies_excluded += 1
+            return
+        result.verifies_checked += 1
+        got = bytes(self.flash[v.address:v.address + v.size])
+        if v.actual_sha256 is None:
+            # A unit the planner skipped: what it read is its backup, and that equalled the image.
+            recorded = b"".join(self.backup[a] for a in range(v.address, v.address + v.size, UNIT))
+            if got == recorded:
+                result.verifies_matching += 1
+                return
+            at = _first_difference(got, recorded)
+            self._diverged(v, "skipped unit changed during the replay", v.address + at, recorded[at], got[at])
+            return
+        if hashlib.sha256(got).hexdigest() == v.actual_sha256:
+            result.verifies_matching += 1
+            return
+        address, recorded_byte = self._locate(v, got)
+        replayed_ok = v.expected_sha256 is not None and hashlib.sha256(got).hexdigest() == v.expected_sha256
+        detail = (f"the recorded read-back {'equalled' if v.ok else 'differed from'} the image; "
+                  f"the replayed unit {'equals' if replayed_ok else 'differs from'} it")
+        self._diverged(v, detail, address, recorded_byte,
+                       got[address - v.address] if address is not None else None)
+
+    def _locate(self, v: _Verify, got: bytes) -> tuple[int | None, int | None]:
+        """The first byte where the recorded read-back and the replay differ, if the record pins it.
+
+        The record holds the read-back's hash and, for a mismatch, its first byte that
+        differed from the image: every byte before it equalled the image.
+        """
+        wanted = self.image[v.address:v.address + v.size] if self.image is not None else None
+        end = v.mismatch_address - v.address if v.mismatch_address is not None else v.size
+        if wanted is not None:
+            at = _first_difference(got[:end], wanted[:end])
+            if at is not None:
+                return v.address + at, wanted[at]
+        if v.mismatch_address is not None and got[end] != v.flash_byte:
+            return v.mismatch_address, v.flash_byte
+        return None, None
+
+    def _diverged(self, v: _Verify, detail: str, address: int | None, recorded: int | None,
+                  replayed: int | None) -> None:
+        self.result.divergences.append(Divergence(
+            "verify", detail, v.seq, v.attempt, self.last_n, self.last_seq, v.address, address, recorded, replayed))
+
+    def _compare_result(self) -> None:
+        result = self.result
+        units = FLASH_SIZE // UNIT
+        if result.result_sha256 is None:
+            return
+        if result.units_backed_up < units:
+            result.notes.append(f"only {result.units_backed_up} of {units} units were backed up: the whole-flash "
+                                "result SHA-256 is not comparable")
+            return
+        content = bytes(self.flash)
+        result.replay_sha256 = hashlib.sha256(content).hexdigest()
+        result.result_matches = result.replay_sha256 == result.result_sha256
+        if result.result_matches:
+            return
+        divergence = Divergence("result", "replayed flash content differs from the recorded result SHA-256",
+                                after_write_n=self.last_n, after_write_seq=self.last_seq)
+        if self.image is not None and hashlib.sha256(self.image).hexdigest() == result.result_sha256:
+            at = _first_difference(content, self.image)
+            if at is not None:
+                divergence.unit, divergence.address = at - at % UNIT, at
+                divergence.recorded_byte, divergence.replayed_byte = self.image[at], content[at]
+        result.divergences.append(divergence)
+
+
+def _first_difference(a: bytes, b: bytes) -> int | None:
+    if a == b:
+        return None
+    # Narrow by halves: the bytes compare in C, which matters for 2 MiB.
+    lo, hi = 0, min(len(a), len(b))
+    while hi - lo > 64:
+        mid = (lo + hi) // 2
+        if a[lo:mid] != b[lo:mid]:
+            hi = mid
+        else:
+            lo = mid
+    return next((i for i in range(lo, hi) if a[i] != b[i]), hi)

@@ -1,0 +1,351 @@
+"""The pyusb ASM24 driver, end to end over the emulated bridge: bring-up, every register
+path, the drivers on top, and every failure the wire can produce."""
+from __future__ import annotations
+
+import errno
+import time
+
+import pytest
+import usb.core
+
+from stages.flash.spinor import SpiNor
+from stages.navi31 import regs as R
+from stages.navi31.romsw import RomSw
+from stages.transport.base import TransportError
+from stages.transport.sim import SimBar5
+from stages.transport.sim.board import F_USB_TRANSFERS
+from stages.transport.sim.cost import ASM24
+from stages.transport.sim.usb import LINK_TRAINING_SECONDS
+from stages.transport.usb import (
+    STREAM_CHUNK, CompletionError, LinkDown, UnexpectedDevice, UsbBar5, find_bridges,
+)
+from tests.transport.conftest import serial_of, unique_id_of
+
+JEDEC = bytes((0xC8, 0x60, 0x15))
+GIB = 1 << 30
+
+
+def delta(board, before: dict[str, float]) -> dict[str, float]:  # noqa: ANN001
+    after = board.stats()
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+# -- bring-up and identity -------------------------------------------------------------------------
+
+def test_bring_up_numbers_bridges_resizes_bar0_places_bar5_and_names_the_board(rig):
+    r = rig()
+    bar = r.open()
+    board, bridge = r.board(), r.emulated_bridge()
+    topo = bridge.topology
+
+    assert [(b.secondary, b.subordinate) for b in topo.bridges] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert topo.gpu.bar_size(0) == 32 * GIB                     # the largest Resizable BAR size
+    assert topo.gpu.bar_base(0) == 0x8_0000_0000
+    assert topo.gpu.bar_base(2) == 0x8_0000_0000 + 32 * GIB     # next prefetchable slot
+    assert topo.gpu.bar_base(5) == 0x1000_0000 and topo.gpu.memory_enabled
+    assert topo.bar5_base() == 0x1000_0000
+
+    serial = serial_of(r.paths[0])
+    idt = bar.identity
+    assert (idt.spec, idt.kind, idt.serial) == (f"usb:{serial}", "usb", serial)
+    assert (idt.vendor_id, idt.device_id) == (0x1002, 0x744C)
+    assert idt.extra["bus"] == 2 and idt.extra["address"] == 2 and idt.extra["usb_id"] == "add1:0001"
+    assert idt.extra["link"] == "up" and idt.extra["link_trained_by_host"] is False
+    assert "emulated" not in idt.extra                         # the driver cannot know
+    # The emulated backend's clock is the board's virtual clock, not wall time.
+    assert bar.clock is board.clock
+    t = board.clock.now()
+    bar.read32(R.ROM_CNTL)
+    assert board.clock.now() > t
+
+
+def test_a_link_that_is_down_at_plug_in_is_powered_and_trained(rig):
+    r = rig(bridge={"pcie_on_at_boot": False})
+    t = r.board().clock.now()
+    bar = r.open()
+    assert bar.identity.extra["link_trained_by_host"] is True
+    assert r.board().clock.now() - t >= LINK_TRAINING_SECONDS
+    assert bar.read32(R.ROM_CNTL) == 0x0A000002
+
+
+def test_a_link_that_never_comes_up_is_a_clear_error(rig):
+    r = rig(bridge={"pcie_on_at_boot": False, "link_trains": False})
+    before = r.board().stats()
+    with pytest.raises(LinkDown, match=r"PCIe link not up \(LTSSM state 0x10"):
+        r.open()
+    d = delta(r.board(), before)
+    assert "reg_reads" not in d and "reg_writes" not in d
+    assert "config_accesses" not in d                           # nothing sent down a dead link
+
+
+def test_a_gpu_that_is_not_navi31_is_refused_before_bar5_is_touched(rig):
+    r = rig(bridge={"gpu_device_id": 0x73BF})
+    before = r.board().stats()
+    with pytest.raises(UnexpectedDevice, match=r"1002:73bf, not a Navi31 GPU \(1002:744c\)") as err:
+        r.open()
+    assert (err.value.vendor_id, err.value.device_id) == (0x1002, 0x73BF)
+    d = delta(r.board(), before)
+    assert "reg_reads" not in d and "reg_writes" not in d
+    gpu = r.emulated_bridge().topology.gpu
+    assert gpu.bar_base(5) == 0 and not gpu.memory_enabled       # BARs never placed or enabled
+
+
+def test_a_bound_kernel_driver_is_detached(rig):
+    r = rig(bridge={"kernel_driver": True})
+    assert r.emulated_bridge().kernel_driver
+    bar = r.open()
+    assert not r.emulated_bridge().kernel_driver
+    assert bar.read32(R.ROM_CNTL) == 0x0A000002
+
+
+def test_vendor_3801_and_older_as2462_firmware_are_found_foreign_firmware_is_not_opened(rig, make_board):
+    newer = make_board(bridge={"vendor_id": 0x3801, "product": "AS2462 v0.3"})
+    stock = make_board(bridge={"product": "ASM2464PD stock"})
+    r = rig(paths=[newer, stock])
+    bridges = find_bridges(r.backend)
+    assert [(b.usb_id, b.product) for b in bridges] == [("3801:0001", "AS2462 v0.3"),
+                                                       ("add1:0001", "ASM2464PD stock")]
+    assert bridges[0].error is None and not bridges[0].foreign_firmware
+    assert bridges[1].foreign_firmware and "not the custom ASM24 firmware" in bridges[1].error
+    with pytest.raises(TransportError, match="not the custom ASM24 firmware"):
+        UsbBar5(bridges[1], r.backend)
+    assert UsbBar5(bridges[0], r.backend).read32(R.ROM_CNTL) == 0x0A000002
+
+
+def test_permission_denied_explains_the_udev_rule(rig, monkeypatch):
+    r = rig()
+
+    def denied(dev):  # noqa: ANN001, ANN202
+        raise usb.core.USBError("Access denied (insufficient permissions)", -3, errno.EACCES)
+
+    monkeypatch.setattr(r.backend, "open_device", denied)
+    [bridge] = find_bridges(r.backend)
+    assert bridge.error and "permission denied" in bridge.error
+    assert 'ATTRS{idVendor}=="add1", ATTRS{idProduct}=="0001", TAG+="uaccess"' in bridge.error
+    assert 'ATTRS{idVendor}=="3801"' in bridge.error
+    with pytest.raises(TransportError, match="udev rule"):
+        UsbBar5(bridge, r.backend)
+
+
+def test_a_bridge_claimed_by_another_handle_is_reported_busy_and_close_releases_it(rig):
+    r = rig()
+    first = r.open()
+    with pytest.raises(TransportError, match="busy"):
+        UsbBar5(r.bridges()[0], r.backend)
+    first.close()
+    first.close()                                               # idempotent
+    assert r.open().read32(R.ROM_CNTL) == 0x0A000002
+
+
+# -- register paths ------------------------------------------------------------------------------
+
+def test_single_registers_reach_the_board_both_ways(rig):
+    r = rig()
+    bar, board = r.open(), r.board()
+    assert bar.read32(R.ROM_CNTL) == 0x0A000002                  # power-on value at BAR5+0x5A380
+    before = board.stats()
+    bar.write32(R.ROM_SW_STATUS, 0x1234ABCD)
+    assert delta(board, before)["control_transfers"] == 1        # posted: one control OUT
+    assert board.get32(R.ROM_SW_STATUS) == 0x1234ABCD
+    before = board.stats()
+    assert bar.read32(R.ROM_SW_STATUS) == 0x1234ABCD
+    assert delta(board, before)["control_transfers"] == 2        # control OUT + completion IN
+    board.set32(R.ROM_SW_COMMAND, 0xCAFEF00D)
+    assert bar.read32(R.ROM_SW_COMMAND) == 0xCAFEF00D
+
+
+def test_blocks_round_trip_and_large_blocks_are_chunked(rig):
+    r = rig()
+    bar, board = r.open(), r.board()
+    window = bytes(range(256))
+    bar.write_block(R.ROM_SW_DATA, window)
+    assert bytes(board.regs[R.ROM_SW_DATA:R.ROM_SW_DATA + 256]) == window
+    assert bar.read_block(R.ROM_SW_DATA, 256) == window
+
+    big = bytes((i * 7 + (i >> 9)) & 0xFF for i in range(2 * STREAM_CHUNK + 0x1000))
+    before = board.stats()
+    bar.write_block(0x10000, big)
+    d = delta(board, before)
+    assert (d["control_transfers"], d["bulk_transfers"]) == (3, 3)
+    assert bytes(board.regs[0x10000:0x10000 + len(big)]) == big
+    assert bar.read_block(0x10000, len(big)) == big
+    assert bar.read_block(0, 0) == b"" and bar.write_block(0, b"") is None
+
+
+@pytest.mark.parametrize("call", [
+    lambda bar: bar.read32(0x5A382),
+    lambda bar: bar.write32(0x100000, 0),
+    lambda bar: bar.read_block(0xFFF00, 0x200),
+    lambda bar: bar.write_block(0, b"\x00" * 6),
+])
+def test_unaligned_or_outside_bar5_is_rejected(rig, call):
+    bar = rig().open()
+    with pytest.raises(ValueError, match="dword-aligned and inside the 1 MiB aperture"):
+        call(bar)
+
+
+def test_the_rom_sw_and_flash_drivers_identify_the_chip_over_usb(rig):
+    r = rig()
+    bar = r.open()
+    before = {reg: r.board().get32(reg) for reg in R.ROM_SW_SAVED}
+    with RomSw(bar) as engine:
+        ident = SpiNor(engine).identify()
+    assert ident.chip.jedec == JEDEC and JEDEC in ident.jedec_capture + ident.jedec_capture[:2]
+    assert ident.unique_id.hex() == unique_id_of(r.paths[0])
+    assert {reg: r.board().get32(reg) for reg in R.ROM_SW_SAVED} == before
+
+
+def test_two_bridges_at_once_each_reach_their_own_board(rig):
+    r = rig(n=2)
+    a, b = r.open(0), r.open(1)
+    assert {a.identity.serial, b.identity.serial} == {serial_of(p) for p in r.paths}
+    assert a.identity.serial != b.identity.serial
+    a.write32(R.ROM_SW_COMMAND, 0xAAAA0001)
+    b.write32(R.ROM_SW_COMMAND, 0xBBBB0002)
+    assert (a.read32(R.ROM_SW_COMMAND), b.read32(R.ROM_SW_COMMAND)) == (0xAAAA0001, 0xBBBB0002)
+    by_serial = {serial_of(p): i for i, p in enumerate(r.paths)}
+    assert r.board(by_serial[a.identity.serial]).get32(R.ROM_SW_COMMAND) == 0xAAAA0001
+    assert r.board(by_serial[b.identity.serial]).get32(R.ROM_SW_COMMAND) == 0xBBBB0002
+
+
+# -- completions, retries ------------------------------------------------------------------------
+
+def test_a_completer_abort_is_named_with_the_operation(rig):
+    r = rig(bridge={"gpu_abort_offsets": [R.ROM_CNTL]})
+    bar = r.open()
+    with pytest.raises(CompletionError, match=r"read32 BAR5\+0x5a380: completer abort \(CA\)") as err:
+        bar.read32(R.ROM_CNTL)
+    assert err.value.status == 4
+    assert bar.read32(R.ROM_SW_STATUS) == 0                      # the next access is fine
+
+
+def test_an_unsupported_request_is_named(rig):
+    bar = rig().open()
+    with pytest.raises(CompletionError, match=r"config read 9:00.0 \+0x0: unsupported request \(UR\)"):
+        bar.asm24.config_read(9, 0)
+
+
+def test_config_retry_status_fails_at_once_without_resending(rig):
+    r = rig(bridge={"gpu_crs_reads": 1})
+    before = r.board().stats()
+    with pytest.raises(CompletionError, match=r"configuration request retry \(CRS\)"):
+        r.open()
+    assert "sleep_seconds" not in delta(r.board(), before)       # no 1 ms retry waits
+
+
+def test_engine_errors_are_retried_after_1_ms(rig):
+    r = rig(bridge={"engine_errors": 3})
+    before = r.board().stats()
+    bar = r.open()
+    assert delta(r.board(), before)["sleep_seconds"] == pytest.approx(3e-3)
+    assert bar.read32(R.ROM_CNTL) == 0x0A000002
+
+
+def test_engine_errors_beyond_ten_resends_fail_naming_the_operation(rig):
+    r = rig(bridge={"engine_errors": 11})
+    with pytest.raises(TransportError, match=r"config write 0:00.0 \+0x18: TLP engine engine error on all 11"):
+        r.open()
+
+
+# -- disconnects -----------------------------------------------------------------------------------
+
+def transfers_to_open(make_board) -> int:  # noqa: ANN001
+    """USB transfers that enumeration and bring-up take (the same for every board)."""
+    from tests.transport.conftest import Rig
+
+    probe = Rig([make_board()])
+    try:
+        probe.open()
+        return int(probe.board().fault_state[F_USB_TRANSFERS])
+    finally:
+        probe.close()
+
+
+def test_a_disconnect_mid_transfer_fails_naming_the_operation_and_nothing_hangs(rig, make_board):
+    opening = transfers_to_open(make_board)
+    # After bring-up: one streamed read (OUT + bulk IN), then the next stream's OUT; its bulk IN fails.
+    r = rig(faults=[f"usb-disconnect-after={opening + 3}"])
+    bar = r.open()
+    assert bar.read_block(R.ROM_SW_DATA, 16) == bytes(16)
+    clock = r.board().clock
+    started, t = time.monotonic(), clock.now()
+    with pytest.raises(TransportError, match=r"read_block BAR5\+0x5a3b0\+0x10: the USB bridge was disconnected"):
+        bar.read_block(R.ROM_SW_DATA, 16)
+    with pytest.raises(TransportError, match="disconnected earlier; nothing sent"):
+        bar.write32(R.ROM_SW_STATUS, 0)
+    with pytest.raises(TransportError, match="disconnected earlier"):
+        bar.read32(R.ROM_SW_STATUS)
+    bar.close()
+    bar.close()
+    assert time.monotonic() - started < 2
+    assert clock.now() - t < 0.01                                # no timeouts waited out
+    assert find_bridges(r.backend) == []                         # the bridge left the bus
+
+
+# -- the cost model -----------------------------------------------------------------------------
+
+def measure(bar, clock) -> dict[str, float]:  # noqa: ANN001
+    costs = {}
+    for name, op in (("read32", lambda: bar.read32(R.ROM_SW_STATUS)),
+                     ("write32", lambda: bar.write32(R.ROM_SW_COMMAND, 0)),
+                     ("read_block 256", lambda: bar.read_block(R.ROM_SW_DATA, 256)),
+                     ("write_block 256", lambda: bar.write_block(R.ROM_SW_DATA, bytes(256)))):
+        t = clock.now()
+        op()
+        costs[name] = clock.now() - t
+    return costs
+
+
+def test_modelled_costs_match_hardware_md_and_the_direct_transport(rig, make_board):
+    r = rig()
+    usb_costs = measure(r.open(), r.board().clock)
+    direct = SimBar5(make_board())
+    try:
+        direct_costs = measure(direct, direct.clock)
+    finally:
+        direct.close()
+    expected = {"read32": 2 * ASM24.control,                       # 200 µs
+                "write32": ASM24.control,                          # 100 µs
+                "read_block 256": ASM24.control + ASM24.bulk + 256 / 1.8e6,
+                "write_block 256": ASM24.control + ASM24.bulk + 256 / 3.6e6}
+    for name, cost in expected.items():
+        assert usb_costs[name] == pytest.approx(cost, rel=1e-9), name
+        assert direct_costs[name] == pytest.approx(cost, rel=1e-9), name
+    print("\nmodelled cost (s):", {k: (round(usb_costs[k] * 1e6, 3), round(direct_costs[k] * 1e6, 3))
+                                   for k in usb_costs}, "(usb, SimBar5) in µs")
+
+
+# -- USB failures become TransportErrors ---------------------------------------------------------
+
+@pytest.mark.parametrize("code, text", [(-7, "USB timeout"), (-9, "USB stall"), (-1, "USB error")])
+def test_usb_failures_name_the_operation(rig, monkeypatch, code, text):
+    from stages.transport.sim.usb import usb_error
+
+    r = rig()
+    bar = r.open()
+
+    def failing(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise usb_error(code)
+
+    monkeypatch.setattr(r.backend, "ctrl_transfer", failing)
+    with pytest.raises(TransportError, match=rf"read32 BAR5\+0x5a380: {text}"):
+        bar.read32(R.ROM_CNTL)
+    monkeypatch.undo()
+    assert bar.read32(R.ROM_CNTL) == 0x0A000002                  # not a disconnect: still usable
+
+
+def test_a_short_streamed_read_aborts_the_stream_so_no_stale_data_leads_the_next(rig, monkeypatch):
+    r = rig()
+    bar, board = r.open(), r.board()
+    data = bytes((i * 13 + (i >> 8) * 101) & 0xFF for i in range(2048))     # no 1 KiB period
+    board.regs[0x20000:0x20000 + 2048] = data
+    original = r.backend.bulk_read
+
+    def half(handle, ep, intf, buff, timeout):  # noqa: ANN001, ANN202
+        return original(handle, ep, intf, memoryview(buff).cast("B")[:1024], timeout)
+
+    monkeypatch.setattr(r.backend, "bulk_read", half)
+    with pytest.raises(TransportError, match=r"streamed read returned 1024 of 2048 bytes"):
+        bar.read_block(0x20000, 2048)
+    monkeypatch.undo()
+    assert bar.read_block(0x20000, 2048) == data
