@@ -416,9 +416,10 @@ def cmd_disabled(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from stages.identify import probe_flash
     from stages.transport import discovery
 
-    boards = discovery.list_boards()
+    boards = discovery.list_boards(probe=probe_flash)
     if args.format == "json":
         json.dump(boards, sys.stdout, indent=2)
         print()

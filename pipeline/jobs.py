@@ -228,24 +228,27 @@ class FlashJob:
             work_tx, work_rx = anyio.create_memory_object_stream[WorkItem](BUFFER)
             prog_tx, prog_rx = anyio.create_memory_object_stream(BUFFER)
             verify_tx, verify_rx = anyio.create_memory_object_stream(BUFFER)
-            for name in ("backup", "plan", "erase", "program", "verify"):
-                stage(dev.recorder, name, "start")
             n = len(addresses)
+            results: dict[str, Any] = {}
+
+            async def timed(name: str, fn, *args: Any) -> None:  # noqa: ANN001
+                # Each stage's transitions are its own: it ends when its input has run dry.
+                stage(dev.recorder, name, "start")
+                try:
+                    results[name] = await fn(*args)
+                except BaseException:
+                    stage(dev.recorder, name, "fail")
+                    raise
+                stage(dev.recorder, name, "end")
+
             async with anyio.create_task_group() as tg:
-                tg.start_soon(read_backup, dev, addresses, UNIT, reads_tx, backup)
-                tg.start_soon(plan, dev, self.image, erase_sizes, chip.page_size, reads_rx, work_tx, summary)
-                results: dict[str, Any] = {}
-
-                async def erase() -> None:
-                    results["interrupted"] = await erase_stage(dev, work_rx, prog_tx, n)
-
-                async def verify() -> None:
-                    results["retried"] = await verify_stage(dev, verify_rx, n, self.retries)
-
-                tg.start_soon(erase)
-                tg.start_soon(program_stage, dev, prog_rx, verify_tx, n)
-                tg.start_soon(verify)
-            interrupted = results.get("interrupted", False) or bool(dev.stop)
+                tg.start_soon(timed, "backup", read_backup, dev, addresses, UNIT, reads_tx, backup)
+                tg.start_soon(timed, "plan", plan, dev, self.image, erase_sizes, chip.page_size, reads_rx,
+                              work_tx, summary)
+                tg.start_soon(timed, "erase", erase_stage, dev, work_rx, prog_tx, n)
+                tg.start_soon(timed, "program", program_stage, dev, prog_rx, verify_tx, n)
+                tg.start_soon(timed, "verify", verify_stage, dev, verify_rx, n, self.retries)
+            interrupted = results.get("erase", False) or bool(dev.stop)
         except BaseException:
             if backup:
                 backup.discard()
@@ -253,8 +256,6 @@ class FlashJob:
         if backup:
             sha, path = backup.finish()
             dev.recorder.add("backups", sha256=sha, size=backup.size, path=str(path), at=None)
-        for name in ("backup", "plan", "erase", "program", "verify"):
-            stage(dev.recorder, name, "end")
         if interrupted:
             raise Interrupted(dev.stop.reason or "interrupted")
         info.output += dev.extra.get("notes", [])
@@ -263,7 +264,7 @@ class FlashJob:
         info.output.append(
             f"flashed {len(self.addresses)} units: {counts['skip'] + len(self.skip_units)} already equal, "
             f"{counts['program']} programmed without erase, {counts['erase']} erased+programmed "
-            f"(erases: {erases}); retries {results.get('retried', 0)}; "
+            f"(erases: {erases}); retries {results.get('verify', 0)}; "
             f"{dev.clock.now() - clock0:.2f} s on the board's clock")
         whole = self.start_sector == 0 and self.sector_count == FLASH_SIZE // UNIT
         return {"units": counts, "erases": summary.erases,

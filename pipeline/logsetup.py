@@ -8,7 +8,10 @@ import structlog
 
 
 def configure(json_lines: bool = False, verbose: bool = False, quiet: bool = False) -> None:
-    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    # On a terminal the progress bars say what is happening; run events would only break
+    # them up. Elsewhere (CI, cron, pipes) the info events are the progress record.
+    quiet_default = sys.stderr.isatty() and not json_lines
+    level = logging.DEBUG if verbose else logging.WARNING if quiet or quiet_default else logging.INFO
     renderer = (structlog.processors.JSONRenderer() if json_lines
                 else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))
     structlog.configure(

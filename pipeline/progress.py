@@ -48,13 +48,18 @@ class ProgressBoard:
                 progress.update(task, stage=stage, completed=done, total=max(total, 1))
             return update
         log = logger(run_id=run_id, board=board)
-        last = {"t": 0.0, "stage": ""}
+        stages: dict[str, tuple[int, int]] = {}
+        last = {"t": time.monotonic()}
         lock = self._lock
 
         def line(stage: str, done: int, total: int) -> None:
+            # Stages run interleaved; one line per interval says where each of them is, and a
+            # stage that completes says so once.
             now = time.monotonic()
             with lock:
-                if stage != last["stage"] or done == total or now - last["t"] >= self.interval:
-                    last.update(t=now, stage=stage)
-                    log.info("progress", stage=stage, done=done, total=total)
+                finished = done == total and stages.get(stage, (0, 0))[0] != total
+                stages[stage] = (done, total)
+                if finished or now - last["t"] >= self.interval:
+                    last["t"] = now
+                    log.info("progress", **{name: f"{d}/{t}" for name, (d, t) in stages.items()})
         return line

@@ -47,3 +47,23 @@ def _now() -> str:
     import datetime as dt
 
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+PROBE_TIMEOUT = 0.05   # seconds on the board's clock: a gated engine must not stall `list`
+
+
+def probe_flash(bar) -> dict[str, object]:  # noqa: ANN001 - a Bar5
+    """For `amdflash list`: JEDEC id and unique ID through ROM_SW, read-only, registers restored;
+    when the engine is gated, whether the ROM aperture is there instead."""
+    from stages.flash.spinor import FlashError
+    from stages.navi31 import regs as R
+    from stages.navi31.romsw import RomSwError
+
+    try:
+        with RomSw(bar, RomSwOptions(timeout=PROBE_TIMEOUT)) as engine:
+            ident = SpiNor(engine).identify()
+        return {"chip": ident.chip.name, "jedec": ident.chip.jedec.hex(), "unique_id": ident.unique_id.hex()}
+    except (RomSwError, FlashError) as e:
+        raw = bar.read32(R.ROM_CNTL) != R.ROM_CNTL_RAW_UNAVAILABLE
+        return {"flash": f"ROM_SW does not answer: {e}",
+                "aperture": "available (dump --via aperture)" if raw else "unavailable"}

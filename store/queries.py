@@ -80,8 +80,11 @@ def report(db: sqlite_utils.Database, run_id: str) -> dict[str, Any]:
     status = _last_status(db, run_id)
     boards = list(db.query("SELECT * FROM boards WHERE run_id = ? ORDER BY seq", [run_id]))
     board = boards[0] if boards else {}
-    count = next(db.query("SELECT count(*) AS n FROM register_writes WHERE run_id = ?", [run_id]))["n"]
-    spi = next(db.query("SELECT count(*) AS n FROM spi_transactions WHERE run_id = ?", [run_id]))["n"]
+    first, last = run_seq_range(db, run_id)   # the bulk tables have no run_id index
+    count = next(db.query("SELECT count(*) AS n FROM register_writes WHERE seq BETWEEN ? AND ? AND run_id = ?",
+                          [first, last, run_id]))["n"]
+    spi = next(db.query("SELECT count(*) AS n FROM spi_transactions WHERE seq BETWEEN ? AND ? AND run_id = ?",
+                        [first, last, run_id]))["n"]
     units = [{"address": u["address"], "size": u["size"], "action": u["action"], "state": u["state"]}
              for u in sorted(unit_states(db, run_id).values(), key=lambda u: u["address"])]
     errors = list(db.query("SELECT stage, message, address, at FROM errors WHERE run_id = ? ORDER BY seq", [run_id]))

@@ -30,7 +30,6 @@ from stages.transport.usb import BridgeInfo, LinkDown, UnexpectedDevice, UsbBar5
 ENV_SIM_USB = "AMDFLASH_SIM_USB"
 ENV_SYSFS_PCI = "AMDFLASH_SYSFS_PCI"
 ENV_UNBIND_DRIVER = "AMDFLASH_UNBIND_DRIVER"
-PROBE_TIMEOUT = 0.05        # seconds on the board's clock: a gated engine must not stall `list`
 _SERIAL = re.compile(r"[0-9a-fA-F]{8}")
 
 Announce = Callable[[str], None]
@@ -43,6 +42,9 @@ class Spec(Protocol):
 
 class NoBoardFound(TransportError):
     pass
+
+
+Probe = Callable[[Bar5], dict[str, Any]]
 
 
 def _stderr(message: str) -> None:
@@ -70,24 +72,14 @@ class UsbScan:
 
 
 def emulated_usb_backend(paths: list[str]) -> Any:
-    """The emulated bridge backend, with the board clocks exposed through `clock_for`."""
+    """The emulated bridge backend (it offers `clock_for`, as the USB transport expects)."""
     from stages.transport.sim.usb import SimUsbBackend
 
     for path in paths:
         if not os.path.isfile(os.path.join(path, "board.json")):
             raise TransportError(f"{ENV_SIM_USB}: {path} is not an emulated board "
                                  "(create one with 'amdflash sim create')")
-    backend = SimUsbBackend(paths)
-
-    def clock_for(device: usb.core.Device) -> Clock:
-        for bridge in backend.bridges:
-            d = bridge.descriptors.device
-            if (d.bus, d.address) == (device.bus, device.address):
-                return bridge.board.clock
-        raise TransportError(f"no emulated bridge at bus {device.bus} address {device.address}")
-
-    backend.clock_for = clock_for
-    return backend
+    return SimUsbBackend(paths)
 
 
 def scan_usb(announce: Announce) -> UsbScan:
@@ -210,24 +202,7 @@ def open_spec(spec: Spec, announce: Announce = _stderr) -> tuple[Bar5, BoardLock
 
 # -- listing --------------------------------------------------------------------------------------
 
-def probe_flash(bar: Bar5) -> dict[str, Any]:
-    """JEDEC id and unique ID through ROM_SW, read-only, every register restored."""
-    from stages.flash.spinor import FlashError, SpiNor
-    from stages.navi31 import regs as R
-    from stages.navi31.romsw import RomSw, RomSwError, RomSwOptions
-
-    try:
-        with RomSw(bar, RomSwOptions(timeout=PROBE_TIMEOUT)) as engine:
-            ident = SpiNor(engine).identify()
-        return {"chip": ident.chip.name, "jedec": ident.chip.jedec.hex(), "unique_id": ident.unique_id.hex()}
-    except (RomSwError, FlashError) as e:
-        # A gated engine still leaves the ROM aperture (after autonomous boot); say whether it is there.
-        raw = bar.read32(R.ROM_CNTL) != R.ROM_CNTL_RAW_UNAVAILABLE
-        return {"flash": f"ROM_SW does not answer: {e}",
-                "aperture": "available (dump --via aperture)" if raw else "unavailable"}
-
-
-def _list_usb(index: int | None, bridge: BridgeInfo, scan: UsbScan) -> dict[str, Any]:
+def _list_usb(index: int | None, bridge: BridgeInfo, scan: UsbScan, probe: Probe) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "spec": f"usb:{index}" if index is not None else None,
         "spec_serial": f"usb:{bridge.serial}" if index is not None and bridge.serial else None,
@@ -254,7 +229,7 @@ def _list_usb(index: int | None, bridge: BridgeInfo, scan: UsbScan) -> dict[str,
         try:
             entry.update(link="up", pci_ids=f"{bar.identity.vendor_id:04x}:{bar.identity.device_id:04x}",
                          bar5=bar.identity.extra["bar5"])
-            entry.update(probe_flash(bar))
+            entry.update(probe(bar))
         except TransportError as e:
             entry["error"] = str(e)
         finally:
@@ -264,7 +239,7 @@ def _list_usb(index: int | None, bridge: BridgeInfo, scan: UsbScan) -> dict[str,
     return entry
 
 
-def _list_pci(device: PciDevice, announce: Announce) -> dict[str, Any]:
+def _list_pci(device: PciDevice, announce: Announce, probe: Probe) -> dict[str, Any]:
     entry: dict[str, Any] = {"spec": device.spec, "kind": "pci", "pci_address": device.address,
                              "pci_ids": f"{device.vendor_id:04x}:{device.device_id:04x}", "driver": device.driver}
     if device.driver:
@@ -278,7 +253,7 @@ def _list_pci(device: PciDevice, announce: Announce) -> dict[str, Any]:
     try:
         bar = PciBar5(device, announce=announce)
         try:
-            entry.update(probe_flash(bar))
+            entry.update(probe(bar))
         finally:
             bar.close()
     except TransportError as e:
@@ -288,19 +263,20 @@ def _list_pci(device: PciDevice, announce: Announce) -> dict[str, Any]:
     return entry
 
 
-def list_boards(announce: Announce = _stderr) -> list[dict[str, Any]]:
-    """Every USB bridge and native Navi31, with spec, identity, link and (where it answers) the flash."""
+def list_boards(announce: Announce = _stderr, probe: Probe = lambda bar: {}) -> list[dict[str, Any]]:
+    """Every USB bridge and native Navi31, with spec, identity and link; `probe(bar)` (from the
+    layer above, which knows the flash) adds what the board itself answers."""
     boards: list[dict[str, Any]] = []
     scan = scan_usb(announce)
     try:
         index = 0
         for bridge in scan.bridges:
             if bridge.foreign_firmware:
-                boards.append(_list_usb(None, bridge, scan))
+                boards.append(_list_usb(None, bridge, scan, probe))
             else:
-                boards.append(_list_usb(index, bridge, scan))
+                boards.append(_list_usb(index, bridge, scan, probe))
                 index += 1
     finally:
         scan.close()
-    boards += [_list_pci(device, announce) for device in find_devices(sysfs_root())]
+    boards += [_list_pci(device, announce, probe) for device in find_devices(sysfs_root())]
     return boards

@@ -190,7 +190,7 @@ def test_stage_timeline(pages) -> None:  # noqa: ANN001
     for name in ("open_transport", "identify", "clear_cmp", "backup", "plan", "erase", "program", "verify", "restore"):
         assert clean.stages[name][4] == "ended", name
     _, stuck = pages["stuck"]
-    assert stuck.stages["verify"][4] == "no end recorded" and stuck.stages["restore"][4] == "ended"
+    assert stuck.stages["verify"][4] == "failed" and stuck.stages["restore"][4] == "ended"
 
 
 def test_protected_units_and_units_outside_the_run(pages) -> None:  # noqa: ANN001

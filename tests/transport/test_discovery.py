@@ -1,6 +1,8 @@
 """Discovery and board specs over emulated bridges (AMDFLASH_SIM_USB), and board locking."""
 from __future__ import annotations
 
+from stages.identify import probe_flash
+
 import pytest
 
 from stages.navi31 import regs as R
@@ -127,7 +129,7 @@ def test_list_reports_identity_link_flash_and_failures(make_board, monkeypatch, 
     monkeypatch.setenv(discovery.ENV_SIM_USB, ",".join(map(str, paths)))
     holder = hold_lock(f"usb:{serial_of(busy)}")
     messages: list[str] = []
-    boards = discovery.list_boards(messages.append)
+    boards = discovery.list_boards(messages.append, probe=probe_flash)
     assert any("EMULATED" in m for m in messages)
     assert [b["spec"] for b in boards] == ["usb:0", "usb:1", "usb:2", "usb:3", "usb:4"]
     by_serial = {b["serial"]: b for b in boards}
@@ -151,7 +153,7 @@ def test_list_restores_the_engine_registers(sim_usb):
     board = Board(path)
     try:
         before = {reg: board.get32(reg) for reg in (*R.ROM_SW_SAVED, R.ROM_SW_COMMAND)}
-        [entry] = discovery.list_boards(lambda m: None)
+        [entry] = discovery.list_boards(lambda m: None, probe=probe_flash)
         assert entry["jedec"] == "c86015"
         assert {reg: board.get32(reg) for reg in (*R.ROM_SW_SAVED, R.ROM_SW_COMMAND)} == before
     finally:

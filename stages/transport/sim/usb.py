@@ -821,6 +821,19 @@ class SimUsbBackend(usb.backend.IBackend):
     def _finalize_object(self) -> None:
         self.close()
 
+    def clock_for(self, device: Any) -> Any:
+        """The virtual clock of the board behind `device` (a pyusb Device).
+
+        A transport that finds this hook times its waits on the board's clock, as it would
+        on a real bridge's wall clock; without it, it would wait in wall time for virtual
+        busy periods that only pass when accesses are charged.
+        """
+        for bridge in self.bridges:
+            d = bridge.descriptors.device
+            if (d.bus, d.address) == (device.bus, device.address):
+                return bridge.board.clock
+        raise LookupError(f"no emulated bridge at bus {device.bus} address {device.address}")
+
     def __enter__(self) -> "SimUsbBackend":
         return self
 
