@@ -17,17 +17,9 @@ import time
 from pathlib import Path
 
 from stages.transport.sim import create_board
-from stages.transport.sim.state import C, BoardFiles
+from tests.bench.bench_flash import modelled
 
 SIZE = 0x200000
-
-
-def modelled(path: Path) -> float:
-    files = BoardFiles(path)
-    try:
-        return files.region("counters").cast("d")[C["modelled_seconds"]]
-    finally:
-        files.close()
 
 
 def main(repeats: int = 3) -> None:
