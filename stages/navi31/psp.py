@@ -22,15 +22,14 @@ TRANSFER_TYPE_GATED = 0xA
 IFWI_MAX_ITEMS = 19      # Navi31's ROM item count
 TERMINAL_PHASE = 2
 
-ERRORS = {
-    0x01: "generic error", 0x02: "out of bounds", 0x03: "invalid parameter",
-    0x04: "off-chip boot error", 0x05: "address not set", 0x06: "off-chip parse error",
-    0x07: "address map error", 0x08: "on-chip parse error", 0x09: "full update error",
-    0x0A: "partition update error", 0x0B: "on-chip map error", 0x0C: "write to SPI error",
-    0x0D: "signature validation error", 0x0E: "invalid command", 0x0F: "signature not found",
-    0x10: "state machine not initialised", 0x11: "state machine transfer error",
-    0x12: "initialisation error",
-}
+# Error codes of C2PMSG_115 b15:0 (HARDWARE.md §5), in the firmware's own words.
+ERRORS = dict(enumerate((
+    "generic error", "out of bounds", "invalid parameter", "off-chip boot error", "address not set",
+    "off-chip parse error", "address map error", "on-chip parse error", "full update error",
+    "partition update error", "on-chip map error", "write to SPI error", "signature validation error",
+    "invalid command", "signature not found", "state machine not initialised",
+    "state machine transfer error", "initialisation error",
+), start=0x01))
 
 DISABLED_REASON = ("firmware-mediated writes are disabled: on a stock board the PSP live path parsed "
                    "the IFWI but failed with status 0xC (write to SPI error) after writing an "
@@ -117,11 +116,9 @@ class PspMailbox:
         return response
 
     def probe(self) -> ProbeResult:
-        answers = {}
-        for name, command in (("boot_partition", GET_BOOT_PARTITION), ("fb_state", GET_FB_STATE),
-                              ("model_id", SPI_GET_MODEL_ID), ("transfer_type", GET_TRANSFER_TYPE)):
-            answers[name] = self.command(command)
-        return ProbeResult(answers)
+        queries = {"boot_partition": GET_BOOT_PARTITION, "fb_state": GET_FB_STATE,
+                   "model_id": SPI_GET_MODEL_ID, "transfer_type": GET_TRANSFER_TYPE}
+        return ProbeResult({name: self.command(command) for name, command in queries.items()})
 
     def stream(self, payload: bytes, item: int, transfer_type: int | None = None,
                on_progress: Callable[[int, int], None] | None = None) -> None:
