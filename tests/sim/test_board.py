@@ -262,3 +262,19 @@ def test_board_files_differ_per_seed_and_serials_are_distinct(make_board):
     with Board(a) as ba, Board(b) as bb:
         assert ba.config["serial"] != bb.config["serial"]
         assert ba.config["unique_id"] != bb.config["unique_id"]
+
+
+def test_real_time_board_follows_wall_time_and_charges_are_slept(make_board):
+    import time
+
+    with Board(make_board(transport="pcie", realtime_scale=1.0)) as b:
+        t0 = b.clock.now()
+        time.sleep(0.05)                          # the host waits on its own clock
+        assert b.clock.now() - t0 >= 0.05          # ... and time passed on the board too
+        start = time.perf_counter()
+        b.clock.sleep(0.05)                        # a charge is slept in wall time
+        assert time.perf_counter() - start >= 0.045
+    with Board(make_board(transport="pcie")) as b:  # virtual time: wall time does not count
+        t0 = b.clock.now()
+        time.sleep(0.02)
+        assert b.clock.now() == t0
