@@ -30,7 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # argparse will not take positionals after an option once it has matched them
+    # ("sim fault PATH --clear SPEC"); commands that list SPECs say where extras belong.
+    args, extra = parser.parse_known_args(argv)
+    trailing = getattr(args, "trailing_positionals", None)
+    if extra and trailing and not any(e.startswith("-") for e in extra):
+        setattr(args, trailing, [*getattr(args, trailing), *extra])
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from pipeline.logsetup import configure
 
     configure(json_lines=args.log_json, verbose=args.verbose, quiet=args.quiet)

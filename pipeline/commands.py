@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -18,8 +19,8 @@ from stages.navi31.psp import DISABLED_REASON
 from stages.open_transport import BoardSpec, BoardSpecError, parse_spec
 from store import chain
 from store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, open_readonly, register_snapshot, report,
-                           resolve_run, runs, unit_states)
-from store.writer import AuditWriter, NullWriter, StoreUnavailable
+                           resolve_run, runs, unit_states, writes_since)
+from store.writer import AuditWriter, StoreUnavailable
 
 FLASH_SIZE = jobs.FLASH_SIZE
 SECTORS = FLASH_SIZE // jobs.UNIT
@@ -46,27 +47,10 @@ def _board_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--board", action="append", metavar="SPEC", dest="boards",
                    help="board to use, repeatable (all run concurrently): auto (default: first USB bridge, "
                         "else native PCI), usb, usb:N, usb:SERIAL, pci, pci:DDDD:BB:DD.F, sim:PATH")
-    # Hidden: dangerous, and named by the refusal message of a PCI device with a driver bound.
-    p.add_argument("--unbind-driver", action=_UnbindDriver, help=argparse.SUPPRESS)
-
-
-class _UnbindDriver(argparse.Action):
-    """--unbind-driver: unbinds the kernel driver from the PCI device before use.
-
-    The PCI transport then writes the device address to the driver's sysfs 'unbind' file
-    instead of refusing. It reaches the transport through the environment, which keeps the
-    open_transport signature unchanged.
-    """
-
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        from stages.transport.discovery import ENV_UNBIND_DRIVER
-
-        os.environ[ENV_UNBIND_DRIVER] = "1"
-        setattr(namespace, self.dest, True)
+    p.add_argument("--unbind-driver", action="store_true",
+                   help="pci boards only: if a kernel driver (amdgpu) is bound to the device, unbind it first "
+                        "(writes the device address to the driver's sysfs 'unbind' file); without this a "
+                        "bound device is refused")
 
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
@@ -150,7 +134,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     p.add_argument("--sector-count", type=_int, metavar="M", help="number of sectors (default: to the end)")
     p.add_argument("--force", action="store_true", help="accept an image without the AA55AA55 signature")
     p.add_argument("--retries", type=int, default=2, metavar="N", help="re-erase/program attempts per unit (default 2)")
-    p.add_argument("--no-audit", action="store_true", help=argparse.SUPPRESS)  # benchmark baseline only
     _board_option(p)
     _engine_options(p)
     p.set_defaults(func=cmd_board, job="flash")
@@ -217,6 +200,11 @@ def _specs(args: argparse.Namespace) -> list[BoardSpec]:
         raise Refusal(str(e)) from None
     if len({str(s) for s in specs}) != len(specs):
         raise Refusal("the same board is named twice")
+    for s in specs:
+        if s.kind == "sim" and not (Path(s.selector) / "board.json").is_file():
+            raise Refusal(f"{s.selector} is not an emulated board (create one with 'amdflash sim create')")
+    if getattr(args, "unbind_driver", False):
+        specs = [dataclasses.replace(s, unbind_driver=True) for s in specs]
     return specs
 
 
@@ -233,9 +221,7 @@ def _engine(args: argparse.Namespace) -> jobs.EngineOptions:
     return jobs.EngineOptions(args.prescale, args.rx_mode, args.restore_each)
 
 
-def _open_writer(args: argparse.Namespace, audit: bool = True):  # noqa: ANN202
-    if not audit:
-        return NullWriter().open()
+def _open_writer(args: argparse.Namespace):  # noqa: ANN202
     path = db_path(args)
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -284,7 +270,7 @@ def cmd_board(args: argparse.Namespace) -> int:
     if job == "dump" and args.output.is_dir():
         raise Refusal(f"{args.output} is a directory")
 
-    writer = _open_writer(args, audit=not getattr(args, "no_audit", False))
+    writer = _open_writer(args)
     image_sha = hashlib.sha256(image).hexdigest() if image is not None else None
     backup_dir = Path(db_path(args)).parent / "backups"
 
@@ -308,8 +294,8 @@ def cmd_board(args: argparse.Namespace) -> int:
             a = plan["arguments"]
             engine = jobs.EngineOptions(a.get("prescale", 8), a.get("rx_mode", "primed"), a.get("restore_each", False))
             body = jobs.FlashJob(engine, image, a["start_sector"], a["sector_count"], a["clear_cmp"],
-                                 a.get("retries", 2), backup_dir, frozenset(plan["verified"]), plan["identity"],
-                                 plan["registers"])
+                                 a.get("retries", 2), backup_dir, frozenset(plan["verified"]), True,
+                                 plan["identity"], plan["registers"])
         elif job == "probe":
             body = jobs.ProbeJob()
         elif job == "ifwi-all":
@@ -352,9 +338,6 @@ def _resume_plan(args: argparse.Namespace, spec: BoardSpec) -> tuple[dict[str, A
         done = finished_by(db, run_id)
         if done:
             raise Refusal(f"run {run_id} was already completed by resume run {done}; nothing to resume")
-        if str(spec) != rep["board"]["spec"] and spec.kind != "auto":
-            # A different spec may still reach the same board (e.g. usb:0 vs usb:SERIAL): identity decides.
-            pass
         arguments = rep["arguments"]
         image_file = Path(args.image) if args.image else Path(arguments.get("image") or rep["image_path"] or "")
         image = _read_image(image_file)
@@ -372,7 +355,16 @@ def _resume_plan(args: argparse.Namespace, spec: BoardSpec) -> tuple[dict[str, A
                 identity = {"unique_id": b["unique_id"], "jedec_chip": b["chip"] or "",
                             "bridge_serial": b["bridge_serial"] or ""}
                 break
-        if not identity:
+        if identity and identity["unique_id"] in ("f" * 32, "0" * 32) and str(spec) != rep["board"]["spec"]:
+            # An unprogrammed unique ID tells no two boards apart: then only the same spec will do.
+            raise Refusal(f"the flash of run {run_id} has no usable unique ID ({identity['unique_id']}); "
+                          f"resume it with the same --board {rep['board']['spec']}")
+        if identity:
+            later = writes_since(db, lineage[0], identity["unique_id"], lineage)
+            if later:
+                raise Refusal(f"run {later[0]['run_id']} ({later[0]['command']}) wrote this board after run "
+                              f"{run_id} began; resuming would overwrite it — start a new flash instead")
+        else:
             if any(has_intents(db, rid) for rid in lineage):
                 raise Refusal(f"run {run_id} began writing but recorded no board identity; refusing to guess")
             if str(spec) != rep["board"]["spec"]:

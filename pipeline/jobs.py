@@ -140,8 +140,12 @@ class DumpJob:
     async def _aperture(self, dev: Device, info: RunInfo) -> dict[str, Any]:
         stage(dev.recorder, "dump", "start", "via ROM aperture")
 
+        def page_done(done: int, total: int) -> None:
+            dev.progress("aperture", done, total)
+            dev.stop.check()   # a safe point: registers are restored by the driver on the way out
+
         def run() -> aperture.ApertureDump:
-            return aperture.dump(dev.bar, lambda done, total: dev.progress("aperture", done, total))
+            return aperture.dump(dev.bar, page_done)
 
         result = await dev.call(run)
         self.output.write_bytes(result.data)
@@ -199,7 +203,10 @@ class FlashJob:
     clear_cmp: bool = False
     retries: int = 2
     backup_dir: Path | None = None
-    skip_units: frozenset[int] = field(default_factory=frozenset)   # resume: already verified
+    # Resume: units an earlier run verified. They are read again all the same (something may
+    # have written the board since), and said so if they changed.
+    previously_verified: frozenset[int] = field(default_factory=frozenset)
+    resuming: bool = False
     expected_identity: dict[str, str] | None = None                  # resume: must match
     original_registers: dict[int, int] | None = None                 # resume: restore these at the end
 
@@ -212,14 +219,15 @@ class FlashJob:
         self._check_identity(dev, ident)
         if self.original_registers and dev.romsw is not None:
             # A resumed run puts back what the board held before the first (killed) run began.
-            for reg in dev.romsw.saved:
+            for reg in dev.romsw.originals:
                 if reg in self.original_registers:
-                    dev.romsw.saved[reg] = self.original_registers[reg]
+                    dev.romsw.originals[reg] = self.original_registers[reg]
         await self._check_protection(dev, ident)
-        addresses = [a for a in self.addresses if a not in self.skip_units]
+        addresses = self.addresses
         clock0 = dev.clock.now()
         summary = PlanSummary()
-        backup = BackupFile(self.backup_dir) if self.backup_dir and not self.skip_units else None
+        # A resume keeps the first run's backup as the board's pre-flash content.
+        backup = BackupFile(self.backup_dir) if self.backup_dir and not self.resuming else None
         chip = ident.chip
         erase_sizes = [e.size for e in chip.erase_types]
         interrupted = False
@@ -248,7 +256,9 @@ class FlashJob:
                 tg.start_soon(timed, "erase", erase_stage, dev, work_rx, prog_tx, n)
                 tg.start_soon(timed, "program", program_stage, dev, prog_rx, verify_tx, n)
                 tg.start_soon(timed, "verify", verify_stage, dev, verify_rx, n, self.retries)
-            interrupted = results.get("erase", False) or bool(dev.stop)
+            # Stopped means work was left undone: the erase stage stopped taking items, or the
+            # backup read stopped before the end (a stop after the last verify is no interruption).
+            interrupted = bool(results.get("erase")) or results.get("backup", n) < n
         except BaseException:
             if backup:
                 backup.discard()
@@ -259,10 +269,14 @@ class FlashJob:
         if interrupted:
             raise Interrupted(dev.stop.reason or "interrupted")
         info.output += dev.extra.get("notes", [])
+        changed = sorted(summary.written & self.previously_verified)
+        if changed:
+            info.output.append(f"{len(changed)} unit(s) verified by an earlier run had changed since and were "
+                               f"rewritten (first at {changed[0]:#08x}): something else wrote this board")
         counts = summary.counts
         erases = ", ".join(f"{c}×{s // 1024}K" for s, c in sorted(summary.erases.items(), reverse=True)) or "none"
         info.output.append(
-            f"flashed {len(self.addresses)} units: {counts['skip'] + len(self.skip_units)} already equal, "
+            f"flashed {len(self.addresses)} units: {counts['skip']} already equal, "
             f"{counts['program']} programmed without erase, {counts['erase']} erased+programmed "
             f"(erases: {erases}); retries {results.get('verify', 0)}; "
             f"{dev.clock.now() - clock0:.2f} s on the board's clock")
@@ -293,6 +307,8 @@ class FlashJob:
                           "amdflash does not change block protection bits")
         if ident.cmp and self.clear_cmp:
             stage(dev.recorder, "clear_cmp", "start", current.describe())
+            # A non-volatile status write: on record before it happens, like a unit's intent.
+            await dev.call(dev.recorder.durable)
             assert dev.nor is not None
             await dev.call(dev.nor.clear_cmp)
             stage(dev.recorder, "clear_cmp", "end", "SR2.CMP cleared")
@@ -330,6 +346,8 @@ class IfwiAllJob:
                              detail=f"item {item.item:#x} phase {item.phase} offset {item.offset:#x} "
                                     f"size {item.size:#x}", at=None)
             dev.progress("ifwi", len(streamed), 19)
+            if item.phase != 2:
+                dev.stop.check()   # between items: never inside one stream
 
         items = await dev.call(mailbox.ifwi_all, self.image, on_item)
         stage(dev.recorder, "ifwi_all", "end", f"{len(items)} items")

@@ -104,7 +104,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f.add_argument("path", type=Path)
     f.add_argument("specs", nargs="*", metavar="SPEC")
     f.add_argument("--clear", action="store_true", help="remove every fault first")
-    f.set_defaults(func=cmd_fault)
+    f.set_defaults(func=cmd_fault, trailing_positionals="specs")
 
 
 def cmd_create(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ class WorkItem:
 class PlanSummary:
     counts: dict[str, int] = field(default_factory=lambda: {"skip": 0, "program": 0, "erase": 0})
     erases: dict[int, int] = field(default_factory=dict)   # erase size -> count
+    written: set[int] = field(default_factory=set)          # units that needed any write
 
 
 async def plan(dev: Device, image: bytes, erase_sizes: list[int], page_size: int,
@@ -45,6 +46,8 @@ async def plan(dev: Device, image: bytes, erase_sizes: list[int], page_size: int
             wanted = image[read.address:read.address + len(read.data)]
             unit = plan_unit(read.address, read.data, wanted, page_size)
             summary.counts[unit.action] += 1
+            if unit.action != "skip":
+                summary.written.add(unit.address)
             dev.recorder.add("units", address=unit.address, size=unit.size, state="planned",
                              action=unit.label, wanted_sha256=None, detail=f"{len(unit.pages)} pages",
                              clock=dev.clock.now())

@@ -9,13 +9,14 @@ def restore_registers(dev: Device) -> str:
     """Close the engine (restores pads, page mirror, ROM_CNTL), then snapshot the result."""
     notes = []
     if dev.romsw is not None:
-        if dev.recorder.failed:
-            # The audit trail is down and the audited path refuses writes; putting the board
-            # back matters more than recording that we did.
-            dev.romsw.bar = getattr(dev.bar, "raw", dev.bar)
-            notes.append("audit trail down: restore not recorded")
+        # Putting the board back matters more than recording that we did: the restore's
+        # writes go out even if the audit trail is down (they are recorded while it is not).
+        if hasattr(dev.bar, "restoring"):
+            dev.bar.restoring = True
         dev.romsw.close()
         notes.append("ROM_SW engine registers restored")
+        if dev.recorder.failed:
+            notes.append("audit trail down: restore not recorded")
     try:
         snapshot_registers(dev, "after restore")
     except Exception as e:  # noqa: BLE001 - a failing transport must not hide the job's own error

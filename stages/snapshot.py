@@ -78,12 +78,13 @@ class BackupFile:
 
 
 async def read_backup(dev: Device, addresses: Sequence[int], unit: int, out: ObjectSendStream[UnitRead],
-                      backup: BackupFile | None) -> None:
-    """Read the units in order, record each, add it to the backup file, send it on."""
+                      backup: BackupFile | None) -> int:
+    """Read the units in order, record each, add it to the backup file, send it on.
+    Returns how many were read (fewer when the operator asked to stop)."""
     async with out:
         for i, address in enumerate(addresses):
             if dev.stop:
-                return   # stop reading; what was sent drains through the later stages
+                return i   # stop reading; what was sent drains through the later stages
             data = await dev.call(read_unit, dev, address, unit)
             dev.recorder.add("backup_units", address=address, size=unit,
                              sha256=hashlib.sha256(data).hexdigest(), data=data)
@@ -91,3 +92,4 @@ async def read_backup(dev: Device, addresses: Sequence[int], unit: int, out: Obj
                 backup.write(data)
             dev.progress("backup", i + 1, len(addresses))
             await out.send(UnitRead(address, data))
+    return len(addresses)

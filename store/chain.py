@@ -1,9 +1,23 @@
-"""The hash chain over every audit row: hash = sha256(prev_hash || canonical row)."""
+"""The hash chain over every audit row: hash = sha256(prev_hash || canonical row).
+
+The canonical form is defined independently of Python, so an archived export can be
+checked with any language's SHA-256:
+
+    canonical = table "|" seq "|" field "|" field ...   (columns in schema order, UTF-8)
+    field     = "n"                                   NULL
+              | "i" decimal                           INTEGER
+              | "f" 16 lowercase hex digits           REAL, IEEE-754 binary64, big-endian
+              | "s" byte length ":" text              TEXT (length of its UTF-8 encoding)
+              | "b" lowercase hex                     BLOB
+    hash      = lowercase hex of sha256(ascii(prev_hash) || canonical); the first prev_hash
+                is 64 zeros.
+"""
 from __future__ import annotations
 
 import hashlib
 import heapq
 import sqlite3
+import struct
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -36,9 +50,27 @@ def normalise(table: str, row: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(out)
 
 
+_DOUBLE = struct.Struct(">d")
+
+
+def _field(value: Any) -> bytes:
+    if value is None:
+        return b"n"
+    kind = type(value)
+    if kind is int:
+        return b"i%d" % value
+    if kind is float:
+        return b"f" + _DOUBLE.pack(value).hex().encode()
+    if kind is str:
+        text = value.encode()
+        return b"s%d:%s" % (len(text), text)
+    if kind is bytes:
+        return b"b" + value.hex().encode()
+    raise TypeError(f"cannot chain a {kind.__name__} value")
+
+
 def canonical(table: str, seq: int, values: tuple[Any, ...]) -> bytes:
-    """Python's repr of str, bytes, int, float and None is exact and unambiguous."""
-    return repr((table, seq, values)).encode()
+    return b"|".join([table.encode(), b"%d" % seq, *map(_field, values)])
 
 
 def link(prev_hash: str, table: str, seq: int, values: tuple[Any, ...]) -> str:

@@ -206,3 +206,14 @@ def register_write_order(db: sqlite_utils.Database, run_id: str) -> Iterator[tup
     yield from db.conn.execute(
         "SELECT seq, n FROM register_writes WHERE seq BETWEEN ? AND ? AND run_id = ? ORDER BY seq",
         [first, last, run_id])
+
+
+def writes_since(db: sqlite_utils.Database, run_id: str, unique_id: str, lineage: list[str]) -> list[dict[str, Any]]:
+    """Runs that may have written the board (same flash unique ID) after `run_id` began,
+    other than those in `lineage` (the run and its resumes)."""
+    start = next(db.query("SELECT min(seq) AS s FROM runs WHERE run_id = ?", [run_id]))["s"]
+    rows = db.query(
+        "SELECT DISTINCT r.run_id, r.command, r.at FROM runs r JOIN boards b ON b.run_id = r.run_id "
+        "WHERE r.seq > ? AND b.unique_id = ? AND r.command IN ('flash', 'resume', 'ifwi-all') ORDER BY r.seq",
+        [start, unique_id])
+    return [dict(r) for r in rows if r["run_id"] not in lineage]

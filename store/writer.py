@@ -150,12 +150,13 @@ class AuditWriter:
             event.set()
 
     def _read_status(self, status: multiprocessing.connection.Connection) -> None:
+        closed = False
         while True:
             try:
                 kind, value = status.recv()
             except (EOFError, OSError):
-                if self._process is not None and self._process.exitcode not in (None, 0):
-                    self._fail(f"audit writer process exited ({self._process.exitcode})")
+                if not closed:   # the writer died without saying goodbye: nothing more is recorded
+                    self._fail("audit writer process exited unexpectedly")
                 break
             if kind == "done":
                 event = self._barriers.get(value)
@@ -164,6 +165,7 @@ class AuditWriter:
             elif kind == "failed":
                 self._fail(value)
             elif kind == "closed":
+                closed = True
                 break
         status.close()
 
@@ -348,8 +350,13 @@ class Recorder:
         with self._flush_lock:
             with self._lock:
                 batch, self._buffer = self._buffer, []
-            if batch:
-                self.writer.submit(batch)
+            if batch and not self.writer.failed:
+                # Once the trail is down, rows have nowhere to go; the failure itself is what
+                # counts (it stops every further hardware write), so recording never raises here.
+                try:
+                    self.writer.submit(batch)
+                except AuditFailure:
+                    pass
 
     def durable(self) -> None:
         """Return once every row recorded so far is committed (write-ahead barrier)."""

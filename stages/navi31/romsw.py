@@ -6,9 +6,12 @@ instead saves and restores around each transaction; `restore_each=True` does tha
 
 Two facts of the silicon shape the transaction sequence:
 
-* A write to ROM_SW_CNTL *starts* a transaction, whatever its value (a bare opcode has
-  control word 0). So this driver never writes CNTL as a "clear": it clears the done bit
-  in ROM_SW_STATUS, sets COMMAND, loads TX data, then writes CNTL exactly once.
+* A write to ROM_SW_CNTL *starts* a transaction, whatever its value. This is an inference,
+  not a documented fact: a bare opcode such as WREN has control word 0, and flashrom's
+  driver for the same engine on older Radeons starts every transaction by writing CNTL,
+  with no other trigger. So this driver never writes CNTL as a "clear" (the reference
+  client's 0 writes would then re-send its opcode alone): it clears the done bit in
+  ROM_SW_STATUS, sets COMMAND, loads TX data, then writes CNTL exactly once.
 * The RX quirk: the data window holds the capture of the *preceding* RX transaction.
   `read()` primes (issues the transaction twice, keeps the second capture — the validated
   behaviour). `read_chain()` in chained mode lets each transaction deliver its
@@ -73,7 +76,8 @@ class RomSw:
     def __init__(self, bar: Bar5, options: RomSwOptions | None = None):
         self.bar = bar
         self.options = options or RomSwOptions()
-        self.saved: dict[int, int] = {}
+        self.saved: dict[int, int] = {}       # as found before the current configuration
+        self.originals: dict[int, int] = {}   # as found before the first configuration
         self._open = False
         self._engine_answers = True   # false after a timeout: nothing more may be started
         self.transactions = 0
@@ -95,12 +99,16 @@ class RomSw:
         return self
 
     def close(self) -> None:
-        """Restore every register this driver changed. Safe to call more than once."""
+        """Restore every register this driver changed. Safe to call more than once.
+
+        Every register is written back even if one write fails; the first failure is raised
+        after the rest were tried.
+        """
         if not self._open:
             return
         self._open = False
-        if self.saved:
-            self._restore()
+        if self.originals:
+            self._restore(self.originals, disable_writes=not self.options.restore_each)
 
     def __enter__(self) -> "RomSw":
         return self.open()
@@ -113,6 +121,10 @@ class RomSw:
         saved = {reg: bar.read32(reg) for reg in R.ROM_SW_SAVED}
         saved[R.ROM_SW_COMMAND] = bar.read32(R.ROM_SW_COMMAND)
         self.saved = saved
+        if not self.originals:
+            # What close() puts back; a resumed job may replace these with the values the
+            # board held before an earlier, killed run changed them.
+            self.originals = dict(saved)
         pads = ~R.SPI_PAD_BITS & 0xFFFFFFFF
         bar.write32(R.GPIOPAD_MASK, saved[R.GPIOPAD_MASK] & pads)
         bar.write32(R.GPIOPAD_A, saved[R.GPIOPAD_A] & pads)
@@ -129,19 +141,25 @@ class RomSw:
             raise RomSwError(f"ROM_SW_STATUS did not clear (reads {status:#010x}); "
                              "the ROM_SW engine is not usable on this board")
 
-    def _restore(self) -> None:
-        bar, saved = self.bar, self.saved
-        if self._engine_answers and not self.options.restore_each:
+    def _restore(self, values: dict[int, int], disable_writes: bool) -> None:
+        bar = self.bar
+        if disable_writes and self._engine_answers:
             # Leave the chip write-disabled: the last CNTL write is a bare WRDI.
             try:
                 self._run(_WRDI, 0, 0, b"", 0)
-            except RomSwError:
+            except Exception:  # noqa: BLE001 - a failing engine must not stop the restore
                 pass
-        bar.write32(R.ROM_SW_STATUS, 0)
-        bar.write32(R.ROM_SW_COMMAND, saved[R.ROM_SW_COMMAND])
-        for reg in (R.ROM_CNTL, R.PAGE_MIRROR_CNTL, R.GPIOPAD_A, R.GPIOPAD_EN, R.GPIOPAD_MASK):
-            bar.write32(reg, saved[reg])
-        self.saved = {}
+        first_error: Exception | None = None
+        writes = [(R.ROM_SW_STATUS, 0), (R.ROM_SW_COMMAND, values[R.ROM_SW_COMMAND])]
+        writes += [(reg, values[reg]) for reg in
+                   (R.ROM_CNTL, R.PAGE_MIRROR_CNTL, R.GPIOPAD_A, R.GPIOPAD_EN, R.GPIOPAD_MASK)]
+        for reg, value in writes:
+            try:
+                bar.write32(reg, value)
+            except Exception as e:  # noqa: BLE001 - try every register, report the first failure
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
 
     # -- transactions ---------------------------------------------------------------------
     def command(self, opcode: int, address: int = 0, address_bytes: int = 0, tx: bytes = b"") -> None:
@@ -196,11 +214,7 @@ class RomSw:
         return self._run(opcode, address, address_bytes, tx, rx_count, fetch)
 
     def _restore_each(self) -> None:
-        bar, saved = self.bar, self.saved
-        bar.write32(R.ROM_SW_STATUS, 0)
-        bar.write32(R.ROM_SW_COMMAND, saved[R.ROM_SW_COMMAND])
-        for reg in (R.ROM_CNTL, R.PAGE_MIRROR_CNTL, R.GPIOPAD_A, R.GPIOPAD_EN, R.GPIOPAD_MASK):
-            bar.write32(reg, saved[reg])
+        self._restore(self.saved, disable_writes=False)
 
     def _run(self, opcode: int, address: int, address_bytes: int, tx: bytes, rx_count: int,
              fetch: bool = True) -> bytes:

@@ -8,8 +8,8 @@ before anything is sent to it, so a second process gets "board busy (pid N)".
 Emulated USB bridges are used only when chosen explicitly: `AMDFLASH_SIM_USB=DIR[,DIR...]`
 replaces libusb with the emulated pyusb backend serving those board directories, and
 says so. Nothing ever falls back to an emulator. `AMDFLASH_SYSFS_PCI` points native PCI
-discovery at another sysfs devices directory (tests); `AMDFLASH_UNBIND_DRIVER=1` (set by
-the CLI's --unbind-driver) lets the PCI transport unbind a bound kernel driver.
+discovery at another sysfs devices directory (tests); the board spec's
+`unbind_driver` (the CLI's --unbind-driver) lets the PCI transport unbind a bound kernel driver.
 """
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ from stages.transport.usb import BridgeInfo, LinkDown, UnexpectedDevice, UsbBar5
 
 ENV_SIM_USB = "AMDFLASH_SIM_USB"
 ENV_SYSFS_PCI = "AMDFLASH_SYSFS_PCI"
-ENV_UNBIND_DRIVER = "AMDFLASH_UNBIND_DRIVER"
 _SERIAL = re.compile(r"[0-9a-fA-F]{8}")
 
 Announce = Callable[[str], None]
@@ -38,6 +37,7 @@ Announce = Callable[[str], None]
 class Spec(Protocol):
     kind: str
     selector: str
+    unbind_driver: bool
 
 
 class NoBoardFound(TransportError):
@@ -147,10 +147,10 @@ def sysfs_root() -> Path:
     return Path(os.environ.get(ENV_SYSFS_PCI) or SYSFS_PCI_DEVICES)
 
 
-def _open_pci(device: PciDevice, announce: Announce) -> tuple[Bar5, BoardLock]:
+def _open_pci(device: PciDevice, announce: Announce, unbind_driver: bool) -> tuple[Bar5, BoardLock]:
     lock = BoardLock(device.spec).acquire()
     try:
-        return PciBar5(device, unbind_driver=os.environ.get(ENV_UNBIND_DRIVER) == "1", announce=announce), lock
+        return PciBar5(device, unbind_driver=unbind_driver, announce=announce), lock
     except BaseException:
         lock.release()
         raise
@@ -184,7 +184,7 @@ def open_spec(spec: Spec, announce: Announce = _stderr) -> tuple[Bar5, BoardLock
         devices = find_devices(sysfs_root())
         if devices:
             announce(f"auto: no USB bridge; using {devices[0].spec} (native PCIe)")
-            return _open_pci(devices[0], announce)
+            return _open_pci(devices[0], announce, spec.unbind_driver)
         raise NoBoardFound("no board found: no ASM24 USB bridge (add1:0001 or 3801:0001) and no native "
                            "Navi31 PCI device (1002:744c)")
     if spec.kind == "usb":
@@ -196,7 +196,7 @@ def open_spec(spec: Spec, announce: Announce = _stderr) -> tuple[Bar5, BoardLock
             raise
         return _open_usb(scan, index)
     if spec.kind == "pci":
-        return _open_pci(_select_pci(find_devices(sysfs_root()), spec.selector), announce)
+        return _open_pci(_select_pci(find_devices(sysfs_root()), spec.selector), announce, spec.unbind_driver)
     raise TransportError(f"board spec {spec.kind}:{spec.selector} is not a USB or PCI board")
 
 

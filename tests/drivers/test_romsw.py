@@ -119,3 +119,24 @@ def test_tx_and_rx_together_and_oversize_are_refused(open_board):
             o.engine._transaction(0x02, 0, 3, b"\x00", 1, True)
         with pytest.raises(ValueError):
             o.engine.command(0x02, 0, 3, bytes(257))
+
+
+def test_close_writes_every_register_back_even_when_one_write_fails(open_board):
+    o = open_board()
+    before = registers(o.board)
+    o.engine.open()
+    o.engine.read(0x9F, count=3)
+    real = o.bar.write32
+    failing = {R.PAGE_MIRROR_CNTL}
+
+    def flaky(offset: int, value: int) -> None:
+        if offset in failing:
+            raise OSError("transport hiccup")
+        real(offset, value)
+
+    o.bar.write32 = flaky
+    with pytest.raises(OSError):
+        o.engine.close()
+    after = registers(o.board)
+    assert {r: v for r, v in after.items() if r != R.PAGE_MIRROR_CNTL} == \
+           {r: v for r, v in before.items() if r != R.PAGE_MIRROR_CNTL}

@@ -135,3 +135,80 @@ def test_sigint_mid_flash_restores_registers_marks_interrupted_and_resumes(make_
     assert resumed.returncode == 0, resumed.stderr
     assert flash_content(board) == bytes(image)
     assert registers(board) == before
+
+
+def _killed_flash(board, image, env) -> str:  # noqa: ANN001
+    p = subprocess.run([sys.executable, "-m", "pipeline.cli", "-q", "flash", str(image), "--yes",
+                        "--board", f"sim:{board}"], env=env, capture_output=True)
+    assert p.returncode == -signal.SIGKILL
+    runs = subprocess.run([sys.executable, "-m", "pipeline.cli", "runs", "--format", "json"], env=env,
+                          capture_output=True, text=True)
+    return json.loads(runs.stdout)[-1]["run_id"]
+
+
+def test_resume_refuses_when_another_run_wrote_the_board_since(cli, make_board, image, tmp_path):
+    board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=45000"])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    killed = _killed_flash(board, image, env)
+    other = tmp_path / "other.bin"
+    other.write_bytes(synthetic_ifwi(4321))
+    assert cli("flash", other, "--yes", "--board", f"sim:{board}").code == 0
+    r = cli("resume", killed, "--board", f"sim:{board}", "--yes")
+    assert r.code == 2 and "wrote this board after" in r.err
+    assert flash_content(board) == other.read_bytes()
+
+
+def test_resume_rereads_units_an_earlier_run_verified(cli, make_board, image):
+    """Something outside amdflash changed a verified unit: resume reads it and puts it right."""
+    board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=45000"])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    killed = _killed_flash(board, image, env)
+    with Board(board) as b:
+        b.files.flash[0x5000:0x5010] = bytes(16)      # as if another tool wrote it
+    r = cli("resume", killed, "--board", f"sim:{board}", "--yes")
+    assert r.code == 0, r.err
+    assert flash_content(board) == image.read_bytes()
+
+
+def test_resume_with_restore_each_puts_back_the_original_registers(make_board, image, tmp_path):
+    board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=5002"])
+    before = registers(board)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(tmp_path / "a.sqlite"),
+           "AMDFLASH_LOCK_DIR": str(tmp_path / "locks")}
+    p = subprocess.run([sys.executable, "-m", "pipeline.cli", "-q", "flash", str(image), "--yes", "--restore-each",
+                        "--board", f"sim:{board}"], env=env, capture_output=True)
+    assert p.returncode == -signal.SIGKILL
+    assert registers(board) != before                  # killed inside a transaction
+    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "-q", "resume", "--board", f"sim:{board}", "--yes"],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert flash_content(board) == image.read_bytes()
+    assert registers(board) == before
+
+
+def test_sigint_during_an_aperture_dump_stops_restores_and_writes_no_file(make_board, tmp_path):
+    from stages.transport.sim.synth import synthetic_ifwi as synth
+
+    board = make_board(content=synth(5))
+    with Board(board) as b:
+        cntl, index = b.get32(R.ROM_CNTL), b.get32(R.ROM_INDEX)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(tmp_path / "a.sqlite"),
+           "AMDFLASH_LOCK_DIR": str(tmp_path / "locks")}
+    out = tmp_path / "dump.bin"
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "dump", str(out), "--via", "aperture",
+                             "--board", f"sim:{board}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 60
+    while True:                                        # wait until the dump is under way
+        with Board(board) as b:
+            if b.stats()["reg_reads"] > 20000:
+                break
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert not out.exists()
+    swap = lambda v: int.from_bytes(v.to_bytes(4, "little"), "big")  # noqa: E731
+    with Board(board) as b:                            # restored the way the validated client does
+        assert (b.get32(R.ROM_CNTL), b.get32(R.ROM_INDEX)) == (swap(cntl), swap(index))

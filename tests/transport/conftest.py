@@ -25,7 +25,6 @@ def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     empty.mkdir()
     monkeypatch.setenv(discovery.ENV_SYSFS_PCI, str(empty))
     monkeypatch.delenv(discovery.ENV_SIM_USB, raising=False)
-    monkeypatch.delenv(discovery.ENV_UNBIND_DRIVER, raising=False)
 
 
 def serial_of(path: Path) -> str:

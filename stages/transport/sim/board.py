@@ -117,7 +117,7 @@ class Board:
         fs = self.fault_state
         fs[F_WRITES] += 1
         if self._kill_at is not None and fs[F_WRITES] >= self._kill_at:
-            self._power_loss()
+            self._host_dies()
         first, last = offset >> 2, (offset + size + 3) >> 2
         if self._hooked.find(1, first, last) < 0:
             self.regs[offset:offset + size] = data
@@ -134,7 +134,7 @@ class Board:
         if offset < 0 or size <= 0 or offset + size > R.BAR5_SIZE:
             raise ValueError(f"BAR5 access {offset:#x}+{size:#x} is outside the 1 MiB aperture")
 
-    def _power_loss(self) -> None:
+    def _host_dies(self) -> None:
         """kill-after-writes: the host dies here, before this write reaches the board."""
         self.fault_state[F_KILL_FIRED] = 1
         self.files.state.flush()

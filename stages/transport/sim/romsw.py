@@ -3,9 +3,10 @@
 Behaviour modelled, inconvenient parts included:
 
 * A write to ROM_SW_CNTL starts a transaction, whatever the value: CNTL = 0 is a valid
-  opcode-only transaction (WREN's control word is 0). The reference client's "clear"
-  writes of 0 therefore re-send the current opcode alone; the chip ignores most such
-  fragments, as real silicon does.
+  opcode-only transaction (WREN's control word is 0). This is an assumption — inferred
+  from that, and from flashrom's driver for the same engine on older Radeons, which has no
+  other trigger — not a documented fact. The reference client's "clear" writes of 0
+  therefore re-send the current opcode alone; the chip ignores most such fragments.
 * The wire: the opcode (COMMAND b7:0), then COMMAND_SIZE bytes taken from COMMAND b31:8
   most significant first, then TX data read from the window as big-endian dwords; or, with
   RETURN_DATA_ENABLE, DATA_SIZE bytes clocked back in.

@@ -1,0 +1,14 @@
+"""`python -m tests.bench.null_store ARGS...`: amdflash with the audit trail replaced by a
+store that keeps nothing — the baseline for what the audit costs. Benchmarks only."""
+from __future__ import annotations
+
+import sys
+
+import pipeline.commands as commands
+from pipeline.cli import main
+from store.writer import NullWriter
+
+commands._open_writer = lambda args: NullWriter().open()
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
