@@ -176,7 +176,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     p.set_defaults(func=cmd_runs)
 
     p = sub.add_parser("report", help="one run's report (text, JSON or HTML)",
-                       description="Report RUN_ID (a unique prefix is enough). Read-only.")
+                       description="Report RUN_ID (a unique prefix is enough): identity, image and result hashes, "
+                                   "every unit's action and state, verify results, stages, errors. text and "
+                                   "json print to stdout; html is one self-contained file with a sector map "
+                                   "(use -o). Reads the audit database only; writes nothing but -o FILE.")
     p.add_argument("run_id")
     p.add_argument("--format", choices=("text", "json", "html"), default="text")
     p.add_argument("-o", "--output", type=Path, help="write the report to this file")
