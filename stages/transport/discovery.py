@@ -202,6 +202,15 @@ def open_spec(spec: Spec, announce: Announce = _stderr) -> tuple[Bar5, BoardLock
 
 # -- listing --------------------------------------------------------------------------------------
 
+def _lock_for_listing(key: str, entry: dict[str, Any]) -> BoardLock | None:
+    """The board's lock, or None with the entry saying who holds it: `list` never waits."""
+    try:
+        return BoardLock(key).acquire()
+    except BoardBusy as e:
+        entry["status"] = f"busy (pid {e.pid})" if e.pid else "busy"
+        return None
+
+
 def _list_usb(index: int | None, bridge: BridgeInfo, scan: UsbScan, probe: Probe) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "spec": f"usb:{index}" if index is not None else None,
@@ -212,10 +221,8 @@ def _list_usb(index: int | None, bridge: BridgeInfo, scan: UsbScan, probe: Probe
     if bridge.error:
         entry["error"] = bridge.error
         return entry
-    try:
-        lock = BoardLock(bridge.lock_key).acquire()
-    except BoardBusy as e:
-        entry["status"] = f"busy (pid {e.pid})" if e.pid else "busy"
+    lock = _lock_for_listing(bridge.lock_key, entry)
+    if lock is None:
         return entry
     try:
         bar = UsbBar5(bridge, scan.backend)
@@ -245,10 +252,8 @@ def _list_pci(device: PciDevice, announce: Announce, probe: Probe) -> dict[str, 
     if device.driver:
         entry["status"] = f"kernel driver {device.driver} bound: not probed (see --unbind-driver)"
         return entry
-    try:
-        lock = BoardLock(device.spec).acquire()
-    except BoardBusy as e:
-        entry["status"] = f"busy (pid {e.pid})" if e.pid else "busy"
+    lock = _lock_for_listing(device.spec, entry)
+    if lock is None:
         return entry
     try:
         bar = PciBar5(device, announce=announce)
