@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline import commands, replay_command, review_commands, sim_commands
-from pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED, Refusal
+from amdflash.pipeline import commands, replay_command, review_commands, sim_commands
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED, Refusal
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         setattr(args, trailing, [*getattr(args, trailing), *extra])
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    from pipeline.logsetup import configure
+    from amdflash.pipeline.logsetup import configure
 
     configure(json_lines=args.log_json, verbose=args.verbose, quiet=args.quiet)
     try:

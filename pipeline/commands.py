@@ -12,15 +12,15 @@ from typing import Any, Callable
 
 import anyio
 
-from pipeline import jobs
-from pipeline.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Refusal
-from pipeline.runner import RunInfo, RunResult, exit_code, new_run_id, run_boards
-from stages.navi31.psp import DISABLED_REASON
-from stages.open_transport import BoardSpec, BoardSpecError, parse_spec
-from store import chain
-from store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, open_readonly, register_snapshot, report,
+from amdflash.pipeline import jobs
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Refusal
+from amdflash.pipeline.runner import RunInfo, RunResult, exit_code, new_run_id, run_boards
+from amdflash.stages.navi31.psp import DISABLED_REASON
+from amdflash.stages.open_transport import BoardSpec, BoardSpecError, parse_spec
+from amdflash.store import chain
+from amdflash.store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, open_readonly, register_snapshot, report,
                            resolve_run, runs, unit_states, writes_since)
-from store.writer import AuditWriter, StoreUnavailable
+from amdflash.store.writer import AuditWriter, StoreUnavailable
 
 FLASH_SIZE = jobs.FLASH_SIZE
 SECTORS = FLASH_SIZE // jobs.UNIT
@@ -384,7 +384,7 @@ def _resume_plan(args: argparse.Namespace, spec: BoardSpec) -> tuple[dict[str, A
 
 
 def _run_lineage(db, run_id: str) -> list[str]:  # noqa: ANN001
-    from store.queries import run_chain
+    from amdflash.store.queries import run_chain
 
     return run_chain(db, run_id)
 
@@ -411,8 +411,8 @@ def cmd_disabled(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from stages.identify import probe_flash
-    from stages.transport import discovery
+    from amdflash.stages.identify import probe_flash
+    from amdflash.stages.transport import discovery
 
     boards = discovery.list_boards(probe=probe_flash)
     if args.format == "json":
@@ -458,7 +458,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.format == "json":
         text = json.dumps(rep, indent=2, default=str)
     elif args.format == "html":
-        from store.html import render
+        from amdflash.store.html import render
 
         text = render(db, rep, chain.verify(db.conn))
     else:

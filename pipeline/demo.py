@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import EXIT_OK, Refusal
+from amdflash.pipeline.errors import EXIT_OK, Refusal
 
 DEFAULT_DIR = Path("amdflash-demo")
 DEFAULT_SEED = 4
@@ -86,7 +86,7 @@ class _Narrator:
 
     def run(self, title: str, why: str, *argv: str) -> int:
         """One real CLI command, announced as the user would type it."""
-        from pipeline.cli import main
+        from amdflash.pipeline.cli import main
 
         self.step += 1
         full = ["--db", str(self.paths.db), *self.flags, *argv]
@@ -122,8 +122,8 @@ def run_demo(root: Path, *, fresh: bool = False, db: Path | None = None, seed: i
 
 def _set_scene(n: _Narrator, seed: int, own_db: bool) -> bytes:
     """The damaged board and the known-good image; returns the image."""
-    from stages.transport.sim import create_board
-    from stages.transport.sim.synth import damage, damage_regions, synthetic_ifwi
+    from amdflash.stages.transport.sim import create_board
+    from amdflash.stages.transport.sim.synth import damage, damage_regions, synthetic_ifwi
 
     paths = n.paths
     clean = synthetic_ifwi(seed)
@@ -196,7 +196,7 @@ def _differing_units(a: bytes, b: bytes) -> list[int]:
 
 
 def _last_run(db: Path, command: str, spec: str) -> str:
-    from store.queries import open_readonly, runs
+    from amdflash.store.queries import open_readonly, runs
 
     audit = open_readonly(str(db))
     try:

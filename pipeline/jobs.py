@@ -13,21 +13,21 @@ from typing import Any
 
 import anyio
 
-from pipeline.errors import Refusal
-from pipeline.runner import RunInfo, stage
-from stages import ifwi
-from stages.device import Device, Interrupted
-from stages.erase import erase_stage
-from stages.flash import protection as prot
-from stages.flash.spinor import FlashIdentity
-from stages.identify import identify_flash, open_engine
-from stages.navi31 import aperture
-from stages.navi31.psp import PspMailbox
-from stages.navi31.romsw import RomSwOptions
-from stages.plan import PlanSummary, WorkItem, plan
-from stages.program import program_stage
-from stages.snapshot import BackupFile, UnitRead, read_backup, read_unit
-from stages.verify import first_mismatch, record_verify, verify_stage
+from amdflash.pipeline.errors import Refusal
+from amdflash.pipeline.runner import RunInfo, stage
+from amdflash.stages import ifwi
+from amdflash.stages.device import Device, Interrupted
+from amdflash.stages.erase import erase_stage
+from amdflash.stages.flash import protection as prot
+from amdflash.stages.flash.spinor import FlashIdentity
+from amdflash.stages.identify import identify_flash, open_engine
+from amdflash.stages.navi31 import aperture
+from amdflash.stages.navi31.psp import PspMailbox
+from amdflash.stages.navi31.romsw import RomSwOptions
+from amdflash.stages.plan import PlanSummary, WorkItem, plan
+from amdflash.stages.program import program_stage
+from amdflash.stages.snapshot import BackupFile, UnitRead, read_backup, read_unit
+from amdflash.stages.verify import first_mismatch, record_verify, verify_stage
 
 FLASH_SIZE = 0x200000
 UNIT = 0x1000

@@ -9,7 +9,7 @@ from typing import Callable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipeline.logsetup import logger
+from amdflash.pipeline.logsetup import logger
 
 
 class ProgressBoard:

@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
 
 DESCRIPTION = """\
 Rebuild the board of RUN_ID as the run found it — flash content from the run's backup,
@@ -54,9 +54,9 @@ def _positive(text: str) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from pipeline.commands import db_path
-    from store.queries import RunNotFound, open_readonly, resolve_run
-    from store.replay import ReplayRefused, replay
+    from amdflash.pipeline.commands import db_path
+    from amdflash.store.queries import RunNotFound, open_readonly, resolve_run
+    from amdflash.store.replay import ReplayRefused, replay
 
     path = db_path(args)
     if not Path(path).exists():

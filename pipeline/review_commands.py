@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.commands import db_path
-from pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
+from amdflash.pipeline.commands import db_path
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
 
 DATASETTE_METADATA = "datasette_metadata.json"
 # The database key of the packaged metadata: datasette names a database by its file stem.
@@ -18,7 +18,7 @@ DATASETTE_DEFAULT_NAME = "audit"
 
 
 def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction) -> None:
-    from pipeline.demo import DEFAULT_DIR, DEFAULT_SEED
+    from amdflash.pipeline.demo import DEFAULT_DIR, DEFAULT_SEED
 
     p = sub.add_parser(
         "demo", help="a full recovery on an emulated board, no hardware needed",
@@ -63,7 +63,7 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
 # -- demo ----------------------------------------------------------------------------------------
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pipeline.demo import run_demo
+    from amdflash.pipeline.demo import run_demo
 
     flags = [f for f, on in (("--log-json", args.log_json), ("-v", args.verbose), ("-q", args.quiet)) if on]
     return run_demo(args.dir, fresh=args.fresh, db=Path(args.db) if args.db else None, seed=args.seed,
@@ -73,7 +73,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- audit export / verify --export --------------------------------------------------------------
 
 def _open_db(args: argparse.Namespace):  # noqa: ANN202
-    from store.queries import open_readonly
+    from amdflash.store.queries import open_readonly
 
     path = db_path(args)
     if not Path(path).exists():
@@ -82,8 +82,8 @@ def _open_db(args: argparse.Namespace):  # noqa: ANN202
 
 
 def cmd_audit_export(args: argparse.Namespace) -> int:
-    from store.export import export
-    from store.queries import RunNotFound, resolve_run
+    from amdflash.store.export import export
+    from amdflash.store.queries import RunNotFound, resolve_run
 
     db = _open_db(args)
     try:
@@ -122,7 +122,7 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
 
 
 def cmd_verify_export(path: Path) -> int:
-    from store.export import verify_export
+    from amdflash.store.export import verify_export
 
     if not path.is_file():
         raise Refusal(f"no export file at {path}")
@@ -150,7 +150,7 @@ def _add_verify_export(verify: argparse.ArgumentParser) -> None:
 
 def datasette_metadata(name: str = DATASETTE_DEFAULT_NAME) -> dict[str, Any]:
     """The packaged metadata, keyed by the database name datasette will use."""
-    from store import schema
+    from amdflash.store import schema
 
     # Beside the store modules rather than importlib.resources: an editable install made while
     # store/ had no __init__.py maps it as a namespace package, which resources cannot read.

@@ -20,15 +20,15 @@ from typing import Any, Awaitable, Callable
 
 import anyio
 
-from pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, Refusal
-from pipeline.logsetup import logger
-from pipeline.progress import ProgressBoard
-from stages.device import Device, Interrupted, StopFlag
-from stages.open_transport import AuditedBar, AuditFailureError, BoardSpec, open_transport
-from stages.restore import restore_registers
-from stages.snapshot import snapshot_registers
-from stages.transport.lock import BoardBusy
-from store.writer import AuditFailure, Recorder
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, Refusal
+from amdflash.pipeline.logsetup import logger
+from amdflash.pipeline.progress import ProgressBoard
+from amdflash.stages.device import Device, Interrupted, StopFlag
+from amdflash.stages.open_transport import AuditedBar, AuditFailureError, BoardSpec, open_transport
+from amdflash.stages.restore import restore_registers
+from amdflash.stages.snapshot import snapshot_registers
+from amdflash.stages.transport.lock import BoardBusy
+from amdflash.store.writer import AuditFailure, Recorder
 
 TOOL_VERSION = "0.1.0"
 

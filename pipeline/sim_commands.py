@@ -6,11 +6,11 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.errors import Refusal
-from stages.transport.sim import Board, create_board
-from stages.transport.sim.create import BoardExistsError
-from stages.transport.sim.faults import FAULT_HELP, Faults, FaultSpecError
-from stages.transport.sim.state import COUNTER_NAMES, FLASH_SIZE, BoardFiles
+from amdflash.pipeline.errors import Refusal
+from amdflash.stages.transport.sim import Board, create_board
+from amdflash.stages.transport.sim.create import BoardExistsError
+from amdflash.stages.transport.sim.faults import FAULT_HELP, Faults, FaultSpecError
+from amdflash.stages.transport.sim.state import COUNTER_NAMES, FLASH_SIZE, BoardFiles
 
 
 def _int(text: str) -> int:
@@ -186,7 +186,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from stages.transport.sim.synth import synthetic_ifwi
+    from amdflash.stages.transport.sim.synth import synthetic_ifwi
 
     data = synthetic_ifwi(args.seed)
     args.output.write_bytes(data)
@@ -217,7 +217,7 @@ def cmd_fault(args: argparse.Namespace) -> int:
 
 def _restart_fault_counts(files: BoardFiles, faults: Faults) -> None:
     """Counted faults count from the moment they are set, and may fire again."""
-    from stages.transport.sim import board as b
+    from amdflash.stages.transport.sim import board as b
 
     state = files.region("faults").cast("q")
     if faults.kill_after_writes is not None:

@@ -11,9 +11,9 @@ from typing import Any, Callable, Protocol, TypeVar
 
 import anyio
 
-from stages.flash.spinor import SpiNor
-from stages.navi31.romsw import RomSw
-from stages.transport.base import Bar5, BoardIdentity
+from amdflash.stages.flash.spinor import SpiNor
+from amdflash.stages.navi31.romsw import RomSw
+from amdflash.stages.transport.base import Bar5, BoardIdentity
 
 T = TypeVar("T")
 

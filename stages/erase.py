@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
-from stages.device import Device
-from stages.flash.planning import Erase, UnitPlan
-from stages.plan import WorkItem
+from amdflash.stages.device import Device
+from amdflash.stages.flash.planning import Erase, UnitPlan
+from amdflash.stages.plan import WorkItem
 
 
 def record_intent(dev: Device, units: list[UnitPlan], erase: Erase | None, detail: str = "") -> None:

@@ -1,9 +1,9 @@
 """Stage: open the ROM_SW engine and identify the flash (JEDEC, SR1-3, SFDP, unique ID)."""
 from __future__ import annotations
 
-from stages.device import Device
-from stages.flash.spinor import FlashIdentity, SpiNor
-from stages.navi31.romsw import RomSw, RomSwOptions
+from amdflash.stages.device import Device
+from amdflash.stages.flash.spinor import FlashIdentity, SpiNor
+from amdflash.stages.navi31.romsw import RomSw, RomSwOptions
 
 
 def open_engine(dev: Device, options: RomSwOptions) -> RomSw:
@@ -55,9 +55,9 @@ PROBE_TIMEOUT = 0.05   # seconds on the board's clock: a gated engine must not s
 def probe_flash(bar) -> dict[str, object]:  # noqa: ANN001 - a Bar5
     """For `amdflash list`: JEDEC id and unique ID through ROM_SW, read-only, registers restored;
     when the engine is gated, whether the ROM aperture is there instead."""
-    from stages.flash.spinor import FlashError
-    from stages.navi31 import regs as R
-    from stages.navi31.romsw import RomSwError
+    from amdflash.stages.flash.spinor import FlashError
+    from amdflash.stages.navi31 import regs as R
+    from amdflash.stages.navi31.romsw import RomSwError
 
     try:
         with RomSw(bar, RomSwOptions(timeout=PROBE_TIMEOUT)) as engine:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from stages.transport.base import Bar5, BoardIdentity
-from stages.transport.lock import BoardLock, sim_key
+from amdflash.stages.transport.base import Bar5, BoardIdentity
+from amdflash.stages.transport.lock import BoardLock, sim_key
 
 
 class BoardSpecError(ValueError):
@@ -42,7 +42,7 @@ def parse_spec(text: str) -> BoardSpec:
 def open_transport(spec: BoardSpec, announce=print) -> tuple[Bar5, BoardLock]:  # noqa: ANN001
     """Open and lock the board. Never falls back to an emulator silently."""
     if spec.kind == "sim":
-        from stages.transport.sim import SimBar5
+        from amdflash.stages.transport.sim import SimBar5
 
         if not os.path.isfile(os.path.join(spec.selector, "board.json")):
             raise BoardSpecError(f"{spec.selector} is not an emulated board (create one with 'amdflash sim create')")
@@ -52,7 +52,7 @@ def open_transport(spec: BoardSpec, announce=print) -> tuple[Bar5, BoardLock]:  
         except BaseException:
             lock.release()
             raise
-    from stages.transport import discovery
+    from amdflash.stages.transport import discovery
 
     return discovery.open_spec(spec, announce)
 

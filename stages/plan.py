@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
-from stages.device import Device
-from stages.flash.planning import Erase, UnitPlan, cover, plan_unit
-from stages.snapshot import UnitRead
+from amdflash.stages.device import Device
+from amdflash.stages.flash.planning import Erase, UnitPlan, cover, plan_unit
+from amdflash.stages.snapshot import UnitRead
 
 
 @dataclass

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
-from stages.device import Device
-from stages.flash.planning import UnitPlan
+from amdflash.stages.device import Device
+from amdflash.stages.flash.planning import UnitPlan
 
 
 def program_unit(dev: Device, unit: UnitPlan, pages: tuple[int, ...] | None = None) -> int:

@@ -1,8 +1,8 @@
 """Stage: put back every register the job changed. Runs on every exit path, audited."""
 from __future__ import annotations
 
-from stages.device import Device
-from stages.snapshot import snapshot_registers
+from amdflash.stages.device import Device
+from amdflash.stages.snapshot import snapshot_registers
 
 
 def restore_registers(dev: Device) -> str:

@@ -15,8 +15,8 @@ from typing import Sequence
 
 from anyio.abc import ObjectSendStream
 
-from stages.device import Device
-from stages.navi31 import regs as R
+from amdflash.stages.device import Device
+from amdflash.stages.navi31 import regs as R
 
 # Everything the ROM_SW and aperture paths may touch, captured before any change.
 SNAPSHOT_REGISTERS = (

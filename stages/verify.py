@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 from anyio.abc import ObjectReceiveStream
 
-from stages.device import Device
-from stages.erase import record_intent
-from stages.flash.planning import Erase, UnitPlan, plan_unit
-from stages.program import program_unit
-from stages.snapshot import read_unit
+from amdflash.stages.device import Device
+from amdflash.stages.erase import record_intent
+from amdflash.stages.flash.planning import Erase, UnitPlan, plan_unit
+from amdflash.stages.program import program_unit
+from amdflash.stages.snapshot import read_unit
 
 
 class VerifyError(RuntimeError):

@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from store.schema import AUDIT_TABLES, GENESIS
+from amdflash.store.schema import AUDIT_TABLES, GENESIS
 
 
 def _bytes(value: Any) -> bytes:

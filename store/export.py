@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, TextIO
 
-from store.chain import link
-from store.schema import AUDIT_TABLES, GENESIS
+from amdflash.store.chain import link
+from amdflash.store.schema import AUDIT_TABLES, GENESIS
 
 FORMATS = ("jsonl", "csv")
 HEAD = "chain_head"

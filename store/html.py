@@ -16,10 +16,10 @@ from typing import Any, Iterable
 
 import sqlite_utils
 
-from stages.flash import protection as prot
-from stages.navi31 import regs as R
-from store.chain import ChainReport
-from store.queries import register_writes_before, unit_states
+from amdflash.stages.flash import protection as prot
+from amdflash.stages.navi31 import regs as R
+from amdflash.store.chain import ChainReport
+from amdflash.store.queries import register_writes_before, unit_states
 
 FLASH_SIZE = 0x200000
 UNIT = 0x1000

@@ -35,7 +35,7 @@ from typing import Any
 
 import sqlite_utils
 
-from store.queries import (RunNotFound, iter_register_writes, register_snapshot, register_write_order,
+from amdflash.store.queries import (RunNotFound, iter_register_writes, register_snapshot, register_write_order,
                            resolve_run, run_seq_range)
 
 FLASH_SIZE = 0x200000
@@ -163,7 +163,7 @@ def _count_writes(db: sqlite_utils.Database, run_id: str) -> int:
 def build_board(path: Path, backup: dict[int, bytes], status: tuple[int, int, int],
                 registers: dict[int, int], notes: list[str]):  # noqa: ANN201 - a sim Board
     """A fresh emulated board (ideal profile) holding the run's starting state."""
-    from stages.transport.sim import Board, create_board
+    from amdflash.stages.transport.sim import Board, create_board
 
     flash = bytearray(b"\xff" * FLASH_SIZE)
     for address, data in backup.items():

@@ -25,8 +25,8 @@ import threading
 import time
 from typing import Any
 
-from store import chain
-from store.schema import AUDIT_TABLES, SchemaError, connect, ensure
+from amdflash.store import chain
+from amdflash.store.schema import AUDIT_TABLES, SchemaError, connect, ensure
 
 Row = tuple[str, "dict[str, Any] | tuple[Any, ...]"]
 

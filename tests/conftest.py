@@ -6,7 +6,7 @@ from typing import Callable
 
 import pytest
 
-from stages.transport.sim import Board, create_board
+from amdflash.stages.transport.sim import Board, create_board
 
 
 @pytest.fixture

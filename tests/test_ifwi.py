@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from stages.ifwi import (
+from amdflash.stages.ifwi import (
     FLASH_SIZE, ITEMS, IfwiError, check_image, check_stream_payload, fletcher32, psp_directory_checksum,
     resolve_item,
 )

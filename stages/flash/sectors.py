@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from stages.flash import protection
-from stages.flash.planning import plan_unit
-from stages.flash.spinor import FlashError, ProtectedError, SpiNor
+from amdflash.stages.flash import protection
+from amdflash.stages.flash.planning import plan_unit
+from amdflash.stages.flash.spinor import FlashError, ProtectedError, SpiNor
 
 
 class SectorVerifyError(FlashError):

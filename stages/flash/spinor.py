@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from stages.flash import protection, sfdp
-from stages.flash.chips import ChipInfo, EraseType, match_jedec
-from stages.navi31.romsw import Request, RomSw
+from amdflash.stages.flash import protection, sfdp
+from amdflash.stages.flash.chips import ChipInfo, EraseType, match_jedec
+from amdflash.stages.navi31.romsw import Request, RomSw
 
 # Opcodes (JEDEC standard; GD25LQ16E per HARDWARE.md §7).
 READ, PP = 0x03, 0x02

@@ -11,8 +11,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Callable
 
-from stages.navi31 import regs as R
-from stages.transport.base import Bar5
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport.base import Bar5
 
 FLASH_SIZE = 0x200000
 INDEX_PAGE = 0x10000

@@ -11,9 +11,9 @@ import struct
 from dataclasses import dataclass
 from typing import Callable
 
-from stages import ifwi
-from stages.navi31 import regs as R
-from stages.transport.base import Bar5
+from amdflash.stages import ifwi
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport.base import Bar5
 
 GET_BOOT_PARTITION, LIVE_ADDR_LO, LIVE_ADDR_HI, LIVE_UPDATE = 0x01, 0x02, 0x03, 0x04
 GET_FB_STATE, GET_TRANSFER_TYPE = 0x06, 0x07

@@ -29,8 +29,8 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Literal
 
-from stages.navi31 import regs as R
-from stages.transport.base import Bar5
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport.base import Bar5
 
 MAX_DATA = R.ROM_SW_DATA_SIZE
 _STATUS_TO_WINDOW = R.ROM_SW_DATA - R.ROM_SW_STATUS  # 12 bytes: STATUS, COMMAND, reserved

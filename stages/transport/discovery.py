@@ -22,10 +22,10 @@ from typing import Any, Callable, Protocol
 
 import usb.core
 
-from stages.transport.base import Bar5, Clock, TransportError
-from stages.transport.lock import BoardBusy, BoardLock
-from stages.transport.pci import SYSFS_PCI_DEVICES, PciBar5, PciDevice, find_devices, normalise_address
-from stages.transport.usb import BridgeInfo, LinkDown, UnexpectedDevice, UsbBar5, default_backend, find_bridges
+from amdflash.stages.transport.base import Bar5, Clock, TransportError
+from amdflash.stages.transport.lock import BoardBusy, BoardLock
+from amdflash.stages.transport.pci import SYSFS_PCI_DEVICES, PciBar5, PciDevice, find_devices, normalise_address
+from amdflash.stages.transport.usb import BridgeInfo, LinkDown, UnexpectedDevice, UsbBar5, default_backend, find_bridges
 
 ENV_SIM_USB = "AMDFLASH_SIM_USB"
 ENV_SYSFS_PCI = "AMDFLASH_SYSFS_PCI"
@@ -73,7 +73,7 @@ class UsbScan:
 
 def emulated_usb_backend(paths: list[str]) -> Any:
     """The emulated bridge backend (it offers `clock_for`, as the USB transport expects)."""
-    from stages.transport.sim.usb import SimUsbBackend
+    from amdflash.stages.transport.sim.usb import SimUsbBackend
 
     for path in paths:
         if not os.path.isfile(os.path.join(path, "board.json")):

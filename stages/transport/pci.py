@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from stages.transport.base import BoardIdentity, TransportError, WallClock
-from stages.transport.lock import BoardBusy
+from amdflash.stages.transport.base import BoardIdentity, TransportError, WallClock
+from amdflash.stages.transport.lock import BoardBusy
 
 SYSFS_PCI_DEVICES = Path("/sys/bus/pci/devices")
 NAVI31 = (0x1002, 0x744C)

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import usb.core
 import usb.util
 
-from stages.transport.base import BoardIdentity, Clock, TransportError, WallClock
+from amdflash.stages.transport.base import BoardIdentity, Clock, TransportError, WallClock
 
 BRIDGE_IDS: tuple[tuple[int, int], ...] = ((0xADD1, 0x0001), (0x3801, 0x0001))
 PRODUCT_PREFIXES = ("custom", "AS2462")

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from stages.transport.sim import create_board
+from amdflash.stages.transport.sim import create_board
 from tests.bench.bench_flash import modelled
 
 SIZE = 0x200000
@@ -38,7 +38,7 @@ def main(repeats: int = 3) -> None:
             for audit in ("audit", "null"):
                 n += 1
                 board = create_board(work / f"b{n}", content=current, transport=profile, seed=n)
-                entry = "tests.bench.null_store" if audit == "null" else "pipeline.cli"
+                entry = "tests.bench.null_store" if audit == "null" else "amdflash.pipeline.cli"
                 start = time.perf_counter()
                 subprocess.run([sys.executable, "-m", entry, "-q", "flash", str(work / "image.bin"),
                                 "--yes", "--board", f"sim:{board}"], check=True, env=env,

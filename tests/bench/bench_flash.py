@@ -19,15 +19,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from stages.flash.chips import GD25LQ16E
-from stages.flash.planning import cover, plan_unit
-from stages.flash.sectors import flash_sectors
-from stages.flash.spinor import SpiNor
-from stages.navi31.romsw import RomSw, RomSwOptions
-from stages.transport.sim import SimBar5, create_board
-from stages.transport.sim.cost import ASM24
-from stages.transport.sim.state import C, BoardFiles
-from stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.flash.chips import GD25LQ16E
+from amdflash.stages.flash.planning import cover, plan_unit
+from amdflash.stages.flash.sectors import flash_sectors
+from amdflash.stages.flash.spinor import SpiNor
+from amdflash.stages.navi31.romsw import RomSw, RomSwOptions
+from amdflash.stages.transport.sim import SimBar5, create_board
+from amdflash.stages.transport.sim.cost import ASM24
+from amdflash.stages.transport.sim.state import C, BoardFiles
+from amdflash.stages.transport.sim.synth import synthetic_ifwi
 
 SIZE, UNIT, PAGE = 0x200000, 0x1000, 0x100
 PRESCALE = 8
@@ -83,7 +83,7 @@ def run_ours_driver(path: Path, what: str, mode: str, image: bytes) -> float:
 
 
 def run_cli(args: list[str], env: dict[str, str]) -> None:
-    subprocess.run([sys.executable, "-m", "pipeline.cli", "-q", *args], check=True, env=env,
+    subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", *args], check=True, env=env,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

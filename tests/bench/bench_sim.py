@@ -5,8 +5,8 @@ import struct
 import tempfile
 import time
 
-from stages.navi31 import regs as R
-from stages.transport.sim import create_board, open_bar
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport.sim import create_board, open_bar
 
 
 def main() -> None:

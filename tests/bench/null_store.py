@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-import pipeline.commands as commands
-from pipeline.cli import main
-from store.writer import NullWriter
+import amdflash.pipeline.commands as commands
+from amdflash.pipeline.cli import main
+from amdflash.store.writer import NullWriter
 
 commands._open_writer = lambda args: NullWriter().open()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stages.flash.planning import UnitPlan, cover, plan_unit, unit_action
+from amdflash.stages.flash.planning import UnitPlan, cover, plan_unit, unit_action
 
 UNIT, SIZES = 0x1000, (0x1000, 0x8000, 0x10000)
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from stages import ifwi
-from stages.navi31 import psp
-from stages.navi31 import regs as R
-from stages.transport.sim import SimBar5
-from stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages import ifwi
+from amdflash.stages.navi31 import psp
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport.sim import SimBar5
+from amdflash.stages.transport.sim.synth import synthetic_ifwi
 
 
 @pytest.fixture

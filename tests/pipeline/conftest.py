@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from stages.transport.sim.synth import synthetic_ifwi
+from amdflash.pipeline.cli import main
+from amdflash.stages.transport.sim.synth import synthetic_ifwi
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,7 +45,7 @@ def cli_process(db, tmp_path):
     """Run amdflash as a separate process, as a user would."""
     def run(*args: str, timeout: float = 300, env: dict | None = None) -> Result:
         full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-        p = subprocess.run([sys.executable, "-m", "pipeline.cli", *map(str, args)], capture_output=True,
+        p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", *map(str, args)], capture_output=True,
                            text=True, timeout=timeout, env=full_env, cwd=tmp_path)
         return Result(p.returncode, p.stdout, p.stderr)
     return run

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from stages.navi31 import regs as R
-from stages.transport.sim import Board
-from store import writer as writer_module
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport.sim import Board
+from amdflash.store import writer as writer_module
 from tests.pipeline.conftest import flash_content
 
 
@@ -81,7 +81,7 @@ def test_audit_failure_mid_job_stops_hardware_writes_and_restores_registers(cli,
                                                                             monkeypatch):
     """The database fills up mid-job (SQLite max_page_count): the job fails, nothing more is
     written to the board but the register restore."""
-    import pipeline.commands as commands
+    import amdflash.pipeline.commands as commands
 
     board = make_board(content="blank", transport="ideal")
     with Board(board) as b:

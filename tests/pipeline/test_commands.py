@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
-from stages.navi31 import regs as R
-from stages.transport.sim import Board
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport.sim import Board
 from tests.pipeline.conftest import flash_content
 
 MiB2 = 0x200000
@@ -212,7 +212,7 @@ def test_stuck_bit_fails_naming_address_and_bytes(cli, make_board, image):
 
 
 def test_probe_and_ifwi_all(cli, make_board, tmp_path):
-    from stages.transport.sim.synth import synthetic_ifwi
+    from amdflash.stages.transport.sim.synth import synthetic_ifwi
 
     board = make_board(transport="ideal", seed=77)
     r = cli("probe", "--board", f"sim:{board}")

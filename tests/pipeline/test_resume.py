@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stages.navi31 import regs as R
-from stages.transport.sim import Board, create_board
-from stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport.sim import Board, create_board
+from amdflash.stages.transport.sim.synth import synthetic_ifwi
 from tests.pipeline.conftest import ROOT, flash_content
 
 SAVED = (R.GPIOPAD_MASK, R.GPIOPAD_A, R.GPIOPAD_EN, R.PAGE_MIRROR_CNTL, R.ROM_CNTL)
@@ -52,7 +52,7 @@ def kill_setup(tmp_path_factory) -> KillSetup:
     ref = create_board(work / "reference", content=content, transport="ideal", seed=5)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(work / "ref.sqlite"),
            "AMDFLASH_LOCK_DIR": str(work / "locks")}
-    subprocess.run([sys.executable, "-m", "pipeline.cli", "-q", "flash", str(work / "image.bin"), "--yes",
+    subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(work / "image.bin"), "--yes",
                     "--board", f"sim:{ref}"], check=True, env=env, capture_output=True)
     with Board(ref) as b:
         total = int(b.stats()["reg_writes"])
@@ -60,7 +60,7 @@ def kill_setup(tmp_path_factory) -> KillSetup:
 
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", "-q", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", *args], env=env, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -88,7 +88,7 @@ def test_a_flash_killed_at_any_register_write_resumes_to_the_image(kill_setup, t
 def test_resume_refuses_another_board_and_another_image(cli, make_board, image, tmp_path):
     board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=45000"])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "pipeline.cli", "-q", "flash", str(image), "--yes",
+    p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(image), "--yes",
                         "--board", f"sim:{board}"], env=env, capture_output=True)
     assert p.returncode == -signal.SIGKILL
     runs = json.loads(cli("runs", "--format", "json").out)
@@ -114,7 +114,7 @@ def test_sigint_mid_flash_restores_registers_marks_interrupted_and_resumes(make_
     before = registers(board)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(tmp_path / "audit.sqlite"),
            "AMDFLASH_LOCK_DIR": str(tmp_path / "locks")}
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "flash", str(tmp_path / "dense.bin"), "--yes",
+    proc = subprocess.Popen([sys.executable, "-m", "amdflash.pipeline.cli", "flash", str(tmp_path / "dense.bin"), "--yes",
                              "--board", f"sim:{board}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     # Wait until programming is under way (the flash content starts to change), then interrupt.
@@ -127,10 +127,10 @@ def test_sigint_mid_flash_restores_registers_marks_interrupted_and_resumes(make_
     assert proc.returncode == 130, err
     assert registers(board) == before
     assert flash_content(board) != bytes(image)
-    runs = subprocess.run([sys.executable, "-m", "pipeline.cli", "runs", "--format", "json"], env=env,
+    runs = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "runs", "--format", "json"], env=env,
                           capture_output=True, text=True)
     assert json.loads(runs.stdout)[-1]["status"] == "interrupted"
-    resumed = subprocess.run([sys.executable, "-m", "pipeline.cli", "-q", "resume", "--board", f"sim:{board}",
+    resumed = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "resume", "--board", f"sim:{board}",
                               "--yes"], env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert flash_content(board) == bytes(image)
@@ -138,10 +138,10 @@ def test_sigint_mid_flash_restores_registers_marks_interrupted_and_resumes(make_
 
 
 def _killed_flash(board, image, env) -> str:  # noqa: ANN001
-    p = subprocess.run([sys.executable, "-m", "pipeline.cli", "-q", "flash", str(image), "--yes",
+    p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(image), "--yes",
                         "--board", f"sim:{board}"], env=env, capture_output=True)
     assert p.returncode == -signal.SIGKILL
-    runs = subprocess.run([sys.executable, "-m", "pipeline.cli", "runs", "--format", "json"], env=env,
+    runs = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "runs", "--format", "json"], env=env,
                           capture_output=True, text=True)
     return json.loads(runs.stdout)[-1]["run_id"]
 
@@ -175,11 +175,11 @@ def test_resume_with_restore_each_puts_back_the_original_registers(make_board, i
     before = registers(board)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(tmp_path / "a.sqlite"),
            "AMDFLASH_LOCK_DIR": str(tmp_path / "locks")}
-    p = subprocess.run([sys.executable, "-m", "pipeline.cli", "-q", "flash", str(image), "--yes", "--restore-each",
+    p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(image), "--yes", "--restore-each",
                         "--board", f"sim:{board}"], env=env, capture_output=True)
     assert p.returncode == -signal.SIGKILL
     assert registers(board) != before                  # killed inside a transaction
-    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "-q", "resume", "--board", f"sim:{board}", "--yes"],
+    r = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "resume", "--board", f"sim:{board}", "--yes"],
                        env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert flash_content(board) == image.read_bytes()
@@ -187,7 +187,7 @@ def test_resume_with_restore_each_puts_back_the_original_registers(make_board, i
 
 
 def test_sigint_during_an_aperture_dump_stops_restores_and_writes_no_file(make_board, tmp_path):
-    from stages.transport.sim.synth import synthetic_ifwi as synth
+    from amdflash.stages.transport.sim.synth import synthetic_ifwi as synth
 
     board = make_board(content=synth(5))
     with Board(board) as b:
@@ -195,7 +195,7 @@ def test_sigint_during_an_aperture_dump_stops_restores_and_writes_no_file(make_b
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(tmp_path / "a.sqlite"),
            "AMDFLASH_LOCK_DIR": str(tmp_path / "locks")}
     out = tmp_path / "dump.bin"
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "dump", str(out), "--via", "aperture",
+    proc = subprocess.Popen([sys.executable, "-m", "amdflash.pipeline.cli", "dump", str(out), "--via", "aperture",
                              "--board", f"sim:{board}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + 60

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from stages.transport.sim import create_board
-from stages.transport.sim.synth import synthetic_ifwi
+from amdflash.pipeline.cli import main
+from amdflash.stages.transport.sim import create_board
+from amdflash.stages.transport.sim.synth import synthetic_ifwi
 
 UNIT = 0x1000
 ERASED_BLOCK = 0x100000      # a 64 KiB block that needs an erase (board holds zeros there)
@@ -39,7 +39,7 @@ def amdflash(db: Path, *args: object) -> int:
 
 
 def _last_run_id(db: Path) -> str:
-    from store.queries import open_readonly, runs
+    from amdflash.store.queries import open_readonly, runs
 
     store = open_readonly(str(db))
     try:
@@ -107,7 +107,7 @@ def _mid_erase_seq(db: Path, run_id: str) -> int:
 
 def power_loss_copy(src: Path, dst: Path, last_seq: int) -> None:
     """The database as a host that died after committing row `last_seq` leaves it: a chain prefix."""
-    from store.schema import AUDIT_TABLES
+    from amdflash.store.schema import AUDIT_TABLES
 
     source, copy = sqlite3.connect(src), sqlite3.connect(dst)
     source.backup(copy)

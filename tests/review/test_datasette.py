@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from stages.transport.sim import create_board
-from stages.transport.sim.synth import synthetic_ifwi
-from store.chain import verify
-from store.schema import AUDIT_TABLES
+from amdflash.pipeline.cli import main
+from amdflash.stages.transport.sim import create_board
+from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.store.chain import verify
+from amdflash.store.schema import AUDIT_TABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 METADATA = ROOT / "store" / "datasette_metadata.json"

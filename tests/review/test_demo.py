@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.demo import DEFAULT_SEED, MARKER, prepare_dir
-from pipeline.errors import Refusal
-from stages.transport.sim.synth import damage, synthetic_ifwi
-from store.chain import verify
+from amdflash.pipeline.cli import main
+from amdflash.pipeline.demo import DEFAULT_SEED, MARKER, prepare_dir
+from amdflash.pipeline.errors import Refusal
+from amdflash.stages.transport.sim.synth import damage, synthetic_ifwi
+from amdflash.store.chain import verify
 
 
 @pytest.fixture
@@ -90,7 +90,7 @@ def test_prepare_dir_keeps_the_marker_and_lists_what_it_removed(tmp_path):
 
 
 def test_demo_stops_with_the_failing_steps_exit_code(env, tmp_path, capsys, monkeypatch):
-    import stages.transport.sim as sim
+    import amdflash.stages.transport.sim as sim
 
     real = sim.create_board
     # An engine that never completes a transaction: the first step (info) fails.

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from store.chain import link
-from store.export import HEAD, Record, _CsvWriter, _JsonlWriter, read_export, verify_export
-from store.schema import AUDIT_TABLES, GENESIS
+from amdflash.store.chain import link
+from amdflash.store.export import HEAD, Record, _CsvWriter, _JsonlWriter, read_export, verify_export
+from amdflash.store.schema import AUDIT_TABLES, GENESIS
 from tests.pipeline.conftest import cli, db  # noqa: F401 - fixtures: in-process CLI with its own database
 
 MiB2 = 0x200000
@@ -20,7 +20,7 @@ MiB2 = 0x200000
 @pytest.fixture
 def trail(cli, make_board, tmp_path) -> dict[str, object]:  # noqa: F811
     """A small trail: info on one board, then one flash on two boards at once (interleaved rows)."""
-    from stages.transport.sim.synth import synthetic_ifwi
+    from amdflash.stages.transport.sim.synth import synthetic_ifwi
 
     image = tmp_path / "image.bin"
     image.write_bytes(synthetic_ifwi(21))

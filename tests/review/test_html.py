@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from store import chain
-from store.html import decode_write, render
-from store.queries import open_readonly, report
+from amdflash.store import chain
+from amdflash.store.html import decode_write, render
+from amdflash.store.queries import open_readonly, report
 from tests.review.conftest import (ERASED_BLOCK, PROGRAM_UNIT, PROTECTED_UNIT, STUCK_UNIT, UNIT, Recorded, amdflash,
                                    board_config)
 

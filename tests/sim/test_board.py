@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from stages.navi31 import regs as R
-from stages.transport.sim import Board, open_bar
-from stages.transport.sim.cost import ASM24, PCIE
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport.sim import Board, open_bar
+from amdflash.stages.transport.sim.cost import ASM24, PCIE
 
 PADS_AND_MIRROR = ((R.GPIOPAD_MASK, 0), (R.GPIOPAD_A, 0), (R.GPIOPAD_EN, 0), (R.PAGE_MIRROR_CNTL, 0x06000000))
 

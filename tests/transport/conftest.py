@@ -10,9 +10,9 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from stages.transport import discovery
-from stages.transport.sim import Board
-from stages.transport.usb import BridgeInfo, UsbBar5, find_bridges
+from amdflash.stages.transport import discovery
+from amdflash.stages.transport.sim import Board
+from amdflash.stages.transport.usb import BridgeInfo, UsbBar5, find_bridges
 
 CLI_TIMEOUT = 60
 
@@ -81,13 +81,13 @@ def rig(make_board) -> Iterator[Callable[..., Rig]]:
 def run_cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
             timeout: float = CLI_TIMEOUT) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "AMDFLASH_DB": str(tmp_path / "audit.sqlite"), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", *args], capture_output=True, text=True,
                           env=full_env, cwd=tmp_path, timeout=timeout)
 
 
 HOLDER = """
 import sys
-from stages.transport.lock import BoardLock
+from amdflash.stages.transport.lock import BoardLock
 lock = BoardLock(sys.argv[1]).acquire()
 print("locked", flush=True)
 sys.stdin.read()

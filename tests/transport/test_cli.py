@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import re
 
-from stages.transport import discovery
-from stages.transport.lock import sim_key
+from amdflash.stages.transport import discovery
+from amdflash.stages.transport.lock import sim_key
 from tests.transport.conftest import run_cli, serial_of, unique_id_of
 from tests.transport.test_usb import transfers_to_open
 

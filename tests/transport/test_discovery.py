@@ -1,15 +1,15 @@
 """Discovery and board specs over emulated bridges (AMDFLASH_SIM_USB), and board locking."""
 from __future__ import annotations
 
-from stages.identify import probe_flash
+from amdflash.stages.identify import probe_flash
 
 import pytest
 
-from stages.navi31 import regs as R
-from stages.open_transport import open_transport, parse_spec
-from stages.transport import discovery
-from stages.transport.base import TransportError
-from stages.transport.lock import BoardBusy, BoardLock, sim_key
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.open_transport import open_transport, parse_spec
+from amdflash.stages.transport import discovery
+from amdflash.stages.transport.base import TransportError
+from amdflash.stages.transport.lock import BoardBusy, BoardLock, sim_key
 from tests.transport.conftest import serial_of, unique_id_of
 
 
@@ -29,8 +29,8 @@ def opened(spec: str, messages: list[str] | None = None):  # noqa: ANN201
 
 
 def flash_unique_id(bar) -> str:  # noqa: ANN001
-    from stages.flash.spinor import SpiNor
-    from stages.navi31.romsw import RomSw
+    from amdflash.stages.flash.spinor import SpiNor
+    from amdflash.stages.navi31.romsw import RomSw
 
     with RomSw(bar) as engine:
         return SpiNor(engine).identify().unique_id.hex()
@@ -106,7 +106,7 @@ def test_a_second_open_of_the_same_bridge_is_busy_and_releases_everything(sim_us
 def test_the_lock_is_taken_before_the_board_is_touched(sim_usb, hold_lock):
     [path] = sim_usb(1)
     holder = hold_lock(f"usb:{serial_of(path)}")
-    from stages.transport.sim import Board
+    from amdflash.stages.transport.sim import Board
 
     board = Board(path)
     try:
@@ -148,7 +148,7 @@ def test_list_reports_identity_link_flash_and_failures(make_board, monkeypatch, 
 
 def test_list_restores_the_engine_registers(sim_usb):
     [path] = sim_usb(1)
-    from stages.transport.sim import Board
+    from amdflash.stages.transport.sim import Board
 
     board = Board(path)
     try:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from stages.navi31 import regs as R
-from stages.transport import discovery
-from stages.transport.base import TransportError, WallClock
-from stages.transport.lock import BoardBusy
-from stages.transport.pci import BAR5_SIZE, DriverBound, PciBar5, find_devices
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport import discovery
+from amdflash.stages.transport.base import TransportError, WallClock
+from amdflash.stages.transport.lock import BoardBusy
+from amdflash.stages.transport.pci import BAR5_SIZE, DriverBound, PciBar5, find_devices
 from tests.transport.conftest import run_cli
 
 NAVI = "0000:03:00.0"
@@ -208,7 +208,7 @@ def test_a_short_resource5_is_refused_and_enable_is_restored(tmp_path):
 # -- specs and the CLI ---------------------------------------------------------------------------
 
 def test_pci_specs_select_by_address_and_lock_by_address(sysfs):
-    from stages.open_transport import open_transport, parse_spec
+    from amdflash.stages.open_transport import open_transport, parse_spec
 
     for spec in ("pci", f"pci:{NAVI}", "pci:03:00.0", "auto"):
         bar, lock = open_transport(parse_spec(spec), lambda m: None)

@@ -8,15 +8,15 @@ import time
 import pytest
 import usb.core
 
-from stages.flash.spinor import SpiNor
-from stages.navi31 import regs as R
-from stages.navi31.romsw import RomSw
-from stages.transport.base import TransportError
-from stages.transport.sim import SimBar5
-from stages.transport.sim.board import F_USB_TRANSFERS
-from stages.transport.sim.cost import ASM24
-from stages.transport.sim.usb import LINK_TRAINING_SECONDS
-from stages.transport.usb import (
+from amdflash.stages.flash.spinor import SpiNor
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.navi31.romsw import RomSw
+from amdflash.stages.transport.base import TransportError
+from amdflash.stages.transport.sim import SimBar5
+from amdflash.stages.transport.sim.board import F_USB_TRANSFERS
+from amdflash.stages.transport.sim.cost import ASM24
+from amdflash.stages.transport.sim.usb import LINK_TRAINING_SECONDS
+from amdflash.stages.transport.usb import (
     STREAM_CHUNK, CompletionError, LinkDown, UnexpectedDevice, UsbBar5, find_bridges,
 )
 from tests.transport.conftest import serial_of, unique_id_of
@@ -319,7 +319,7 @@ def test_modelled_costs_match_hardware_md_and_the_direct_transport(rig, make_boa
 
 @pytest.mark.parametrize("code, text", [(-7, "USB timeout"), (-9, "USB stall"), (-1, "USB error")])
 def test_usb_failures_name_the_operation(rig, monkeypatch, code, text):
-    from stages.transport.sim.usb import usb_error
+    from amdflash.stages.transport.sim.usb import usb_error
 
     r = rig()
     bar = r.open()

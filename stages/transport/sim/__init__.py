@@ -4,8 +4,8 @@
 uses (../shared/conformance): a persistent board whose `read`/`write` calls are each
 charged as one streamed BAR access on the named cost profile.
 """
-from stages.transport.sim.bar import SimBar, SimBar5, open_bar
-from stages.transport.sim.board import Board
-from stages.transport.sim.create import create_board
+from amdflash.stages.transport.sim.bar import SimBar, SimBar5, open_bar
+from amdflash.stages.transport.sim.board import Board
+from amdflash.stages.transport.sim.create import create_board
 
 __all__ = ["Board", "SimBar", "SimBar5", "create_board", "open_bar"]

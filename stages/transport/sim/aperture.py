@@ -14,10 +14,10 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from stages.navi31 import regs as R
+from amdflash.stages.navi31 import regs as R
 
 if TYPE_CHECKING:
-    from stages.transport.sim.board import Board
+    from amdflash.stages.transport.sim.board import Board
 
 _ADDRESS = struct.Struct("<I")
 

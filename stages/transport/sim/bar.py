@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from stages.transport.base import BoardIdentity
-from stages.transport.sim.board import Board
+from amdflash.stages.transport.base import BoardIdentity
+from amdflash.stages.transport.sim.board import Board
 
 
 class SimBar:

@@ -21,11 +21,11 @@ import signal
 from pathlib import Path
 from typing import Callable
 
-from stages.navi31 import regs as R
-from stages.transport.sim import cost as costmod
-from stages.transport.sim.clock import SimClock
-from stages.transport.sim.faults import Faults
-from stages.transport.sim.state import C, BoardFiles
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport.sim import cost as costmod
+from amdflash.stages.transport.sim.clock import SimClock
+from amdflash.stages.transport.sim.faults import Faults
+from amdflash.stages.transport.sim.state import C, BoardFiles
 
 ReadHook = Callable[[], int]
 WriteHook = Callable[[int], None]
@@ -65,10 +65,10 @@ class Board:
         self._kill_at = self.faults.kill_after_writes if not self.fault_state[F_KILL_FIRED] else None
 
         # The models, wired onto the register file. Imported here so each stays a leaf.
-        from stages.transport.sim.aperture import RomAperture
-        from stages.transport.sim.gd25 import Gd25Chip
-        from stages.transport.sim.psp import PspMailbox
-        from stages.transport.sim.romsw import RomSwEngine
+        from amdflash.stages.transport.sim.aperture import RomAperture
+        from amdflash.stages.transport.sim.gd25 import Gd25Chip
+        from amdflash.stages.transport.sim.psp import PspMailbox
+        from amdflash.stages.transport.sim.romsw import RomSwEngine
 
         self.chip = Gd25Chip(self)
         self.engine = RomSwEngine(self)
@@ -180,7 +180,7 @@ class Board:
 
     # -- lifetime -------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
-        from stages.transport.sim.state import COUNTER_NAMES
+        from amdflash.stages.transport.sim.state import COUNTER_NAMES
 
         return {name: self.counters[i] for i, name in enumerate(COUNTER_NAMES)}
 

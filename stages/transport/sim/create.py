@@ -8,10 +8,10 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from stages.navi31 import regs as R
-from stages.transport.sim import cost
-from stages.transport.sim.faults import Faults
-from stages.transport.sim.state import BAR5_SIZE, FLASH_SIZE, REGIONS, create_files
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport.sim import cost
+from amdflash.stages.transport.sim.faults import Faults
+from amdflash.stages.transport.sim.state import BAR5_SIZE, FLASH_SIZE, REGIONS, create_files
 
 # Power-on register values (assumptions: no dump of a stalled Navi31 is public). They are
 # chosen so that a driver which skips a documented step fails visibly: the SPI pads start
@@ -58,11 +58,11 @@ def create_board(
     if not 0 <= bp <= 7:
         raise ValueError("--bp must be 0..7 (BP2..BP0)")
     fault_set = Faults.parse(faults or [])
-    from stages.transport.sim.psp import check_order
+    from amdflash.stages.transport.sim.psp import check_order
 
     check_order(psp_order)
     if bridge:
-        from stages.transport.sim.usb import BridgeOptions
+        from amdflash.stages.transport.sim.usb import BridgeOptions
 
         try:
             BridgeOptions.resolve(bridge)
@@ -72,7 +72,7 @@ def create_board(
         seed = secrets.randbits(32)
 
     if content == "synthetic":
-        from stages.transport.sim.synth import synthetic_ifwi
+        from amdflash.stages.transport.sim.synth import synthetic_ifwi
 
         flash = synthetic_ifwi(seed)
     elif content == "blank":
@@ -108,7 +108,7 @@ def create_board(
     create_files(path, config, flash, bytes(regs))
 
     # The chip's status registers (CMP, BP) are part of its persistent state.
-    from stages.transport.sim.gd25 import Gd25Chip
+    from amdflash.stages.transport.sim.gd25 import Gd25Chip
 
     chip_state = Gd25Chip.initial_state(cmp=cmp, bp=bp)
     offset, size = REGIONS["chip"]

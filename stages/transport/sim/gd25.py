@@ -78,10 +78,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from stages.transport.sim.sfdp_table import SFDP_TABLE
+from amdflash.stages.transport.sim.sfdp_table import SFDP_TABLE
 
 if TYPE_CHECKING:
-    from stages.transport.sim.board import Board
+    from amdflash.stages.transport.sim.board import Board
 
 FLASH_SIZE = 0x200000
 PAGE_SIZE = 0x100

@@ -62,11 +62,11 @@ import os
 import struct
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from stages.navi31 import regs as R
-from stages.transport.sim import synth
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport.sim import synth
 
 if TYPE_CHECKING:
-    from stages.transport.sim.board import Board
+    from amdflash.stages.transport.sim.board import Board
 
 # Commands.
 GET_BOOT_PARTITION = 0x01

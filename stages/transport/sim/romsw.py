@@ -23,10 +23,10 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
-from stages.navi31 import regs as R
+from amdflash.stages.navi31 import regs as R
 
 if TYPE_CHECKING:
-    from stages.transport.sim.board import Board
+    from amdflash.stages.transport.sim.board import Board
 
 CAPTURE_SIZE = 0x100
 _MIRROR_NEEDED = 0x06000000  # PAGE_MIRROR_CNTL: ENABLE (b25) and USAGE (b27:26) = 1
@@ -54,7 +54,7 @@ class RomSwEngine:
 
     def _start(self, cntl: int) -> None:
         board = self.board
-        from stages.transport.sim.board import F_ENGINE_TXNS
+        from amdflash.stages.transport.sim.board import F_ENGINE_TXNS
 
         if self.gated:
             board.set32(R.ROM_SW_STATUS, R.ROM_SW_GATED_STATUS)
@@ -108,7 +108,7 @@ class RomSwEngine:
 
     def _flip(self, rx: bytes) -> bytes:
         """Transient bit flips, drawn from a stream seeded by the board, so runs repeat."""
-        from stages.transport.sim.board import F_FLIP_DRAWS
+        from amdflash.stages.transport.sim.board import F_FLIP_DRAWS
 
         board = self.board
         draw = board.fault_state[F_FLIP_DRAWS]

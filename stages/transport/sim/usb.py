@@ -75,11 +75,11 @@ from typing import Any, Callable, Iterable, Mapping, Union
 import usb.backend
 import usb.core
 
-from stages.transport.sim.board import F_USB_FIRED as F_USB_DISCONNECTED
-from stages.transport.sim.board import F_USB_TRANSFERS, Board
-from stages.transport.sim.cost import ASM24
-from stages.transport.sim.pcie import BAR5_SIZE, NAVI31_DEVICE, PcieTopology
-from stages.transport.sim.state import C
+from amdflash.stages.transport.sim.board import F_USB_FIRED as F_USB_DISCONNECTED
+from amdflash.stages.transport.sim.board import F_USB_TRANSFERS, Board
+from amdflash.stages.transport.sim.cost import ASM24
+from amdflash.stages.transport.sim.pcie import BAR5_SIZE, NAVI31_DEVICE, PcieTopology
+from amdflash.stages.transport.sim.state import C
 
 
 MAX_PACKET = 1024
