@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import anyio
 
-from amdflash.pipeline import jobs
+from amdflash.pipeline import amdgpu_jobs, jobs
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Refusal
 from amdflash.pipeline.runner import RunInfo, RunResult, exit_code, new_run_id, run_boards
 from amdflash.stages.navi31.psp import DISABLED_REASON
@@ -47,7 +47,8 @@ def _int(text: str) -> int:
 def _board_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--board", action="append", metavar="SPEC", dest="boards",
                    help="board to use, repeatable (all run concurrently): auto (default: first USB bridge, "
-                        "else native PCI), usb, usb:N, usb:SERIAL, pci, pci:DDDD:BB:DD.F, sim:PATH")
+                        "else native PCI), usb, usb:N, usb:SERIAL, pci, pci:DDDD:BB:DD.F, amdgpu, amdgpu:DDDD:BB:DD.F "
+                        "(a healthy board through the bound amdgpu driver: info, flash, verify), sim:PATH")
     p.add_argument("--unbind-driver", action="store_true",
                    help="pci boards only: if a kernel driver (amdgpu) is bound to the device, unbind it first "
                         "(writes the device address to the driver's sysfs 'unbind' file); without this a "
@@ -312,7 +313,7 @@ def cmd_board(args: argparse.Namespace) -> int:
             body = jobs.IfwiAllJob(image)
         else:
             raise AssertionError(job)
-        return body, info
+        return amdgpu_jobs.for_command(job, body, image, args), info
 
     try:
         results = anyio.run(run_boards, make, specs, writer, not args.quiet, image_path)
