@@ -16,7 +16,8 @@ What the driver does (amdgpu_psp.c, psp_v13_0.c) and how fwupd's amd-gpu plugin 
 * The running VBIOS: `DRM_IOCTL_AMDGPU_INFO` with query AMDGPU_INFO_VBIOS (0x1B), sub-query
   AMDGPU_INFO_VBIOS_INFO (3) fills `struct drm_amdgpu_info_vbios` {name[64], vbios_pn[64],
   version, pad, vbios_ver_str[32], date[32]}; the sysfs `vbios_version` attribute prints the
-  same part number; the PCI `rom` file holds the VBIOS itself (write "1" to enable reading).
+  same part number; the PCI `rom` file holds the VBIOS itself (the PCI core refuses reads
+  until "1" is written to it).
 * A proposed debugfs file `psp_spirom_dump` (amd-gfx, 2025) returns the whole SPI ROM as
   the PSP reads it; when present it lets `verify` compare partitions. Not found in a mainline
   release here: used only when it exists.
@@ -190,9 +191,15 @@ class AmdgpuBoard:
                          atom.date)
 
     def read_rom(self) -> bytes:
-        """The PCI expansion ROM file: enabled for the read, disabled after."""
+        """The PCI expansion ROM file. The kernel refuses a read (EINVAL) until "1" is written to
+        it; then it is enabled for the read and disabled again after."""
         path = self.device.path / "rom"
         try:
+            try:
+                return path.read_bytes()
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
             path.write_text("1")
             try:
                 return path.read_bytes()

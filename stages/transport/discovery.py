@@ -20,7 +20,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 import usb.core
 
@@ -162,14 +162,21 @@ def _open_pci(device: PciDevice, announce: Announce, unbind_driver: bool) -> tup
 def _select_pci(devices: list[PciDevice], selector: str) -> PciDevice:
     if not devices:
         raise NoBoardFound("no board found: no native Navi31 PCI device (1002:744c)")
+    return _by_address(devices, selector, f"pci:{selector}: no Navi31")
+
+
+_Addressed = TypeVar("_Addressed", PciDevice, AmdgpuDevice)
+
+
+def _by_address(devices: list[_Addressed], selector: str, none_here: str) -> _Addressed:
+    """The first device when no address is given, else the one at the address (BB:DD.F means domain 0)."""
     if not selector:
         return devices[0]
     address = normalise_address(selector).lower()
     for device in devices:
         if device.address.lower() == address:
             return device
-    raise TransportError(f"pci:{selector}: no Navi31 at this address (found: "
-                         f"{', '.join(d.address for d in devices)})")
+    raise TransportError(f"{none_here} at this address (found: {', '.join(d.address for d in devices)})")
 
 
 # -- amdgpu ---------------------------------------------------------------------------------------
@@ -189,14 +196,7 @@ def _open_amdgpu(device: AmdgpuDevice, unbind_driver: bool) -> tuple[AmdgpuBoard
 def _select_amdgpu(devices: list[AmdgpuDevice], selector: str) -> AmdgpuDevice:
     if not devices:
         raise NoBoardFound("no board found: no Navi31 PCI device (1002:744c) with the amdgpu driver bound")
-    if not selector:
-        return devices[0]
-    address = normalise_address(selector).lower()
-    for device in devices:
-        if device.address.lower() == address:
-            return device
-    raise TransportError(f"amdgpu:{selector}: no amdgpu-bound Navi31 at this address (found: "
-                         f"{', '.join(d.address for d in devices)})")
+    return _by_address(devices, selector, f"amdgpu:{selector}: no amdgpu-bound Navi31")
 
 
 def _list_amdgpu(device: AmdgpuDevice) -> dict[str, Any]:
