@@ -149,12 +149,13 @@ class AmdgpuFlashJob:
         except BaseException as e:
             stage(dev.recorder, "psp_vbflash", "fail", str(e))
             raise
-        stage(dev.recorder, "psp_vbflash", "end", f"{status:#x} after {polls} poll(s)")
+        stage(dev.recorder, "psp_vbflash", "end", f"{status:#x} after {polls} poll(s); {PSP_NOTE}")
         info.output += [part_check.summary(decision),
                         f"PSP update succeeded: psp_vbflash_status {status:#x} after {polls} poll(s), "
                         f"{dev.clock.now() - start:.1f} s on the board's clock",
                         PSP_NOTE]
-        return {"psp_status": status, "polls": polls, "part_number": decision.as_json(), "result_sha256": None}
+        return {"psp_status": status, "polls": polls, "part_number": decision.as_json(), "result_sha256": None,
+                "note": PSP_NOTE}
 
 
 class PartitionMismatch(RuntimeError):

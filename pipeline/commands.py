@@ -503,6 +503,8 @@ def render_text(rep: dict[str, Any]) -> str:
     for f in rep["verifies"]["failed"][:5]:
         lines.append(f"mismatch   unit {f['address']:#08x} attempt {f['attempt']}: {f['mismatch_address']:#08x} "
                      f"flash={f['flash_byte']:02x} image={f['image_byte']:02x}")
+    if rep["summary"].get("note"):
+        lines.append(f"note       {rep['summary']['note']}")
     if rep["error"]:
         lines.append(f"error      {rep['error']}")
     return "\n".join(lines)

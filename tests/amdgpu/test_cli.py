@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
 from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from tests.pipeline.conftest import ROOT
 
 
 @pytest.fixture
@@ -75,6 +79,8 @@ def test_flash_is_a_psp_update_and_is_audited(cli, db, emulated, image):
     assert json.loads(detail)["board_part"] == "SYNTH-0001-102"
     report = json.loads(cli("report", last_run(db), "--format", "json").out)
     assert report["status"] == "succeeded" and report["board"]["spec"] == emu.spec and report["units"] == []
+    assert "PSP chose the partition" in report["summary"]["note"]
+    assert "not a byte-for-byte copy" in cli("report", last_run(db)).out
     assert cli("audit", "verify").code == 0
 
 
@@ -144,3 +150,14 @@ def test_verify_without_a_dump_compares_the_running_vbios(cli, emulated, image):
     r = cli("verify", img, "--board", emu.spec)
     assert r.code == 0, r.err
     assert "the running VBIOS" in r.out and "equals the image's partition A ATOM image" in r.out
+
+
+def test_a_user_in_another_process_reaches_the_tree_through_the_environment(emulated, image, tmp_path):
+    emu = emulated()
+    env = {**os.environ, **emu.env, "AMDFLASH_DB": str(tmp_path / "own.sqlite"),
+           "AMDFLASH_LOCK_DIR": str(tmp_path / "locks"), "PYTHONPATH": str(ROOT)}
+    with emu.running():
+        p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", image(), "--yes",
+                            "--board", "amdgpu:03:00.0"], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "PSP update succeeded" in p.stdout and emu.updates == 1

@@ -17,7 +17,7 @@ ROM = bytes(atom_rom())
 # Where the walk reads in the synthetic image: mutations there exercise every branch.
 HOT = [0x0, 0x14, 0x2000, 0x2008, 0x2010, 0x12000, 0x1200D, 0x12010, 0x1201C, 0x13000, 0x20000, 0x21000,
        0x2102F, 0x21048, 0x2106E, 0x21080, 0x21200, 0x21240, 0x100000, 0x101000]
-FUZZ = settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=250, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def survives(data: bytes) -> None:

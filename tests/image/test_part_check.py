@@ -67,6 +67,9 @@ def writes_of_last_run(db_path) -> int:  # noqa: ANN001
                        [run_id]).fetchone()[0]
 
 
+RANGE = ("--start-sector", "0", "--sector-count", "16")   # the check is the same for any range: keep runs short
+
+
 @pytest.fixture
 def image_for(tmp_path):  # noqa: ANN201
     def make(key: str = PART_KEY, seed: int = 31) -> str:
@@ -79,7 +82,7 @@ def image_for(tmp_path):  # noqa: ANN201
 def test_same_part_is_written_and_both_part_numbers_are_on_record(cli, db, make_board, image_for):
     board = make_board(transport="ideal")                 # synthetic content: part SYNTH-0001
     image = image_for()
-    r = cli("flash", image, "--yes", "--board", f"sim:{board}")
+    r = cli("flash", image, "--yes", *RANGE, "--board", f"sim:{board}")
     assert r.code == 0, r.err
     assert "part number check: same" in r.out
     [(event, detail)] = stage_rows(db)
@@ -113,9 +116,9 @@ def test_the_check_reads_only_the_regions_the_walk_needs(cli, db, make_board, im
 def test_force_writes_another_boards_image_and_says_so(cli, db, make_board, image_for):
     board = make_board(transport="ideal")
     image = image_for("SYNTH-0002")
-    r = cli("flash", image, "--yes", "--force", "--board", f"sim:{board}")
+    r = cli("flash", image, "--yes", "--force", *RANGE, "--board", f"sim:{board}")
     assert r.code == 0, r.err
-    assert flash_content(board) == open(image, "rb").read()
+    assert flash_content(board)[:0x10000] == open(image, "rb").read()[:0x10000]
     [(_, detail)] = stage_rows(db)
     assert detail["outcome"] == "forced" and detail["force"] is True
 
@@ -129,19 +132,19 @@ def test_a_blank_board_needs_expect_part_or_force(cli, db, make_board, image_for
     r = cli("flash", image, "--yes", "--expect-part", "SYNTH-0002", "--board", f"sim:{board}")
     assert r.code == 2 and "does not match the image" in r.err
     assert flash_content(board) == b"\xff" * 0x200000
-    r = cli("flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}")
+    r = cli("flash", image, "--yes", "--expect-part", PART_KEY, *RANGE, "--board", f"sim:{board}")
     assert r.code == 0, r.err
     [(_, detail)] = stage_rows(db)
     assert detail["outcome"] == "expected" and detail["board_state"] == "blank"
     assert detail["expect_part"] == PART_KEY and detail["image_part"] == "SYNTH-0001-102"
-    assert flash_content(board) == open(image, "rb").read()
+    assert flash_content(board)[:0x10000] == open(image, "rb").read()[:0x10000]
 
 
 def test_a_board_damaged_in_partition_a_is_identified_by_partition_b(cli, db, make_board, image_for):
     content = bytearray(synthetic_ifwi(8))
     content[0x21000:0x22000] = b"\xff" * 0x1000            # partition A's ATOM image erased
     board = make_board(content=bytes(content), transport="ideal")
-    r = cli("flash", image_for(), "--yes", "--board", f"sim:{board}")
+    r = cli("flash", image_for(), "--yes", *RANGE, "--board", f"sim:{board}")
     assert r.code == 0, r.err
     [(_, detail)] = stage_rows(db)
     assert detail["outcome"] == "same" and detail["board_part"] == "SYNTH-0001-101"
@@ -154,8 +157,7 @@ def test_an_image_without_a_part_number_needs_force(cli, db, make_board, tmp_pat
     dense.write_bytes(b"\xaa\x55\xaa\x55" + os.urandom(0x200000 - 4))
     r = cli("flash", dense, "--yes", "--board", f"sim:{board}")
     assert r.code == 2 and "part number cannot be read" in r.err
-    r = cli("flash", dense, "--yes", "--force", "--start-sector", "0", "--sector-count", "4",
-            "--board", f"sim:{board}")
+    r = cli("flash", dense, "--yes", "--force", *RANGE, "--board", f"sim:{board}")
     assert r.code == 0, r.err
     [(_, detail)] = stage_rows(db)
     assert detail["outcome"] == "forced" and detail["image_part"] is None
