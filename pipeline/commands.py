@@ -267,8 +267,9 @@ def cmd_board(args: argparse.Namespace) -> int:
             raise Refusal(f"invalid sector range: start {args.start_sector}, count {count} "
                           f"(the flash has {SECTORS} sectors of 4 KiB)")
         arguments = {"image": image_path, "clear_cmp": args.clear_cmp, "start_sector": args.start_sector,
-                     "sector_count": count, "force": args.force, "expect_part": args.expect_part, "retries": args.retries,
-                     "prescale": args.prescale, "rx_mode": args.rx_mode, "restore_each": args.restore_each}
+                     "sector_count": count, "force": args.force, "retries": args.retries,
+                     "prescale": args.prescale, "rx_mode": args.rx_mode, "restore_each": args.restore_each,
+                     "expect_part": args.expect_part}
     if job == "resume":
         if not args.yes:
             raise Refusal("refusing to write without --yes (resume writes the flash)")

@@ -31,7 +31,8 @@ def test_the_info_ioctl_number_is_the_kernel_s():
     assert INFO_REQUEST.size == 32 and VBIOS_INFO.size == 200
 
 
-def fake_info_ioctl(calls: list, pn: bytes = b"113-D7040100-114", ver: bytes = b"022.001.002.008.000001"):  # noqa: ANN201
+def fake_info_ioctl(calls: list, pn: bytes = b"113-D7040100-114",  # noqa: ANN201
+                    ver: bytes = b"022.001.002.008.000001"):
     """The kernel's side of AMDGPU_INFO_VBIOS: fill the caller's buffer through return_pointer."""
     def ioctl(fd: int, request: int, arg: bytearray) -> int:
         pointer, size, query, kind, offset = INFO_REQUEST.unpack(bytes(arg))

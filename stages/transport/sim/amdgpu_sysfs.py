@@ -22,8 +22,10 @@ it checks that the image's partition A can be found (status 0x80000001 if not), 
 partition's payload over the board's inactive partition (the lower boot priority), points the
 slot header's ATOM location at the new payload's image, and swaps the two boot priorities so
 that the written partition boots next. The running VBIOS (`rom`, `vbios_version`) changes only
-at `reboot()`. Outcomes can be forced for tests: "success", "error" (the PSP answers
-`error_status`), "stuck" (busy forever), "ignored" (the driver never starts the PSP).
+at `reboot()`. The model reads those structures with its own small walker, not the driver's
+parser, so that the two check each other. Outcomes can be forced for tests: "success",
+"error" (the PSP answers `error_status`), "stuck" (busy forever), "ignored" (the driver never
+starts the PSP).
 
 Two ways to run the kernel side: `service(now)` from the transport's clock (`VirtualClock`:
 each poll's sleep advances virtual time and lets the model act, so a 150 s timeout takes no
@@ -43,12 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from amdflash.stages.atom import BytesSource
-from amdflash.stages.partitions import LayoutError, read_layout
 from amdflash.stages.transport.sim import synth
 
 IN_ACCESS, IN_MODIFY = 0x1, 0x2
 _EVENT = struct.Struct("iIII")
+_ENTRY = struct.Struct("<IIQ")
 PSP_REJECTED = 0x80000001       # the modelled PSP's answer to an image without a partition A (ours)
 ADDRESS = "0000:03:00.0"
 
@@ -86,6 +87,55 @@ class Inotify:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """An image slot header, as this model reads it (its own reading, not the driver's parser)."""
+
+    at: int
+    partition_fw_id: int
+    priority: int
+    location: int
+    size: int
+    csm: int
+
+
+def slots(flash: bytes) -> list[Slot]:
+    """The ISH slots the L1 directory lists; ValueError when the walk breaks."""
+    try:
+        if flash[:4] != synth.EFS_MAGIC:
+            raise ValueError("no EFS")
+        directory = struct.unpack_from("<I", flash, synth.EFS_PSP_DIRECTORY)[0]
+        if flash[directory:directory + 4] != b"$PSP":
+            raise ValueError("no L1 directory")
+        found = []
+        for i in range(min(struct.unpack_from("<I", flash, directory + 8)[0], 16)):
+            fw_id, _, at = _ENTRY.unpack_from(flash, directory + 0x10 + i * _ENTRY.size)
+            if fw_id in (synth.ISH_A_FW_ID, synth.ISH_B_FW_ID):
+                h = flash[at:at + synth.ISH_BYTES]
+                found.append(Slot(at, struct.unpack_from("<H", h, synth.ISH_PARTITION_FW_ID)[0],
+                                  *struct.unpack_from("<I", h, synth.ISH_PRIORITY),
+                                  *struct.unpack_from("<I", h, synth.ISH_LOCATION),
+                                  *struct.unpack_from("<I", h, synth.ISH_SIZE),
+                                  *struct.unpack_from("<I", h, synth.ISH_CSM)))
+        return found
+    except struct.error:
+        raise ValueError("the walk left the image") from None
+
+
+def running_vbios(flash: bytes) -> tuple[bytes, str]:
+    """(ATOM image, part number) of the partition with the highest boot priority, or empty."""
+    try:
+        boot = max(slots(flash), key=lambda slot: slot.priority)
+    except ValueError:
+        return b"", ""
+    rom = flash[boot.csm:boot.csm + 0x74]
+    if len(rom) < 0x74 or rom[:2] != b"\x55\xaa":
+        return b"", ""
+    strings = boot.csm + struct.unpack_from("<H", rom, 0x6E)[0]
+    part = flash[strings:strings + 64].split(b"\0")[0].decode("ascii", "replace")
+    return flash[boot.csm:boot.csm + rom[2] * 512], part
 
 
 @dataclass
@@ -160,15 +210,7 @@ class EmulatedAmdgpu:
 
     def reboot(self) -> None:
         """The board starts again: the running VBIOS is the boot partition's ATOM image."""
-        flash = self.flash
-        rom, part = b"", ""
-        try:
-            layout = read_layout(BytesSource(flash))
-            boot = max((s for s in layout.slots if s.atom), key=lambda s: s.priority, default=None)
-            if boot is not None and boot.atom is not None:
-                rom, part = flash[boot.csm_at:boot.csm_at + boot.atom.size], boot.atom.part_number
-        except LayoutError:
-            pass
+        rom, part = running_vbios(self.flash)
         (self.device / "rom").write_bytes(rom)
         if self.vbios_version_file:
             (self.device / "vbios_version").write_text(part + "\n")
@@ -213,35 +255,34 @@ class EmulatedAmdgpu:
         assert self._image is not None
         try:
             self._update(self._image)
-        except LayoutError:
+        except ValueError:
             self._status(PSP_REJECTED)
             return
         self.updates += 1
         self._status(0x80000000)
 
     def _update(self, image: bytes) -> None:
-        new = read_layout(BytesSource(image))
-        source = new.slot("ISH_A")
-        if source is None or source.partition != "A" or source.atom is None:
-            raise LayoutError("no partition A in the image")
-        payload = source.payload(BytesSource(image))
+        source = next((x for x in slots(image) if x.partition_fw_id == synth.PARTITION_A_FW_ID), None)
+        if source is None or source.location + source.size > len(image):
+            raise ValueError("no partition A in the image")
+        payload = image[source.location:source.location + source.size]
         flash = bytearray(self.flash)
-        old = read_layout(BytesSource(bytes(flash)))
-        target = min(old.slots, key=lambda s: s.priority)
-        other = max(old.slots, key=lambda s: s.priority)
+        board = slots(bytes(flash))
+        target = min(board, key=lambda x: x.priority)     # the inactive partition
+        other = max(board, key=lambda x: x.priority)
         if len(payload) > target.size:
-            raise LayoutError("payload larger than the inactive partition")
+            raise ValueError("payload larger than the inactive partition")
         flash[target.location:target.location + len(payload)] = payload
-        header = bytearray(flash[target.header_at:target.header_at + 0x20])
-        struct.pack_into("<I", header, 0x1C, target.location + source.csm_at - source.location)
-        struct.pack_into("<I", header, 0x04, other.priority)
-        struct.pack_into("<I", header, 0x00, synth.ish_checksum(header))
-        flash[target.header_at:target.header_at + 0x20] = header
-        if other.header_at != target.header_at:
-            header = bytearray(flash[other.header_at:other.header_at + 0x20])
-            struct.pack_into("<I", header, 0x04, target.priority)
-            struct.pack_into("<I", header, 0x00, synth.ish_checksum(header))
-            flash[other.header_at:other.header_at + 0x20] = header
+        changes = {target.at: {synth.ISH_CSM: target.location + source.csm - source.location,
+                               synth.ISH_PRIORITY: other.priority}}
+        if other.at != target.at:
+            changes[other.at] = {synth.ISH_PRIORITY: target.priority}
+        for at, fields in changes.items():
+            header = bytearray(flash[at:at + synth.ISH_BYTES])
+            for offset, value in fields.items():
+                struct.pack_into("<I", header, offset, value)
+            struct.pack_into("<I", header, synth.ISH_CHECKSUM, synth.ish_checksum(header))
+            flash[at:at + synth.ISH_BYTES] = header
         self.flash_path.write_bytes(bytes(flash))
         self._dump()
 
