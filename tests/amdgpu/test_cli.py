@@ -161,3 +161,13 @@ def test_a_user_in_another_process_reaches_the_tree_through_the_environment(emul
                             "--board", "amdgpu:03:00.0"], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "PSP update succeeded" in p.stdout and emu.updates == 1
+
+
+def test_verify_refuses_an_image_without_partition_a(cli, emulated, tmp_path):
+    emu = emulated(spirom_dump=True)
+    broken = bytearray(synthetic_ifwi(9))
+    broken[0x12000:0x12020] = b"\xff" * 0x20
+    path = tmp_path / "broken.bin"
+    path.write_bytes(broken)
+    r = cli("verify", path, "--board", emu.spec)
+    assert r.code == 2 and "partition A cannot be found" in r.err and "verified by partition" in r.err
