@@ -12,11 +12,12 @@ from typing import Any, Callable
 
 import anyio
 
-from amdflash.pipeline import jobs
+from amdflash.pipeline import amdgpu_jobs, jobs
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Refusal
 from amdflash.pipeline.runner import RunInfo, RunResult, exit_code, new_run_id, run_boards
 from amdflash.stages.navi31.psp import DISABLED_REASON
 from amdflash.stages.open_transport import BoardSpec, BoardSpecError, parse_spec
+from amdflash.stages.part_check import PartPolicy
 from amdflash.store import chain
 from amdflash.store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, open_readonly, register_snapshot, report,
                            resolve_run, runs, unit_states, writes_since)
@@ -46,7 +47,8 @@ def _int(text: str) -> int:
 def _board_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--board", action="append", metavar="SPEC", dest="boards",
                    help="board to use, repeatable (all run concurrently): auto (default: first USB bridge, "
-                        "else native PCI), usb, usb:N, usb:SERIAL, pci, pci:DDDD:BB:DD.F, sim:PATH")
+                        "else native PCI), usb, usb:N, usb:SERIAL, pci, pci:DDDD:BB:DD.F, amdgpu, amdgpu:DDDD:BB:DD.F "
+                        "(a healthy board through the bound amdgpu driver: info, flash, verify), sim:PATH")
     p.add_argument("--unbind-driver", action="store_true",
                    help="pci boards only: if a kernel driver (amdgpu) is bound to the device, unbind it first "
                         "(writes the device address to the driver's sysfs 'unbind' file); without this a "
@@ -132,7 +134,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
                    help="allow clearing SR2.CMP (which, with BP=0, protects the whole array); other bits are kept")
     p.add_argument("--start-sector", type=_int, default=0, metavar="N", help="first 4 KiB sector (default 0)")
     p.add_argument("--sector-count", type=_int, metavar="M", help="number of sectors (default: to the end)")
-    p.add_argument("--force", action="store_true", help="accept an image without the AA55AA55 signature")
+    p.add_argument("--force", action="store_true",
+                   help="accept an image without the AA55AA55 signature, or whose VBIOS part number differs from "
+                        "the board's (or cannot be read)")
+    p.add_argument("--expect-part", metavar="NUMBER",
+                   help="the board's VBIOS part number, when its flash is blank or unreadable (a bricked board): "
+                        "the image's must match (first ten characters, as fwupd compares)")
     p.add_argument("--retries", type=int, default=2, metavar="N", help="re-erase/program attempts per unit (default 2)")
     _board_option(p)
     _engine_options(p)
@@ -261,7 +268,8 @@ def cmd_board(args: argparse.Namespace) -> int:
                           f"(the flash has {SECTORS} sectors of 4 KiB)")
         arguments = {"image": image_path, "clear_cmp": args.clear_cmp, "start_sector": args.start_sector,
                      "sector_count": count, "force": args.force, "retries": args.retries,
-                     "prescale": args.prescale, "rx_mode": args.rx_mode, "restore_each": args.restore_each}
+                     "prescale": args.prescale, "rx_mode": args.rx_mode, "restore_each": args.restore_each,
+                     "expect_part": args.expect_part}
     if job == "resume":
         if not args.yes:
             raise Refusal("refusing to write without --yes (resume writes the flash)")
@@ -289,7 +297,8 @@ def cmd_board(args: argparse.Namespace) -> int:
             body = jobs.VerifyJob(_engine(args), image)
         elif job == "flash":
             body = jobs.FlashJob(_engine(args), image, args.start_sector, arguments["sector_count"],
-                                 args.clear_cmp, args.retries, backup_dir)
+                                 args.clear_cmp, args.retries, backup_dir,
+                                 part_policy=PartPolicy(args.force, args.expect_part))
         elif job == "resume":
             plan = resume_of[str(spec)]
             info.resumes_run_id = plan["run_id"]
@@ -305,7 +314,7 @@ def cmd_board(args: argparse.Namespace) -> int:
             body = jobs.IfwiAllJob(image)
         else:
             raise AssertionError(job)
-        return body, info
+        return amdgpu_jobs.for_command(job, body, image, args), info
 
     try:
         results = anyio.run(run_boards, make, specs, writer, not args.quiet, image_path)
@@ -495,6 +504,8 @@ def render_text(rep: dict[str, Any]) -> str:
     for f in rep["verifies"]["failed"][:5]:
         lines.append(f"mismatch   unit {f['address']:#08x} attempt {f['attempt']}: {f['mismatch_address']:#08x} "
                      f"flash={f['flash_byte']:02x} image={f['image_byte']:02x}")
+    if rep["summary"].get("note"):
+        lines.append(f"note       {rep['summary']['note']}")
     if rep["error"]:
         lines.append(f"error      {rep['error']}")
     return "\n".join(lines)

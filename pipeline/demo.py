@@ -143,6 +143,8 @@ def _set_scene(n: _Narrator, seed: int, own_db: bool) -> bytes:
 
 def _recover(n: _Narrator, clean: bytes) -> tuple[int, str]:
     """The user's steps; returns the first failing exit code (or 0) and the flash run's id."""
+    from amdflash.stages.transport.sim.synth import PART_KEY
+
     paths = n.paths
     code = n.run("identify the flash", "info reads the JEDEC id, status registers, SFDP and unique ID through "
                  "the ROM_SW engine. It writes nothing to the flash. Note CMP=set: flash will refuse unless "
@@ -160,8 +162,10 @@ def _recover(n: _Narrator, clean: bytes) -> tuple[int, str]:
     code = n.run("write the known-good image", "flash takes its own backup into the audit trail, plans per "
                  "erase unit (units already equal are skipped, only damaged ones are erased and programmed), "
                  "commits each unit's intent before erasing it, reads every written unit back, and restores the "
-                 "engine registers. --clear-cmp lets it clear SR2.CMP; --yes confirms the write.",
-                 "flash", str(paths.image), "--yes", "--clear-cmp", "--board", paths.spec)
+                 "engine registers. --clear-cmp lets it clear SR2.CMP; --yes confirms the write. The damage may "
+                 "have left the board's own VBIOS part number unreadable: --expect-part says which board this is, "
+                 "and flash refuses an image for another part.",
+                 "flash", str(paths.image), "--yes", "--clear-cmp", "--expect-part", PART_KEY, "--board", paths.spec)
     if code != EXIT_OK:
         return code, ""
     flash_run = _last_run(paths.db, "flash", paths.spec)

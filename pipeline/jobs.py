@@ -15,7 +15,7 @@ import anyio
 
 from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.runner import RunInfo, stage
-from amdflash.stages import ifwi
+from amdflash.stages import ifwi, part_check
 from amdflash.stages.device import Device, Interrupted
 from amdflash.stages.erase import erase_stage
 from amdflash.stages.flash import protection as prot
@@ -209,6 +209,7 @@ class FlashJob:
     resuming: bool = False
     expected_identity: dict[str, str] | None = None                  # resume: must match
     original_registers: dict[int, int] | None = None                 # resume: restore these at the end
+    part_policy: part_check.PartPolicy = field(default_factory=part_check.PartPolicy)
 
     @property
     def addresses(self) -> list[int]:
@@ -222,6 +223,10 @@ class FlashJob:
             for reg in dev.romsw.originals:
                 if reg in self.original_registers:
                     dev.romsw.originals[reg] = self.original_registers[reg]
+        if not self.resuming:   # is the image for this board? (a resumed run was checked when it began)
+            decision = await dev.call(part_check.check_flash, dev, self.image, self.part_policy)
+            if decision.refusal:
+                raise Refusal(decision.refusal)
         await self._check_protection(dev, ident)
         addresses = self.addresses
         clock0 = dev.clock.now()

@@ -27,6 +27,7 @@ from amdflash.stages.device import Device, Interrupted, StopFlag
 from amdflash.stages.open_transport import AuditedBar, AuditFailureError, BoardSpec, open_transport
 from amdflash.stages.restore import restore_registers
 from amdflash.stages.snapshot import snapshot_registers
+from amdflash.stages.transport.base import Bar5
 from amdflash.stages.transport.lock import BoardBusy
 from amdflash.store.writer import AuditFailure, Recorder
 
@@ -81,13 +82,16 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
 
     dev: Device | None = None
     lock = None
+    registers = False   # a board reached through amdgpu has no BAR5: no registers to snapshot or restore
     status, code, error, summary = "failed", EXIT_FAILED, None, {}
     try:
         stage(recorder, "open_transport", "start")
         bar, lock = await anyio.to_thread.run_sync(open_transport, info.spec, lambda m: log.info(m))
-        dev = Device(AuditedBar(bar, recorder), bar.identity, recorder, stop, progress)
+        registers = isinstance(bar, Bar5)
+        dev = Device(AuditedBar(bar, recorder) if registers else bar, bar.identity, recorder, stop, progress)
         stage(recorder, "open_transport", "end", bar.identity.spec)
-        await dev.call(snapshot_registers, dev, "before")
+        if registers:
+            await dev.call(snapshot_registers, dev, "before")
         # The run and the registers as found are on record before the first register write:
         # a host that dies at that write still leaves a run to resume and values to restore.
         await anyio.to_thread.run_sync(recorder.durable)
@@ -112,7 +116,7 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
                 log.exception("unexpected failure", exc_info=raised)
     finally:
         with anyio.CancelScope(shield=True):
-            if dev is not None:
+            if dev is not None and registers:
                 stage(recorder, "restore", "start")
                 try:
                     note = await dev.call(restore_registers, dev)
@@ -121,6 +125,7 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
                     stage(recorder, "restore", "fail", _message(e))
                     error = error or f"restoring registers failed: {_message(e)}"
                     status, code = "failed", EXIT_FAILED
+            if dev is not None:
                 await anyio.to_thread.run_sync(dev.bar.close)
             if lock is not None:
                 lock.release()

@@ -18,8 +18,8 @@ class AuditFailureError(RuntimeError):
 
 @dataclass(frozen=True)
 class BoardSpec:
-    kind: str            # auto | usb | pci | sim
-    selector: str = ""   # usb: index or serial; pci: address; sim: path
+    kind: str            # auto | usb | pci | amdgpu | sim
+    selector: str = ""   # usb: index or serial; pci, amdgpu: address; sim: path
     unbind_driver: bool = False   # pci: unbind a bound kernel driver instead of refusing
 
     def __str__(self) -> str:
@@ -28,8 +28,9 @@ class BoardSpec:
 
 def parse_spec(text: str) -> BoardSpec:
     kind, _, selector = text.partition(":")
-    if kind not in ("auto", "usb", "pci", "sim"):
-        raise BoardSpecError(f"board spec {text!r}: expected auto, usb[:N|:SERIAL], pci[:DDDD:BB:DD.F] or sim:PATH")
+    if kind not in ("auto", "usb", "pci", "amdgpu", "sim"):
+        raise BoardSpecError(f"board spec {text!r}: expected auto, usb[:N|:SERIAL], pci[:DDDD:BB:DD.F], "
+                             "amdgpu[:DDDD:BB:DD.F] or sim:PATH")
     if kind == "sim" and not selector:
         raise BoardSpecError("board spec 'sim' needs a path: sim:PATH")
     if kind == "auto" and selector:

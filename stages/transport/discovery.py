@@ -1,8 +1,10 @@
 """Finding boards and opening a board spec: USB bridges first, then native PCI devices.
 
-Specs: `auto` (the first USB bridge, else the first native PCI device), `usb` / `usb:N` /
-`usb:SERIAL`, `pci` / `pci:DDDD:BB:DD.F`. `sim:PATH` never gets here (open_transport
-handles it). Every board is locked (`BoardLock`, keyed by bridge serial or PCI address)
+Specs: `auto` (the first USB bridge, else the first native PCI device — through amdgpu when
+that driver is bound and offers psp_vbflash, unless --unbind-driver), `usb` / `usb:N` /
+`usb:SERIAL`, `pci` / `pci:DDDD:BB:DD.F`, `amdgpu` / `amdgpu:DDDD:BB:DD.F` (a healthy board
+with the amdgpu driver bound: no BAR5, see transport/amdgpu.py). `sim:PATH` never gets here
+(open_transport handles it). Every board is locked (`BoardLock`, keyed by bridge serial or PCI address)
 before anything is sent to it, so a second process gets "board busy (pid N)".
 
 Emulated USB bridges are used only when chosen explicitly: `AMDFLASH_SIM_USB=DIR[,DIR...]`
@@ -18,10 +20,11 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 import usb.core
 
+from amdflash.stages.transport.amdgpu import AmdgpuBoard, AmdgpuDevice, find_amdgpu
 from amdflash.stages.transport.base import Bar5, Clock, TransportError
 from amdflash.stages.transport.lock import BoardBusy, BoardLock
 from amdflash.stages.transport.pci import SYSFS_PCI_DEVICES, PciBar5, PciDevice, find_devices, normalise_address
@@ -159,19 +162,59 @@ def _open_pci(device: PciDevice, announce: Announce, unbind_driver: bool) -> tup
 def _select_pci(devices: list[PciDevice], selector: str) -> PciDevice:
     if not devices:
         raise NoBoardFound("no board found: no native Navi31 PCI device (1002:744c)")
+    return _by_address(devices, selector, f"pci:{selector}: no Navi31")
+
+
+_Addressed = TypeVar("_Addressed", PciDevice, AmdgpuDevice)
+
+
+def _by_address(devices: list[_Addressed], selector: str, none_here: str) -> _Addressed:
+    """The first device when no address is given, else the one at the address (BB:DD.F means domain 0)."""
     if not selector:
         return devices[0]
     address = normalise_address(selector).lower()
     for device in devices:
         if device.address.lower() == address:
             return device
-    raise TransportError(f"pci:{selector}: no Navi31 at this address (found: "
-                         f"{', '.join(d.address for d in devices)})")
+    raise TransportError(f"{none_here} at this address (found: {', '.join(d.address for d in devices)})")
+
+
+# -- amdgpu ---------------------------------------------------------------------------------------
+
+def _open_amdgpu(device: AmdgpuDevice, unbind_driver: bool) -> tuple[AmdgpuBoard, BoardLock]:
+    if unbind_driver:
+        raise TransportError(f"{device.spec} works through the bound amdgpu driver; --unbind-driver contradicts it "
+                             f"(use pci:{device.address} --unbind-driver for the ROM_SW path)")
+    lock = BoardLock(device.pci.spec).acquire()   # the PCI key: never amdgpu and ROM_SW at once
+    try:
+        return AmdgpuBoard(device), lock
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _select_amdgpu(devices: list[AmdgpuDevice], selector: str) -> AmdgpuDevice:
+    if not devices:
+        raise NoBoardFound("no board found: no Navi31 PCI device (1002:744c) with the amdgpu driver bound")
+    return _by_address(devices, selector, f"amdgpu:{selector}: no amdgpu-bound Navi31")
+
+
+def _list_amdgpu(device: AmdgpuDevice) -> dict[str, Any]:
+    """What the PCI entry of an amdgpu-bound device adds: its amdgpu: spec and the running VBIOS,
+    read-only through the ioctl or sysfs (never the rom file, which needs enabling)."""
+    entry: dict[str, Any] = {"spec_amdgpu": device.spec,
+                             "psp_vbflash": "available" if device.can_flash else "absent (flash needs it)"}
+    info, notes = AmdgpuBoard(device).vbios_info(allow_rom=False)
+    if info is not None:
+        entry.update(part_number=info.part_number, vbios_version=info.version, vbios_source=info.source)
+    else:
+        entry["vbios_error"] = "; ".join(notes)
+    return entry
 
 
 # -- opening a spec -------------------------------------------------------------------------------
 
-def open_spec(spec: Spec, announce: Announce = _stderr) -> tuple[Bar5, BoardLock]:
+def open_spec(spec: Spec, announce: Announce = _stderr) -> tuple[Bar5 | AmdgpuBoard, BoardLock]:
     """Open and lock the board a spec names."""
     if spec.kind == "auto":
         scan = scan_usb(announce)
@@ -182,6 +225,11 @@ def open_spec(spec: Spec, announce: Announce = _stderr) -> tuple[Bar5, BoardLock
             return _open_usb(scan, 0)
         scan.close()
         devices = find_devices(sysfs_root())
+        if devices and devices[0].driver == "amdgpu" and not spec.unbind_driver \
+                and AmdgpuDevice(devices[0]).can_flash:
+            announce(f"auto: no USB bridge; using amdgpu:{devices[0].address} (amdgpu is bound: the PSP "
+                     "updates the flash; --unbind-driver for the ROM_SW path instead)")
+            return _open_amdgpu(AmdgpuDevice(devices[0]), False)
         if devices:
             announce(f"auto: no USB bridge; using {devices[0].spec} (native PCIe)")
             return _open_pci(devices[0], announce, spec.unbind_driver)
@@ -197,7 +245,9 @@ def open_spec(spec: Spec, announce: Announce = _stderr) -> tuple[Bar5, BoardLock
         return _open_usb(scan, index)
     if spec.kind == "pci":
         return _open_pci(_select_pci(find_devices(sysfs_root()), spec.selector), announce, spec.unbind_driver)
-    raise TransportError(f"board spec {spec.kind}:{spec.selector} is not a USB or PCI board")
+    if spec.kind == "amdgpu":
+        return _open_amdgpu(_select_amdgpu(find_amdgpu(sysfs_root()), spec.selector), spec.unbind_driver)
+    raise TransportError(f"board spec {spec.kind}:{spec.selector} is not a USB, PCI or amdgpu board")
 
 
 # -- listing --------------------------------------------------------------------------------------
@@ -283,5 +333,9 @@ def list_boards(announce: Announce = _stderr, probe: Probe = lambda bar: {}) -> 
                 index += 1
     finally:
         scan.close()
-    boards += [_list_pci(device, announce, probe) for device in find_devices(sysfs_root())]
+    for device in find_devices(sysfs_root()):
+        entry = _list_pci(device, announce, probe)
+        if device.driver == "amdgpu":
+            entry.update(_list_amdgpu(AmdgpuDevice(device)))
+        boards.append(entry)
     return boards

@@ -41,7 +41,7 @@ def main(repeats: int = 3) -> None:
                 entry = "tests.bench.null_store" if audit == "null" else "amdflash.pipeline.cli"
                 start = time.perf_counter()
                 subprocess.run([sys.executable, "-m", entry, "-q", "flash", str(work / "image.bin"),
-                                "--yes", "--board", f"sim:{board}"], check=True, env=env,
+                                "--yes", "--force", "--board", f"sim:{board}"], check=True, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 results.setdefault((profile, audit), []).append((time.perf_counter() - start, modelled(board)))
     con = sqlite3.connect(db)

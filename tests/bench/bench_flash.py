@@ -130,7 +130,7 @@ def main() -> None:
             measure(job, f"ours driver ({mode})", lambda p, m=mode, i=img: run_ours_driver(p, "flash", m, i))
             measure(job, f"amdflash flash ({mode})",
                     lambda p, m=mode, nm=name: run_cli(["flash", str(work / f"{nm}.bin"), "--yes", "--rx-mode", m,
-                                                        "--board", f"sim:{p}"], env))
+                                                        "--force", "--board", f"sim:{p}"], env))
         if args.seed_client:
             measure(job, "reference romless",
                     lambda p, nm=name: subprocess.run([str(args.seed_client), str(p), "romless", "flash",

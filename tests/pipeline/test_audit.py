@@ -9,6 +9,7 @@ import pytest
 
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.sim import Board
+from amdflash.stages.transport.sim.synth import PART_KEY
 from amdflash.store import writer as writer_module
 from tests.pipeline.conftest import flash_content
 
@@ -16,7 +17,7 @@ from tests.pipeline.conftest import flash_content
 @pytest.fixture
 def flashed(cli, make_board, image, db):
     board = make_board(content="blank", transport="ideal")
-    assert cli("flash", image, "--yes", "--board", f"sim:{board}").code == 0
+    assert cli("flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}").code == 0
     return db
 
 
@@ -107,7 +108,7 @@ def test_audit_failure_mid_job_stops_hardware_writes_and_restores_registers(cli,
 
     monkeypatch.setattr(commands, "_open_writer", small_writer)
     monkeypatch.setattr(Board, "reg_write", counting)
-    r = cli("flash", image, "--yes", "--board", f"sim:{board}")
+    r = cli("flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}")
     assert r.code == 1
     assert "audit" in r.err and "full" in r.err
     assert flash_content(board) == b"\xff" * 0x200000
@@ -127,7 +128,7 @@ def test_multi_board_one_failure_does_not_stop_the_others(cli, make_board, image
               make_board(content="blank", transport="ideal", faults=[f"stuck-bit={bad_address:#x}:7"]),
               make_board(content="blank", transport="ideal")]
     args = [a for b in boards for a in ("--board", f"sim:{b}")]
-    r = cli("flash", image, "--yes", *args)
+    r = cli("flash", image, "--yes", "--expect-part", PART_KEY, *args)
     assert r.code == 1
     assert flash_content(boards[0]) == img and flash_content(boards[2]) == img
     assert flash_content(boards[1]) != img
@@ -148,7 +149,7 @@ def test_boards_in_real_time_run_concurrently(cli_process, make_board, tmp_path)
         boards = [make_board(content="blank", transport="asm24", realtime_scale=1.0) for _ in range(n)]
         args = [a for b in boards for a in ("--board", f"sim:{b}")]
         start = time.perf_counter()
-        r = cli_process("-q", "flash", image, "--yes", "--start-sector", "0", "--sector-count", "16", *args)
+        r = cli_process("-q", "flash", image, "--yes", "--start-sector", "0", "--sector-count", "16", "--force", *args)
         assert r.code == 0, r.err
         return time.perf_counter() - start
     one, four = wall(1), wall(4)

@@ -9,6 +9,7 @@ import pytest
 
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.sim import Board
+from amdflash.stages.transport.sim.synth import PART_KEY
 from tests.pipeline.conftest import flash_content
 
 MiB2 = 0x200000
@@ -89,7 +90,7 @@ def test_verify_match_and_mismatch(cli, make_board, tmp_path):
 
 def test_flash_writes_the_image_and_report_has_the_contract_keys(cli, make_board, image):
     board = make_board(content="blank", transport="ideal")
-    r = cli("flash", image, "--yes", "--board", f"sim:{board}")
+    r = cli("flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}")
     assert r.code == 0, r.err
     assert flash_content(board) == image.read_bytes()
     rep = report(cli, last_run(cli)["run_id"])
@@ -176,18 +177,18 @@ def test_cmp_needs_clear_cmp_and_refusal_touches_nothing(cli, make_board, image)
 
 def test_block_protected_target_is_refused(cli, make_board, image):
     board = make_board(bp=1, transport="ideal", content="blank")   # top 64 KiB protected
-    r = cli("flash", image, "--yes", "--board", f"sim:{board}")
+    r = cli("flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}")
     assert r.code == 2 and "write-protected" in r.err
     assert flash_content(board) == b"\xff" * MiB2
     # A range below the protected block is fine.
-    assert cli("flash", image, "--yes", "--start-sector", "0", "--sector-count", "16",
+    assert cli("flash", image, "--yes", "--start-sector", "0", "--sector-count", "16", "--expect-part", PART_KEY,
                "--board", f"sim:{board}").code == 0
     assert flash_content(board)[:0x10000] == image.read_bytes()[:0x10000]
 
 
 def test_sector_range_writes_only_that_range(cli, make_board, image):
     board = make_board(content="blank", transport="ideal")
-    assert cli("flash", image, "--yes", "--start-sector", "16", "--sector-count", "8",
+    assert cli("flash", image, "--yes", "--start-sector", "16", "--sector-count", "8", "--expect-part", PART_KEY,
                "--board", f"sim:{board}").code == 0
     got, img = flash_content(board), image.read_bytes()
     assert got[0x10000:0x18000] == img[0x10000:0x18000]
@@ -201,7 +202,7 @@ def test_stuck_bit_fails_naming_address_and_bytes(cli, make_board, image):
     img = image.read_bytes()
     address = next(a for a in range(0x2000, MiB2) if img[a] & 0x01 == 0)
     board = make_board(content="blank", transport="ideal", faults=[f"stuck-bit={address:#x}:0"])
-    r = cli("flash", image, "--yes", "--board", f"sim:{board}")
+    r = cli("flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}")
     assert r.code == 1
     assert f"verify failed at {address:#08x}: flash={img[address] | 1:02x} image={img[address]:02x}" in r.err
     rep = report(cli, last_run(cli)["run_id"])

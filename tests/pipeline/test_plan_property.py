@@ -42,7 +42,8 @@ def test_flash_leaves_the_target_and_never_touches_matching_units(cli, make_boar
     image = tmp_path / f"target-{seed}.bin"
     image.write_bytes(target)
     board = make_board(content=bytes(current), transport="ideal")
-    r = cli("flash", image, "--yes", "--start-sector", FIRST, "--sector-count", COUNT, "--board", f"sim:{board}")
+    r = cli("flash", image, "--yes", "--start-sector", FIRST, "--sector-count", COUNT, "--force",
+            "--board", f"sim:{board}")
     assert r.code == 0, r.err
     assert flash_content(board) == bytes(target)
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.sim import Board, create_board
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
 from tests.pipeline.conftest import ROOT, flash_content
 
 SAVED = (R.GPIOPAD_MASK, R.GPIOPAD_A, R.GPIOPAD_EN, R.PAGE_MIRROR_CNTL, R.ROM_CNTL)
@@ -53,7 +53,7 @@ def kill_setup(tmp_path_factory) -> KillSetup:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(work / "ref.sqlite"),
            "AMDFLASH_LOCK_DIR": str(work / "locks")}
     subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(work / "image.bin"), "--yes",
-                    "--board", f"sim:{ref}"], check=True, env=env, capture_output=True)
+                    "--expect-part", PART_KEY, "--board", f"sim:{ref}"], check=True, env=env, capture_output=True)
     with Board(ref) as b:
         total = int(b.stats()["reg_writes"])
     return KillSetup(work, image, content, total)
@@ -75,7 +75,7 @@ def test_a_flash_killed_at_any_register_write_resumes_to_the_image(kill_setup, t
     before = registers(board)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(case / "audit.sqlite"),
            "AMDFLASH_LOCK_DIR": str(case / "locks")}
-    killed = run(["flash", str(work / "image.bin"), "--yes", "--board", f"sim:{board}"], env)
+    killed = run(["flash", str(work / "image.bin"), "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}"], env)
     assert killed.returncode == -signal.SIGKILL, (n, killed.stderr)
     resumed = run(["resume", "--board", f"sim:{board}", "--yes"], env)
     assert resumed.returncode == 0, (n, resumed.stderr)
@@ -89,7 +89,7 @@ def test_resume_refuses_another_board_and_another_image(cli, make_board, image, 
     board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=45000"])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(image), "--yes",
-                        "--board", f"sim:{board}"], env=env, capture_output=True)
+                        "--expect-part", PART_KEY, "--board", f"sim:{board}"], env=env, capture_output=True)
     assert p.returncode == -signal.SIGKILL
     runs = json.loads(cli("runs", "--format", "json").out)
     run_id = runs[-1]["run_id"]
@@ -115,8 +115,8 @@ def test_sigint_mid_flash_restores_registers_marks_interrupted_and_resumes(make_
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(tmp_path / "audit.sqlite"),
            "AMDFLASH_LOCK_DIR": str(tmp_path / "locks")}
     proc = subprocess.Popen([sys.executable, "-m", "amdflash.pipeline.cli", "flash", str(tmp_path / "dense.bin"), "--yes",
-                             "--board", f"sim:{board}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                             "--force", "--board", f"sim:{board}"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     # Wait until programming is under way (the flash content starts to change), then interrupt.
     deadline = time.monotonic() + 120
     while flash_content(board)[:0x1000] == b"\xff" * 0x1000:
@@ -139,7 +139,7 @@ def test_sigint_mid_flash_restores_registers_marks_interrupted_and_resumes(make_
 
 def _killed_flash(board, image, env) -> str:  # noqa: ANN001
     p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(image), "--yes",
-                        "--board", f"sim:{board}"], env=env, capture_output=True)
+                        "--expect-part", PART_KEY, "--board", f"sim:{board}"], env=env, capture_output=True)
     assert p.returncode == -signal.SIGKILL
     runs = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "runs", "--format", "json"], env=env,
                           capture_output=True, text=True)
@@ -152,7 +152,7 @@ def test_resume_refuses_when_another_run_wrote_the_board_since(cli, make_board, 
     killed = _killed_flash(board, image, env)
     other = tmp_path / "other.bin"
     other.write_bytes(synthetic_ifwi(4321))
-    assert cli("flash", other, "--yes", "--board", f"sim:{board}").code == 0
+    assert cli("flash", other, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}").code == 0
     r = cli("resume", killed, "--board", f"sim:{board}", "--yes")
     assert r.code == 2 and "wrote this board after" in r.err
     assert flash_content(board) == other.read_bytes()
@@ -176,7 +176,7 @@ def test_resume_with_restore_each_puts_back_the_original_registers(make_board, i
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(tmp_path / "a.sqlite"),
            "AMDFLASH_LOCK_DIR": str(tmp_path / "locks")}
     p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(image), "--yes", "--restore-each",
-                        "--board", f"sim:{board}"], env=env, capture_output=True)
+                        "--expect-part", PART_KEY, "--board", f"sim:{board}"], env=env, capture_output=True)
     assert p.returncode == -signal.SIGKILL
     assert registers(board) != before                  # killed inside a transaction
     r = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "resume", "--board", f"sim:{board}", "--yes"],

@@ -14,7 +14,7 @@ import pytest
 
 from amdflash.pipeline.cli import main
 from amdflash.stages.transport.sim import create_board
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
 
 UNIT = 0x1000
 ERASED_BLOCK = 0x100000      # a 64 KiB block that needs an erase (board holds zeros there)
@@ -81,12 +81,14 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AMDFLASH_LOCK_DIR", str(root / "locks"))
         mp.delenv("AMDFLASH_DB", raising=False)
-        assert amdflash(db, "flash", image, "--yes", "--clear-cmp", "--board", f"sim:{boards['clean']}") == 0
+        assert amdflash(db, "flash", image, "--yes", "--clear-cmp", "--expect-part", PART_KEY,
+                        "--board", f"sim:{boards['clean']}") == 0
         runs["clean"] = _last_run_id(db)
-        assert amdflash(db, "flash", image, "--yes", "--board", f"sim:{boards['stuck']}") == 1
+        assert amdflash(db, "flash", image, "--yes", "--expect-part", PART_KEY,
+                        "--board", f"sim:{boards['stuck']}") == 1
         runs["stuck"] = _last_run_id(db)
         assert amdflash(db, "flash", odd_image, "--yes", "--start-sector", 0, "--sector-count", 16,
-                        "--board", f"sim:{boards['protected']}") == 0
+                        "--expect-part", PART_KEY, "--board", f"sim:{boards['protected']}") == 0
         runs["protected"] = _last_run_id(db)
         assert amdflash(db, "info", "--board", f"sim:{boards['clean']}") == 0
         runs["info"] = _last_run_id(db)

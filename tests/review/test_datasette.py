@@ -10,7 +10,7 @@ import pytest
 
 from amdflash.pipeline.cli import main
 from amdflash.stages.transport.sim import create_board
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
 from amdflash.store.chain import verify
 from amdflash.store.schema import AUDIT_TABLES
 
@@ -38,9 +38,9 @@ def trail(tmp_path_factory) -> dict[str, object]:
 
         sector = stuck // UNIT
         assert cli("flash", str(image), "--yes", "--start-sector", str(sector), "--sector-count", "2",
-                   "--board", f"sim:{good}") == 0
+                   "--expect-part", PART_KEY, "--board", f"sim:{good}") == 0
         assert cli("flash", str(image), "--yes", "--start-sector", str(sector), "--sector-count", "2",
-                   "--board", f"sim:{bad}") == 1
+                   "--expect-part", PART_KEY, "--board", f"sim:{bad}") == 1
     conn = sqlite3.connect(db)
     runs = {spec: run_id for run_id, spec in conn.execute("SELECT run_id, board_spec FROM runs")}
     uid = {spec: u for spec, u in conn.execute(

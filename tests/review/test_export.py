@@ -20,7 +20,7 @@ MiB2 = 0x200000
 @pytest.fixture
 def trail(cli, make_board, tmp_path) -> dict[str, object]:  # noqa: F811
     """A small trail: info on one board, then one flash on two boards at once (interleaved rows)."""
-    from amdflash.stages.transport.sim.synth import synthetic_ifwi
+    from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
 
     image = tmp_path / "image.bin"
     image.write_bytes(synthetic_ifwi(21))
@@ -28,7 +28,7 @@ def trail(cli, make_board, tmp_path) -> dict[str, object]:  # noqa: F811
     b = make_board(transport="ideal", seed=99)
     assert cli("info", "--board", f"sim:{a}").code == 0
     r = cli("flash", image, "--yes", "--start-sector", "0x20", "--sector-count", "3",
-            "--board", f"sim:{a}", "--board", f"sim:{b}")
+            "--expect-part", PART_KEY, "--board", f"sim:{a}", "--board", f"sim:{b}")
     assert r.code == 0, r.err
     runs = json.loads(cli("runs", "--format", "json").out)
     flash_a = next(x["run_id"] for x in runs if x["command"] == "flash" and x["board_spec"] == f"sim:{a}")

@@ -374,7 +374,7 @@ def test_interrupted_stream_takes_one_end(open_board):
     (0x01, 0x0, b"\0\0\0\0", 0x06),            # EFS without its magic
     (0x02, 0x15, b"\x20", 0x06),              # an entry's size changed: the checksum breaks
     (0x02, 0x0, b"$PL2", 0x06),
-    (0x03, 0x8, struct.pack("<I", 2), 0x06),  # entry count disagrees with the size
+    (0x03, 0x8, struct.pack("<I", 3), 0x06),  # entry count disagrees with the size
     (0x81, 0x0, b"$SGX", 0x06),
     (0x06, 0x10, struct.pack("<I", 0x1F8000), 0x07),  # ISH payload past the flash
     (0x80, 0x0, struct.pack("<I", 0x200000), 0x07),

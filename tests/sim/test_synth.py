@@ -80,15 +80,36 @@ def test_sgn_table_has_each_type_once_in_seeded_order(image):
 def test_vbios_part_inside_partition_a(image):
     at, size = u32(image, 0x12010), u32(image, 0x12018)
     payload = image[at:at + size]
-    assert payload[:4] == b"$PL2"
+    assert payload[:4] == b"$PSP"   # the L2 directory fwupd expects
     assert u32(payload, 4) == ifwi.fletcher32(payload[8:0x10 + 0x10 * u32(payload, 8)])
     fw_id, vbios_size, location = struct.unpack_from("<IIQ", payload, 0x10)
+    assert fw_id == 0x01            # fwupd's id for the ATOM/CSM image
     rom = payload[location:location + vbios_size]
+    assert at + location == u32(image, 0x1201C)   # the slot header points at it too
     assert rom[:2] == b"\x55\xaa" and rom[2] * 512 == vbios_size
     assert rom[0x1E:0x21] == b"IBM"
     assert sum(rom) % 256 == 0
     strings = rom[struct.unpack_from("<H", rom, 0x6E)[0]:][:0x100]
-    assert strings.startswith(b"SYNTHETIC-AMDFLASH\0")
+    assert rom[0x2F] == 4
+    assert strings.startswith(b"SYNTH-0001-102\0SYNTHETIC\0PCI_EXPRESS\0GDDR6\0\r\n" + synth.LABEL + b"\0")
+    rom_header = struct.unpack_from("<H", rom, 0x48)[0]
+    assert rom[rom_header + 4:rom_header + 8] == b"ATOM"
+    assert struct.unpack_from("<HH", rom, rom_header + 0x18) == synth.SUBSYSTEM
+    pcir = struct.unpack_from("<H", rom, 0x18)[0]
+    assert rom[pcir:pcir + 4] == b"PCIR" and struct.unpack_from("<HH", rom, pcir + 4) == (0x1002, 0x744C)
+
+
+def test_slot_headers_name_partitions_as_fwupd_reads_them(image):
+    for header, partition_fw_id, partition in ((0x12000, 0x14D, 0x20000), (0x13000, 0x14E, 0x100000)):
+        assert struct.unpack_from("<H", image, header + 0xD)[0] == partition_fw_id
+        assert u32(image, header + 0x10) == partition
+        assert u32(image, header + 0x1C) == partition + synth.VBIOS_OFFSET
+
+
+def test_part_key_names_the_board_family():
+    other = synthetic_ifwi(7, part_key="SYNTH-0002")
+    assert b"SYNTH-0002-102\0" in other and b"SYNTH-0001" not in other
+    assert synth.part_number(2) == "SYNTH-0001-102"
 
 
 def test_labelled_synthetic_and_never_an_amd_image(image):

@@ -4,30 +4,39 @@ No real Navi31 image is available to the project (HARDWARE.md §6), so the emula
 carries an image with the documented *structure* and seeded pseudo-random *content*: every
 item of the §5 table resolves on it, its directories carry valid checksums, and erased gaps
 read 0xFF as on a real flash. Every image says what it is: the label below sits in sector 0,
-in both partition payloads, in the VBIOS part (part number "SYNTHETIC-AMDFLASH") and in the
-metadata sector.
+in both partition payloads, in each ATOM image (as its model name; part numbers start
+"SYNTH-", the ASIC string reads "SYNTHETIC") and in the metadata sector, and no ATOM image
+carries the ATI magic a real AMD VBIOS has (amdgpu would refuse to load one).
 
 Layout (offsets into the 2 MiB array; everything else is erased):
 
     0x000000  EFS, 0x54 bytes: AA55AA55, PSP directory pointer at 0x14, backup at 0x2C
     0x000080  label text
     0x001000  u32 pointer to the $SGN table
-    0x002000  $PSP directory; 0x003000 its backup (identical)
+    0x002000  L1 $PSP directory (ISH A and ISH B, as fwupd expects); 0x003000 its backup
     0x004000  $SGN table: 7 entries (type, format, size, offset), types 1..7 in seeded order
     0x005000  seven 0x200-byte signature blobs
     0x010000  item 0x04 blob (0x1000); 0x011000 item 0x05 blob (0x1000)
     0x012000  ISH A (fw id 0x13C); 0x013000 ISH B (fw id 0x13D): 32-byte slot headers
-    0x020000  partition A payload (0x10000) — the current revision; holds the VBIOS part
+    0x020000  partition A payload (0x10000) — the current revision: an L2 $PSP directory,
+              the label, the ATOM image at +0x1000 (0x8000 bytes), a blob
     0x030000  partition A update-cookie sector (erased: never updated)
     0x100000  partition B payload (0x10000) — an older revision, so an update shows
     0x110000  partition B update-cookie sector (erased)
     0x1EF000  metadata record (+ label)
     0x1F0000  item 0x89 region (0x100)
 
-Formats that are assumptions (no public source for the GPU's own): the ISH slot header
-follows the field positions of coreboot's `ish_directory_table` (checksum, boot priority,
-update counter, glitch retries, location, fw id, size, reserved) with Fletcher-32 over bytes
-4..0x20 as its checksum; the partition payload starts with a `$PL2` directory whose
+Public facts (fwupd's amd-gpu plugin, amdgpu's atom headers) fix the walk from the EFS to
+each partition's ATOM image: the L1 directory lists the ISH entries; an ISH slot header holds
+checksum, boot priority, update retries, glitch retries (u8), the partition's fw id (u16 at
++0xD: 0x14D A, 0x14E B), location, PSP id, slot size and the ATOM image's location (+0x1C,
+into the whole IFWI); a partition starts with a `$PSP` (L2) directory; an ATOM image is an
+option ROM (55 AA, size, "IBM", PCIR) with four strings (part number, ASIC, PCI type, memory
+type), CR LF and a model name, a build date at 0x50 and an ATOM ROM header ("ATOM",
+subsystem ids) through the pointer at 0x48.
+
+Formats that are assumptions (no public source for the GPU's own): the slot checksum is
+Fletcher-32 over bytes 4..0x20; the PSP id (+0x14) holds the ISH's own fw id; the L2 entries'
 locations are relative to the payload (A and B hold the same bytes, so they must be
 position-independent); the update cookie and the metadata record below are this project's
 own. The modelled PSP firmware (psp.py) writes the same formats when it updates partition B.
@@ -43,7 +52,9 @@ SECTOR = 0x1000
 PAGE = 0x100
 
 LABEL = b"amdflash SYNTHETIC IFWI test image - not an AMD image"
-PART_NUMBER = b"SYNTHETIC-AMDFLASH"
+# The part this synthetic board family is for: the first ten characters fwupd compares.
+# Partition A's part number is PART_KEY + "-102" (revision 2), partition B's "-101".
+PART_KEY = "SYNTH-0001"
 
 EFS_MAGIC = b"\xaa\x55\xaa\x55"
 EFS_SIZE = 0x54
@@ -63,15 +74,21 @@ REGION_89, REGION_89_SIZE = 0x1F0000, 0x100
 # ISH slot header (32 bytes).
 ISH_BYTES = 0x20
 ISH_CHECKSUM, ISH_PRIORITY, ISH_UPDATE_COUNTER = 0x00, 0x04, 0x08
-ISH_LOCATION, ISH_FW_ID, ISH_SIZE = 0x10, 0x14, 0x18
+ISH_PARTITION_FW_ID = 0x0D                       # u16, after the u8 glitch retries
+ISH_LOCATION, ISH_PSP_ID, ISH_SIZE, ISH_CSM = 0x10, 0x14, 0x18, 0x1C
 ISH_A_FW_ID, ISH_B_FW_ID = 0x13C, 0x13D
-_ISH = struct.Struct("<IIIIIIII")
+PARTITION_A_FW_ID, PARTITION_B_FW_ID = 0x14D, 0x14E
+_ISH = struct.Struct("<IIIBHBIIII")
 
-# Synthetic fw ids for the directory entries of items 0x04/0x05 and the payload's parts.
-FW_ID_ITEM_04, FW_ID_ITEM_05 = 0x00, 0x01
-FW_ID_VBIOS, FW_ID_BLOB = 0x62, 0x63
+# The payload's parts: fw id 0x1 is the ATOM/CSM image in fwupd's list of ids; 0x63 is ours.
+FW_ID_VBIOS, FW_ID_BLOB = 0x01, 0x63
 VBIOS_OFFSET, VBIOS_SIZE = 0x1000, 0x8000       # inside the payload
 BLOB_OFFSET = VBIOS_OFFSET + VBIOS_SIZE
+
+# Inside the ATOM image.
+ATOM_PCIR, ATOM_ROM_HEADER, ATOM_STRINGS, ATOM_CONFIG_NAME = 0x200, 0x240, 0x80, 0x1C0
+SUBSYSTEM = (0x5359, 0x0001)                     # synthetic subsystem vendor and id
+NAVI31 = (0x1002, 0x744C)
 
 # Update cookie: the first 16 bytes of the sector after a partition's payload.
 COOKIE_MAGIC = b"$AMDVBFL"
@@ -119,7 +136,9 @@ def ish_checksum(header: bytes) -> int:
 
 
 def ish_header(location: int, size: int, fw_id: int, priority: int, counter: int = 0) -> bytes:
-    fields = [0, priority, counter, 0xFFFFFFFF, location, fw_id, size, 0xFFFFFFFF]
+    """The slot header of ISH `fw_id` (0x13C A, 0x13D B) for the partition at `location`."""
+    partition = PARTITION_A_FW_ID if fw_id == ISH_A_FW_ID else PARTITION_B_FW_ID
+    fields = [0, priority, counter, 0xFF, partition, 0xFF, location, fw_id, size, location + VBIOS_OFFSET]
     header = bytearray(_ISH.pack(*fields))
     _U32.pack_into(header, ISH_CHECKSUM, ish_checksum(header))
     return bytes(header)
@@ -156,38 +175,54 @@ def read_metadata(flash: bytes) -> Metadata | None:
     return Metadata(active, updates, b_sum, stamp)
 
 
-def vbios(rng: random.Random, revision: int) -> bytes:
-    """An ATOM-like option ROM: 55 AA, size in 512-byte blocks, "IBM" at 0x1E, the string
-    count at 0x2F and the string pointer at 0x6E (where amdgpu looks), a part number that
-    says SYNTHETIC, and a checksum byte at 0x21 making the byte sum 0 like any option ROM."""
+def part_number(revision: int, key: str = PART_KEY) -> str:
+    return f"{key}-1{revision:02d}"
+
+
+def vbios(rng: random.Random, revision: int, key: str = PART_KEY) -> bytes:
+    """An ATOM image with every field fwupd and amdgpu read, filled with synthetic values; the
+    rest is seeded noise, and the checksum byte at 0x21 makes the byte sum 0 as in any option ROM."""
     rom = bytearray(rng.randbytes(VBIOS_SIZE))
     rom[0:3] = bytes((0x55, 0xAA, VBIOS_SIZE // 512))
+    struct.pack_into("<H", rom, 0x18, ATOM_PCIR)
     rom[0x1E:0x21] = b"IBM"
-    rom[0x2F] = 1
-    rom[0x6E:0x70] = (0x80).to_bytes(2, "little")
-    strings = PART_NUMBER + b"\0" + b"revision %d\0" % revision + LABEL + b"\0"
-    rom[0x80:0x80 + len(strings)] = strings
+    rom[0x2F] = 4
+    rom[0x30:0x3A] = b"SYNTHETIC\0"                # where a real VBIOS has the ATI magic
+    struct.pack_into("<H", rom, 0x48, ATOM_ROM_HEADER)
+    rom[0x50:0x62] = b"06/%02d/24 12:00:00\0" % revision
+    struct.pack_into("<H", rom, 0x6E, ATOM_STRINGS)
+    strings = b"\0".join((part_number(revision, key).encode(), b"SYNTHETIC", b"PCI_EXPRESS", b"GDDR6")) + b"\0"
+    strings += b"\r\n" + LABEL + b"\0" + b"ATOMBIOSBK-AMD VER" + b"SYNTHETIC.%03d\0" % revision
+    rom[ATOM_STRINGS:ATOM_STRINGS + len(strings)] = strings
+    rom[ATOM_CONFIG_NAME:ATOM_CONFIG_NAME + 19] = b"amdflash-synthetic\0"
+    pcir = b"PCIR" + struct.pack("<HHHHB", *NAVI31, 0, 0x18, 0) + (0x030000).to_bytes(3, "little")
+    pcir += struct.pack("<HHBBHHH", VBIOS_SIZE // 512, revision, 0x00, 0x80, 0, 0, 0)
+    rom[ATOM_PCIR:ATOM_PCIR + len(pcir)] = pcir
+    header = struct.pack("<HBB4sHHHHHHHHHHHHHBBI", 0x28, 2, 1, b"ATOM", 0, 0, ATOM_CONFIG_NAME, 0, 0, 0, 0, 0,
+                         *SUBSYSTEM, ATOM_PCIR, 0, 0, 0, 0, 0)
+    rom[ATOM_ROM_HEADER:ATOM_ROM_HEADER + len(header)] = header
     rom[0x21] = 0
     rom[0x21] = -sum(rom) & 0xFF
     return bytes(rom)
 
 
-def partition_payload(rng: random.Random, revision: int) -> bytes:
+def partition_payload(rng: random.Random, revision: int, key: str = PART_KEY) -> bytes:
     payload = bytearray(b"\xff" * PAYLOAD_SIZE)
     entries = [(FW_ID_VBIOS, VBIOS_SIZE, VBIOS_OFFSET), (FW_ID_BLOB, PAYLOAD_SIZE - BLOB_OFFSET, BLOB_OFFSET)]
-    head = directory(b"$PL2", entries)
+    head = directory(b"$PSP", entries)
     payload[0:len(head)] = head
     text = LABEL + b" - partition payload revision %d" % revision
     payload[0x100:0x100 + len(text)] = text
-    payload[VBIOS_OFFSET:BLOB_OFFSET] = vbios(rng, revision)
+    payload[VBIOS_OFFSET:BLOB_OFFSET] = vbios(rng, revision, key)
     payload[BLOB_OFFSET:] = rng.randbytes(PAYLOAD_SIZE - BLOB_OFFSET)
     return bytes(payload)
 
 
 # -- the image -------------------------------------------------------------------------------
 
-def synthetic_ifwi(seed: int = 0) -> bytes:
-    """A 2 MiB synthetic IFWI; the same seed gives the same image, other seeds other content."""
+def synthetic_ifwi(seed: int = 0, part_key: str = PART_KEY) -> bytes:
+    """A 2 MiB synthetic IFWI; the same seed gives the same image, other seeds other content.
+    `part_key` names the (synthetic) board the image is for: its part numbers start with it."""
     rng = random.Random(seed)
     image = bytearray(b"\xff" * FLASH_SIZE)
 
@@ -201,8 +236,7 @@ def synthetic_ifwi(seed: int = 0) -> bytes:
     put(0, efs)
     put(LABEL_OFFSET, LABEL)
 
-    entries = [(FW_ID_ITEM_04, ITEM_BLOB_SIZE, ITEM_04), (FW_ID_ITEM_05, ITEM_BLOB_SIZE, ITEM_05),
-               (ISH_A_FW_ID, ISH_BYTES, ISH_A), (ISH_B_FW_ID, ISH_BYTES, ISH_B)]
+    entries = [(ISH_A_FW_ID, ISH_BYTES, ISH_A), (ISH_B_FW_ID, ISH_BYTES, ISH_B)]
     put(PSP_DIRECTORY, directory(b"$PSP", entries))
     put(PSP_DIRECTORY_BACKUP, directory(b"$PSP", entries))
 
@@ -221,8 +255,8 @@ def synthetic_ifwi(seed: int = 0) -> bytes:
     put(ITEM_05, rng.randbytes(ITEM_BLOB_SIZE))
     put(ISH_A, ish_header(PARTITION_A, PAYLOAD_SIZE, ISH_A_FW_ID, priority=1))
     put(ISH_B, ish_header(PARTITION_B, PAYLOAD_SIZE, ISH_B_FW_ID, priority=0))
-    put(PARTITION_A, partition_payload(rng, revision=2))
-    older = partition_payload(rng, revision=1)
+    put(PARTITION_A, partition_payload(rng, 2, part_key))
+    older = partition_payload(rng, 1, part_key)
     put(PARTITION_B, older)
 
     put(METADATA, metadata_record(Metadata(active=0, updates=0, b_checksum=fletcher32(older))))

@@ -1,0 +1,76 @@
+"""`amdflash image info FILE`: what an IFWI image is for, read without any board."""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
+from amdflash.stages import ifwi
+from amdflash.stages.atom import BytesSource
+from amdflash.stages.partitions import LayoutError, read_layout
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("image", help="inspect an IFWI image file (no board needed)")
+    isub = p.add_subparsers(dest="image_command", required=True, metavar="IMAGE_COMMAND")
+    p = isub.add_parser(
+        "info", help="partitions, VBIOS part numbers and versions of an image",
+        description="Walk FILE as fwupd's amd-gpu plugin does (EFS, L1 $PSP directory, ISH_A/ISH_B slot "
+                    "headers, each partition and its ATOM VBIOS image) and print what it holds: the part "
+                    "number the image is for (ISH_A, partition A), each partition's part number, VBIOS "
+                    "version, build date, PCI and subsystem ids. Says why when it cannot. Exit 0 when the "
+                    "image's part number was found, 1 when not. Reads FILE only.")
+    p.add_argument("file", type=Path)
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=cmd_image_info)
+
+
+def image_report(data: bytes) -> dict[str, Any]:
+    """Everything `image info` says about `data`, as one object."""
+    report: dict[str, Any] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                              "problems": ifwi.check_image(data), "partitions": [], "notes": [],
+                              "part_number": None, "error": None}
+    try:
+        layout = read_layout(BytesSource(data))
+    except LayoutError as e:
+        report["error"] = str(e)
+        return report
+    report["psp_directory"] = layout.psp_directory
+    report["notes"] = list(layout.notes)
+    for s in layout.slots:
+        report["partitions"].append({
+            "ish": s.ish, "header_at": s.header_at, "partition": s.partition,
+            "partition_fw_id": s.partition_fw_id, "location": s.location, "size": s.size, "atom_at": s.csm_at,
+            "boot_priority": s.priority, "update_retries": s.update_retries, "l2_entries": s.l2_entries,
+            "atom": s.atom.as_dict() if s.atom else None, "problem": s.problem})
+    try:
+        report["part_number"] = layout.image_vbios().part_number
+    except LayoutError as e:
+        report["error"] = str(e)
+    report["lines"] = layout.describe()
+    return report
+
+
+def cmd_image_info(args: argparse.Namespace) -> int:
+    try:
+        data = args.file.read_bytes()
+    except OSError as e:
+        raise Refusal(f"cannot read image {args.file}: {e.strerror}") from None
+    report = image_report(data)
+    if args.format == "json":
+        print(json.dumps({k: v for k, v in report.items() if k != "lines"}, indent=2))
+    else:
+        print(f"image         {args.file} ({report['size']:#x} bytes) sha256={report['sha256']}")
+        for problem in report["problems"]:
+            print(f"problem       {problem}")
+        for line in report.get("lines", []):
+            print(line)
+        if report["part_number"]:
+            print(f"image is for part {report['part_number']} (ISH_A → partition A → its ATOM image; "
+                  f"boards are compared on its first ten characters)")
+        else:
+            print(f"no part number: {report['error']}")
+    return EXIT_OK if report["part_number"] else EXIT_FAILED
