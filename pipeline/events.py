@@ -37,23 +37,27 @@ class TappedRecorder:
 
     def add(self, table: str, **row: Any) -> None:
         self._recorder.add(table, **row)
+        self._show(table, row)
+
+    def _show(self, table: str, row: dict[str, Any]) -> None:
         for tap in self._taps:
-            tap(table, row)
+            try:
+                tap(table, row)
+            except Exception:  # noqa: BLE001 - a display is never a reason for a run to fail
+                logger().debug("progress or log tap failed", table=table, exc_info=True)
 
     def _register_write(self, offset: int, value: int | None, data: bytes | None, clock: float) -> None:
         self._recorder.register_write(offset, value, data, clock)
         row = {"offset": f"{offset:#07x}", "clock": round(clock, 6)}
         row.update({"value": f"{value:#010x}"} if value is not None else {"bytes": len(data or b"")})
-        for tap in self._taps:
-            tap("register_writes", row)
+        self._show("register_writes", row)
 
     def _spi_transaction(self, opcode: int, address: int, address_bytes: int, tx_len: int, rx_len: int,
                          clock: float) -> None:
         self._recorder.spi_transaction(opcode, address, address_bytes, tx_len, rx_len, clock)
         row = {"opcode": f"{opcode:#04x}", "address": f"{address:#08x}" if address_bytes else None,
                "tx": tx_len, "rx": rx_len, "clock": round(clock, 6)}
-        for tap in self._taps:
-            tap("spi_transactions", row)
+        self._show("spi_transactions", row)
 
 
 def debug_tap(run_id: str, board: str) -> RowTap | None:
@@ -68,9 +72,17 @@ def debug_tap(run_id: str, board: str) -> RowTap | None:
     def tap(table: str, row: dict[str, Any]) -> None:
         if table not in _VERBOSE_TABLES and not (verbosity >= TRACE and table in layer):
             return
-        shown = {k: v for k, v in row.items() if k not in ("run_id", "data") and v is not None}
-        log.debug(table.rstrip("s").replace("_", " "), layer=layer.get(table, "run"), **shown)
+        # "event" is the log line's own name: a stage row's event travels as "transition".
+        shown = {("transition" if k == "event" else k): v for k, v in row.items()
+                 if k not in ("run_id", "data") and v is not None}
+        log.debug(_EVENT_NAMES.get(table, table), layer=layer.get(table, "run"), **shown)
     return tap
+
+
+_EVENT_NAMES = {"runs": "run", "run_status": "run status", "boards": "board identified", "stages": "stage",
+                "register_snapshots": "register snapshot", "units": "unit", "verifies": "verify",
+                "errors": "error", "backups": "backup", "register_writes": "register write",
+                "spi_transactions": "spi transaction"}
 
 
 def wants_trace() -> bool:

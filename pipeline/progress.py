@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -246,7 +246,7 @@ class ProgressBoard:
         return table
 
     @staticmethod
-    def _cell(board: BoardProgress, stage: StageProgress) -> Group:
+    def _cell(board: BoardProgress, stage: StageProgress) -> Table:
         done, total = stage.amounts(board.skipped)
         rate = stage.rate(board.skipped)
         amounts = f"{_amount(done, stage.in_bytes)} / {_amount(total, stage.in_bytes)}"
@@ -256,4 +256,8 @@ class ProgressBoard:
             speed = f"{_amount(int(rate), stage.in_bytes)}/s  ETA {_duration((total - done) / rate)}"
         else:
             speed = ""
-        return Group(ProgressBar(total=max(total, 1), completed=done, width=16), Text(amounts), Text(speed))
+        cell = Table.grid()
+        cell.add_row(ProgressBar(total=max(total, 1), completed=done, width=18))
+        cell.add_row(Text(amounts))
+        cell.add_row(Text(speed))
+        return cell
