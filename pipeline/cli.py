@@ -168,16 +168,24 @@ def _configure(args: argparse.Namespace) -> None:
     if args.config:
         os.environ[config.ENV_CONFIG] = args.config
     args.settings = config.load()   # a malformed config file is a usage error, whatever the command
+    if args.db and os.path.exists(args.db) and not os.path.isfile(args.db):
+        # Whatever command reads it: SQLite would block on a FIFO and fail obscurely on a device.
+        raise UsageError(f"--db {args.db} is not a regular file")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command line; returns the exit status (never raises, never prints a traceback)."""
-    from amdflash.pipeline import output
-
     argv = list(sys.argv[1:] if argv is None else argv)
-    output.reset()
+    try:
+        from amdflash.pipeline import output
+
+        output.reset()
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
     json_lines, verbosity = _early_flags(argv)
     try:
+        if getattr(signal.getsignal(signal.SIGINT), "__module__", "") == "amdflash.launch":
+            signal.signal(signal.SIGINT, signal.default_int_handler)   # from here on: KeyboardInterrupt
         from amdflash.pipeline.logsetup import configure
 
         configure(json_lines=json_lines, verbosity=verbosity)

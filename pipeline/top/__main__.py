@@ -1,4 +1,4 @@
 """`python -m amdflash`: the command line."""
-from amdflash.pipeline.cli import entry
+from amdflash.launch import run
 
-entry()
+run()
