@@ -165,8 +165,7 @@ def _configure(args: argparse.Namespace) -> None:
     from amdflash.pipeline.logsetup import QUIET, configure
 
     configure(json_lines=args.log_json, verbosity=QUIET if args.quiet else args.verbose)
-    if args.config:
-        os.environ[config.ENV_CONFIG] = args.config
+    config.choose(args.config)
     args.settings = config.load()   # a malformed config file is a usage error, whatever the command
     if args.db and os.path.exists(args.db) and not os.path.isfile(args.db):
         # Whatever command reads it: SQLite would block on a FIFO and fail obscurely on a device.
@@ -202,6 +201,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except BaseException as raised:  # noqa: BLE001 - every error becomes one line and an exit status
         return _report(raised)
+    finally:
+        from amdflash.pipeline import config
+
+        config.choose(None)   # --config held for this command line only
 
 
 def _report(raised: BaseException) -> int:
@@ -218,7 +221,9 @@ def _report(raised: BaseException) -> int:
         output.error(one_line(refusals[0]))
         return EXIT_REFUSED
     first = causes[0] if causes else raised
-    if isinstance(first, (OSError, RuntimeError, ValueError, TimeoutError, LookupError)):
+    import sqlite3
+
+    if isinstance(first, (OSError, RuntimeError, ValueError, TimeoutError, sqlite3.Error)):
         output.error(one_line(first))
     else:
         output.error(f"internal error {type(first).__name__}: {one_line(first)} (-v shows where)")

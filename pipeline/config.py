@@ -38,8 +38,17 @@ KEYS: dict[str, tuple[type, ...]] = {
 }
 
 
+_chosen: Path | None = None   # --config of the command line being run
+
+
+def choose(path: str | Path | None) -> None:
+    """Use this config file (the CLI's --config) instead of the default, for this process."""
+    global _chosen
+    _chosen = Path(path) if path is not None else None
+
+
 def config_path() -> Path:
-    return Path(os.environ.get(ENV_CONFIG) or Path(platformdirs.user_config_dir(APP)) / "config.toml")
+    return _chosen or Path(os.environ.get(ENV_CONFIG) or Path(platformdirs.user_config_dir(APP)) / "config.toml")
 
 
 def data_dir() -> Path:
@@ -53,8 +62,8 @@ def load(path: Path | None = None) -> dict[str, Any]:
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except FileNotFoundError:
-        if os.environ.get(ENV_CONFIG) and path == config_path():
-            raise UsageError(f"config file {path} (from ${ENV_CONFIG}) does not exist") from None
+        if (_chosen or os.environ.get(ENV_CONFIG)) and path == config_path():   # named, so it must exist
+            raise UsageError(f"config file {path} does not exist") from None
         return {}
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise UsageError(f"config file {path}: {e}") from None

@@ -188,3 +188,32 @@ def test_ctrl_c_while_parsing_or_checking_exits_130_without_a_traceback(amdflash
     r = amdflash("info", "--board", f"sim:{board}")
     assert r.code == 130 and r.err == "error: interrupted\n"
     assert threading.active_count() == 1
+
+
+def test_errors_inside_task_groups_are_unwrapped_to_their_cause(amdflash, monkeypatch):
+    from amdflash.pipeline import commands
+    from amdflash.pipeline.errors import Refusal
+
+    def grouped(*args):  # noqa: ANN002, ANN202
+        raise ExceptionGroup("unhandled errors in a TaskGroup",
+                             [ExceptionGroup("inner", [Refusal("--prescale must be 0..15")]), ValueError("other")])
+
+    monkeypatch.setattr(commands, "runs", grouped)
+    r = amdflash("runs")
+    assert r.code == 2 and r.err == "error: --prescale must be 0..15\n"
+
+    def failed(*args):  # noqa: ANN002, ANN202
+        raise ExceptionGroup("unhandled errors in a TaskGroup", [OSError("USB bridge 1234abcd: disconnected")])
+
+    monkeypatch.setattr(commands, "runs", failed)
+    r = amdflash("runs")
+    assert r.code == 1 and r.err == "error: USB bridge 1234abcd: disconnected\n"
+
+    def bug(*args):  # noqa: ANN002, ANN202
+        return {}["missing"]
+
+    monkeypatch.setattr(commands, "runs", bug)
+    r = amdflash("runs")
+    assert r.code == 1 and r.err_lines == ["error: internal error KeyError: 'missing' (-v shows where)"]
+    r = amdflash("runs", "-v")
+    assert "Traceback" in r.err      # asked for: -v shows where
