@@ -231,10 +231,10 @@ class ProgressBoard:
         names = [s for s in FLASH_STAGES if any(s in b.stages for b in boards)]
         names += [s for b in boards for s in b.stages if s not in names]
         table = Table(box=None, show_edge=False, pad_edge=False, expand=False)
-        table.add_column("board", overflow="fold", max_width=32)
+        table.add_column("board", overflow="fold", max_width=24)
         for name in names:
-            table.add_column(name, min_width=18)
-        table.add_column("state")
+            table.add_column(name, overflow="fold")
+        table.add_column("state", overflow="fold")
         for b in boards:
             cells: list[Any] = [Text(b.board)]
             for name in names:
@@ -249,15 +249,15 @@ class ProgressBoard:
     def _cell(board: BoardProgress, stage: StageProgress) -> Table:
         done, total = stage.amounts(board.skipped)
         rate = stage.rate(board.skipped)
-        amounts = f"{_amount(done, stage.in_bytes)} / {_amount(total, stage.in_bytes)}"
+        amounts = f"{_amount(done, stage.in_bytes)}/{_amount(total, stage.in_bytes)}"
         if done >= total and total:
             speed = "done"
         elif rate and board.state == "running":
-            speed = f"{_amount(int(rate), stage.in_bytes)}/s  ETA {_duration((total - done) / rate)}"
+            speed = f"{_amount(int(rate), stage.in_bytes)}/s ETA {_duration((total - done) / rate)}"
         else:
             speed = ""
         cell = Table.grid()
-        cell.add_row(ProgressBar(total=max(total, 1), completed=done, width=18))
+        cell.add_row(ProgressBar(total=max(total, 1), completed=done, width=14))
         cell.add_row(Text(amounts))
         cell.add_row(Text(speed))
         return cell

@@ -13,9 +13,8 @@ import pytest
 
 from amdflash.pipeline.cli import main
 from amdflash.stages.transport import discovery
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from tests.pipeline.conftest import flash_content, image  # noqa: F401 - shared: the image fixture, flash content
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -63,14 +62,3 @@ def amdflash_process(tmp_path: Path) -> Callable[..., Result]:
                            timeout=timeout, env=full, cwd=tmp_path, **kw)  # type: ignore[call-overload]
         return Result(p.returncode, p.stdout, p.stderr)
     return run
-
-
-@pytest.fixture
-def image(tmp_path: Path) -> Path:
-    path = tmp_path / "image.bin"
-    path.write_bytes(synthetic_ifwi(1234))
-    return path
-
-
-def flash_content(board: Path) -> bytes:
-    return (board / "flash.bin").read_bytes()

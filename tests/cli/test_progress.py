@@ -67,6 +67,6 @@ def test_the_terminal_table_has_a_column_per_stage_with_bytes_rate_and_eta(monke
     text = console.export_text()
     assert text.splitlines()[0].split() == ["board", "backup", "erase", "verify", "state"]
     row_a = "\n".join(line for line in text.splitlines())
-    assert "1.00 MiB / 2.00 MiB" in row_a and "512 KiB / 2.00 MiB" in row_a     # backup and erase of board a
-    assert "KiB/s  ETA 0:" in text                                               # rate and ETA while running
+    assert "1.00 MiB/2.00 MiB" in row_a and "512 KiB/2.00 MiB" in row_a         # backup and erase of board a
+    assert "KiB/s ETA 0:" in text                                               # rate and ETA while running
     assert "failed at 0x01f000" in text and "done" in text and "running" in text
