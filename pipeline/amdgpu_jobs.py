@@ -52,16 +52,19 @@ class ByTransport:
         return await self.amdgpu(dev, info)
 
 
-def for_command(command: str, body: JobBody, image: bytes | None, args: Any) -> ByTransport:  # noqa: ANN401
-    """The command's body for either path (commands.make wraps every board job in this)."""
+def for_command(command: str, body: JobBody, image: bytes | None, flash: Any = None) -> ByTransport:  # noqa: ANN401
+    """The command's body for either path (commands._run wraps every board job in this).
+
+    `flash` is the flash command's options (commands.FlashOptions).
+    """
     amdgpu: JobBody | None = None
     if command == "info":
         amdgpu = AmdgpuInfoJob()
     elif command == "verify" and image is not None:
         amdgpu = AmdgpuVerifyJob(image)
-    elif command == "flash" and image is not None:
-        whole = args.start_sector == 0 and args.sector_count is None
-        amdgpu = AmdgpuFlashJob(image, PartPolicy(args.force, args.expect_part), whole, args.clear_cmp)
+    elif command == "flash" and image is not None and flash is not None:
+        whole = flash.start_sector == 0 and flash.sector_count is None
+        amdgpu = AmdgpuFlashJob(image, PartPolicy(flash.force, flash.expect_part), whole, flash.clear_cmp)
     return ByTransport(command, body, amdgpu)
 
 

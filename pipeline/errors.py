@@ -1,4 +1,9 @@
-"""Exit statuses of the CLI contract (DESIGN.md) and the errors that map onto them."""
+"""Exit statuses of the command line, the errors that map onto them, and the one-line cause.
+
+0 success; 2 a usage error or a refusal before anything was written (bad arguments, a bad
+image, an unusable audit database, no such board, a busy board, a protected target);
+1 a failure during an operation; 130 interrupted (Ctrl-C, SIGTERM).
+"""
 from __future__ import annotations
 
 EXIT_OK = 0
@@ -12,4 +17,20 @@ class Refusal(Exception):
 
 
 class UsageError(Refusal):
-    pass
+    """The command line itself is wrong (unknown option, a value out of range)."""
+
+
+def leaves(raised: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, in order; the exception itself otherwise."""
+    if not isinstance(raised, BaseExceptionGroup):
+        return [raised]
+    found: list[BaseException] = []
+    for sub in raised.exceptions:
+        found += leaves(sub)
+    return found
+
+
+def one_line(e: BaseException) -> str:
+    """The message of `e` on one line: what an operator reads after 'error: '."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text

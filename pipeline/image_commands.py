@@ -23,8 +23,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     "number the image is for (ISH_A, partition A), each partition's part number, VBIOS "
                     "version, build date, PCI and subsystem ids. Says why when it cannot. Exit 0 when the "
                     "image's part number was found, 1 when not. Reads FILE only.")
-    p.add_argument("file", type=Path)
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("file", type=Path, help="the IFWI image file (2 MiB) to inspect")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text for people (default) or one JSON object")
     p.set_defaults(func=cmd_image_info)
 
 

@@ -1,30 +1,105 @@
-"""structlog configuration: a console renderer on a terminal, JSON lines with --log-json."""
+"""Logging: human lines on stderr, or pure JSON lines with --log-json.
+
+One structlog configuration for the whole process. Levels by verbosity: -q shows warnings
+and errors only; the default adds human messages (which board `auto` picked, files
+written) and, off a terminal, progress lines; -v adds debug events of every layer that
+the audit trail sees (runs, stages, unit states, verify results, register snapshots);
+-vv adds every ROM_SW transaction and every register write. Library code (`amdflash.api`)
+that nobody configured logs through the standard `logging` module instead.
+"""
 from __future__ import annotations
 
+import json
 import logging
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
+QUIET, NORMAL, VERBOSE, TRACE = -1, 0, 1, 2
 
-def configure(json_lines: bool = False, verbose: bool = False, quiet: bool = False) -> None:
-    # On a terminal the progress bars say what is happening; run events would only break
-    # them up. Elsewhere (CI, cron, pipes) the info events are the progress record.
-    quiet_default = sys.stderr.isatty() and not json_lines
-    level = logging.DEBUG if verbose else logging.WARNING if quiet or quiet_default else logging.INFO
-    renderer = (structlog.processors.JSONRenderer() if json_lines
-                else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))
+
+@dataclass(frozen=True)
+class Settings:
+    json_lines: bool = False
+    verbosity: int = NORMAL
+    configured: bool = False
+
+    @property
+    def level(self) -> int:
+        return {QUIET: logging.WARNING, NORMAL: logging.INFO}.get(self.verbosity, logging.DEBUG)
+
+
+_settings = Settings()
+
+# Fields every event of a run carries: shown in JSON and at -v, not on a human message.
+_CONTEXT = ("run_id", "board", "timestamp", "level", "logger", "layer")
+
+
+class _Stderr:
+    """Writes to whatever sys.stderr is at the moment: rich's live display swaps it to print
+    messages above the progress bars."""
+
+    def msg(self, message: str) -> None:
+        try:
+            print(message, file=sys.stderr, flush=True)
+        except (BrokenPipeError, ValueError):   # stderr closed under us: nothing left to tell
+            pass
+
+    debug = info = warning = warn = error = critical = exception = fatal = log = msg
+
+
+def _human(logger: Any, method: str, event: dict[str, Any]) -> str:
+    level = event.get("level", method)
+    message = str(event.get("event", ""))
+    shown = {k: v for k, v in event.items() if k != "event" and (k not in _CONTEXT or level == "debug")
+             and v is not None}
+    fields = " ".join(f"{k}={v}" for k, v in shown.items())
+    text = f"{message} {fields}".strip() if fields else message
+    if level in ("warning", "error", "critical", "debug"):
+        return f"{'warning' if level == 'warning' else level}: {text}"
+    return text
+
+
+def _json(logger: Any, method: str, event: dict[str, Any]) -> str:
+    return json.dumps(event, default=str, sort_keys=False)
+
+
+def configure(json_lines: bool = False, verbosity: int = NORMAL) -> Settings:
+    """Configure structlog (and the standard logging module beneath it) for the CLI."""
+    global _settings
+    _settings = Settings(json_lines, verbosity, True)
+    renderer = _json if json_lines else _human
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(_settings.level),
+        logger_factory=lambda *args: _Stderr(),
         cache_logger_on_first_use=False,
     )
+    # Other libraries' logging (and Python warnings) reach stderr in the same form.
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, "_amdflash", False):
+            root.removeHandler(handler)
+    handler = logging.StreamHandler()
+    handler.emit = lambda record: structlog.get_logger(record.name).log(  # type: ignore[method-assign]
+        record.levelno, record.getMessage(), logger=record.name)
+    handler._amdflash = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbosity >= TRACE else logging.WARNING)
+    logging.captureWarnings(True)
+    return _settings
+
+
+def settings() -> Settings:
+    return _settings
 
 
 def logger(**bound: object) -> structlog.typing.FilteringBoundLogger:

@@ -39,7 +39,7 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
     p.add_argument("--image", type=Path, metavar="FILE",
                    help="the run's image, if it moved since the run (default: the recorded path); it lets a "
                         "divergence in a unit that verified be pinned to a byte")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
     p.set_defaults(func=cmd_replay)
 
 

@@ -20,18 +20,20 @@ from typing import Any, Awaitable, Callable
 
 import anyio
 
+from amdflash import __version__
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, Refusal
 from amdflash.pipeline.logsetup import logger
 from amdflash.pipeline.progress import ProgressBoard
 from amdflash.stages.device import Device, Interrupted, StopFlag
-from amdflash.stages.open_transport import AuditedBar, AuditFailureError, BoardSpec, open_transport
+from amdflash.stages.open_transport import AuditedBar, AuditFailureError, BoardSpec, BoardSpecError, open_transport
 from amdflash.stages.restore import restore_registers
 from amdflash.stages.snapshot import snapshot_registers
 from amdflash.stages.transport.base import Bar5
+from amdflash.stages.transport.discovery import NoBoardFound
 from amdflash.stages.transport.lock import BoardBusy
 from amdflash.store.writer import AuditFailure, Recorder
 
-TOOL_VERSION = "0.1.0"
+TOOL_VERSION = __version__
 
 JobBody = Callable[[Device, "RunInfo"], Awaitable[dict[str, Any]]]
 
@@ -70,14 +72,14 @@ def new_run_id() -> str:
 
 async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: ProgressBoard,  # noqa: ANN001
                     image_path: str | None) -> RunResult:
-    recorder = Recorder(writer, info.run_id)
+    recorder = ui.observe(Recorder(writer, info.run_id), str(info.spec), info.run_id)
     log = logger(run_id=info.run_id, board=str(info.spec))
     recorder.add("runs", command=info.command, arguments=json.dumps(info.arguments, sort_keys=True),
                  operator=_operator(), host=socket.gethostname(), tool_version=TOOL_VERSION,
                  image_path=image_path, image_sha256=info.image_sha256, board_spec=str(info.spec),
                  resumes_run_id=info.resumes_run_id, at=now_iso())
     recorder.add("run_status", status="running", detail=None, at=now_iso())
-    log.info("run started", command=info.command)
+    log.debug("run started", command=info.command)
     progress = ui.reporter(str(info.spec), info.run_id)
 
     dev: Device | None = None
@@ -104,16 +106,17 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
         e = primary_error(raised)
         if isinstance(e, Interrupted):
             status, code, error = "interrupted", EXIT_INTERRUPTED, str(e)
-        elif isinstance(e, Refusal):
-            status, code, error = "failed", EXIT_REFUSED, f"refused: {e}"
-        elif isinstance(e, BoardBusy):   # another process (or a kernel driver) owns the board: nothing was sent
-            status, code, error = "failed", EXIT_REFUSED, str(e)
+        elif isinstance(e, (Refusal, BoardBusy, NoBoardFound, BoardSpecError)):
+            # A check failed before anything was written (or no board / another owner: nothing
+            # was sent at all). The attempt stays on record, as a refusal.
+            status, code, error = "refused", EXIT_REFUSED, _message(e)
         else:
             status, code, error = "failed", EXIT_FAILED, _message(e)
             recorder.add("errors", stage=getattr(e, "stage", None), message=error,
                          address=getattr(e, "address", None), at=now_iso())
             if not isinstance(e, (RuntimeError, OSError, ValueError, TimeoutError)):
-                log.exception("unexpected failure", exc_info=raised)
+                error = f"internal error {type(e).__name__}: {error} (-v shows where)"
+                log.debug("unexpected failure", exc_info=raised)
     finally:
         with anyio.CancelScope(shield=True):
             if dev is not None and registers:
@@ -137,7 +140,7 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
             except Exception as e:  # noqa: BLE001 - the audit itself failed: say so, fail the run
                 error = error or _message(e)
                 status, code = "failed", EXIT_FAILED
-            log.info("run ended", status=status, error=error)
+            log.debug("run ended", status=status, error=error)
     return RunResult(info.run_id, str(info.spec), status, code, error, summary, info.output)
 
 

@@ -6,15 +6,19 @@ import json
 import sys
 from pathlib import Path
 
+from amdflash.pipeline.checks import read_image
 from amdflash.pipeline.errors import Refusal
 from amdflash.stages.transport.sim import Board, create_board
 from amdflash.stages.transport.sim.create import BoardExistsError
 from amdflash.stages.transport.sim.faults import FAULT_HELP, Faults, FaultSpecError
-from amdflash.stages.transport.sim.state import COUNTER_NAMES, FLASH_SIZE, BoardFiles
+from amdflash.stages.transport.sim.state import COUNTER_NAMES, BoardFiles
 
 
 def _int(text: str) -> int:
-    return int(text, 0)
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (decimal, or hex with 0x)") from None
 
 
 # --bridge-link -> the emulated bridge's (pcie_on_at_boot, link_trains).
@@ -50,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Create an emulated board at PATH (an empty or new directory). Default content: a "
                     "synthetic IFWI. Writes only PATH.",
         epilog="faults (--fault, repeatable; seeded and deterministic):\n" + FAULT_HELP)
-    c.add_argument("path", type=Path)
+    c.add_argument("path", type=Path, metavar="PATH", help="the board directory to create (new or empty)")
     content = c.add_mutually_exclusive_group()
     content.add_argument("--synthetic", action="store_true", help="synthetic IFWI content (default)")
     content.add_argument("--image", type=Path, metavar="FILE", help="start with this 2 MiB image")
@@ -79,42 +83,38 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     i = ssub.add_parser("image", help="export the raw flash content, bypassing every driver",
                         description="Copy the board's flash array to FILE: the physical truth, read "
                                     "without any driver. Writes only FILE.")
-    i.add_argument("path", type=Path)
-    i.add_argument("-o", "--output", type=Path, required=True)
+    i.add_argument("path", type=Path, metavar="PATH", help="the board directory")
+    i.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="the file to write (2 MiB)")
     i.set_defaults(func=cmd_image)
 
     s = ssub.add_parser("stats", help="print the board's counters as JSON",
                         description="Counters: USB transfers, TLPs, register accesses, SPI transactions, "
                                     "flash busy seconds and modelled seconds. --reset zeroes them.")
-    s.add_argument("path", type=Path)
+    s.add_argument("path", type=Path, metavar="PATH", help="the board directory")
     s.add_argument("--reset", action="store_true", help="zero the counters after printing them")
     s.set_defaults(func=cmd_stats)
 
     y = ssub.add_parser("synth", help="write a synthetic IFWI image (labelled synthetic)",
                         description="Write a 2 MiB synthetic IFWI with the Navi31 layout and seeded "
                                     "pseudo-random payloads. Not an AMD image.")
-    y.add_argument("-o", "--output", type=Path, required=True)
-    y.add_argument("--seed", type=_int, default=0)
+    y.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="the file to write (2 MiB)")
+    y.add_argument("--seed", type=_int, default=0, metavar="N",
+                   help="seed of the pseudo-random payloads (default 0); the same seed gives the same image")
     y.set_defaults(func=cmd_synth)
 
     f = ssub.add_parser("fault", help="add or clear faults on an existing board",
                         formatter_class=argparse.RawDescriptionHelpFormatter,
                         description="Change the board's injected faults.",
                         epilog="faults:\n" + FAULT_HELP)
-    f.add_argument("path", type=Path)
-    f.add_argument("specs", nargs="*", metavar="SPEC")
+    f.add_argument("path", type=Path, metavar="PATH", help="the board directory")
+    f.add_argument("specs", nargs="*", metavar="SPEC", help="faults to add (see below)")
     f.add_argument("--clear", action="store_true", help="remove every fault first")
     f.set_defaults(func=cmd_fault, trailing_positionals="specs")
 
 
 def cmd_create(args: argparse.Namespace) -> int:
     if args.image:
-        try:
-            content: str | bytes = args.image.read_bytes()
-        except OSError as e:
-            raise Refusal(f"cannot read image {args.image}: {e.strerror}") from None
-        if len(content) != FLASH_SIZE:
-            raise Refusal(f"image {args.image} is {len(content):#x} bytes; a board holds exactly {FLASH_SIZE:#x}")
+        content: str | bytes = read_image(args.image)   # stat first: never reads a device or a FIFO
     else:
         content = "blank" if args.blank else "synthetic"
     psp_order = None

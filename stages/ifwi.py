@@ -1,6 +1,6 @@
 """IFWI images on the driver side: item resolution for the PSP stream, and pre-write checks.
 
-`resolve_item` implements the item table of HARDWARE.md §5 exactly as the hardware-validated
+`resolve_item` implements the item table of docs/psp-mailbox.md exactly as the hardware-validated
 reference resolves it: the bytes the PSP boot firmware receives for each item it requests.
 It adds no structural rule of its own (a stricter resolver could refuse a real image that
 the firmware accepts); it only turns every way the table can fail into an `IfwiError` that

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from amdflash.stages.transport.base import Bar5, BoardIdentity
@@ -26,16 +27,33 @@ class BoardSpec:
         return f"{self.kind}:{self.selector}" if self.selector else self.kind
 
 
+# The board-spec grammar, in one place: what `--board` accepts and what a usage error quotes.
+SPEC_GRAMMAR = ("auto | usb | usb:N | usb:SERIAL (8 hex digits) | pci | pci:DDDD:BB:DD.F | pci:BB:DD.F "
+                "| amdgpu | amdgpu:DDDD:BB:DD.F | sim:PATH")
+_USB_SELECTOR = re.compile(r"[0-9]+|[0-9a-fA-F]{8}")
+_PCI_SELECTOR = re.compile(r"(?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-1][0-9a-fA-F]\.[0-7]")
+
+
 def parse_spec(text: str) -> BoardSpec:
-    kind, _, selector = text.partition(":")
+    """A `--board` value as a BoardSpec; BoardSpecError (naming the grammar) if malformed."""
+    kind, colon, selector = text.partition(":")
+
+    def bad(why: str) -> BoardSpecError:
+        return BoardSpecError(f"board spec {text!r}: {why}; a board spec is {SPEC_GRAMMAR}")
+
     if kind not in ("auto", "usb", "pci", "amdgpu", "sim"):
-        raise BoardSpecError(f"board spec {text!r}: expected auto, usb[:N|:SERIAL], pci[:DDDD:BB:DD.F], "
-                             "amdgpu[:DDDD:BB:DD.F] or sim:PATH")
-    if kind == "sim" and not selector:
-        raise BoardSpecError("board spec 'sim' needs a path: sim:PATH")
+        raise bad(f"unknown kind {kind!r}")
+    if colon and not selector:
+        raise bad(f"nothing after '{kind}:'")
     if kind == "auto" and selector:
-        raise BoardSpecError("board spec 'auto' takes no selector")
+        raise bad("'auto' takes no selector")
+    if kind == "usb" and selector and not _USB_SELECTOR.fullmatch(selector):
+        raise bad("a USB bridge is usb:N (index from 0) or usb:SERIAL (8 hex digits)")
+    if kind in ("pci", "amdgpu") and selector and not _PCI_SELECTOR.fullmatch(selector):
+        raise bad(f"a PCI device is {kind}:DDDD:BB:DD.F or {kind}:BB:DD.F (as lspci prints it)")
     if kind == "sim":
+        if not selector:
+            raise bad("'sim' needs the board directory: sim:PATH")
         selector = os.path.abspath(selector)
     return BoardSpec(kind, selector)
 

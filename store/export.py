@@ -34,7 +34,7 @@ HEAD = "chain_head"
 JSON_BLOB_KEY = "hex"
 CSV_BLOB_PREFIX = "hex:"
 CSV_FIXED = ("table", "seq", "prev_hash", "hash", "types", "rows")
-TERMINAL = ("succeeded", "failed", "interrupted")
+TERMINAL = ("succeeded", "failed", "interrupted", "refused")
 
 _COLUMNS: dict[str, tuple[str, ...]] = {t: tuple(cols) for t, cols in AUDIT_TABLES.items()}
 # Every audit column once, in first-seen schema order: the CSV's value columns.

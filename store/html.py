@@ -44,7 +44,7 @@ REGISTER_NAMES = {getattr(R, name): name for name in (
     "ROM_SW_CNTL", "ROM_SW_STATUS", "ROM_SW_COMMAND", "GPIOPAD_MASK", "GPIOPAD_A", "GPIOPAD_EN",
     "MP0_C2PMSG_73", "MP0_C2PMSG_115", "MP0_C2PMSG_116")}
 
-# SPI NOR opcodes as the datasheets name them (GD25LQ16E, HARDWARE.md §7).
+# SPI NOR opcodes as the datasheets name them (GD25LQ16E, docs/flash-chip.md).
 OPCODES = {
     0x01: "WRSR", 0x02: "PP", 0x03: "READ", 0x04: "WRDI", 0x05: "RDSR1", 0x06: "WREN", 0x0B: "FAST_READ",
     0x11: "WRSR3", 0x15: "RDSR3", 0x20: "SE 4K", 0x31: "WRSR2", 0x35: "RDSR2", 0x4B: "RDUID", 0x50: "VWREN",

@@ -84,7 +84,10 @@ def ensure(conn: sqlite3.Connection) -> None:
     db = sqlite_utils.Database(conn)
     conn.execute("BEGIN IMMEDIATE")
     try:
-        if "meta" not in db.table_names():
+        tables = db.table_names()
+        if tables and "meta" not in tables:   # another program's database: never add to it
+            raise SchemaError(f"not an amdflash audit database (it holds tables {', '.join(tables[:5])})")
+        if "meta" not in tables:
             db["meta"].create({"key": str, "value": str}, pk="key")
             db["meta"].insert({"key": "schema_version", "value": str(SCHEMA_VERSION)})
             db["chain_head"].create({"id": int, "seq": int, "hash": str}, pk="id")

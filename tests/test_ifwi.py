@@ -1,4 +1,4 @@
-"""The driver-side IFWI resolver and checks (HARDWARE.md §5), on hand-built images.
+"""The driver-side IFWI resolver and checks (docs/psp-mailbox.md), on hand-built images.
 
 The images here are built by the test itself, field by field, so the resolver is checked
 against explicit offsets rather than against the synthetic generator's own idea of them.

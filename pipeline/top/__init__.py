@@ -3,13 +3,19 @@
 This directory is the `amdflash` package itself (pyproject maps it there); the code lives
 in its subpackages `amdflash.pipeline`, `amdflash.stages` and `amdflash.store`, which are
 the repository's top-level folders installed under this one name so that they never
-collide with other distributions' top-level modules.
+collide with other distributions' top-level modules. `amdflash.api` is the Python API.
 """
 from __future__ import annotations
 
-from importlib import metadata
 
-try:
-    __version__ = metadata.version("amdflash")
-except metadata.PackageNotFoundError:   # running from a tree that was never installed
-    __version__ = "0+unknown"
+def __getattr__(name: str) -> str:
+    # Looked up on first use: importing the package stays instant (the console script's
+    # Ctrl-C handling starts right after it), and the version is the installed one.
+    if name == "__version__":
+        from importlib import metadata
+
+        try:
+            return metadata.version("amdflash")
+        except metadata.PackageNotFoundError:   # running from a tree that was never installed
+            return "0+unknown"
+    raise AttributeError(f"module 'amdflash' has no attribute {name!r}")

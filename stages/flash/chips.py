@@ -43,7 +43,7 @@ class ChipInfo:
 
 
 # GD25LQ16E: only "4 KiB erase max 300 ms" is confirmed publicly; the rest are the GD25LQ
-# family's usual figures (HARDWARE.md §7), assumed.
+# family's usual figures (docs/flash-chip.md), assumed.
 GD25LQ16E = ChipInfo(
     name="GigaDevice GD25LQ16E",
     jedec=bytes((0xC8, 0x60, 0x15)),

@@ -1,6 +1,6 @@
 """Block protection decoding: which addresses the chip silently refuses to change.
 
-BP/TB/SEC/CMP per flashrom's spi25 decoder, derived for a 2 MiB part (HARDWARE.md §7).
+BP/TB/SEC/CMP per flashrom's spi25 decoder, derived for a 2 MiB part (docs/flash-chip.md).
 Knowing the protected range lets a write be refused up front with a clear message,
 instead of the chip ignoring it and only a read-back noticing.
 """

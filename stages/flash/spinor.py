@@ -15,7 +15,7 @@ from amdflash.stages.flash import protection, sfdp
 from amdflash.stages.flash.chips import ChipInfo, EraseType, match_jedec
 from amdflash.stages.navi31.romsw import Request, RomSw
 
-# Opcodes (JEDEC standard; GD25LQ16E per HARDWARE.md §7).
+# Opcodes (JEDEC standard; GD25LQ16E per docs/flash-chip.md).
 READ, PP = 0x03, 0x02
 RDSR1, RDSR2, RDSR3 = 0x05, 0x35, 0x15
 WRSR, WREN, WRDI = 0x01, 0x06, 0x04

@@ -1,4 +1,4 @@
-"""ROM aperture dump: the whole flash through ROM_INDEX / ROM_DATA (HARDWARE.md §4).
+"""ROM aperture dump: the whole flash through ROM_INDEX / ROM_DATA (docs/aperture.md).
 
 Done exactly as the hardware-validated client does it, including its byte-swapped
 ROM_CNTL / ROM_INDEX encoding (amdgpu writes plain offsets; the validated path wins).

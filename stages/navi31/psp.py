@@ -1,4 +1,4 @@
-"""Driver for the PSP boot-firmware mailbox (MP0 C2PMSG, HARDWARE.md §5).
+"""Driver for the PSP boot-firmware mailbox (MP0 C2PMSG, docs/psp-mailbox.md).
 
 Usable after an autonomous PSP boot and before a driver loads SOS. Probe is read-only in
 effect; `ifwi_all` streams the items the bootloader asks for. The single-item `stream`,
@@ -22,7 +22,7 @@ TRANSFER_TYPE_GATED = 0xA
 IFWI_MAX_ITEMS = 19      # Navi31's ROM item count
 TERMINAL_PHASE = 2
 
-# Error codes of C2PMSG_115 b15:0 (HARDWARE.md §5), in the firmware's own words.
+# Error codes of C2PMSG_115 b15:0 (docs/psp-mailbox.md), in the firmware's own words.
 ERRORS = dict(enumerate((
     "generic error", "out of bounds", "invalid parameter", "off-chip boot error", "address not set",
     "off-chip parse error", "address map error", "on-chip parse error", "full update error",

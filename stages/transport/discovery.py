@@ -44,7 +44,7 @@ class Spec(Protocol):
 
 
 class NoBoardFound(TransportError):
-    pass
+    """The spec names no board that is there: nothing was sent to any board (a refusal)."""
 
 
 Probe = Callable[[Bar5], dict[str, Any]]
@@ -117,12 +117,12 @@ def select_usb(bridges: list[BridgeInfo], selector: str) -> int:
         if matches:
             return matches[0]
         found = ", ".join(b.serial or "?" for b in bridges)
-        raise TransportError(f"usb:{selector}: no USB bridge with this serial (found: {found})")
+        raise NoBoardFound(f"usb:{selector}: no USB bridge with this serial (found: {found})")
     if selector.isdecimal():
         index = int(selector)
         if index < len(bridges):
             return index
-        raise TransportError(f"usb:{index}: only {len(bridges)} USB bridge(s) found (usb:0..usb:{len(bridges) - 1})")
+        raise NoBoardFound(f"usb:{index}: only {len(bridges)} USB bridge(s) found (usb:0..usb:{len(bridges) - 1})")
     raise TransportError(f"usb:{selector}: expected a bridge index (usb:0) or an 8-hex-digit serial")
 
 
@@ -176,7 +176,7 @@ def _by_address(devices: list[_Addressed], selector: str, none_here: str) -> _Ad
     for device in devices:
         if device.address.lower() == address:
             return device
-    raise TransportError(f"{none_here} at this address (found: {', '.join(d.address for d in devices)})")
+    raise NoBoardFound(f"{none_here} at this address (found: {', '.join(d.address for d in devices)})")
 
 
 # -- amdgpu ---------------------------------------------------------------------------------------

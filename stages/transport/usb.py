@@ -1,4 +1,4 @@
-"""BAR5 over the custom ASM24 USB-to-PCIe bridge firmware, driven with pyusb (ASM24.md).
+"""BAR5 over the custom ASM24 USB-to-PCIe bridge firmware, driven with pyusb (docs/bridge.md).
 
 Three layers, each a small piece:
 
@@ -303,7 +303,7 @@ class Asm24:
         return Completion.decode(raw)
 
     def request(self, what: str, fmt: int, address: int, value: int = 0, byte_enable: int = 0xF) -> Completion:
-        """A non-posted TLP and its completion, under the retry rule of ASM24.md.
+        """A non-posted TLP and its completion, under the retry rule of docs/bridge.md.
 
         An engine error or poll timeout is retried (the TLP may not have left the bridge);
         a completion status other than SC is the completer's final answer.

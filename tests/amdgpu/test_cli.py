@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from amdflash.stages.transport.sim.synth import synthetic_ifwi
-from tests.pipeline.conftest import ROOT
+from tests.pipeline.conftest import ROOT, cli_shown  # noqa: F401 - fixture
 
 
 @pytest.fixture
@@ -65,10 +65,10 @@ def test_auto_uses_amdgpu_when_the_driver_is_bound(cli, emulated):
     assert "board       amdgpu:0000:03:00.0" in r.out
 
 
-def test_flash_is_a_psp_update_and_is_audited(cli, db, emulated, image):
+def test_flash_is_a_psp_update_and_is_audited(cli, cli_shown, db, emulated, image):
     emu = emulated()
     with emu.running():
-        r = cli("flash", image(), "--yes", "--board", emu.spec)
+        r = cli_shown("flash", image(), "--yes", "--board", emu.spec)
     assert r.code == 0, r.err
     assert "part number check: same" in r.out and "PSP update succeeded: psp_vbflash_status 0x80000000" in r.out
     assert "not a byte-for-byte copy" in r.out and emu.updates == 1
@@ -126,20 +126,20 @@ def test_no_psp_vbflash_no_flash(cli, emulated, image):
     assert cli("info", "--board", emu.spec).code == 0
 
 
-def test_verify_compares_partition_payloads_through_the_flash_dump(cli, emulated, image):
+def test_verify_compares_partition_payloads_through_the_flash_dump(cli, cli_shown, emulated, image):
     emu = emulated(spirom_dump=True)
     img = image()
     r = cli("verify", img, "--board", emu.spec)
     assert r.code == 1 and "no partition of the board holds the image's partition A payload" in r.err
     with emu.running():
         assert cli("flash", img, "--yes", "--board", emu.spec).code == 0
-    r = cli("verify", img, "--board", emu.spec)
+    r = cli_shown("verify", img, "--board", emu.spec)
     assert r.code == 0, r.err
     assert "the board's partition B (boot priority 1) holds the image's partition A payload" in r.out
     assert emu.flash != open(img, "rb").read()        # not a byte-identical copy, and verify does not need one
 
 
-def test_verify_without_a_dump_compares_the_running_vbios(cli, emulated, image):
+def test_verify_without_a_dump_compares_the_running_vbios(cli, cli_shown, emulated, image):
     emu = emulated()
     img = image()
     with emu.running():
@@ -147,7 +147,7 @@ def test_verify_without_a_dump_compares_the_running_vbios(cli, emulated, image):
     r = cli("verify", img, "--board", emu.spec)
     assert r.code == 1 and "changes only when the board reboots" in r.err
     emu.reboot()
-    r = cli("verify", img, "--board", emu.spec)
+    r = cli_shown("verify", img, "--board", emu.spec)
     assert r.code == 0, r.err
     assert "the running VBIOS" in r.out and "equals the image's partition A ATOM image" in r.out
 
@@ -157,8 +157,8 @@ def test_a_user_in_another_process_reaches_the_tree_through_the_environment(emul
     env = {**os.environ, **emu.env, "AMDFLASH_DB": str(tmp_path / "own.sqlite"),
            "AMDFLASH_LOCK_DIR": str(tmp_path / "locks"), "PYTHONPATH": str(ROOT)}
     with emu.running():
-        p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", image(), "--yes",
-                            "--board", "amdgpu:03:00.0"], env=env, capture_output=True, text=True, timeout=120)
+        p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "--no-progress", "flash", image(),
+                            "--yes", "--board", "amdgpu:03:00.0"], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "PSP update succeeded" in p.stdout and emu.updates == 1
 

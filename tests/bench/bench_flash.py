@@ -2,7 +2,7 @@
 
 Ours (primed and chained RX) at the driver level and through the `amdflash flash` pipeline,
 against the reference client on identical boards (when --seed-client names
-../shared/conformance/run-seed-client), beside the physical floor of HARDWARE.md §8.
+../shared/conformance/run-seed-client), beside the physical floor of docs/cost-model.md.
 
 The recovery flash writes an image over a board holding different (random) content, so
 every unit needs an erase. Two images: the synthetic IFWI (mostly erased space, like a

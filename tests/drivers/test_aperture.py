@@ -1,4 +1,4 @@
-"""ROM aperture dump (HARDWARE.md §4): content, the three refusals, restore on every path."""
+"""ROM aperture dump (docs/aperture.md): content, the three refusals, restore on every path."""
 from __future__ import annotations
 
 import hashlib

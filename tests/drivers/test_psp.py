@@ -1,4 +1,4 @@
-"""The PSP boot mailbox driver against the emulated bootloader (HARDWARE.md §5)."""
+"""The PSP boot mailbox driver against the emulated bootloader (docs/psp-mailbox.md)."""
 from __future__ import annotations
 
 import pytest

@@ -9,7 +9,7 @@ import pytest
 
 from amdflash.stages.part_check import BoardPart, PartPolicy, decide
 from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
-from tests.pipeline.conftest import cli, db, flash_content  # noqa: F401 - fixtures
+from tests.pipeline.conftest import cli, cli_shown, db, flash_content  # noqa: F401 - fixtures
 
 FOUND = BoardPart("found", "113-D7040100-114", "partition A")
 OTHER = BoardPart("found", "113-D7060100-114", "partition A")
@@ -79,10 +79,10 @@ def image_for(tmp_path):  # noqa: ANN201
     return make
 
 
-def test_same_part_is_written_and_both_part_numbers_are_on_record(cli, db, make_board, image_for):
+def test_same_part_is_written_and_both_part_numbers_are_on_record(cli, cli_shown, db, make_board, image_for):
     board = make_board(transport="ideal")                 # synthetic content: part SYNTH-0001
     image = image_for()
-    r = cli("flash", image, "--yes", *RANGE, "--board", f"sim:{board}")
+    r = cli_shown("flash", image, "--yes", *RANGE, "--board", f"sim:{board}")
     assert r.code == 0, r.err
     assert "part number check: same" in r.out
     [(event, detail)] = stage_rows(db)

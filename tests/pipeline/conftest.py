@@ -41,6 +41,16 @@ def cli(db, capsys):
 
 
 @pytest.fixture
+def cli_shown(db, capsys):
+    """Like `cli`, but without -q: what a user sees on success (no progress display)."""
+    def run(*args: str) -> Result:
+        code = main(["--no-progress", *map(str, args)])
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+    return run
+
+
+@pytest.fixture
 def cli_process(db, tmp_path):
     """Run amdflash as a separate process, as a user would."""
     def run(*args: str, timeout: float = 300, env: dict | None = None) -> Result:

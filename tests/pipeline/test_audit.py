@@ -106,7 +106,7 @@ def test_audit_failure_mid_job_stops_hardware_writes_and_restores_registers(cli,
             writes_after.append(offset)
         return real_write(self, offset, data)
 
-    monkeypatch.setattr(commands, "_open_writer", small_writer)
+    monkeypatch.setattr(commands.auditdb, "open_writer", small_writer)
     monkeypatch.setattr(Board, "reg_write", counting)
     r = cli("flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}")
     assert r.code == 1

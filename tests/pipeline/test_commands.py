@@ -27,6 +27,19 @@ def report(cli, run_id: str) -> dict:
     return json.loads(r.out)
 
 
+@pytest.fixture
+def cli(db, capsys):
+    """amdflash in this process, as a user runs it (no -q: results are checked on stdout)."""
+    from amdflash.pipeline.cli import main
+    from tests.pipeline.conftest import Result
+
+    def run(*args: str) -> Result:
+        code = main(["--no-progress", *map(str, args)])
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+    return run
+
+
 def last_run(cli) -> dict:
     r = cli("runs", "--format", "json")
     return json.loads(r.out)[-1]
@@ -135,14 +148,17 @@ def test_flash_program_only_where_bits_only_clear(cli, make_board, image):
 
 @pytest.mark.parametrize("args,needle", [
     ((), "--yes"),
-    (("--yes", "--start-sector", "600"), "sector range"),
-    (("--yes", "--start-sector", "10", "--sector-count", "510"), "sector range"),
+    (("--yes", "--start-sector", "600"), "--start-sector: 600 is not in 0..511"),
+    (("--yes", "--start-sector", "10", "--sector-count", "510"), "--sector-count 510: from sector 10 there are 1..502"),
+    (("--yes", "--retries", "-1"), "--retries: -1 is not in 0..100"),
+    (("--yes", "--prescale", "99"), "--prescale: 99 is not in 0..15"),
 ])
 def test_flash_refusals_before_anything(cli, make_board, image, args, needle):
     board = make_board(transport="ideal")
     before = flash_content(board)
     r = cli("flash", image, *args, "--board", f"sim:{board}")
     assert r.code == 2 and needle in r.err
+    assert r.err.count("\n") == 1 and r.err.startswith("error: ") and "Traceback" not in r.err
     assert flash_content(board) == before
 
 
@@ -217,7 +233,9 @@ def test_probe_and_ifwi_all(cli, make_board, tmp_path):
 
     board = make_board(transport="ideal", seed=77)
     r = cli("probe", "--board", f"sim:{board}")
-    assert r.code == 0 and "transfer_type" in r.out and "model_id" in r.out
+    assert r.code == 0, r.err
+    assert "transfer type   0x101: the bootloader requests item 0x01, phase 1" in r.out
+    assert "model id        0x" in r.out and "boot partition  0x" in r.out
     img = tmp_path / "ifwi.bin"
     img.write_bytes(synthetic_ifwi(77))
     assert cli("ifwi-all", img, "--board", f"sim:{board}").code == 2          # needs --yes

@@ -1,4 +1,4 @@
-"""Conformance of the emulated GD25LQ16E (HARDWARE.md §7) and property tests of its array.
+"""Conformance of the emulated GD25LQ16E (docs/flash-chip.md) and property tests of its array.
 
 The chip is driven one chip-select at a time through `board.chip.transaction(out, rx_len)`,
 exactly as the ROM_SW engine drives it; expected values come from tables written here,

@@ -1,7 +1,7 @@
-"""The PSP boot mailbox model (HARDWARE.md §5), driven through the board's BAR5 registers.
+"""The PSP boot mailbox model (docs/psp-mailbox.md), driven through the board's BAR5 registers.
 
 `Mailbox` below is a deliberately minimal test-side client (not the product's driver): it
-waits for the ready bit on the board's virtual clock, as HARDWARE.md §5 describes.
+waits for the ready bit on the board's virtual clock, as docs/psp-mailbox.md describes.
 """
 from __future__ import annotations
 

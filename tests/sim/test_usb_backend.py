@@ -40,7 +40,7 @@ class CompletionError(RuntimeError):
 
 
 class Host:
-    """Just enough of ASM24.md to exercise the bridge: no retries, no cleverness."""
+    """Just enough of docs/bridge.md to exercise the bridge: no retries, no cleverness."""
 
     def __init__(self, dev: usb.core.Device):
         self.dev = dev
@@ -113,7 +113,7 @@ class Host:
         return bytes(self.dev.read(0x81, size))
 
     def bring_up(self) -> None:
-        """ASM24.md's bring-up: bridges, Resizable BAR, BAR placement, command registers."""
+        """The bring-up of docs/bridge.md: bridges, Resizable BAR, BAR placement, command registers."""
         for bus in range(4):
             self.cfg_write(bus, 0x18, (bus + 1) << 8 | 4 << 16)
             self.cfg_write(bus, 0x20, 0x1000, 2)
@@ -309,7 +309,7 @@ def test_kernel_driver_must_be_detached_before_claiming(make_board, open_backend
         usb.util.claim_interface(dev, 0)
     assert busy.value.errno == errno.EBUSY
     dev.detach_kernel_driver(0)
-    Host(dev)                                                        # now opens as ASM24.md says
+    Host(dev)                                                        # now opens as docs/bridge.md says
 
 
 # -- XDATA and the link ------------------------------------------------------------------------

@@ -77,10 +77,13 @@ def test_a_disconnect_during_a_job_fails_promptly_naming_the_operation(make_boar
     assert "Traceback" not in result.stderr
 
 
-def test_no_board_found_exits_1(tmp_path):
+def test_no_board_found_is_a_refusal_on_record(tmp_path):
     result = run_cli(tmp_path, "info")
-    assert result.returncode == 1
-    assert "error: no board found" in result.stderr
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: no board found") and result.stderr.count("\n") == 1
+    runs = run_cli(tmp_path, "runs")
+    [line] = runs.stdout.splitlines()
+    assert line.split()[1:3] == ["info", "refused"] and line.split()[-1] == "auto"
 
 
 def test_sim_create_bridge_options_reach_the_emulated_bridge(tmp_path):

@@ -6,7 +6,7 @@ from amdflash.stages.identify import probe_flash
 import pytest
 
 from amdflash.stages.navi31 import regs as R
-from amdflash.stages.open_transport import open_transport, parse_spec
+from amdflash.stages.open_transport import BoardSpecError, open_transport, parse_spec
 from amdflash.stages.transport import discovery
 from amdflash.stages.transport.base import TransportError
 from amdflash.stages.transport.lock import BoardBusy, BoardLock, sim_key
@@ -56,11 +56,13 @@ def test_usb_index_and_serial_specs_pick_the_right_bridge(sim_usb):
 
 def test_bad_usb_selectors_name_what_was_found(sim_usb):
     paths = sim_usb(2)
-    with pytest.raises(TransportError, match=r"usb:2: only 2 USB bridge\(s\) found"):
+    # Selectors that name no board that is there: NoBoardFound, a refusal (exit 2) in the CLI.
+    with pytest.raises(discovery.NoBoardFound, match=r"usb:2: only 2 USB bridge\(s\) found"):
         opened("usb:2")
-    with pytest.raises(TransportError, match=f"no USB bridge with this serial \\(found: {serial_of(paths[0])}"):
+    with pytest.raises(discovery.NoBoardFound, match=f"no USB bridge with this serial \\(found: {serial_of(paths[0])}"):
         opened("usb:0badf00d")
-    with pytest.raises(TransportError, match="expected a bridge index"):
+    # A malformed selector never gets as far as discovery: the spec grammar refuses it.
+    with pytest.raises(BoardSpecError, match="usb:N .index from 0. or usb:SERIAL"):
         opened("usb:first")
 
 

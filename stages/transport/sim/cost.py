@@ -1,4 +1,4 @@
-"""The cost model of HARDWARE.md §8: what each transport operation charges, in seconds.
+"""The cost model of docs/cost-model.md: what each transport operation charges, in seconds.
 
 Every figure quoted by the project is measured on this yardstick, so the numbers are
 fixed here and change only through an issue.

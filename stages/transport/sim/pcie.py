@@ -2,7 +2,7 @@
 
 A chain of four PCIe bridges (one per link, each at device 0 function 0) leads from the
 bridge's TLP engine to the Navi31 GPU; with the bus numbers that bring-up programs
-(ASM24.md) they sit on buses 0..3 and the GPU is 4:0.0. Nothing here is pre-programmed:
+(docs/bridge.md) they sit on buses 0..3 and the GPU is 4:0.0. Nothing here is pre-programmed:
 bus numbers, windows, BARs and command registers start at their reset values, so a
 driver that skips a bring-up step finds requests failing as they would on hardware.
 

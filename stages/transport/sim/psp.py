@@ -1,4 +1,4 @@
-"""PSP boot mailbox model (HARDWARE.md §5): the early boot firmware behind C2PMSG_115/116/73.
+"""PSP boot mailbox model (docs/psp-mailbox.md): the early boot firmware behind C2PMSG_115/116/73.
 
 The registers, as the host meets them:
 
@@ -75,7 +75,7 @@ GET_FB_STATE, GET_TRANSFER_TYPE = 0x06, 0x07
 START_TRANSFER, DATA_TRANSFER, END_TRANSFER = 0x08, 0x09, 0x0A
 SPI_GET_MODEL_ID = 0x0B
 
-# Error codes (HARDWARE.md §5).
+# Error codes (docs/psp-mailbox.md).
 OK = 0x00
 OUT_OF_BOUNDS = 0x02
 INVALID_PARAMETER = 0x03

@@ -1,4 +1,4 @@
-"""The SMUIO ROM_SW engine: a software-driven SPI master (HARDWARE.md §3).
+"""The SMUIO ROM_SW engine: a software-driven SPI master (docs/rom-sw.md).
 
 Behaviour modelled, inconvenient parts included:
 

@@ -1,6 +1,6 @@
 """The emulated GD25LQ16E's SFDP table (JESD216B, revision 1.6), built field by field.
 
-No dump of the real part's table is public (HARDWARE.md §7), so every field below is an
+No dump of the real part's table is public (docs/flash-chip.md), so every field below is an
 assumption except the ones §7 fixes: the "SFDP" signature, revision 1.6, the BFPT
 parameter id 0xFF00, density (dword 2), the three erase types (dwords 8/9) and the page
 size (dword 11). The rest describes what the GD25LQ family's datasheets describe, chosen so

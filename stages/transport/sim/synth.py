@@ -1,6 +1,6 @@
 """Synthetic IFWI images for the emulated board. SYNTHETIC: never an AMD image.
 
-No real Navi31 image is available to the project (HARDWARE.md §6), so the emulated board
+No real Navi31 image is available to the project (docs/ifwi.md), so the emulated board
 carries an image with the documented *structure* and seeded pseudo-random *content*: every
 item of the §5 table resolves on it, its directories carry valid checksums, and erased gaps
 read 0xFF as on a real flash. Every image says what it is: the label below sits in sector 0,

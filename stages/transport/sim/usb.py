@@ -1,4 +1,4 @@
-"""The emulated ASM24 USB-to-PCIe bridge, as a pyusb backend (ASM24.md is the contract).
+"""The emulated ASM24 USB-to-PCIe bridge, as a pyusb backend (docs/bridge.md is the contract).
 
     backend = SimUsbBackend([board_a, board_b], pcie_on_at_boot=False)
     dev = usb.core.find(backend=backend, idVendor=0xADD1)
@@ -22,7 +22,7 @@ protocol of the custom firmware and libusb's behaviour around it, failures inclu
   0xB218/0xB21C address low/high, 0xB220 data, 0xB22A completion header, 0xB284 bit 0
   "carried data", 0xB296 status, all big-endian), so E4 shows the engine's state and a
   failed completion carries whatever the data register last held;
-* costs (HARDWARE.md §8, `asm24`; nothing on an `ideal` board) are charged on the board's
+* costs (docs/cost-model.md, `asm24`; nothing on an `ideal` board) are charged on the board's
   clock per transfer, and the board's counters count transfers, bytes and TLPs (every TLP,
   each streamed dword one; config TLPs also count as config_accesses). A streamed run that
   stays inside BAR5 reaches the board as one `reg_read`/`reg_write` per USB packet, hooks
@@ -89,7 +89,7 @@ LINK_UP_LTSSM = 0x78
 LINK_OFF_LTSSM = 0x00
 LINK_TRAINING_LTSSM = 0x10        # assumed: a Polling state while training keeps failing
 LINK_TRAINING_SECONDS = 0.5       # assumed: training to L0 after F3 on
-LINK_TRAINING_TIMEOUT = 2.0       # ASM24.md: "up to ~2 s"
+LINK_TRAINING_TIMEOUT = 2.0       # docs/bridge.md: "up to about 2 s"
 
 # TLP engine registers in XDATA.
 REG_FMT, REG_BYTE_EN, REG_ADDR, REG_ADDR_HI = 0xB210, 0xB217, 0xB218, 0xB21C

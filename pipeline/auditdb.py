@@ -1,0 +1,113 @@
+"""Opening the audit database, for writing (every board command) or reading (runs, report).
+
+Refused before any run starts, with exit 2 and one line: a path that is a directory,
+device or FIFO; a directory or file that is not writable; a file that is not SQLite; a
+SQLite database of another program (amdflash never adds its tables to it); a database
+of another schema version. Writability is proven by a write that is rolled back, so a
+read-only file, mount or permission is caught here and not at the first audit write.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+import sqlite_utils
+
+from amdflash.pipeline.errors import Refusal
+from amdflash.store.writer import AuditWriter, StoreUnavailable
+
+OURS = "meta"   # every amdflash database has this table, with its schema version
+
+
+def _describe(path: Path) -> str | None:
+    """Why `path` cannot be a database file, or None."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return e.strerror
+    if not stat.S_ISREG(st.st_mode):
+        return "it is a directory" if stat.S_ISDIR(st.st_mode) else "it is not a regular file"
+    return None
+
+
+def _tables(conn: sqlite3.Connection) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+
+
+def _check_existing(path: Path) -> None:
+    """An existing file must be an amdflash database (or empty)."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
+        try:
+            tables = _tables(conn)
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as e:
+        raise Refusal(f"audit database {path} is not usable: {e}") from None
+    if tables and OURS not in tables:
+        shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
+        raise Refusal(f"{path} is not an amdflash audit database (it holds tables {shown}); "
+                      "amdflash adds nothing to another program's database: choose another --db")
+
+
+def _prove_writable(path: Path) -> None:
+    """A real write, rolled back: read-only files, mounts and permissions all show here."""
+    try:
+        conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(f"INSERT OR REPLACE INTO {OURS} (key, value) VALUES ('write-check', '')")
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise Refusal(f"audit database {path} is not writable: {e}") from None
+
+
+def open_writer(path_text: str) -> AuditWriter:
+    """The audit writer for a board command, after every check that can refuse up front."""
+    path = Path(path_text)
+    why = _describe(path)
+    if why:
+        raise Refusal(f"audit database {path} is not usable: {why}")
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise Refusal(f"audit database {path}: cannot create directory {directory} ({e.strerror})") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        # SQLite keeps its WAL and lock files beside the database.
+        raise Refusal(f"audit database {path}: directory {directory} is not writable")
+    existed = path.exists() and path.stat().st_size > 0
+    if existed:
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise Refusal(f"audit database {path} is not writable: permission denied")
+        _check_existing(path)
+    try:
+        writer = AuditWriter(str(path)).open()
+    except StoreUnavailable as e:
+        raise Refusal(str(e)) from None
+    try:
+        _prove_writable(path)
+    except BaseException:
+        writer.close()
+        raise
+    return writer
+
+
+def open_reader(path_text: str) -> sqlite_utils.Database:
+    """The audit database, read-only, for runs, report and audit commands."""
+    path = Path(path_text)
+    why = _describe(path)
+    if why:
+        raise Refusal(f"audit database {path} is not usable: {why}")
+    if not path.exists():
+        raise Refusal(f"no audit database at {path}")
+    _check_existing(path)
+    from amdflash.store.queries import open_readonly
+
+    return open_readonly(str(path))

@@ -1,0 +1,131 @@
+"""Checks that need no board: they all run before any run starts, and each failure is a
+one-line Refusal (exit 2) with nothing touched.
+
+Images are checked with stat() before they are opened: a device (/dev/zero), a FIFO or
+a directory is refused without being read, and a regular file is read to at most one
+byte past the flash size, so no input can exhaust memory or block forever.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+from pathlib import Path
+
+from amdflash.pipeline.errors import Refusal
+from amdflash.stages import ifwi
+from amdflash.stages.navi31 import aperture
+from amdflash.stages.open_transport import BoardSpec, BoardSpecError, parse_spec
+
+FLASH_SIZE = 0x200000
+UNIT = 0x1000
+SECTORS = FLASH_SIZE // UNIT
+PRESCALE_MAX = 15
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_image(path: Path, what: str = "image") -> bytes:
+    """The 2 MiB image at `path`; Refusal unless it is a regular file of exactly 2 MiB."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise Refusal(f"cannot read {what} {path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise Refusal(f"{what} {path} is {_kind(st.st_mode)}, not a regular file")
+    if st.st_size != FLASH_SIZE:
+        raise Refusal(f"{what} {path} is {st.st_size:#x} bytes; a Navi31 flash image is exactly {FLASH_SIZE:#x}")
+    try:
+        # O_NONBLOCK: should the path become a FIFO after the stat, the open does not hang.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(FLASH_SIZE + 1)
+    except OSError as e:
+        raise Refusal(f"cannot read {what} {path}: {e.strerror}") from None
+    if len(data) != FLASH_SIZE:
+        raise Refusal(f"{what} {path} changed while it was read ({len(data):#x} bytes)")
+    return data
+
+
+def check_signature(data: bytes, path: Path, force: bool) -> None:
+    if data[:4] != aperture.IFWI_MAGIC and not force:
+        raise Refusal(f"image {path} does not start with the IFWI signature AA55AA55 "
+                      f"(starts {data[:4].hex()}); pass --force if you are sure")
+
+
+def check_ifwi(data: bytes, path: Path) -> None:
+    problems = ifwi.check_image(data)
+    if problems:
+        raise Refusal(f"image {path}: " + "; ".join(problems))
+
+
+def writable_output(path: Path, what: str = "output") -> None:
+    """A file we are about to create: its directory exists and is writable, and it is not a
+    directory or a device itself."""
+    if path.is_dir():
+        raise Refusal(f"{what} {path} is a directory")
+    if path.exists() and not path.is_file():
+        raise Refusal(f"{what} {path} exists and is not a regular file")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise Refusal(f"cannot write {what} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise Refusal(f"cannot write {what} {path}: permission denied")
+
+
+def board_specs(texts: list[str] | None, unbind_driver: bool = False) -> list[BoardSpec]:
+    """The --board values as specs: well-formed, each named once, emulated boards present."""
+    try:
+        specs = [parse_spec(s) for s in (texts or ["auto"])]
+    except BoardSpecError as e:
+        raise Refusal(str(e)) from None
+    seen: set[str] = set()
+    for s in specs:
+        if str(s) in seen:
+            raise Refusal(f"board {s} is named twice")
+        seen.add(str(s))
+        if s.kind == "sim" and not (Path(s.selector) / "board.json").is_file():
+            raise Refusal(f"{s.selector} is not an emulated board (create one with 'amdflash sim create')")
+    if unbind_driver:
+        specs = [dataclasses.replace(s, unbind_driver=True) for s in specs]
+    return specs
+
+
+def prescale(value: int) -> int:
+    if not 0 <= value <= PRESCALE_MAX:
+        raise Refusal(f"--prescale {value}: must be 0..{PRESCALE_MAX} (SPI clock 100 MHz/(N+1))")
+    return value
+
+
+def read_range(address: int, size: int) -> None:
+    if address < 0 or address >= FLASH_SIZE:
+        raise Refusal(f"read address {address:#x} is outside the 2 MiB flash (0..{FLASH_SIZE - 1:#x})")
+    if size <= 0:
+        raise Refusal(f"read size {size:#x}: must be at least 1 byte")
+    if address + size > FLASH_SIZE:
+        raise Refusal(f"read {address:#x}+{size:#x} runs past the end of the 2 MiB flash "
+                      f"(at most {FLASH_SIZE - address:#x} bytes from {address:#x})")
+
+
+def sector_range(start: int, count: int | None) -> int:
+    """The sector count to flash (default: to the end); Refusal if the range leaves the flash."""
+    if not 0 <= start < SECTORS:
+        raise Refusal(f"--start-sector {start}: the flash has sectors 0..{SECTORS - 1} (4 KiB each)")
+    if count is None:
+        return SECTORS - start
+    if not 1 <= count <= SECTORS - start:
+        raise Refusal(f"--sector-count {count}: from sector {start} there are 1..{SECTORS - start} sectors")
+    return count
+
+
+def retries(value: int) -> int:
+    if not 0 <= value <= 100:
+        raise Refusal(f"--retries {value}: must be 0..100")
+    return value

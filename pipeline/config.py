@@ -1,0 +1,89 @@
+"""Where things live, and the user's defaults.
+
+The audit database path comes from here and nowhere else: `--db`, else `$AMDFLASH_DB`,
+else `db` in the config file, else `audit.sqlite` in the platform's data directory
+(`$XDG_DATA_HOME/amdflash`, by default `~/.local/share/amdflash`, on Linux).
+
+The config file is TOML in the platform's config directory (`$XDG_CONFIG_HOME/amdflash/
+config.toml`, by default `~/.config/amdflash/config.toml`) or `$AMDFLASH_CONFIG`. It holds
+defaults that the command line overrides:
+
+    db = "/srv/flash/audit.sqlite"
+    board = ["usb:0", "usb:1"]       # or one spec as a string
+    prescale = 4
+    rx_mode = "primed"
+    restore_each = false
+    progress = true
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from amdflash.pipeline.errors import UsageError
+
+APP = "amdflash"
+ENV_DB = "AMDFLASH_DB"
+ENV_CONFIG = "AMDFLASH_CONFIG"
+
+# key -> the types it accepts; what each key means is in the module docstring.
+KEYS: dict[str, tuple[type, ...]] = {
+    "db": (str,), "board": (str, list), "prescale": (int,), "rx_mode": (str,), "restore_each": (bool,),
+    "progress": (bool,),
+}
+
+
+_chosen: Path | None = None   # --config of the command line being run
+
+
+def choose(path: str | Path | None) -> None:
+    """Use this config file (the CLI's --config) instead of the default, for this process."""
+    global _chosen
+    _chosen = Path(path) if path is not None else None
+
+
+def config_path() -> Path:
+    return _chosen or Path(os.environ.get(ENV_CONFIG) or Path(platformdirs.user_config_dir(APP)) / "config.toml")
+
+
+def data_dir() -> Path:
+    return Path(platformdirs.user_data_dir(APP))
+
+
+def load(path: Path | None = None) -> dict[str, Any]:
+    """The config file's settings ({} when there is none); UsageError if it is malformed."""
+    path = path or config_path()
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        if (_chosen or os.environ.get(ENV_CONFIG)) and path == config_path():   # named, so it must exist
+            raise UsageError(f"config file {path} does not exist") from None
+        return {}
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise UsageError(f"config file {path}: {e}") from None
+    for key, value in data.items():
+        if key not in KEYS:
+            near = difflib.get_close_matches(key, KEYS, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else f" (known: {', '.join(KEYS)})"
+            raise UsageError(f"config file {path}: unknown setting {key!r}{hint}")
+        if not isinstance(value, KEYS[key]) or (key == "prescale" and isinstance(value, bool)):
+            raise UsageError(f"config file {path}: {key} = {value!r} is not a {KEYS[key][0].__name__}")
+        if key == "board" and isinstance(value, list) and not all(isinstance(v, str) for v in value):
+            raise UsageError(f"config file {path}: board must be a spec or a list of specs")
+    return data
+
+
+def default_db(settings: dict[str, Any] | None = None) -> str:
+    """The audit database when --db is not given."""
+    if os.environ.get(ENV_DB):
+        return os.environ[ENV_DB]
+    configured = (settings if settings is not None else load()).get("db")
+    if configured:
+        return os.path.expanduser(configured)
+    return str(data_dir() / "audit.sqlite")

@@ -1,0 +1,97 @@
+"""Planning a resume from the audit trail: which run, which image, which board, what is done.
+
+Everything here reads the database only, before any run starts; any doubt is a Refusal.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amdflash.pipeline.auditdb import open_reader
+from amdflash.pipeline.checks import read_image
+from amdflash.pipeline.errors import Refusal
+from amdflash.stages.open_transport import BoardSpec
+from amdflash.store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, register_snapshot,
+                                    report, resolve_run, run_chain, unit_states, writes_since)
+
+BLANK_UIDS = ("f" * 32, "0" * 32)
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    run_id: str                          # the run being resumed (the newest of its lineage)
+    arguments: dict[str, Any]            # the original flash's arguments
+    image: bytes
+    image_path: str
+    verified: frozenset[int] = frozenset()               # units some run of the lineage verified
+    identity: dict[str, str] = field(default_factory=dict)   # unique_id, jedec_chip, bridge_serial
+    registers: dict[int, int] | None = None              # as found before the first run: put back at the end
+
+
+def plan_resume(db_path: str, spec: BoardSpec, run_id: str | None, image: Path | None) -> ResumePlan:
+    db = open_reader(db_path)
+    try:
+        try:
+            return _plan(db, spec, run_id, image)
+        except RunNotFound as e:
+            raise Refusal(str(e)) from None
+    finally:
+        db.conn.close()
+
+
+def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | None) -> ResumePlan:
+    if wanted:
+        run_id = resolve_run(db, wanted)
+    else:
+        found = latest_unfinished(db, str(spec))
+        if not found:
+            raise Refusal(f"no unfinished flash run of {spec} to resume")
+        run_id = found
+    rep = report(db, run_id)
+    if rep["command"] not in ("flash", "resume"):
+        raise Refusal(f"run {run_id} is a {rep['command']} run; only flash runs can be resumed")
+    if rep["status"] == "succeeded":
+        raise Refusal(f"run {run_id} already succeeded; nothing to resume")
+    done = finished_by(db, run_id)
+    if done:
+        raise Refusal(f"run {run_id} was already completed by resume run {done}; nothing to resume")
+    arguments = rep["arguments"]
+    recorded = arguments.get("image") or rep["image_path"]
+    if image_override is None and not recorded:
+        raise Refusal(f"run {run_id} recorded no image path; name it with --image")
+    image_file = image_override or Path(recorded)
+    image = read_image(image_file)
+    sha = hashlib.sha256(image).hexdigest()
+    if sha != rep["image_sha256"]:
+        raise Refusal(f"image {image_file} is not the image of run {run_id} "
+                      f"(sha256 {sha[:16]}…, the run used {str(rep['image_sha256'])[:16]}…)")
+    lineage = run_chain(db, run_id)
+    verified: set[int] = set()
+    for rid in lineage:
+        verified |= {a for a, u in unit_states(db, rid).items() if u["state"] == "verified"}
+    identity: dict[str, str] = {}
+    for rid in lineage:
+        b = report(db, rid)["board"]
+        if b["unique_id"]:
+            identity = {"unique_id": b["unique_id"], "jedec_chip": b["chip"] or "",
+                        "bridge_serial": b["bridge_serial"] or ""}
+            break
+    if identity and identity["unique_id"] in BLANK_UIDS and str(spec) != rep["board"]["spec"]:
+        # An unprogrammed unique ID tells no two boards apart: then only the same spec will do.
+        raise Refusal(f"the flash of run {run_id} has no usable unique ID ({identity['unique_id']}); "
+                      f"resume it with the same --board {rep['board']['spec']}")
+    if identity:
+        later = writes_since(db, lineage[0], identity["unique_id"], lineage)
+        if later:
+            raise Refusal(f"run {later[0]['run_id']} ({later[0]['command']}) wrote this board after run "
+                          f"{run_id} began; resuming would overwrite it — start a new flash instead")
+    else:
+        if any(has_intents(db, rid) for rid in lineage):
+            raise Refusal(f"run {run_id} began writing but recorded no board identity; refusing to guess")
+        if str(spec) != rep["board"]["spec"]:
+            raise Refusal(f"run {run_id} died before identifying its board; resume it with the same "
+                          f"--board {rep['board']['spec']}")
+    return ResumePlan(run_id, arguments, image, str(image_file.resolve()), frozenset(verified), identity,
+                      register_snapshot(db, lineage[0], "before"))

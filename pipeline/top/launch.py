@@ -1,0 +1,25 @@
+"""The console script's first module. From its first line on, Ctrl-C ends the program with
+exit status 130 and one line, also while the rest of amdflash is still being imported
+(nothing has been opened yet, so there is nothing to clean up). `main()` then takes over
+with its own handling, which stops a run at a safe point and restores the registers."""
+import os
+import signal
+import sys
+
+
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    line = b'{"event": "interrupted", "level": "error"}\n' if "--log-json" in sys.argv else b"error: interrupted\n"
+    os.write(2, line)
+    os._exit(130)
+
+
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:   # not when started ignoring Ctrl-C
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+# A Ctrl-C pressed while the interpreter started (held back by a blocked signal mask) counts now.
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def run() -> None:
+    from amdflash.pipeline.cli import entry
+
+    entry()

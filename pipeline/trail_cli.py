@@ -1,0 +1,111 @@
+"""The audit-trail commands on the command line: runs, report, audit verify."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from amdflash.pipeline import commands, output
+from amdflash.pipeline.checks import writable_output
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Add runs, report and the `audit` group; returns the group for other modules' subcommands."""
+    p = sub.add_parser("runs", help="list runs in the audit database",
+                       description="List every run with its status (running, succeeded, failed, interrupted, "
+                                   "refused). Read-only.")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text: one line per run (default); json: one array of objects")
+    p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("report", help="one run's report (text, JSON or HTML)",
+                       description="Report RUN_ID (a unique prefix is enough): identity, image and result hashes, "
+                                   "every unit's action and state, verify results, stages, errors. text and "
+                                   "json print to stdout; html is one self-contained file with a sector map "
+                                   "(use -o). Reads the audit database only; writes nothing but -o FILE.")
+    p.add_argument("run_id", metavar="RUN_ID", help="the run (a unique prefix is enough)")
+    p.add_argument("--format", choices=("text", "json", "html"), default="text",
+                   help="text (default), json (the object every board command prints with --json) or html")
+    p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
+    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the report to FILE instead of stdout")
+    p.set_defaults(func=cmd_report)
+
+    a = sub.add_parser("audit", help="check or export the audit trail",
+                       description="Check the audit trail's hash chain, or export it for archiving.")
+    asub = a.add_subparsers(dest="audit_command", required=True, metavar="AUDIT_COMMAND")
+    p = asub.add_parser("verify", help="recompute the hash chain; name the first row that does not match",
+                        description="Recompute the hash chain over every audit row. Exit 1 naming the first row "
+                                    "that does not match. Read-only.")
+    p.set_defaults(func=cmd_audit_verify)
+    return asub
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    rows = commands.runs(commands.db_path(args))
+    if args.format == "json":
+        output.result_json(rows, indent=2)
+        return EXIT_OK
+    if not rows:
+        output.note("no runs recorded")
+    for r in rows:
+        output.result(f"{r['run_id']:26} {r['command']:9} {r['status'] or '?':12} {r['started']:30} {r['board_spec']}")
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    if args.output is not None:
+        writable_output(args.output, "report")
+    rep, page = commands.report(args.run_id, commands.db_path(args), html=args.format == "html")
+    if args.format == "json":
+        import json
+
+        text = json.dumps(rep, indent=2, default=str)
+    elif page is not None:
+        text = page
+    else:
+        text = render_text(rep)
+    if args.output:
+        args.output.write_text(text)
+        output.note(f"wrote {args.output}")
+    else:
+        output.result(text)
+    return EXIT_OK
+
+
+def render_text(rep: dict[str, Any]) -> str:
+    b = rep["board"]
+    counts: dict[str, int] = {}
+    for u in rep["units"]:
+        key = f"{u['action']}/{u['state']}"
+        counts[key] = counts.get(key, 0) + 1
+    lines = [
+        f"run        {rep['run_id']}  ({rep['command']}, {rep['status']})",
+        f"started    {rep['started']}   ended {rep['ended'] or '-'}",
+        f"operator   {rep['operator']} on {rep['host']}, amdflash {rep['tool_version']}",
+        f"board      {b['spec']}  chip {b['chip'] or '?'}  jedec {b['jedec'] or '?'}  uid {b['unique_id'] or '?'}"
+        f"{'  bridge ' + b['bridge_serial'] if b['bridge_serial'] else ''}",
+        f"image      {rep['image_path'] or '-'}  sha256 {rep['image_sha256'] or '-'}",
+        f"result     sha256 {rep['result_sha256'] or '-'}",
+        f"audit      {rep['register_writes']} register writes, {rep['spi_transactions']} SPI transactions, "
+        f"{rep['verifies']['ok']}/{rep['verifies']['total']} verifies ok",
+    ]
+    if rep["resumes_run_id"]:
+        lines.append(f"resumes    {rep['resumes_run_id']}")
+    if counts:
+        lines.append("units      " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    for f in rep["verifies"]["failed"][:5]:
+        lines.append(f"mismatch   unit {f['address']:#08x} attempt {f['attempt']}: {f['mismatch_address']:#08x} "
+                     f"flash={f['flash_byte']:02x} image={f['image_byte']:02x}")
+    if (rep.get("summary") or {}).get("note"):
+        lines.append(f"note       {rep['summary']['note']}")
+    if rep["error"]:
+        lines.append(f"error      {rep['error']}")
+    return "\n".join(lines)
+
+
+def cmd_audit_verify(args: argparse.Namespace) -> int:
+    result = commands.audit_verify(commands.db_path(args))
+    output.result(result.describe())
+    return EXIT_OK if result.ok else EXIT_FAILED

@@ -1,0 +1,219 @@
+"""Refused before anything runs: exit 2, one `error:` line, no traceback, the board untouched."""
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport.sim import Board
+from tests.cli.conftest import Result, flash_content
+
+REGISTERS = (R.GPIOPAD_MASK, R.GPIOPAD_A, R.GPIOPAD_EN, R.PAGE_MIRROR_CNTL, R.ROM_CNTL)
+
+
+def untouched(board: Path) -> tuple[bytes, dict[int, int], int]:
+    with Board(board) as b:
+        return flash_content(board), {r: b.get32(r) for r in REGISTERS}, int(b.stats()["reg_writes"])
+
+
+def refused(r, needle: str) -> None:  # noqa: ANN001
+    assert r.code == 2, (r.code, r.err)
+    assert r.err_lines == [r.err_lines[0]] and r.err.startswith("error: "), r.err
+    assert needle in r.err, r.err
+    assert "Traceback" not in r.err
+
+
+@pytest.mark.parametrize("spec,why", [
+    ("usb:zz", "usb:N (index from 0) or usb:SERIAL"),
+    ("usb:-1", "usb:N (index from 0) or usb:SERIAL"),
+    ("pci:garbage", "pci:DDDD:BB:DD.F or pci:BB:DD.F"),
+    ("pci:", "nothing after 'pci:'"),
+    ("fpga:0", "unknown kind 'fpga'"),
+    ("auto:1", "'auto' takes no selector"),
+])
+def test_malformed_board_specs_name_the_grammar(amdflash, spec, why):
+    r = amdflash("info", "--board", spec)
+    refused(r, why)
+    assert "a board spec is auto | usb | usb:N | usb:SERIAL" in r.err
+    assert not Path(os.environ["AMDFLASH_DB"]).exists()      # refused before the audit trail is opened
+
+
+def test_an_image_that_is_a_device_is_refused_unread(amdflash, make_board):
+    board = make_board(transport="ideal")
+    before = untouched(board)
+    refused(amdflash("verify", "/dev/zero", "--board", f"sim:{board}"), "is a character device, not a regular file")
+    refused(amdflash("flash", "/dev/zero", "--yes", "--board", f"sim:{board}"), "character device")
+    assert untouched(board) == before
+
+
+def test_an_image_that_is_a_fifo_is_refused_without_blocking(amdflash_process, make_board, tmp_path):
+    board = make_board(transport="ideal")
+    fifo = tmp_path / "image.fifo"
+    os.mkfifo(fifo)
+    r = amdflash_process("flash", fifo, "--yes", "--board", f"sim:{board}", timeout=30)
+    refused(r, "is a FIFO, not a regular file")
+
+
+def test_images_of_the_wrong_size_or_kind_are_refused_by_stat(amdflash, make_board, tmp_path):
+    board = make_board(transport="ideal")
+    before = untouched(board)
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        f.truncate(1 << 30)                      # sparse: reading it would cost a gigabyte
+    refused(amdflash("verify", big, "--board", f"sim:{board}"), "is 0x40000000 bytes; a Navi31 flash image is exactly 0x200000")
+    refused(amdflash("verify", tmp_path, "--board", f"sim:{board}"), "is a directory")
+    refused(amdflash("verify", tmp_path / "missing.bin", "--board", f"sim:{board}"), "No such file or directory")
+    refused(amdflash("sim", "create", tmp_path / "new", "--image", "/dev/zero"), "character device")
+    assert untouched(board) == before
+
+
+def test_a_foreign_sqlite_database_is_refused_and_left_as_it_was(amdflash, make_board, image, tmp_path):
+    board = make_board(transport="ideal")
+    foreign = tmp_path / "photos.db"
+    con = sqlite3.connect(foreign)
+    con.execute("CREATE TABLE albums (id INTEGER PRIMARY KEY, name TEXT)")
+    con.commit()
+    con.close()
+    before = foreign.read_bytes()
+    refused(amdflash("--db", foreign, "info", "--board", f"sim:{board}"), "is not an amdflash audit database")
+    refused(amdflash("--db", foreign, "runs"), "is not an amdflash audit database")
+    con = sqlite3.connect(foreign)
+    assert [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")] == ["albums"]
+    con.close()
+    assert foreign.read_bytes() == before
+
+
+def test_the_store_itself_never_adds_tables_to_a_foreign_database(tmp_path):
+    from amdflash.store.schema import SchemaError, connect, ensure
+
+    foreign = tmp_path / "other.db"
+    con = sqlite3.connect(foreign)
+    con.execute("CREATE TABLE t (x)")
+    con.commit()
+    con.close()
+    conn = connect(str(foreign))
+    with pytest.raises(SchemaError, match="not an amdflash audit database"):
+        ensure(conn)
+    assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")] == ["t"]
+    conn.close()
+
+
+READ_ONLY_MOUNT = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
+
+
+def _read_only(path: Path) -> list[str]:
+    """A command prefix under which `path` is read-only: permissions for a normal user; for
+    root (whom permissions do not stop), a read-only bind mount in a private mount namespace."""
+    if os.geteuid() != 0:
+        os.chmod(path, 0o555 if path.is_dir() else 0o444)
+        return []
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", READ_ONLY_MOUNT, "sh", str(path), "true"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"running as root and cannot make a read-only mount here: {probe.stderr.decode().strip()}")
+    return ["unshare", "-m", "sh", "-c", READ_ONLY_MOUNT, "sh", str(path)]
+
+
+@pytest.mark.parametrize("what", ["file", "directory"])
+def test_a_read_only_database_is_refused_before_the_run(amdflash, make_board, tmp_path, what):
+    board = make_board(transport="ideal")
+    db = tmp_path / "dbdir" / "audit.sqlite"
+    db.parent.mkdir()
+    assert amdflash("--db", db, "info", "--board", f"sim:{board}").code == 0   # an existing, good trail
+    runs_before = sqlite3.connect(db).execute("SELECT count(*) FROM runs").fetchone()[0]
+    prefix = _read_only(db if what == "file" else db.parent)
+    before = untouched(board)
+    p = subprocess.run([*prefix, sys.executable, "-m", "amdflash", "--db", str(db), "info", "--board", f"sim:{board}"],
+                       capture_output=True, text=True, timeout=120)
+    refused(Result(p.returncode, p.stdout, p.stderr), "not writable")
+    assert untouched(board) == before
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM runs").fetchone()[0] == runs_before
+
+
+def test_an_unwritable_output_is_refused_before_the_run(amdflash, make_board, tmp_path):
+    board = make_board(transport="ideal")
+    before = untouched(board)
+    refused(amdflash("dump", tmp_path / "no" / "such" / "dir.bin", "--board", f"sim:{board}"), "does not exist")
+    refused(amdflash("dump", tmp_path, "--board", f"sim:{board}"), "is a directory")
+    refused(amdflash("read", "0", "16", "-o", "/dev/null/x", "--board", f"sim:{board}"), "cannot write output")
+    assert untouched(board) == before
+    assert not Path(os.environ["AMDFLASH_DB"]).exists()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (("read", "0x200000", "1"), "outside the 2 MiB flash"),
+    (("read", "0x1fffff", "2"), "runs past the end"),
+    (("read", "0", "0"), "at least 1 byte"),
+    (("read", "zz", "1"), "'zz' is not a number"),
+    (("info", "--prescale", "99"), "--prescale: 99 is not in 0..15"),
+    (("read", "0", "1", "--prescale", "-1"), "--prescale: -1 is not in 0..15"),
+    (("dump", "x.bin", "--via", "rom"), "unknown value 'rom'; did you mean 'rom-sw'?"),
+])
+def test_bad_arguments_are_one_line_usage_errors(amdflash, make_board, argv, needle):
+    board = make_board(transport="ideal")
+    before = untouched(board)
+    refused(amdflash(*argv, "--board", f"sim:{board}"), needle)
+    assert untouched(board) == before
+
+
+def test_a_busy_board_is_a_refused_run_on_record(amdflash, make_board):
+    from amdflash.stages.transport.lock import BoardLock, sim_key
+
+    board = make_board(transport="ideal")
+    with BoardLock(sim_key(board)):
+        r = amdflash("info", "--board", f"sim:{board}")
+    refused(r, f"board busy (pid {os.getpid()})")
+    runs = amdflash("runs", "--json")
+    [run] = __import__("json").loads(runs.out)
+    assert run["status"] == "refused" and run["command"] == "info"
+    rep = __import__("json").loads(amdflash("report", run["run_id"], "--json").out)
+    assert rep["status"] == "refused" and "board busy" in rep["error"]
+
+
+def test_ctrl_c_while_parsing_or_checking_exits_130_without_a_traceback(amdflash, monkeypatch, make_board):
+    from amdflash.pipeline import checks
+
+    board = make_board(transport="ideal")
+
+    def interrupted(*args):  # noqa: ANN002, ANN202
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checks, "board_specs", interrupted)
+    r = amdflash("info", "--board", f"sim:{board}")
+    assert r.code == 130 and r.err == "error: interrupted\n"
+    assert threading.active_count() == 1
+
+
+def test_errors_inside_task_groups_are_unwrapped_to_their_cause(amdflash, monkeypatch):
+    from amdflash.pipeline import commands
+    from amdflash.pipeline.errors import Refusal
+
+    def grouped(*args):  # noqa: ANN002, ANN202
+        raise ExceptionGroup("unhandled errors in a TaskGroup",
+                             [ExceptionGroup("inner", [Refusal("--prescale must be 0..15")]), ValueError("other")])
+
+    monkeypatch.setattr(commands, "runs", grouped)
+    r = amdflash("runs")
+    assert r.code == 2 and r.err == "error: --prescale must be 0..15\n"
+
+    def failed(*args):  # noqa: ANN002, ANN202
+        raise ExceptionGroup("unhandled errors in a TaskGroup", [OSError("USB bridge 1234abcd: disconnected")])
+
+    monkeypatch.setattr(commands, "runs", failed)
+    r = amdflash("runs")
+    assert r.code == 1 and r.err == "error: USB bridge 1234abcd: disconnected\n"
+
+    def bug(*args):  # noqa: ANN002, ANN202
+        return {}["missing"]
+
+    monkeypatch.setattr(commands, "runs", bug)
+    r = amdflash("runs")
+    assert r.code == 1 and r.err_lines == ["error: internal error KeyError: 'missing' (-v shows where)"]
+    r = amdflash("runs", "-v")
+    assert "Traceback" in r.err      # asked for: -v shows where

@@ -1,0 +1,81 @@
+"""Ctrl-C at any moment: exit 130 (or 0 if the work was already done), one line, no traceback;
+an interrupted flash is on record and resumes to the exact image."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from tests.cli.conftest import flash_content
+
+SCRIPT = str(Path(sys.executable).with_name("amdflash"))   # the console script, as a shell runs it
+
+
+def _ctrl_c(argv: list[str], delay: float | None, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run amdflash in its own process group and press Ctrl-C (SIGINT to the group) after `delay`
+    seconds; delay None: the key was pressed while the interpreter was still starting (the signal
+    is pending, held back by the signal mask, when amdflash's first line runs)."""
+    def hold_back() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    p = subprocess.Popen([SCRIPT, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                         start_new_session=True, preexec_fn=hold_back if delay is None else None)
+    if delay is None:
+        os.killpg(p.pid, signal.SIGINT)
+    else:
+        time.sleep(delay)
+        try:
+            os.killpg(p.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass                                    # it had finished
+    out, err = p.communicate(timeout=300)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def test_ctrl_c_during_start_up_exits_130_with_one_line(tmp_path, make_board):
+    board = make_board(transport="ideal")
+    r = _ctrl_c(["info", "--board", f"sim:{board}"], None, tmp_path)
+    assert r.returncode == 130 and r.stderr == "error: interrupted\n" and r.stdout == ""
+    r = _ctrl_c(["--log-json", "info", "--board", f"sim:{board}"], None, tmp_path)
+    assert r.returncode == 130 and json.loads(r.stderr) == {"event": "interrupted", "level": "error"}
+    assert not Path(os.environ["AMDFLASH_DB"]).exists()
+
+
+def _interrupt_then_finish(tmp_path: Path, make_board, delay: float) -> None:  # noqa: ANN001
+    image = tmp_path / "image.bin"
+    image.write_bytes(synthetic_ifwi(21))
+    board = make_board(content="blank", transport="asm24", realtime_scale=1.0)
+    argv = ["flash", str(image), "--yes", "--expect-part", "SYNTH-0001", "--board", f"sim:{board}", "--sector-count", "48", "--no-progress"]
+    r = _ctrl_c(argv, delay, tmp_path)
+    assert r.returncode in (0, 130), r.stderr
+    assert "Traceback" not in r.stderr and "KeyboardInterrupt" not in r.stderr, r.stderr
+    if r.returncode == 130:
+        assert r.stderr.strip().splitlines()[-1].startswith("error: "), r.stderr
+        listed = subprocess.run([SCRIPT, "runs", "--json"], capture_output=True, text=True, cwd=tmp_path)
+        runs = json.loads(listed.stdout) if listed.returncode == 0 else []     # 2: no audit database yet
+        if runs:                                    # stopped once the run had begun: resume it
+            assert runs[-1]["status"] == "interrupted"
+            done = subprocess.run([SCRIPT, "resume", "--yes", "--board", f"sim:{board}", "-q"], capture_output=True,
+                                  text=True, cwd=tmp_path)
+        else:                                       # stopped before: flash again
+            done = subprocess.run([SCRIPT, *argv, "-q"], capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    assert flash_content(board)[:48 * 0x1000] == image.read_bytes()[:48 * 0x1000]
+
+
+@pytest.mark.parametrize("delay", [1.0])
+def test_ctrl_c_during_a_flash_stops_it_cleanly_and_it_resumes(tmp_path, make_board, delay):
+    _interrupt_then_finish(tmp_path, make_board, delay)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.3, 1.7, 2.2, 2.8, 3.5, 4.5])
+def test_ctrl_c_at_many_moments(tmp_path, make_board, delay):
+    _interrupt_then_finish(tmp_path, make_board, delay)
