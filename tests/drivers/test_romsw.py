@@ -66,7 +66,8 @@ def test_restore_each_mode_restores_after_every_transaction(open_board):
 
 
 def test_gated_engine_times_out_with_the_reference_message_and_restores(open_board):
-    o = open_board(gated=True, engine={"timeout": 0.05})
+    # Without the open-time self-check, the first read times out ...
+    o = open_board(gated=True, engine={"timeout": 0.05, "self_check": False})
     before = registers(o.board)
     o.engine.open()
     with pytest.raises(RomSwTimeout) as e:
@@ -77,14 +78,20 @@ def test_gated_engine_times_out_with_the_reference_message_and_restores(open_boa
         o.engine.read(0x9F, count=3)      # nothing more is started after a timeout
     o.engine.close()
     assert registers(o.board) == before
+    # ... with it (the default), opening does, and leaves the registers as they were.
+    o = open_board(gated=True, engine={"timeout": 0.05})
+    before = registers(o.board)
+    with pytest.raises(RomSwTimeout, match="engine may be gated after SOS boot"):
+        o.engine.open()
+    assert registers(o.board) == before
 
 
 def test_stall_times_out_and_registers_are_restored(open_board):
-    o = open_board(faults=["stall-after=10"], engine={"timeout": 0.05})
+    o = open_board(faults=["stall-after=200"], engine={"timeout": 0.05})
     before = registers(o.board)
     with o.engine:
         with pytest.raises(RomSwTimeout):
-            for _ in range(20):
+            for _ in range(200):
                 o.engine.read(0x05)
     assert registers(o.board) == before
 
@@ -97,7 +104,7 @@ def test_missing_raw_controller_fails_at_open_and_leaves_nothing_changed(open_bo
 
 
 def test_timeout_uses_the_transport_clock(open_board):
-    o = open_board(gated=True, engine={"timeout": 0.5})
+    o = open_board(gated=True, engine={"timeout": 0.5, "self_check": False})
     o.engine.open()
     start = o.bar.clock.now()
     with pytest.raises(RomSwTimeout):

@@ -9,6 +9,13 @@ physical paths do, each charged on the virtual clock by the active cost profile:
 * `reg_read` / `reg_write`: the raw access underneath, uncharged, used by the emulated
   USB bridge, which charges its own USB transfers.
 
+Each charged access lands when the cost model says (`cost.py` states the rule): the clock
+first advances to the moment the request reaches the board, the board acts, then the
+clock advances by the rest of the access. The ROM_SW engine and the flash run on the same
+clock, so an access sees exactly what the silicon would show at that moment. With
+`trace` set to a list, every charged access appends (kind, offset, size, started, landed,
+ended) to it.
+
 Registers without behaviour read back what was written. Registers with behaviour have
 hooks: a write hook sees the merged 32-bit value after the bytes landed, a read hook
 supplies the value. Block accesses visit hooked dwords in ascending address order, as the
@@ -24,7 +31,9 @@ from typing import Callable
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.sim import cost as costmod
 from amdflash.stages.transport.sim.clock import SimClock
+from amdflash.stages.transport.sim.cost import Access
 from amdflash.stages.transport.sim.faults import Faults
+from amdflash.stages.transport.sim.romsw import BLOCK_END, BLOCK_START
 from amdflash.stages.transport.sim.state import C, BoardFiles
 
 ReadHook = Callable[[], int]
@@ -45,7 +54,7 @@ _REG_READS, _REG_WRITES = C["reg_reads"], C["reg_writes"]
 
 class Board:
     def __init__(self, path: str | os.PathLike[str], profile: str | None = None,
-                 realtime_scale: float | None = None):
+                 realtime_scale: float | None = None, strict: bool | None = None):
         self.path = Path(path)
         self.files = BoardFiles(self.path)
         self.config = self.files.config
@@ -58,6 +67,10 @@ class Board:
         self.clock = SimClock(self.counters, C["modelled_seconds"], C["sleep_seconds"], float(scale))
         self.variant: dict = self.config.get("variant", {})
         self.seed: int = int(self.config.get("seed", 0))
+        # Strict: a protocol violation raises (see sim/romsw.py). Boards are strict unless
+        # made with `sim create --lenient`.
+        self.strict = bool(self.config.get("strict", True)) if strict is None else strict
+        self.trace: list[tuple[str, int, int, float, float, float]] | None = None
 
         self._read_hooks: dict[int, ReadHook] = {}
         self._write_hooks: dict[int, WriteHook] = {}
@@ -74,6 +87,8 @@ class Board:
         self.engine = RomSwEngine(self)
         self.aperture = RomAperture(self)
         self.psp = PspMailbox(self)
+        # The ROM_SW block (CNTL .. end of the data window) goes to the engine model.
+        self._engine_lo, self._engine_hi = (BLOCK_START, BLOCK_END) if self.engine.wired else (0, 0)
         self._closed = False
 
     # -- wiring for the models ------------------------------------------------------------
@@ -98,6 +113,18 @@ class Board:
     def reg_read(self, offset: int, size: int) -> bytes:
         self._check_range(offset, size)
         self.counters[_REG_READS] += 1
+        end = offset + size
+        if offset < self._engine_hi and end > self._engine_lo:
+            return self._split_read(offset, size)
+        return self._plain_read(offset, size)
+
+    def _split_read(self, offset: int, size: int) -> bytes:
+        lo, hi, end = max(offset, self._engine_lo), min(offset + size, self._engine_hi), offset + size
+        out = self._plain_read(offset, lo - offset) if lo > offset else b""
+        out += self.engine.read(lo, hi - lo)
+        return out + (self._plain_read(hi, end - hi) if end > hi else b"")
+
+    def _plain_read(self, offset: int, size: int) -> bytes:
         first, last = offset >> 2, (offset + size + 3) >> 2
         if self._hooked.find(1, first, last) < 0:
             return self.regs[offset:offset + size]
@@ -118,6 +145,19 @@ class Board:
         fs[F_WRITES] += 1
         if self._kill_at is not None and fs[F_WRITES] >= self._kill_at:
             self._host_dies()
+        end = offset + size
+        if offset < self._engine_hi and end > self._engine_lo:
+            lo, hi = max(offset, self._engine_lo), min(end, self._engine_hi)
+            if lo > offset:
+                self._plain_write(offset, data[:lo - offset])
+            self.engine.write(lo, data[lo - offset:hi - offset])
+            if end > hi:
+                self._plain_write(hi, data[hi - offset:])
+            return
+        self._plain_write(offset, data)
+
+    def _plain_write(self, offset: int, data: bytes) -> None:
+        size = len(data)
         first, last = offset >> 2, (offset + size + 3) >> 2
         if self._hooked.find(1, first, last) < 0:
             self.regs[offset:offset + size] = data
@@ -141,6 +181,23 @@ class Board:
         os.kill(os.getpid(), signal.SIGKILL)
 
     # -- charged frontends ----------------------------------------------------------------
+    def _land(self, access: Access) -> float:
+        """Advance the clock to the moment the access reaches the board; returns its start."""
+        clock = self.clock
+        start = clock.now() if self.trace is not None else 0.0
+        if access.lands:
+            clock.advance(access.lands)
+        return start
+
+    def _done(self, kind: str, offset: int, size: int, access: Access, start: float) -> None:
+        clock = self.clock
+        rest = access.total - access.lands
+        if self.trace is not None:
+            landed = clock.now()
+            self.trace.append((kind, offset, size, start, landed, landed + rest))
+        if rest:
+            clock.advance(rest)
+
     def stream_read(self, offset: int, size: int) -> bytes:
         cost = self.cost
         c = self.counters
@@ -149,8 +206,11 @@ class Board:
             c[_BULK] += 1
             c[_BULK_BYTES] += size
         c[_TLPS] += (size + 3) >> 2
-        self.clock.advance(cost.stream_read(size))
-        return self.reg_read(offset, size)
+        access = cost.stream_read(size)
+        start = self._land(access)
+        data = self.reg_read(offset, size)
+        self._done("stream read", offset, size, access, start)
+        return data
 
     def stream_write(self, offset: int, data: bytes) -> None:
         cost = self.cost
@@ -161,22 +221,38 @@ class Board:
             c[_BULK] += 1
             c[_BULK_BYTES] += size
         c[_TLPS] += (size + 3) >> 2
-        self.clock.advance(cost.stream_write(size))
+        access = cost.stream_write(size)
+        start = self._land(access)
         self.reg_write(offset, data)
+        self._done("stream write", offset, size, access, start)
 
     def tlp_read32(self, offset: int) -> int:
         if self.cost.usb:
             self.counters[_CONTROL] += 2
         self.counters[_TLPS] += 1
-        self.clock.advance(self.cost.tlp_read32())
-        return int.from_bytes(self.reg_read(offset, 4), "little")
+        access = self.cost.tlp_read32()
+        start = self._land(access)
+        value = int.from_bytes(self.reg_read(offset, 4), "little")
+        self._done("read32", offset, 4, access, start)
+        return value
 
     def tlp_write32(self, offset: int, value: int) -> None:
         if self.cost.usb:
             self.counters[_CONTROL] += 1
         self.counters[_TLPS] += 1
-        self.clock.advance(self.cost.tlp_write32())
+        access = self.cost.tlp_write32()
+        start = self._land(access)
         self.reg_write(offset, (value & 0xFFFFFFFF).to_bytes(4, "little"))
+        self._done("write32", offset, 4, access, start)
+
+    def power_on_reset(self) -> None:
+        """PERST#: the GPU starts over. BAR5 holds its power-on values, the ROM_SW engine
+        drops whatever it was doing; the flash (a separate chip) keeps its state."""
+        from amdflash.stages.transport.sim.create import power_on_registers
+
+        self.regs[:] = power_on_registers()
+        self.engine.reset()
+        self.psp.power_on()
 
     # -- lifetime -------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:

@@ -49,6 +49,7 @@ COUNTER_NAMES = (
     "spi_seconds",
     "flash_busy_seconds",
     "sleep_seconds",
+    "protocol_violations",
 )
 C = {name: i for i, name in enumerate(COUNTER_NAMES)}
 
