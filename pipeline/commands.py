@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import anyio
 
-from amdflash.pipeline import jobs
+from amdflash.pipeline import jobs, outputs
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Refusal
 from amdflash.pipeline.runner import RunInfo, RunResult, exit_code, new_run_id, run_boards
 from amdflash.stages.navi31.psp import DISABLED_REASON
@@ -56,9 +56,11 @@ def _board_option(p: argparse.ArgumentParser) -> None:
 def _engine_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("ROM_SW engine")
     g.add_argument("--prescale", type=int, default=8, metavar="N", help="SPI clock 100 MHz/(N+1), N 0..15 (default 8)")
-    g.add_argument("--rx-mode", choices=("primed", "chained"), default="primed",
-                   help="RX quirk handling: primed (validated on hardware, default) or chained (each "
-                        "transaction yields its predecessor's data; fewer transactions; NOT yet validated on hardware)")
+    g.add_argument("--rx-mode", choices=("primed", "chained"), default="chained",
+                   help="RX quirk handling: chained (default: each transaction yields its predecessor's data, "
+                        "half the transactions; checked against primed reads on each board when it is opened, "
+                        "and primed there if they disagree) or primed (every read issued twice, as validated "
+                        "on hardware)")
     g.add_argument("--restore-each", action="store_true",
                    help="save/configure/restore the engine registers around every transaction, as the reference does")
 
@@ -98,7 +100,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
                                    "ROM_INDEX/ROM_DATA (after autonomous boot) and refuses a board without the raw "
                                    "controller, a mirrored 1 MiB aperture or a dump without the IFWI signature. "
                                    "Writes OUTPUT only when the dump is complete. " + ro)
-    p.add_argument("output", type=Path)
+    p.add_argument("output", type=Path,
+                   help="the file to write; with several --board a template: {serial}, {n} (place in the "
+                        "--board list) or {spec}, e.g. dump-{serial}.bin")
     p.add_argument("--via", choices=("rom-sw", "aperture"), default="rom-sw")
     _board_option(p)
     _engine_options(p)
@@ -272,6 +276,8 @@ def cmd_board(args: argparse.Namespace) -> int:
         raise Refusal(f"read {args.address:#x}+{args.size:#x} is outside the 2 MiB flash")
     if job == "dump" and args.output.is_dir():
         raise Refusal(f"{args.output} is a directory")
+    if job == "dump":
+        outputs.check(args.output, specs)
 
     writer = _open_writer(args)
     image_sha = hashlib.sha256(image).hexdigest() if image is not None else None
@@ -284,7 +290,7 @@ def cmd_board(args: argparse.Namespace) -> int:
         elif job == "read":
             body = jobs.ReadJob(_engine(args), args.address, args.size, args.output)
         elif job == "dump":
-            body = jobs.DumpJob(_engine(args), args.output, args.via)
+            body = jobs.DumpJob(_engine(args), outputs.for_board(args.output, specs.index(spec) + 1, spec), args.via)
         elif job == "verify":
             body = jobs.VerifyJob(_engine(args), image)
         elif job == "flash":
@@ -295,7 +301,7 @@ def cmd_board(args: argparse.Namespace) -> int:
             info.resumes_run_id = plan["run_id"]
             info.arguments = {**plan["arguments"], "resumes": plan["run_id"]}
             a = plan["arguments"]
-            engine = jobs.EngineOptions(a.get("prescale", 8), a.get("rx_mode", "primed"), a.get("restore_each", False))
+            engine = jobs.EngineOptions(a.get("prescale", 8), a.get("rx_mode", "chained"), a.get("restore_each", False))
             body = jobs.FlashJob(engine, image, a["start_sector"], a["sector_count"], a["clear_cmp"],
                                  a.get("retries", 2), backup_dir, frozenset(plan["verified"]), True,
                                  plan["identity"], plan["registers"])

@@ -182,9 +182,10 @@ class SpiNor:
         busy, self._busy = self._busy, None
         assert busy is not None
         clock = self.clock
-        clock.sleep(busy.ends - clock.now())
+        start_after: float | None = busy.ends
         while True:
-            chain = self.spi.read_chain([Request(RDSR1, count=1), *requests])
+            chain = self.spi.read_chain([Request(RDSR1, count=1), *requests], start_after)
+            start_after = None
             sr1 = next(chain)[0]
             if not sr1 & protection.SR1_WIP:
                 yield from chain

@@ -237,16 +237,19 @@ class RomSw:
         """A fresh RX capture of one request."""
         return b"".join(self.read_chain([Request(opcode, address, address_bytes, count)]))
 
-    def read_chain(self, requests: Iterable[Request]) -> Iterator[bytes]:
+    def read_chain(self, requests: Iterable[Request], start_after: float | None = None) -> Iterator[bytes]:
         """Results of a series of RX transactions, in order, in the configured RX mode.
 
         A chain must run to its end without other transactions in between: in chained
-        mode each window holds the previous RX capture, whoever caused it.
+        mode each window holds the previous RX capture, whoever caused it. `start_after`:
+        the first transaction does not start before then (its registers are loaded before).
         """
         if not self.fast.chained:
             for r in requests:
                 # Prime with at least 2 bytes, as the validated client does; keep the second.
-                self._transaction(r.opcode, r.address, r.address_bytes, b"", max(2, r.count))
+                self._transaction(r.opcode, r.address, r.address_bytes, b"", max(2, r.count),
+                                  start_after=start_after)
+                start_after = None
                 yield self._deliver(r, r)
             return
         pending, self._pending = self._pending, None
@@ -255,7 +258,8 @@ class RomSw:
             if previous is None and r == pending:
                 previous = r            # its capture is already waiting
                 continue
-            window = self._deliver(r, previous)
+            window = self._deliver(r, previous, start_after)
+            start_after = None
             if previous is not None:
                 yield window
             previous = r
@@ -275,14 +279,14 @@ class RomSw:
             self._give_up_early_observe()
             raise RomSwError("the window was read before the transaction ended; read again") from None
 
-    def _deliver(self, request: Request, previous: Request | None) -> bytes:
+    def _deliver(self, request: Request, previous: Request | None, start_after: float | None = None) -> bytes:
         """Issue `request`; return the capture of `previous` that its completion brings into
         the window. A read that found the transaction still running is taken again."""
         deliver = previous.count if previous is not None else 0
         for _ in range(SPOILED_RETRIES):
             try:
                 return self._transaction(request.opcode, request.address, request.address_bytes, b"",
-                                         max(2, request.count), deliver=deliver)
+                                         max(2, request.count), deliver=deliver, start_after=start_after)
             except _ObservedEarly:
                 self._give_up_early_observe()
                 if previous is not None:

@@ -572,6 +572,9 @@ class UsbBar5:
         self._on_close = on_close
         self._closed = False
         self.clock: Clock = clock_for(backend, bridge.device)
+        hook = getattr(backend, "diagnostics_for", None)    # an emulated bridge: what its board saw
+        if hook is not None:
+            self.diagnostics = hook(bridge.device)
         self.asm24 = Asm24(bridge.device, self.clock, f"USB bridge {bridge.serial}")
         try:
             self.asm24.claim()

@@ -24,7 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from amdflash.stages.transport.sim import create_board
+from amdflash.stages.flash.spinor import SpiNor
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.navi31.romsw import RomSw, RomSwOptions
+from amdflash.stages.transport.sim import SimBar5, create_board
 from amdflash.stages.transport.sim.cost import PCIE
 from amdflash.stages.transport.sim.floor import dump_ops, flash_ops, physical_floor, transport_floor
 from amdflash.stages.transport.sim.state import C, BoardFiles
@@ -138,7 +141,47 @@ def main() -> None:
     if dense is not None:
         run(dense, "pcie default", lambda b, i: [*dense.ours(b, i), "--board", f"sim:{b}"], ours, "pcie")
     print_table(jobs, bool(args.seed_client))
+    print()
+    print_landing_trace(work / "trace-board")
     print(f"(boards, images and audit database in {work})")
+
+
+REGISTER_NAMES = {R.ROM_SW_CNTL: "CNTL", R.ROM_SW_STATUS: "STATUS", R.ROM_SW_COMMAND: "COMMAND",
+                  R.ROM_SW_DATA: "window"}
+
+
+def print_landing_trace(path: Path) -> None:
+    """Access by access, when each one started, landed on the board and ended: two chained
+    256-byte reads in the middle of a chain, then two timed page programs."""
+    rng = random.Random(9)
+    create_board(path, content=rng.randbytes(SIZE), seed=9)
+    bar = SimBar5(path)
+    try:
+        with RomSw(bar, RomSwOptions()) as engine:
+            nor = SpiNor(engine)
+            nor.identify()
+            nor.read(0, 0x1000)
+            bar.board.trace = []
+            nor.read(0x1000, 0x200)
+            _print_trace("two chained 256-byte reads, continuing a chain (asm24)", bar.board.trace)
+            nor.erase(0x10000, 0x1000)
+            bar.board.trace = []
+            nor.program_pages(0x10000, rng.randbytes(0x200), [0x10000, 0x10100])
+            nor.read(0x10000, 0x100)
+            _print_trace("two timed page programs, then a read chain led by a status read (asm24)",
+                         bar.board.trace)
+    finally:
+        bar.close()
+
+
+def _print_trace(title: str, trace: list) -> None:  # noqa: ANN001
+    print(f"access trace: {title}; µs from the first access")
+    t0 = trace[0][3]
+    print(f"  {'access':13} {'register':>9} {'bytes':>5} {'started':>9} {'landed':>9} {'ended':>9}")
+    for kind, offset, size, start, landed, end in trace:
+        name = REGISTER_NAMES.get(offset, f"{offset:#x}")
+        print(f"  {kind:13} {name:>9} {size:5} {(start - t0) * 1e6:9.1f} {(landed - t0) * 1e6:9.1f} "
+              f"{(end - t0) * 1e6:9.1f}")
 
 
 def print_table(jobs: list[Job], with_reference: bool) -> None:

@@ -23,10 +23,12 @@ TLPs of a streamed access do.
 """
 from __future__ import annotations
 
+import functools
 import os
 import signal
+import struct
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.sim import cost as costmod
@@ -36,6 +38,7 @@ from amdflash.stages.transport.sim.faults import Faults
 from amdflash.stages.transport.sim.romsw import BLOCK_END, BLOCK_START
 from amdflash.stages.transport.sim.state import C, BoardFiles
 
+T = TypeVar("T")
 ReadHook = Callable[[], int]
 WriteHook = Callable[[int], None]
 
@@ -46,6 +49,8 @@ F_USB_TRANSFERS = 2   # USB transfers, for usb-disconnect-after
 F_ENGINE_TXNS = 3     # ROM_SW transactions, for stall-after
 F_FLIP_DRAWS = 4      # read-flip random draws consumed
 F_USB_FIRED = 5       # usb-disconnect-after has fired (one-shot)
+
+_U32 = struct.Struct("<I")
 
 # Counter slots, bound once: these are touched on every access.
 _CONTROL, _BULK, _BULK_BYTES, _TLPS = C["control_transfers"], C["bulk_transfers"], C["bulk_bytes"], C["tlps"]
@@ -71,6 +76,10 @@ class Board:
         # made with `sim create --lenient`.
         self.strict = bool(self.config.get("strict", True)) if strict is None else strict
         self.trace: list[tuple[str, int, int, float, float, float]] | None = None
+        cost = self.cost
+        self._tlp_read, self._tlp_write = cost.tlp_read32(), cost.tlp_write32()
+        self._stream_read_cost = functools.lru_cache(maxsize=64)(cost.stream_read)
+        self._stream_write_cost = functools.lru_cache(maxsize=64)(cost.stream_write)
 
         self._read_hooks: dict[int, ReadHook] = {}
         self._write_hooks: dict[int, WriteHook] = {}
@@ -101,10 +110,10 @@ class Board:
         self._hooked[offset >> 2] = 1
 
     def get32(self, offset: int) -> int:
-        return int.from_bytes(self.regs[offset:offset + 4], "little")
+        return _U32.unpack_from(self.regs, offset)[0]
 
     def set32(self, offset: int, value: int) -> None:
-        self.regs[offset:offset + 4] = (value & 0xFFFFFFFF).to_bytes(4, "little")
+        _U32.pack_into(self.regs, offset, value & 0xFFFFFFFF)
 
     def count(self, name: str, n: float = 1) -> None:
         self.counters[C[name]] += n
@@ -120,6 +129,8 @@ class Board:
 
     def _split_read(self, offset: int, size: int) -> bytes:
         lo, hi, end = max(offset, self._engine_lo), min(offset + size, self._engine_hi), offset + size
+        if lo == offset and hi == end:
+            return self.engine.read(offset, size)
         out = self._plain_read(offset, lo - offset) if lo > offset else b""
         out += self.engine.read(lo, hi - lo)
         return out + (self._plain_read(hi, end - hi) if end > hi else b"")
@@ -181,22 +192,16 @@ class Board:
         os.kill(os.getpid(), signal.SIGKILL)
 
     # -- charged frontends ----------------------------------------------------------------
-    def _land(self, access: Access) -> float:
-        """Advance the clock to the moment the access reaches the board; returns its start."""
+    # Each: advance the clock to the moment the access lands, act, advance by the rest.
+    def _traced(self, kind: str, offset: int, size: int, access: Access, act: Callable[[], T]) -> T:
         clock = self.clock
-        start = clock.now() if self.trace is not None else 0.0
-        if access.lands:
-            clock.advance(access.lands)
-        return start
-
-    def _done(self, kind: str, offset: int, size: int, access: Access, start: float) -> None:
-        clock = self.clock
-        rest = access.total - access.lands
-        if self.trace is not None:
-            landed = clock.now()
-            self.trace.append((kind, offset, size, start, landed, landed + rest))
-        if rest:
-            clock.advance(rest)
+        start = clock.now()
+        clock.advance(access.lands)
+        landed = clock.now()
+        result = act()
+        self.trace.append((kind, offset, size, start, landed, landed + access.total - access.lands))  # type: ignore[union-attr]
+        clock.advance(access.total - access.lands)
+        return result
 
     def stream_read(self, offset: int, size: int) -> bytes:
         cost = self.cost
@@ -206,10 +211,13 @@ class Board:
             c[_BULK] += 1
             c[_BULK_BYTES] += size
         c[_TLPS] += (size + 3) >> 2
-        access = cost.stream_read(size)
-        start = self._land(access)
+        access = self._stream_read_cost(size)
+        if self.trace is not None:
+            return self._traced("stream read", offset, size, access, lambda: self.reg_read(offset, size))
+        advance = self.clock.advance
+        advance(access.lands)
         data = self.reg_read(offset, size)
-        self._done("stream read", offset, size, access, start)
+        advance(access.total - access.lands)
         return data
 
     def stream_write(self, offset: int, data: bytes) -> None:
@@ -221,29 +229,41 @@ class Board:
             c[_BULK] += 1
             c[_BULK_BYTES] += size
         c[_TLPS] += (size + 3) >> 2
-        access = cost.stream_write(size)
-        start = self._land(access)
+        access = self._stream_write_cost(size)
+        if self.trace is not None:
+            self._traced("stream write", offset, size, access, lambda: self.reg_write(offset, data))
+            return
+        advance = self.clock.advance
+        advance(access.lands)
         self.reg_write(offset, data)
-        self._done("stream write", offset, size, access, start)
+        advance(access.total - access.lands)
 
     def tlp_read32(self, offset: int) -> int:
         if self.cost.usb:
             self.counters[_CONTROL] += 2
         self.counters[_TLPS] += 1
-        access = self.cost.tlp_read32()
-        start = self._land(access)
-        value = int.from_bytes(self.reg_read(offset, 4), "little")
-        self._done("read32", offset, 4, access, start)
+        access = self._tlp_read
+        if self.trace is not None:
+            return _U32.unpack(self._traced("read32", offset, 4, access, lambda: self.reg_read(offset, 4)))[0]
+        advance = self.clock.advance
+        advance(access.lands)
+        value = _U32.unpack(self.reg_read(offset, 4))[0]
+        advance(access.total - access.lands)
         return value
 
     def tlp_write32(self, offset: int, value: int) -> None:
         if self.cost.usb:
             self.counters[_CONTROL] += 1
         self.counters[_TLPS] += 1
-        access = self.cost.tlp_write32()
-        start = self._land(access)
-        self.reg_write(offset, (value & 0xFFFFFFFF).to_bytes(4, "little"))
-        self._done("write32", offset, 4, access, start)
+        access = self._tlp_write
+        data = _U32.pack(value & 0xFFFFFFFF)
+        if self.trace is not None:
+            self._traced("write32", offset, 4, access, lambda: self.reg_write(offset, data))
+            return
+        advance = self.clock.advance
+        advance(access.lands)
+        self.reg_write(offset, data)
+        advance(access.total - access.lands)
 
     def power_on_reset(self) -> None:
         """PERST#: the GPU starts over. BAR5 holds its power-on values, the ROM_SW engine

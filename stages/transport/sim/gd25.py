@@ -73,7 +73,9 @@ Modelling decisions (the datasheet leaves them open, or the model has to pick on
 * Deep power-down (B9h): only ABh is heard, which releases it (ABh's ID bytes are clocked
   out in either state); the aperture reads 0xFF; the PSP's controller cannot write.
 * Faults: stuck bits read 1 whatever the array holds (so programming cannot clear them and
-  erasing leaves them 1); erase-fail sectors keep their content through any erase.
+  erasing leaves them 1); erase-fail sectors keep their content through any erase;
+  slow-busy=F makes every program, erase and status write take F times its typical time
+  (capped at the datasheet maximum), as a slower part within specification does.
 * State: everything lives in the board's "chip" region, so a new host process finds the
   chip exactly as the last one left it (the board stays powered). The security
   registers are the "otp" region, formatted to 0xFF the first time a chip is opened.
@@ -103,10 +105,14 @@ SR1_WRITABLE = 0xFC
 SR2_WRITABLE = SRP1 | QE | CMP        # LB bits are handled apart: they only ever set
 SR3_WRITABLE = 0x60                   # DRV0, DRV1
 
-# Typical busy times of HARDWARE.md §7, in seconds, by the opcode that starts them.
+# Typical and maximum busy times of HARDWARE.md §7, in seconds, by the opcode that starts them.
 BUSY_SECONDS: dict[int, float] = {
     0x02: 0.5e-3, 0x20: 50e-3, 0x52: 150e-3, 0xD8: 250e-3, 0x60: 8.0, 0xC7: 8.0,
     0x01: 5e-3, 0x31: 5e-3, 0x11: 5e-3, 0x42: 0.5e-3, 0x44: 50e-3,
+}
+MAX_BUSY_SECONDS: dict[int, float] = {
+    0x02: 2.4e-3, 0x20: 300e-3, 0x52: 1.0, 0xD8: 1.2, 0x60: 20.0, 0xC7: 20.0,
+    0x01: 30e-3, 0x31: 30e-3, 0x11: 30e-3, 0x42: 2.4e-3, 0x44: 300e-3,
 }
 ERASE_SIZES: dict[int, int] = {0x20: 0x1000, 0x52: 0x8000, 0xD8: 0x10000}
 SUSPENDABLE = {0x02: SUS2, 0x20: SUS1, 0x52: SUS1, 0xD8: SUS1}
@@ -185,6 +191,7 @@ class Gd25Chip:
             stuck[address] = stuck.get(address, 0) | 1 << bit
         self._stuck = sorted(stuck.items())
         self._erase_fail = set(board.faults.erase_fail)
+        self._slow = board.faults.slow_busy
         if bytes(self._state[0:4]) != MAGIC:
             # A board made before this model existed: a fresh chip with all bits clear.
             self._state[0:CHIP_REGION_SIZE] = self.initial_state(cmp=False, bp=0)
@@ -335,7 +342,8 @@ class Gd25Chip:
         if not self._physical:
             self._state[_SR1] &= ~WEL
             return
-        seconds = BUSY_SECONDS[kind]
+        # A slow-busy chip takes longer than typical, never longer than the datasheet allows.
+        seconds = min(BUSY_SECONDS[kind] * self._slow, MAX_BUSY_SECONDS[kind])
         self._times[_BUSY_UNTIL] = self._now() + seconds
         self._ranges[_BUSY_LO], self._ranges[_BUSY_HI] = lo, hi
         self._state[_BUSY_KIND] = kind

@@ -19,6 +19,9 @@ Behaviour modelled, inconvenient parts included:
   driver can do by mistake goes unnoticed. Reading CNTL or COMMAND, and anything done to
   STATUS, is not a violation: the reference client reads CNTL back at once to flush its
   posted write, while the transaction runs, and that worked on hardware.
+* Unobserved completions (a diagnostic, not a violation): touching COMMAND, CNTL or the
+  window after a transaction ended but before any read of STATUS since its end. A driver
+  that relies on timing alone instead of seeing the done bit shows up here.
 * The wire: the opcode (COMMAND b7:0), then COMMAND_SIZE bytes taken from COMMAND b31:8
   most significant first, then TX data read from the window as big-endian dwords; or, with
   RETURN_DATA_ENABLE, DATA_SIZE bytes clocked back in.
@@ -38,6 +41,7 @@ import struct
 from typing import TYPE_CHECKING
 
 from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport.sim.state import C
 
 if TYPE_CHECKING:
     from amdflash.stages.transport.sim.board import Board
@@ -49,9 +53,11 @@ _MIRROR_NEEDED = 0x06000000  # PAGE_MIRROR_CNTL: ENABLE (b25) and USAGE (b27:26)
 
 # Engine region (after the capture buffer): the transaction in flight, if any.
 _T = struct.Struct("<ddI")          # started at, ends at, CNTL value
+_U32 = struct.Struct("<I")
 _T_AT = CAPTURE_SIZE
 _FLAGS_AT = CAPTURE_SIZE + _T.size
-IN_FLIGHT, SPOILED, PADS_OPEN = 0x1, 0x2, 0x4
+IN_FLIGHT, SPOILED, PADS_OPEN, UNOBSERVED = 0x1, 0x2, 0x4, 0x8
+_SPI_TRANSACTIONS, _SPI_BYTES, _SPI_SECONDS = C["spi_transactions"], C["spi_bytes"], C["spi_seconds"]
 
 
 class ProtocolViolation(RuntimeError):
@@ -67,6 +73,9 @@ class RomSwEngine:
         self.no_raw_rom = bool(board.variant.get("no_raw_rom"))
         self.gated = bool(board.variant.get("gated"))
         self._regs = board.regs
+        from amdflash.stages.transport.sim.board import F_ENGINE_TXNS
+
+        self._f_txns = F_ENGINE_TXNS
         if self.no_raw_rom:
             # The whole SMUIO ROM block is absent: reads float high, writes vanish.
             for off in range(R.ROM_CNTL, BLOCK_END, 4):
@@ -106,16 +115,29 @@ class RomSwEngine:
     # -- register access (the board routes every access to the block here) -----------------
     def read(self, offset: int, size: int) -> bytes:
         now = self.board.clock.now()
-        self.settle(now)
-        if self._state[-1] & IN_FLIGHT and offset + size > R.ROM_SW_DATA:
-            self._violation("the data window was read", now)
+        if self._state[-1] & IN_FLIGHT:
+            self.settle(now)
+        flags = self._state[-1]
+        if flags & UNOBSERVED and offset <= R.ROM_SW_STATUS < offset + size:
+            self._state[-1] = flags = flags & ~UNOBSERVED     # STATUS is read (first, in ascending order)
+        if offset + size > R.ROM_SW_DATA:
+            if flags & IN_FLIGHT:
+                self._violation("the data window was read", now)
+            elif flags & UNOBSERVED:
+                self._unobserved()
         return bytes(self._regs[offset:offset + size])
 
     def write(self, offset: int, data: bytes) -> None:
         """Bytes landing in the block at one instant, taken in ascending address order."""
         now = self.board.clock.now()
-        self.settle(now)
+        state = self._state
+        if state[-1] & IN_FLIGHT:
+            self.settle(now)
         regs = self._regs
+        if offset == R.ROM_SW_CNTL and len(data) == 4 and not state[-1] & (IN_FLIGHT | UNOBSERVED):
+            regs[offset:offset + 4] = data              # the common case: a CNTL write that starts one
+            self._start(_U32.unpack_from(data)[0], now)
+            return
         end = offset + len(data)
         # The control dwords one by one: a CNTL write starts a transaction that the
         # dwords after it in the same access already find running.
@@ -123,16 +145,25 @@ class RomSwEngine:
         while pos < end and pos < R.ROM_SW_DATA:
             base = pos & ~3
             stop = min(base + 4, end)
-            if base in (R.ROM_SW_COMMAND, R.ROM_SW_CNTL) and self._state[-1] & IN_FLIGHT:
-                self._violation(f"{'ROM_SW_CNTL' if base == R.ROM_SW_CNTL else 'ROM_SW_COMMAND'} was written", now)
+            if base in (R.ROM_SW_COMMAND, R.ROM_SW_CNTL):
+                if self._state[-1] & IN_FLIGHT:
+                    self._violation(f"{'ROM_SW_CNTL' if base == R.ROM_SW_CNTL else 'ROM_SW_COMMAND'} was written", now)
+                elif self._state[-1] & UNOBSERVED:
+                    self._unobserved()
             regs[pos:stop] = data[pos - offset:stop - offset]
             if base == R.ROM_SW_CNTL and not self._state[-1] & IN_FLIGHT:
-                self._start(self.board.get32(R.ROM_SW_CNTL), now)
+                self._start(_U32.unpack_from(regs, R.ROM_SW_CNTL)[0], now)
             pos = stop
         if pos < end:
             if self._state[-1] & IN_FLIGHT:
                 self._violation("the data window was written", now)
+            elif self._state[-1] & UNOBSERVED:
+                self._unobserved()
             regs[pos:end] = data[pos - offset:]
+
+    def _unobserved(self) -> None:
+        self.board.count("unobserved_completions")
+        self._state[-1] &= ~UNOBSERVED
 
     def _violation(self, what: str, now: float) -> None:
         board = self.board
@@ -149,25 +180,22 @@ class RomSwEngine:
     # -- a transaction ---------------------------------------------------------------------
     def _start(self, cntl: int, now: float) -> None:
         board = self.board
-        from amdflash.stages.transport.sim.board import F_ENGINE_TXNS
-
         if self.gated:
             board.set32(R.ROM_SW_STATUS, R.ROM_SW_GATED_STATUS)
             return
-        board.fault_state[F_ENGINE_TXNS] += 1
+        fault_state = board.fault_state
+        fault_state[self._f_txns] += 1
         stall = board.faults.stall_after
-        if stall is not None and board.fault_state[F_ENGINE_TXNS] > stall:
+        if stall is not None and fault_state[self._f_txns] > stall:
             return  # the engine has stopped: STATUS keeps whatever it held, bit 0 never sets
 
-        data_size = min(cntl & 0xFFFF, R.ROM_SW_DATA_SIZE)
-        command_bytes = ((cntl >> 16) & 0x7) + 1
-        receiving = bool(cntl & R.ROM_SW_RETURN_DATA_ENABLE)
-        wire = command_bytes + data_size
-        prescale = (board.get32(R.ROM_CNTL) >> 24) & 0xF
+        wire = ((cntl >> 16) & 0x7) + 1 + min(cntl & 0xFFFF, R.ROM_SW_DATA_SIZE)
+        prescale = (_U32.unpack_from(self._regs, R.ROM_CNTL)[0] >> 24) & 0xF
         spi_time = board.cost.spi_transaction(wire, prescale)
-        board.count("spi_transactions")
-        board.count("spi_bytes", wire)
-        board.count("spi_seconds", spi_time)
+        counters = board.counters
+        counters[_SPI_TRANSACTIONS] += 1
+        counters[_SPI_BYTES] += wire
+        counters[_SPI_SECONDS] += spi_time
         flags = IN_FLIGHT | (PADS_OPEN if self._pads_released() else 0)
         _T.pack_into(self._state, 0, now, now + spi_time, cntl)
         self._state[-1] = flags
@@ -177,7 +205,7 @@ class RomSwEngine:
     def _complete(self, ends: float) -> None:
         board = self.board
         flags = self._state[-1]
-        self._state[-1] = 0
+        self._state[-1] = UNOBSERVED
         cntl = _T.unpack_from(self._state, 0)[2]
         data_size = min(cntl & 0xFFFF, R.ROM_SW_DATA_SIZE)
         receiving = bool(cntl & R.ROM_SW_RETURN_DATA_ENABLE)
@@ -190,10 +218,11 @@ class RomSwEngine:
             rx = board.chip.transaction(out, rx_len, ends) if flags & PADS_OPEN else b"\xff" * rx_len
             if receiving and board.faults.read_flip:
                 rx = self._flip(rx)
+        regs = self._regs
         if receiving:
-            self._regs[R.ROM_SW_DATA:R.ROM_SW_DATA + CAPTURE_SIZE] = self.capture
+            regs[R.ROM_SW_DATA:R.ROM_SW_DATA + CAPTURE_SIZE] = self.capture
             self.capture[0:rx_len] = rx
-        board.set32(R.ROM_SW_STATUS, board.get32(R.ROM_SW_STATUS) | R.ROM_SW_DONE)
+        _U32.pack_into(regs, R.ROM_SW_STATUS, _U32.unpack_from(regs, R.ROM_SW_STATUS)[0] | R.ROM_SW_DONE)
 
     def _wire_out(self, cntl: int, data_size: int, receiving: bool) -> bytes:
         command = self.board.get32(R.ROM_SW_COMMAND)
@@ -210,9 +239,10 @@ class RomSwEngine:
         return bytes(out)
 
     def _pads_released(self) -> bool:
-        b = self.board
-        pads = b.get32(R.GPIOPAD_MASK) | b.get32(R.GPIOPAD_A) | b.get32(R.GPIOPAD_EN)
-        mirror = b.get32(R.PAGE_MIRROR_CNTL)
+        regs = self._regs
+        pads = (_U32.unpack_from(regs, R.GPIOPAD_MASK)[0] | _U32.unpack_from(regs, R.GPIOPAD_A)[0]
+                | _U32.unpack_from(regs, R.GPIOPAD_EN)[0])
+        mirror = _U32.unpack_from(regs, R.PAGE_MIRROR_CNTL)[0]
         return not pads & R.SPI_PAD_BITS and mirror & _MIRROR_NEEDED == _MIRROR_NEEDED
 
     def _noise(self, n: int) -> bytes:

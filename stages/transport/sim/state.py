@@ -50,6 +50,7 @@ COUNTER_NAMES = (
     "flash_busy_seconds",
     "sleep_seconds",
     "protocol_violations",
+    "unobserved_completions",
 )
 C = {name: i for i, name in enumerate(COUNTER_NAMES)}
 

@@ -896,10 +896,21 @@ class SimUsbBackend(usb.backend.IBackend):
         on a real bridge's wall clock; without it, it would wait in wall time for virtual
         busy periods that only pass when accesses are charged.
         """
+        return self._bridge(device).board.clock
+
+    def diagnostics_for(self, device: Any) -> Callable[[], dict[str, int]]:
+        """For a transport that records what the board saw go wrong while it had it open."""
+        from amdflash.stages.transport.sim.bar import DIAGNOSTIC_COUNTERS
+
+        counters = self._bridge(device).board.counters
+        start = {name: counters[C[name]] for name in DIAGNOSTIC_COUNTERS}
+        return lambda: {name: int(counters[C[name]] - value) for name, value in start.items()}
+
+    def _bridge(self, device: Any) -> "_Asm24":
         for bridge in self.bridges:
             d = bridge.descriptors.device
             if (d.bus, d.address) == (device.bus, device.address):
-                return bridge.board.clock
+                return bridge
         raise LookupError(f"no emulated bridge at bus {device.bus} address {device.address}")
 
     def __enter__(self) -> "SimUsbBackend":
