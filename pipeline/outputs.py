@@ -50,7 +50,10 @@ def known_serial(spec: BoardSpec) -> str | None:
 
 
 def check(template: Path, specs: list[BoardSpec]) -> None:
-    """Refuse, before any board is opened, outputs that two boards would share."""
+    """Refuse, before any board is opened, outputs that two boards would share. A command
+    starts here: no output of an earlier command (in this process) is claimed any more."""
+    with _claims_lock:
+        _claims.clear()
     if len(specs) < 2:
         return
     if not has_fields(template):

@@ -1,4 +1,4 @@
-"""Driver for the SMUIO ROM_SW engine: raw SPI transactions through BAR5 (HARDWARE.md §3).
+"""Driver for the SMUIO ROM_SW engine: raw SPI transactions through BAR5.
 
 The engine is configured once per open (SPI pads released, page-mirror usage, prescaler)
 and every changed register is restored at close, on every path. The reference client

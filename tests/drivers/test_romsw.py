@@ -147,3 +147,32 @@ def test_close_writes_every_register_back_even_when_one_write_fails(open_board):
     after = registers(o.board)
     assert {r: v for r, v in after.items() if r != R.PAGE_MIRROR_CNTL} == \
            {r: v for r, v in before.items() if r != R.PAGE_MIRROR_CNTL}
+
+
+def test_a_chain_that_goes_on_where_the_last_ended_reuses_its_trailing_read(open_board):
+    """A chain ends with the read of the chunk after its last: a dump, unit after unit, pays
+    for one trailing transaction in all, not one per unit."""
+    image = bytes(range(256)) * 0x2000
+    o = open_board(content=image)
+    o.engine.open()
+    o.nor.identify()
+    o.ops.clear()
+    assert o.nor.read(0x4000, 0x1000) == image[0x4000:0x5000]
+    assert len(o.ops) == 17                                       # 16 reads + the read of 0x5000
+    o.ops.clear()
+    assert o.nor.read(0x5000, 0x1000) == image[0x5000:0x6000]
+    assert len(o.ops) == 16                                       # 0x5000 was already captured
+    o.ops.clear()
+    assert o.nor.read(0x9000, 0x100) == image[0x9000:0x9100]       # elsewhere: nothing to reuse
+    assert len(o.ops) == 2
+
+
+def test_a_write_between_two_reads_drops_the_kept_capture(open_board):
+    o = open_board(content=bytes(range(256)) * 0x2000)
+    o.engine.open()
+    o.nor.identify()
+    o.nor.read(0x4000, 0x1000)                                    # keeps the capture of 0x5000
+    o.nor.erase(0x5000, 0x1000)
+    o.ops.clear()
+    assert o.nor.read(0x5000, 0x100) == b"\xff" * 0x100            # read again, not the old capture
+    assert [op for op, *_ in o.ops][:2] == [0x03, 0x03] and o.ops[0][1] == 0x5000

@@ -756,3 +756,23 @@ def test_disconnect_count_persists_across_backends(make_board, open_backend):
     with pytest.raises(usb.core.USBError) as gone:
         dev.ctrl_transfer(0xC0, 0xE4, 0xB450, 0, 1)
     assert gone.value.errno == errno.ENODEV
+
+
+def test_a_request_acts_on_the_board_after_its_transfers_fixed_latency(rig):
+    """cost.py's landing rule, through the emulated bridge: a single-TLP write starts a ROM_SW
+    transaction when its control transfer's 100 µs have passed; a streamed write, when its
+    bulk OUT's 100 µs have passed after the arming control transfer."""
+    host, board = rig
+    release = {R.GPIOPAD_MASK: 0, R.GPIOPAD_A: 0, R.GPIOPAD_EN: 0, R.PAGE_MIRROR_CNTL: 0x06000000}
+    for reg, value in release.items():
+        host.mem_write(BAR5_BASE + reg, value)
+    host.mem_write(BAR5_BASE + R.ROM_SW_COMMAND, 0x05)
+    t = board.clock.now()
+    host.mem_write(BAR5_BASE + R.ROM_SW_CNTL, R.ROM_SW_RETURN_DATA_ENABLE | 1)
+    started = board.engine._flight()[0]
+    assert started - t == pytest.approx(ASM24.control)
+    board.clock.sleep(1e-3)
+    host.mem_read(BAR5_BASE + R.ROM_SW_STATUS)                       # seen done
+    t = board.clock.now()
+    host.stream_write(BAR5_BASE + R.ROM_SW_CNTL, struct.pack("<I", R.ROM_SW_RETURN_DATA_ENABLE | 1))
+    assert board.engine._flight()[0] - t == pytest.approx(ASM24.control + ASM24.bulk)

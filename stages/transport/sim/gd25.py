@@ -105,7 +105,7 @@ SR1_WRITABLE = 0xFC
 SR2_WRITABLE = SRP1 | QE | CMP        # LB bits are handled apart: they only ever set
 SR3_WRITABLE = 0x60                   # DRV0, DRV1
 
-# Typical and maximum busy times of HARDWARE.md §7, in seconds, by the opcode that starts them.
+# Typical and maximum busy times (the chip table's figures), in seconds, by the opcode that starts them.
 BUSY_SECONDS: dict[int, float] = {
     0x02: 0.5e-3, 0x20: 50e-3, 0x52: 150e-3, 0xD8: 250e-3, 0x60: 8.0, 0xC7: 8.0,
     0x01: 5e-3, 0x31: 5e-3, 0x11: 5e-3, 0x42: 0.5e-3, 0x44: 50e-3,

@@ -1,4 +1,4 @@
-"""The SMUIO ROM_SW engine: a software-driven SPI master (HARDWARE.md §3), on the board's clock.
+"""The SMUIO ROM_SW engine: a software-driven SPI master, on the board's clock.
 
 Behaviour modelled, inconvenient parts included:
 
