@@ -120,17 +120,18 @@ class Board:
 
     # -- raw BAR5 access ------------------------------------------------------------------
     def reg_read(self, offset: int, size: int) -> bytes:
-        self._check_range(offset, size)
-        self.counters[_REG_READS] += 1
         end = offset + size
+        if offset < 0 or size <= 0 or end > R.BAR5_SIZE:
+            self._out_of_range(offset, size)
+        self.counters[_REG_READS] += 1
         if offset < self._engine_hi and end > self._engine_lo:
+            if offset >= self._engine_lo and end <= self._engine_hi:
+                return self.engine.read(offset, size)
             return self._split_read(offset, size)
         return self._plain_read(offset, size)
 
     def _split_read(self, offset: int, size: int) -> bytes:
         lo, hi, end = max(offset, self._engine_lo), min(offset + size, self._engine_hi), offset + size
-        if lo == offset and hi == end:
-            return self.engine.read(offset, size)
         out = self._plain_read(offset, lo - offset) if lo > offset else b""
         out += self.engine.read(lo, hi - lo)
         return out + (self._plain_read(hi, end - hi) if end > hi else b"")
@@ -149,15 +150,18 @@ class Board:
 
     def reg_write(self, offset: int, data: bytes) -> None:
         size = len(data)
-        self._check_range(offset, size)
-        counters = self.counters
-        counters[_REG_WRITES] += 1
+        end = offset + size
+        if offset < 0 or size <= 0 or end > R.BAR5_SIZE:
+            self._out_of_range(offset, size)
+        self.counters[_REG_WRITES] += 1
         fs = self.fault_state
         fs[F_WRITES] += 1
         if self._kill_at is not None and fs[F_WRITES] >= self._kill_at:
             self._host_dies()
-        end = offset + size
         if offset < self._engine_hi and end > self._engine_lo:
+            if offset >= self._engine_lo and end <= self._engine_hi:
+                self.engine.write(offset, data)
+                return
             lo, hi = max(offset, self._engine_lo), min(end, self._engine_hi)
             if lo > offset:
                 self._plain_write(offset, data[:lo - offset])
@@ -181,9 +185,9 @@ class Board:
             if hook:
                 hook(self.get32(base))
 
-    def _check_range(self, offset: int, size: int) -> None:
-        if offset < 0 or size <= 0 or offset + size > R.BAR5_SIZE:
-            raise ValueError(f"BAR5 access {offset:#x}+{size:#x} is outside the 1 MiB aperture")
+    @staticmethod
+    def _out_of_range(offset: int, size: int) -> None:
+        raise ValueError(f"BAR5 access {offset:#x}+{size:#x} is outside the 1 MiB aperture")
 
     def _host_dies(self) -> None:
         """kill-after-writes: the host dies here, before this write reaches the board."""

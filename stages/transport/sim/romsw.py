@@ -54,6 +54,8 @@ _MIRROR_NEEDED = 0x06000000  # PAGE_MIRROR_CNTL: ENABLE (b25) and USAGE (b27:26)
 # Engine region (after the capture buffer): the transaction in flight, if any.
 _T = struct.Struct("<ddI")          # started at, ends at, CNTL value
 _U32 = struct.Struct("<I")
+_PADS = struct.Struct("<4I")
+assert (R.GPIOPAD_A, R.GPIOPAD_EN) == (R.GPIOPAD_MASK + 4, R.GPIOPAD_MASK + 12)
 _T_AT = CAPTURE_SIZE
 _FLAGS_AT = CAPTURE_SIZE + _T.size
 IN_FLIGHT, SPOILED, PADS_OPEN, UNOBSERVED = 0x1, 0x2, 0x4, 0x8
@@ -76,6 +78,7 @@ class RomSwEngine:
         from amdflash.stages.transport.sim.board import F_ENGINE_TXNS
 
         self._f_txns = F_ENGINE_TXNS
+        self._stall_after = board.faults.stall_after
         if self.no_raw_rom:
             # The whole SMUIO ROM block is absent: reads float high, writes vanish.
             for off in range(R.ROM_CNTL, BLOCK_END, 4):
@@ -185,7 +188,7 @@ class RomSwEngine:
             return
         fault_state = board.fault_state
         fault_state[self._f_txns] += 1
-        stall = board.faults.stall_after
+        stall = self._stall_after
         if stall is not None and fault_state[self._f_txns] > stall:
             return  # the engine has stopped: STATUS keeps whatever it held, bit 0 never sets
 
@@ -240,10 +243,9 @@ class RomSwEngine:
 
     def _pads_released(self) -> bool:
         regs = self._regs
-        pads = (_U32.unpack_from(regs, R.GPIOPAD_MASK)[0] | _U32.unpack_from(regs, R.GPIOPAD_A)[0]
-                | _U32.unpack_from(regs, R.GPIOPAD_EN)[0])
+        mask, a, _, en = _PADS.unpack_from(regs, R.GPIOPAD_MASK)      # MASK, A, (unused), EN
         mirror = _U32.unpack_from(regs, R.PAGE_MIRROR_CNTL)[0]
-        return not pads & R.SPI_PAD_BITS and mirror & _MIRROR_NEEDED == _MIRROR_NEEDED
+        return not (mask | a | en) & R.SPI_PAD_BITS and mirror & _MIRROR_NEEDED == _MIRROR_NEEDED
 
     def _noise(self, n: int) -> bytes:
         from amdflash.stages.transport.sim.board import F_FLIP_DRAWS
