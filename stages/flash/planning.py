@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal, Mapping, Sequence
 
+from amdflash.stages.flash.chips import GD25LQ16E, ChipInfo
+
 Action = Literal["skip", "program", "erase"]
 PAGE = 0x100
 
@@ -55,14 +57,13 @@ class PlanCosts:
     unit_read: float
 
     @classmethod
-    def nominal(cls, erase_busy: Mapping[int, float], page_busy: float) -> "PlanCosts":
+    def for_chip(cls, chip: ChipInfo) -> "PlanCosts":
         """The chip's typical busy times plus what the USB bridge adds (about 1 ms per erase
         command, 0.7 ms per page and 12 ms per unit read back)."""
-        return cls({size: busy + 1e-3 for size, busy in erase_busy.items()}, page_busy + 0.7e-3, 12e-3)
+        return cls({e.size: e.typical + 1e-3 for e in chip.erase_types}, chip.page_program[0] + 0.7e-3, 12e-3)
 
 
-# GD25LQ16E typical busy times; the default when the caller gives no costs.
-DEFAULT_COSTS = PlanCosts.nominal({0x1000: 0.050, 0x8000: 0.150, 0x10000: 0.250}, 0.0005)
+DEFAULT_COSTS = PlanCosts.for_chip(GD25LQ16E)     # when the caller gives no costs
 
 
 def unit_action(current: bytes, wanted: bytes) -> Action:

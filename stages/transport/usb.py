@@ -11,7 +11,14 @@ Three layers, each a small piece:
 * `UsbBar5` brings the PCIe hierarchy up (link, bridge bus numbers and windows, Resizable
   BAR, BAR placement), checks the GPU is a Navi31 before BAR5 is touched, and offers the
   `Bar5` interface: single registers as single TLPs (a posted write is one control OUT; a
-  read is control OUT + control IN), blocks as streamed accesses.
+  read is control OUT + control IN), blocks as streamed accesses. (The reference client's
+  stack streamed every access; the ROM_SW driver checks single-TLP access against streams
+  on each board before relying on it.)
+
+Timeouts are tinygrad's host code's: 5 s for a control transfer (the firmware busy-polls a
+TLP's completion inside it), 30 s for a streamed read's bulk IN, 10 s for F3. A stream that
+has to be abandoned is ended with CLEAR_FEATURE(HALT) and the IN endpoint is drained, since
+a chunk the firmware had already queued may still arrive.
 
 The transport clock is the backend's `clock_for(device)` when the backend offers one
 (a backend that models time, such as an emulated bridge), else wall time.
@@ -435,7 +442,12 @@ class Hierarchy:
 
 
 def ensure_link(asm: Asm24) -> bool:
-    """Bring the PCIe link to L0; True when this took an F3 (power on and train)."""
+    """Bring the PCIe link to L0; True when this took an F3 (power on and train).
+
+    Never F3 while the link is up: the firmware's power-on always asserts PERST# and trains
+    again, which resets the GPU (BARs lost, engines back at power-on values) — on a board
+    being recovered, that would undo whatever state the host relies on.
+    """
     if asm.xdata_read(XDATA_LTSSM)[0] == LTSSM_L0:
         return False
     asm.pcie_power(True)

@@ -6,7 +6,6 @@ config space. Register behaviour is covered through the other transports.
 """
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 
