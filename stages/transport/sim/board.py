@@ -276,6 +276,7 @@ class Board:
 
         self.regs[:] = power_on_registers()
         self.engine.reset()
+        self.aperture.reset()
         self.psp.power_on()
 
     # -- lifetime -------------------------------------------------------------------------
