@@ -59,8 +59,10 @@ def engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prescale", type=ranged(0, 15), metavar="N",
                    help=f"SPI clock 100 MHz/(N+1), N 0..15 (default {DEFAULT_PRESCALE}, or 'prescale' in the config)")
     g.add_argument("--rx-mode", choices=("primed", "chained"),
-                   help="RX quirk handling: primed (validated on hardware, default) or chained (each "
-                        "transaction yields its predecessor's data; fewer transactions; NOT yet validated on hardware)")
+                   help="RX quirk handling: chained (default: each transaction yields its predecessor's data, "
+                        "half the transactions; checked against primed reads on each board when it is opened, "
+                        "and primed there if they disagree) or primed (every read issued twice, as validated "
+                        "on hardware); or 'rx_mode' in the config")
     g.add_argument("--restore-each", action="store_true", default=None,
                    help="save/configure/restore the engine registers around every transaction, as the reference does")
 
@@ -100,7 +102,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("dump", help="dump the whole 2 MiB flash to a file",
                        description="Dump the whole flash to OUTPUT. Writes OUTPUT only when the dump is "
                                    "complete. " + ro)
-    p.add_argument("output", type=Path, metavar="OUTPUT", help="the file to write (2 MiB)")
+    p.add_argument("output", type=Path, metavar="OUTPUT",
+                   help="the file to write (2 MiB); with several --board a template: {serial}, {n} (place in "
+                        "the --board list) or {spec}, e.g. dump-{serial}.bin")
     p.add_argument("--via", choices=("rom-sw", "aperture"), default="rom-sw",
                    help="rom-sw (default): through the ROM_SW engine, which works on a stalled board; "
                         "aperture: through ROM_INDEX/ROM_DATA after an autonomous boot, refusing a board "
@@ -202,7 +206,7 @@ def engine(args: argparse.Namespace) -> commands.EngineOptions:
     def pick(name: str, default: Any) -> Any:
         value = getattr(args, name, None)
         return value if value is not None else configured.get(name, default)
-    return commands.EngineOptions(pick("prescale", DEFAULT_PRESCALE), pick("rx_mode", "primed"),
+    return commands.EngineOptions(pick("prescale", DEFAULT_PRESCALE), pick("rx_mode", "chained"),
                                   bool(pick("restore_each", False)))
 
 

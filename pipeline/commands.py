@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import anyio
 
-from amdflash.pipeline import amdgpu_jobs, auditdb, checks, config, jobs
+from amdflash.pipeline import amdgpu_jobs, auditdb, checks, config, jobs, outputs
 from amdflash.pipeline.errors import EXIT_INTERRUPTED, Refusal
 from amdflash.pipeline.resume_plan import plan_resume
 from amdflash.pipeline.results import (DumpResult, FlashResult, IfwiResult, InfoResult, ProbeResult, ReadResult,
@@ -147,12 +147,14 @@ def dump(session: Session, output: Path, via: str = "rom-sw", engine: EngineOpti
     specs, engine = session.specs(), _engine(engine)
     if via not in ("rom-sw", "aperture"):
         raise Refusal(f"--via {via!r}: rom-sw or aperture")
-    if len(specs) > 1:
-        raise Refusal("dump writes one file: name one board")
-    checks.writable_output(output)
+    outputs.check(output, specs)     # several boards: a template that tells their files apart
+    for n, spec in enumerate(specs, 1):
+        checks.writable_output(outputs.for_board(output, n, spec))
     arguments = {"output": str(output), "via": via, **_engine_args(engine)}
-    results = _run(session, specs, "dump", arguments, lambda s, i: jobs.DumpJob(engine, output, via), DumpResult)
-    return [_with(r, path=output if r.ok else None) for r in results]
+    results = _run(session, specs, "dump", arguments,
+                   lambda s, i: jobs.DumpJob(engine, outputs.for_board(output, specs.index(s) + 1, s), via),
+                   DumpResult)
+    return [_with(r, path=Path(r.summary["path"]) if r.ok and r.summary.get("path") else None) for r in results]
 
 
 def _with(result: R, **changes: Any) -> R:
@@ -197,7 +199,7 @@ def resume(session: Session, run_id: str | None = None, image: Path | None = Non
         raise Refusal("resume needs exactly one --board (and a RUN_ID unless the board is named)")
     plan = plan_resume(session.db_path, specs[0], run_id, image)
     a = plan.arguments
-    engine = _engine(EngineOptions(a.get("prescale", 8), a.get("rx_mode", "primed"), a.get("restore_each", False)))
+    engine = _engine(EngineOptions(a.get("prescale", 8), a.get("rx_mode", "chained"), a.get("restore_each", False)))
     backups = Path(session.db_path).parent / "backups"
 
     def body(spec: BoardSpec, info: RunInfo) -> JobBody:

@@ -11,7 +11,7 @@ defaults that the command line overrides:
     db = "/srv/flash/audit.sqlite"
     board = ["usb:0", "usb:1"]       # or one spec as a string
     prescale = 4
-    rx_mode = "primed"
+    rx_mode = "chained"
     restore_each = false
     progress = true
 """

@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 
+from amdflash.pipeline import outputs
 from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.runner import RunInfo, stage
 from amdflash.stages import ifwi, part_check
@@ -37,7 +38,7 @@ BUFFER = 4   # items in flight between two stages: memory is bounded by these, n
 @dataclass
 class EngineOptions:
     prescale: int = 8
-    rx_mode: str = "primed"
+    rx_mode: str = "chained"
     restore_each: bool = False
 
     def romsw(self) -> RomSwOptions:
@@ -117,6 +118,9 @@ class DumpJob:
     via: str = "rom-sw"
 
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
+        # The output may name the board's serial, known now that the board is open.
+        self.output = outputs.with_serial(self.output, dev.identity.serial)
+        outputs.claim(self.output, str(info.spec))
         if self.via == "aperture":
             return await self._aperture(dev, info)
         await identify(dev, self.engine)
@@ -135,7 +139,7 @@ class DumpJob:
         dev.recorder.add("backups", sha256=sha, size=FLASH_SIZE, path=str(self.output.resolve()), at=None)
         stage(dev.recorder, "dump", "end", sha)
         info.output.append(f"wrote {self.output} ({FLASH_SIZE:#x} bytes via ROM_SW) sha256={sha}")
-        return {"result_sha256": sha}
+        return {"result_sha256": sha, "path": str(self.output)}
 
     async def _aperture(self, dev: Device, info: RunInfo) -> dict[str, Any]:
         stage(dev.recorder, "dump", "start", "via ROM aperture")
@@ -152,7 +156,7 @@ class DumpJob:
         dev.recorder.add("backups", sha256=result.sha256, size=FLASH_SIZE, path=str(self.output.resolve()), at=None)
         stage(dev.recorder, "dump", "end", result.sha256)
         info.output.append(f"wrote {self.output} ({FLASH_SIZE:#x} bytes via ROM aperture) sha256={result.sha256}")
-        return {"result_sha256": result.sha256}
+        return {"result_sha256": result.sha256, "path": str(self.output)}
 
 
 class VerifyMismatch(RuntimeError):

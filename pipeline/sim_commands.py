@@ -73,6 +73,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--seed", type=_int, help="seed for content, identity and faults (default random)")
     c.add_argument("--psp-order", help="comma-separated item ids the PSP bootloader requests, e.g. 0x01,0x08")
     c.add_argument("--fault", action="append", default=[], metavar="SPEC", help="inject a fault (see below)")
+    c.add_argument("--lenient", action="store_true",
+                   help="count ROM_SW protocol violations (see 'sim stats') instead of failing on them; "
+                        "the default, strict, fails the access loudly")
     c.add_argument("--bridge-link", choices=tuple(BRIDGE_LINKS),
                    help="PCIe link of the emulated USB bridge: up at plug-in (default), down (the host must "
                         "power it on and train it) or never (training never reaches L0)")
@@ -89,7 +92,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     s = ssub.add_parser("stats", help="print the board's counters as JSON",
                         description="Counters: USB transfers, TLPs, register accesses, SPI transactions, "
-                                    "flash busy seconds and modelled seconds. --reset zeroes them.")
+                                    "flash busy seconds, modelled seconds, ROM_SW protocol violations and "
+                                    "completions touched before their done bit was read. --reset zeroes them.")
     s.add_argument("path", type=Path, metavar="PATH", help="the board directory")
     s.add_argument("--reset", action="store_true", help="zero the counters after printing them")
     s.set_defaults(func=cmd_stats)
@@ -128,7 +132,7 @@ def cmd_create(args: argparse.Namespace) -> int:
             args.path, content=content, cmp=args.cmp, bp=args.bp, gated=args.gated, sos=args.sos,
             no_raw_rom=args.no_raw_rom, mirrored_rom=args.mirrored_rom, transport=args.transport,
             seed=args.seed, faults=args.fault, realtime_scale=args.realtime, psp_order=psp_order,
-            bridge=_bridge_options(args))
+            bridge=_bridge_options(args), strict=not args.lenient)
     except (BoardExistsError, FaultSpecError, ValueError) as e:
         raise Refusal(str(e)) from None
     files = BoardFiles(path)
@@ -139,6 +143,8 @@ def cmd_create(args: argparse.Namespace) -> int:
         print(f"  content:   {cfg['content']}   transport: {cfg['transport']}   seed: {cfg['seed']}")
         print(f"  serial:    {cfg['serial']}   unique id: {cfg['unique_id']}")
         variant = [k for k, v in cfg["variant"].items() if v]
+        if not cfg.get("strict", True):
+            variant.append("lenient (protocol violations counted, not raised)")
         if args.cmp or args.bp:
             variant.append(f"SR: CMP={int(args.cmp)} BP={args.bp}")
         if variant:

@@ -1,13 +1,22 @@
-"""Stage: open the ROM_SW engine and identify the flash (JEDEC, SR1-3, SFDP, unique ID)."""
+"""Stage: open the ROM_SW engine and identify the flash (JEDEC, SR1-3, SFDP, unique ID).
+
+Opening the engine checks its fast paths on the board (navi31/fastpaths.py). Every verdict
+is recorded as a `stages` row of the run ("rom_sw" / "fast path"); one that leaves a fast
+path off for this board — at open or later in the job — is also said on the console.
+"""
 from __future__ import annotations
+
+import structlog
 
 from amdflash.stages.device import Device
 from amdflash.stages.flash.spinor import FlashIdentity, SpiNor
+from amdflash.stages.navi31.fastpaths import Finding
 from amdflash.stages.navi31.romsw import RomSw, RomSwOptions
 
 
 def open_engine(dev: Device, options: RomSwOptions) -> RomSw:
-    """Configure the engine (pads, page mirror, prescaler), recording each transaction."""
+    """Configure the engine (pads, page mirror, prescaler) and check its fast paths,
+    recording each transaction and each verdict."""
     engine = RomSw(dev.bar, options)
     recorder, clock = dev.recorder, dev.clock
 
@@ -17,7 +26,20 @@ def open_engine(dev: Device, options: RomSwOptions) -> RomSw:
     engine.observer = observe
     dev.romsw = engine
     engine.open()
+    for finding in engine.findings:
+        record_finding(dev, finding)
+    engine.on_finding = lambda finding: record_finding(dev, finding)
+    dev.recorder.add("stages", stage="rom_sw", event="fast paths", detail=engine.fast.describe(), at=_now())
     return engine
+
+
+def record_finding(dev: Device, finding: Finding) -> None:
+    verdict = "ok" if finding.ok else "off for this board"
+    dev.recorder.add("stages", stage="rom_sw", event="fast path",
+                     detail=f"{finding.name}: {verdict}: {finding.detail}", at=_now())
+    if not finding.ok:
+        structlog.get_logger("amdflash").warning(f"{finding.name} off for this board: {finding.detail}",
+                                                 board=dev.identity.spec)
 
 
 def identify_flash(dev: Device) -> FlashIdentity:
@@ -59,8 +81,11 @@ def probe_flash(bar) -> dict[str, object]:  # noqa: ANN001 - a Bar5
     from amdflash.stages.navi31 import regs as R
     from amdflash.stages.navi31.romsw import RomSwError
 
+    from amdflash.stages.navi31.fastpaths import VALIDATED
+
     try:
-        with RomSw(bar, RomSwOptions(timeout=PROBE_TIMEOUT)) as engine:
+        # The validated sequence, unchecked: `list` reads a few registers, speed is no matter.
+        with RomSw(bar, RomSwOptions(timeout=PROBE_TIMEOUT, fast=VALIDATED, self_check=False)) as engine:
             ident = SpiNor(engine).identify()
         return {"chip": ident.chip.name, "jedec": ident.chip.jedec.hex(), "unique_id": ident.unique_id.hex()}
     except (RomSwError, FlashError) as e:

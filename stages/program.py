@@ -8,8 +8,14 @@ from amdflash.stages.flash.planning import UnitPlan
 
 
 def program_unit(dev: Device, unit: UnitPlan, pages: tuple[int, ...] | None = None) -> int:
-    """Program the unit's planned pages (or `pages`)."""
+    """Program the unit's planned pages, or — a retry after its read-back differed — `pages`.
+
+    A retry means a page may have been dropped, which timed page programming cannot rule
+    out by itself: from then on this board's pages are programmed checked.
+    """
     assert dev.nor is not None
+    if pages is not None:
+        dev.nor.check_programming(f"the unit at {unit.address:#08x} differed on read-back")
     return dev.nor.program_pages(unit.address, unit.wanted, unit.pages if pages is None else pages)
 
 

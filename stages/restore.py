@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from amdflash.stages.device import Device
+from amdflash.stages.diagnostics import record_diagnostics
 from amdflash.stages.snapshot import snapshot_registers
 
 
@@ -21,4 +22,5 @@ def restore_registers(dev: Device) -> str:
         snapshot_registers(dev, "after restore")
     except Exception as e:  # noqa: BLE001 - a failing transport must not hide the job's own error
         notes.append(f"post-restore snapshot failed: {e}")
+    record_diagnostics(dev)
     return "; ".join(notes) or "nothing to restore"

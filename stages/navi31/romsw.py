@@ -4,37 +4,56 @@ The engine is configured once per open (SPI pads released, page-mirror usage, pr
 and every changed register is restored at close, on every path. The reference client
 instead saves and restores around each transaction; `restore_each=True` does that too.
 
-Two facts of the silicon shape the transaction sequence:
+Facts of the silicon that shape every transaction:
 
 * A write to ROM_SW_CNTL *starts* a transaction, whatever its value. This is an inference,
   not a documented fact: a bare opcode such as WREN has control word 0, and flashrom's
   driver for the same engine on older Radeons starts every transaction by writing CNTL,
-  with no other trigger. So this driver never writes CNTL as a "clear" (the reference
-  client's 0 writes would then re-send its opcode alone): it clears the done bit in
-  ROM_SW_STATUS, sets COMMAND, loads TX data, then writes CNTL exactly once.
+  with no other trigger. The reference client's CNTL = 0 "clears" would then each be an
+  opcode-only transaction; the validated sequence keeps them (and waits for them), the
+  fast one leaves them out.
+* The transaction runs for its SPI time after the CNTL write reaches the board, while the
+  host goes on. Until its done bit has been seen, nothing may touch COMMAND, CNTL or the
+  data window: on hardware that spoils the transaction. So every transaction ends with a
+  read that shows STATUS bit 0 set, before anything else is sent. The driver waits the SPI
+  time it can compute (1 µs + 8 clocks a byte at 100 MHz / (prescale + 1), with a margin)
+  before that read, less the measured time a read takes to reach the board — correctness
+  never rests on that estimate: a read that still finds the transaction running says so
+  (STATUS comes first in it), and the driver waits, takes the spoiled data again and stops
+  sending reads early on this board.
 * The RX quirk: the data window holds the capture of the *preceding* RX transaction.
-  `read()` primes (issues the transaction twice, keeps the second capture — the validated
-  behaviour). `read_chain()` in chained mode lets each transaction deliver its
-  predecessor's data and adds one trailing transaction: half the transactions, but not
-  yet validated on hardware, so it is opt-in.
+  Primed reads issue each transaction twice and keep the second result (the validated
+  behaviour). Chained reads let each transaction deliver its predecessor's capture, and a
+  chain ends with one more transaction: for array reads (03h) that is the read of the next
+  chunk, kept in the capture buffer, so that a chain which goes on where the last one
+  ended (a dump, unit after unit) starts without it. Any other transaction drops it.
 
-PCIe orders a read behind earlier posted writes, so the status poll itself flushes the
-CNTL write; the reference's extra CNTL read-back is not needed. Status and data window
-are fetched in one streamed read (STATUS, COMMAND, the dword before the window, the
-window): ascending TLPs mean the window is read only after STATUS was seen.
+How much of this is sent the validated way and how much the fast way is `self.fast`
+(see fastpaths.py): every fast path is checked on the board at open, and a board where one
+disagrees with the validated sequence keeps that one off.
 """
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, Literal
 
+from amdflash.stages.navi31 import fastpaths
 from amdflash.stages.navi31 import regs as R
+from amdflash.stages.navi31.fastpaths import VALIDATED, FastPaths, Finding
 from amdflash.stages.transport.base import Bar5
 
 MAX_DATA = R.ROM_SW_DATA_SIZE
 _STATUS_TO_WINDOW = R.ROM_SW_DATA - R.ROM_SW_STATUS  # 12 bytes: STATUS, COMMAND, reserved
-_WRDI = 0x04
+_RESERVED = R.ROM_SW_COMMAND + 4                     # the dword between COMMAND and the window
+_WRDI, _READ, _RDSR = 0x04, 0x03, 0x05
+
+SPI_REFCLK_HZ = 100e6
+SPI_OVERHEAD = 1e-6           # per transaction, besides the clocks (an assumption)
+SPI_MARGIN = 1.02             # the engine's clock may run a little slower than nominal ...
+SPI_SLACK = 2e-6              # ... and start a little later
+CLEAR_BOUND = 1e-3            # a CNTL = 0 clear shows done by then, or it started nothing
+SPOILED_RETRIES = 3
 
 RxMode = Literal["primed", "chained"]
 
@@ -47,19 +66,31 @@ class RomSwTimeout(RomSwError, TimeoutError):
     pass
 
 
+class _ObservedEarly(Exception):
+    """The observing read found the transaction still running: what it read is void."""
+
+
 @dataclass(frozen=True)
 class RomSwOptions:
     prescale: int = 8                 # SCK = 100 MHz / (prescale + 1)
     restore_each: bool = False        # save/configure/restore around every transaction
-    rx_mode: RxMode = "primed"
+    rx_mode: RxMode = "chained"       # chained (self-checked at open) or primed
     timeout: float = 2.0              # per transaction, on the transport clock
     poll_interval: float = 50e-6
+    fast: FastPaths | None = None     # the fast paths wanted; None: all of them
+    self_check: bool = True           # check them at open (False: use `fast` as given)
 
     def __post_init__(self) -> None:
         if not 0 <= self.prescale <= 15:
             raise ValueError("prescale must be 0..15")
         if self.rx_mode not in ("primed", "chained"):
             raise ValueError("rx_mode must be 'primed' or 'chained'")
+
+    def wanted(self) -> FastPaths:
+        if self.fast is not None:
+            return self.fast
+        # early_observe > 0 asks the self-check to measure the credit.
+        return FastPaths(chained=self.rx_mode == "chained", early_observe=1.0)
 
 
 @dataclass(frozen=True)
@@ -76,26 +107,43 @@ class RomSw:
     def __init__(self, bar: Bar5, options: RomSwOptions | None = None):
         self.bar = bar
         self.options = options or RomSwOptions()
+        self.fast = VALIDATED                 # until open() has checked the fast paths
+        self.findings: list[Finding] = []
+        # Told of every fast path given up after open (the self-check's verdicts are in findings).
+        self.on_finding: Callable[[Finding], None] | None = None
         self.saved: dict[int, int] = {}       # as found before the current configuration
         self.originals: dict[int, int] = {}   # as found before the first configuration
         self._open = False
         self._engine_answers = True   # false after a timeout: nothing more may be started
         self.transactions = 0
+        self.completions = 0          # transactions whose done bit this driver has seen
+        self.last_end = 0.0           # latest time the last transaction's SPI time can end
         # Told of every transaction started: (opcode, address, address_bytes, tx_len, rx_len).
         self.observer: Callable[[int, int, int, int, int], None] | None = None
+        self._pending: Request | None = None  # a read whose capture waits in the capture buffer
+        self._command: int | None = None      # ROM_SW_COMMAND as last written
+        self._window: bytes | None = None     # what the data window holds, when this driver knows
+        self._reserved = 0
+        self.done_at_once = False             # what the last probe found
 
     # -- lifetime -------------------------------------------------------------------------
     def open(self) -> "RomSw":
         if self._open:
             return self
         self._open = True
-        if not self.options.restore_each:
-            try:
+        try:
+            if not self.options.restore_each:
                 self._configure()
                 self._check_status_clears()
-            except BaseException:
-                self.close()
-                raise
+            self._reserved = self._r32(_RESERVED)
+            wanted = self.options.wanted()
+            if self.options.self_check:
+                self.findings = fastpaths.check(self, wanted)
+            else:
+                self.fast = wanted
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def close(self) -> None:
@@ -107,6 +155,7 @@ class RomSw:
         if not self._open:
             return
         self._open = False
+        self._pending = None
         if self.originals:
             self._restore(self.originals, disable_writes=not self.options.restore_each)
 
@@ -117,32 +166,31 @@ class RomSw:
         self.close()
 
     def _configure(self) -> None:
-        bar = self.bar
-        saved = {reg: bar.read32(reg) for reg in R.ROM_SW_SAVED}
-        saved[R.ROM_SW_COMMAND] = bar.read32(R.ROM_SW_COMMAND)
+        saved = {reg: self._r32(reg) for reg in R.ROM_SW_SAVED}
+        saved[R.ROM_SW_COMMAND] = self._r32(R.ROM_SW_COMMAND)
         self.saved = saved
+        self._command = saved[R.ROM_SW_COMMAND]
         if not self.originals:
             # What close() puts back; a resumed job may replace these with the values the
             # board held before an earlier, killed run changed them.
             self.originals = dict(saved)
         pads = ~R.SPI_PAD_BITS & 0xFFFFFFFF
-        bar.write32(R.GPIOPAD_MASK, saved[R.GPIOPAD_MASK] & pads)
-        bar.write32(R.GPIOPAD_A, saved[R.GPIOPAD_A] & pads)
-        bar.write32(R.GPIOPAD_EN, saved[R.GPIOPAD_EN] & pads)
+        self._w32(R.GPIOPAD_MASK, saved[R.GPIOPAD_MASK] & pads)
+        self._w32(R.GPIOPAD_A, saved[R.GPIOPAD_A] & pads)
+        self._w32(R.GPIOPAD_EN, saved[R.GPIOPAD_EN] & pads)
         mirror = saved[R.PAGE_MIRROR_CNTL]
-        bar.write32(R.PAGE_MIRROR_CNTL, (mirror & 0xF1FFFFFF) | R.PAGE_MIRROR_USAGE_SPI)
+        self._w32(R.PAGE_MIRROR_CNTL, (mirror & 0xF1FFFFFF) | R.PAGE_MIRROR_USAGE_SPI)
         cntl = (saved[R.ROM_CNTL] & 0xE0FFFFFF) | 1 << 28 | self.options.prescale << 24
-        bar.write32(R.ROM_CNTL, (cntl & ~0xF) | 8)
+        self._w32(R.ROM_CNTL, (cntl & ~0xF) | 8)
 
     def _check_status_clears(self) -> None:
-        self.bar.write32(R.ROM_SW_STATUS, 0)
-        status = self.bar.read32(R.ROM_SW_STATUS)
+        self._w32(R.ROM_SW_STATUS, 0)
+        status = self._r32(R.ROM_SW_STATUS)
         if status != 0:
             raise RomSwError(f"ROM_SW_STATUS did not clear (reads {status:#010x}); "
                              "the ROM_SW engine is not usable on this board")
 
     def _restore(self, values: dict[int, int], disable_writes: bool) -> None:
-        bar = self.bar
         if disable_writes and self._engine_answers:
             # Leave the chip write-disabled: the last CNTL write is a bare WRDI.
             try:
@@ -155,51 +203,101 @@ class RomSw:
                    (R.ROM_CNTL, R.PAGE_MIRROR_CNTL, R.GPIOPAD_A, R.GPIOPAD_EN, R.GPIOPAD_MASK)]
         for reg, value in writes:
             try:
-                bar.write32(reg, value)
+                self._w32(reg, value)
             except Exception as e:  # noqa: BLE001 - try every register, report the first failure
                 first_error = first_error or e
+        self._command = values[R.ROM_SW_COMMAND]
         if first_error is not None:
             raise first_error
 
+    # -- registers ------------------------------------------------------------------------
+    def _r32(self, offset: int) -> int:
+        if self.fast.single_tlp:
+            return self.bar.read32(offset)
+        return int.from_bytes(self.bar.read_block(offset, 4), "little")
+
+    def _w32(self, offset: int, value: int) -> None:
+        if self.fast.single_tlp:
+            self.bar.write32(offset, value)
+        else:
+            self.bar.write_block(offset, (value & 0xFFFFFFFF).to_bytes(4, "little"))
+
     # -- transactions ---------------------------------------------------------------------
-    def command(self, opcode: int, address: int = 0, address_bytes: int = 0, tx: bytes = b"") -> None:
-        """A transaction that sends opcode, address and TX data, and waits for completion."""
-        self._transaction(opcode, address, address_bytes, tx, 0, fetch=False)
+    def command(self, opcode: int, address: int = 0, address_bytes: int = 0, tx: bytes = b"",
+                preload: bytes | None = None, start_after: float | None = None) -> None:
+        """A transaction that sends opcode, address and TX data, and waits for completion.
+
+        `preload`: data loaded into the window with this transaction's registers, for the
+        transmit transaction after it (only when `self.fast.preload`). `start_after`: the
+        CNTL write is not sent before this time on the transport clock.
+        """
+        self._transaction(opcode, address, address_bytes, tx, 0, preload=preload, start_after=start_after)
 
     def read(self, opcode: int, address: int = 0, address_bytes: int = 0, count: int = 1) -> bytes:
-        """A fresh RX capture: prime with an identical transaction, keep the second."""
-        self._transaction(opcode, address, address_bytes, b"", max(2, count), fetch=False)
-        return self._transaction(opcode, address, address_bytes, b"", count, fetch=True)
+        """A fresh RX capture of one request."""
+        return b"".join(self.read_chain([Request(opcode, address, address_bytes, count)]))
 
-    def read_chain(self, requests: Iterable[Request]) -> Iterator[bytes]:
+    def read_chain(self, requests: Iterable[Request], start_after: float | None = None) -> Iterator[bytes]:
         """Results of a series of RX transactions, in order, in the configured RX mode.
 
-        A chain must run to its end without other RX transactions in between: in chained
-        mode each window holds the previous RX capture, whoever caused it.
+        A chain must run to its end without other transactions in between: in chained
+        mode each window holds the previous RX capture, whoever caused it. `start_after`:
+        the first transaction does not start before then (its registers are loaded before).
         """
-        if self.options.rx_mode == "primed":
+        if not self.fast.chained:
             for r in requests:
-                yield self.read(r.opcode, r.address, r.address_bytes, r.count)
+                # Prime with at least 2 bytes, as the validated client does; keep the second.
+                self._transaction(r.opcode, r.address, r.address_bytes, b"", max(2, r.count),
+                                  start_after=start_after)
+                start_after = None
+                yield self._deliver(r, r)
             return
+        pending, self._pending = self._pending, None
         previous: Request | None = None
         for r in requests:
-            window = self._transaction(r.opcode, r.address, r.address_bytes, b"", r.count,
-                                       fetch=previous is not None)
+            if previous is None and r == pending:
+                previous = r            # its capture is already waiting
+                continue
+            window = self._deliver(r, previous, start_after)
+            start_after = None
             if previous is not None:
-                yield window[:previous.count]
+                yield window
             previous = r
         if previous is not None:
-            # The trailing transaction exists only to push the last capture into the window.
-            window = self._transaction(previous.opcode, previous.address, previous.address_bytes,
-                                       b"", previous.count, fetch=True)
-            yield window[:previous.count]
+            # One more transaction brings the last capture into the window: for an array
+            # read, the read of the chunk after it, which the next chain may start with.
+            follow = _following(previous)
+            window = self._deliver(follow or previous, previous)
+            self._pending = follow
+            yield window
 
     def raw(self, opcode: int, address: int = 0, address_bytes: int = 0, count: int = 0) -> bytes:
         """One RX transaction returning the window as is (the *previous* capture)."""
-        return self._transaction(opcode, address, address_bytes, b"", count, fetch=True)
+        try:
+            return self._transaction(opcode, address, address_bytes, b"", count, deliver=count)
+        except _ObservedEarly:
+            self._give_up_early_observe()
+            raise RomSwError("the window was read before the transaction ended; read again") from None
 
-    def _transaction(self, opcode: int, address: int, address_bytes: int, tx: bytes,
-                     rx_count: int, fetch: bool) -> bytes:
+    def _deliver(self, request: Request, previous: Request | None, start_after: float | None = None) -> bytes:
+        """Issue `request`; return the capture of `previous` that its completion brings into
+        the window. A read that found the transaction still running is taken again."""
+        deliver = previous.count if previous is not None else 0
+        for _ in range(SPOILED_RETRIES):
+            try:
+                return self._transaction(request.opcode, request.address, request.address_bytes, b"",
+                                         max(2, request.count), deliver=deliver, start_after=start_after)
+            except _ObservedEarly:
+                self._give_up_early_observe()
+                if previous is not None:
+                    # Both captures may be spoiled: take the previous one again first.
+                    self._transaction(previous.opcode, previous.address, previous.address_bytes, b"",
+                                      max(2, previous.count))
+        raise RomSwError("reads keep finding ROM_SW transactions still running; check the transport")
+
+    def _transaction(self, opcode: int, address: int, address_bytes: int, tx: bytes, rx_count: int,
+                     deliver: int = 0, preload: bytes | None = None, start_after: float | None = None,
+                     at_once: bool = False) -> bytes:
         if not self._open:
             raise RomSwError("ROM_SW engine used before open()")
         if not self._engine_answers:
@@ -208,54 +306,163 @@ class RomSw:
             self._configure()
             try:
                 self._check_status_clears()
-                return self._run(opcode, address, address_bytes, tx, rx_count, fetch)
+                return self._run(opcode, address, address_bytes, tx, rx_count, deliver, preload, start_after,
+                                 at_once)
             finally:
-                self._restore_each()
-        return self._run(opcode, address, address_bytes, tx, rx_count, fetch)
-
-    def _restore_each(self) -> None:
-        self._restore(self.saved, disable_writes=False)
+                self._restore(self.saved, disable_writes=False)
+        return self._run(opcode, address, address_bytes, tx, rx_count, deliver, preload, start_after, at_once)
 
     def _run(self, opcode: int, address: int, address_bytes: int, tx: bytes, rx_count: int,
-             fetch: bool = True) -> bytes:
+             deliver: int = 0, preload: bytes | None = None, start_after: float | None = None,
+             at_once: bool = False) -> bytes:
         if tx and rx_count:
             raise ValueError("ROM_SW cannot send and receive data in one transaction")
         if not 0 <= address_bytes <= 3:
             raise ValueError("address_bytes must be 0..3")
         count = len(tx) or rx_count
-        if count > MAX_DATA:
+        if count > MAX_DATA or len(preload or b"") > MAX_DATA:
             raise ValueError(f"ROM_SW transfers at most {MAX_DATA} data bytes, not {count}")
-        bar = self.bar
-        bar.write32(R.ROM_SW_STATUS, 0)
+        self._pending = None
+        fast = self.fast
+        if not fast.no_cntl_clears:
+            self._clear()
         # COMMAND b31:8 are sent most significant first, as many as the command size asks.
-        bar.write32(R.ROM_SW_COMMAND, (address & (0xFFFFFF >> 8 * (3 - address_bytes)))
-                    << (8 * (3 - address_bytes) + 8) | (opcode & 0xFF))
-        if tx:
-            padded = tx + bytes(-len(tx) % 4)
-            words = struct.unpack(f">{len(padded) // 4}I", padded)
-            bar.write_block(R.ROM_SW_DATA, struct.pack(f"<{len(words)}I", *words))
+        command = (address & (0xFFFFFF >> 8 * (3 - address_bytes))) << (8 * (3 - address_bytes) + 8) | (opcode & 0xFF)
+        data = _window_bytes(tx) if tx else b""
+        if preload is not None and fast.preload and not tx:
+            data = _window_bytes(preload)
+        if data and data == self._window:
+            data = b""                                  # already loaded (a preload)
+        self._load(command, data)
+        if rx_count:
+            self._window = None                         # the capture lands in the window
         control = address_bytes << 16 | (R.ROM_SW_RETURN_DATA_ENABLE if rx_count else 0) | count
-        bar.write32(R.ROM_SW_CNTL, control)
+        clock = self.bar.clock
+        if start_after is not None:
+            clock.sleep(start_after - clock.now())
+        self._w32(R.ROM_SW_CNTL, control)
+        sent = clock.now()
+        wire = 1 + address_bytes + count
+        self.last_end = sent + self.spi_estimate(wire)
         self.transactions += 1
         if self.observer:
             self.observer(opcode, address, address_bytes, len(tx), rx_count)
-        window_bytes = (rx_count + 3) & ~3 if fetch and rx_count else 0
-        return self._wait_done(window_bytes)[:rx_count]
+        if at_once:
+            # A probe: read STATUS the moment the CNTL write has returned (allowed while the
+            # transaction runs), then wait for the end as usual.
+            status = int.from_bytes(self.bar.read_block(R.ROM_SW_STATUS, 4), "little")
+            self.done_at_once = bool(status & R.ROM_SW_DONE)
+            if self.done_at_once:
+                self.completions += 1
+                return b""
+        return self._observe(sent, wire, deliver)
 
-    def _wait_done(self, window_bytes: int) -> bytes:
-        bar, clock = self.bar, self.bar.clock
-        deadline = clock.now() + self.options.timeout
-        while True:
-            if window_bytes:
-                block = bar.read_block(R.ROM_SW_STATUS, _STATUS_TO_WINDOW + window_bytes)
-                status = int.from_bytes(block[:4], "little")
-            else:
-                block, status = b"", bar.read32(R.ROM_SW_STATUS)
+    def _load(self, command: int, data: bytes) -> None:
+        """Clear STATUS, set COMMAND, load window data."""
+        fast = self.fast
+        if fast.streamed_command and (data or not fast.single_tlp):
+            head = struct.pack("<III", 0, command, self._reserved) if data else struct.pack("<II", 0, command)
+            self.bar.write_block(R.ROM_SW_STATUS, head + data)
+        else:
+            self._w32(R.ROM_SW_STATUS, 0)
+            if command != self._command or not fast.streamed_command:
+                self._w32(R.ROM_SW_COMMAND, command)
+            if data:
+                self.bar.write_block(R.ROM_SW_DATA, data)
+        self._command = command
+        if data:
+            self._window = data
+
+    def _clear(self) -> None:
+        """The reference client's CNTL = 0 clear: an opcode-only transaction of whatever
+        COMMAND holds (or nothing, if CNTL writes start nothing). Waited for, bounded."""
+        clock = self.bar.clock
+        self._w32(R.ROM_SW_STATUS, 0)
+        self._w32(R.ROM_SW_CNTL, 0)
+        bound = clock.now() + CLEAR_BOUND
+        while not self._r32(R.ROM_SW_STATUS) & R.ROM_SW_DONE and clock.now() < bound:
+            clock.sleep(self.options.poll_interval)
+        self._check_status_clears()
+
+    def _observe(self, sent: float, wire: int, deliver: int) -> bytes:
+        """Wait for the transaction to end and see its done bit; return `deliver` window bytes."""
+        clock, fast = self.bar.clock, self.fast
+        deadline = sent + self.options.timeout
+        clock.sleep(sent + self.spi_estimate(wire) - fast.early_observe - clock.now())
+        span = (deliver + 3) & ~3
+        if deliver and fast.combined_read:
+            block = self.bar.read_block(R.ROM_SW_STATUS, _STATUS_TO_WINDOW + span)
+            status = int.from_bytes(block[:4], "little")
             if status & R.ROM_SW_DONE:
-                return block[_STATUS_TO_WINDOW:]
+                self.completions += 1
+                return block[_STATUS_TO_WINDOW:_STATUS_TO_WINDOW + deliver]
+            self._await_done(deadline)
+            raise _ObservedEarly
+        self._await_done(deadline)
+        return self.bar.read_block(R.ROM_SW_DATA, span)[:deliver] if deliver else b""
+
+    def _await_done(self, deadline: float) -> None:
+        clock = self.bar.clock
+        while True:
+            status = self._r32(R.ROM_SW_STATUS)
+            if status & R.ROM_SW_DONE:
+                self.completions += 1
+                return
             if clock.now() >= deadline:
                 self._engine_answers = False
                 raise RomSwTimeout(
                     f"ROM_SW transaction timed out after {self.options.timeout:g} s "
                     f"(ROM_SW_STATUS={status:#010x}); the engine may be gated after SOS boot")
             clock.sleep(self.options.poll_interval)
+
+    def spi_estimate(self, wire_bytes: int, margin: bool = True) -> float:
+        """The SPI time of a transaction of `wire_bytes`, with a margin (an upper estimate)."""
+        t = SPI_OVERHEAD + 8 * wire_bytes * (self.options.prescale + 1) / SPI_REFCLK_HZ
+        return t * SPI_MARGIN + SPI_SLACK if margin else t
+
+    def _give_up_early_observe(self) -> None:
+        if self.fast.early_observe:
+            self.fast = replace(self.fast, early_observe=0.0)
+            self._found(Finding("early observe", False, "a read found a transaction still running: "
+                                                        "reads now wait the whole SPI time on this board"))
+
+    def give_up(self, name: str, detail: str) -> None:
+        """Turn a fast path off for the rest of this board's job (found wanting at run time)."""
+        if getattr(self.fast, name):
+            self.fast = replace(self.fast, **{name: False})
+            self._found(Finding(name.replace("_", " "), False, detail))
+
+    def _found(self, finding: Finding) -> None:
+        self.findings.append(finding)
+        if self.on_finding:
+            self.on_finding(finding)
+
+    # -- probes for the self-check --------------------------------------------------------
+    def probe_window_retention(self, pattern: bytes) -> bytes:
+        """Load `pattern` with a transmit-only transaction (WRDI); what the window holds after."""
+        self._transaction(_WRDI, 0, 0, b"", 0, preload=pattern)
+        self._window = None
+        window = self.bar.read_block(R.ROM_SW_DATA, (len(pattern) + 3) & ~3)
+        return _window_bytes(window)[:len(pattern)]       # back in wire order (the swap is its own inverse)
+
+    def probe_done_at_once(self, rx_bytes: int) -> bool:
+        """Start a status read of `rx_bytes` and read STATUS the moment its CNTL write has
+        returned: whether the transaction was already done when that read reached the board."""
+        self._transaction(_RDSR, 0, 0, b"", max(1, rx_bytes), at_once=True)
+        return self.done_at_once
+
+
+def _following(request: Request) -> Request | None:
+    """The array read after `request` (to keep in the capture buffer), if it is one."""
+    if request.opcode != _READ or request.address_bytes != 3:
+        return None
+    nxt = request.address + request.count
+    return Request(_READ, nxt, 3, request.count) if nxt + request.count <= 0x1000000 else None
+
+
+def _window_bytes(tx: bytes) -> bytes:
+    """TX data as the window takes it: big-endian dwords (the first byte on the wire is a
+    dword's most significant byte), a short last dword zero-padded."""
+    padded = tx + bytes(-len(tx) % 4)
+    words = struct.unpack(f">{len(padded) // 4}I", padded)
+    return struct.pack(f"<{len(words)}I", *words)

@@ -2,7 +2,9 @@
 
 A driver sees a `Bar5` (32-bit register read/write, block read/write) and its `Clock`,
 and never learns whether a USB bridge, a sysfs mapping or the emulated board is behind
-it. Timeouts are measured on the transport's clock so that an emulated board's virtual
+it. A transport may also offer `diagnostics() -> dict[str, int]`: counts of what went
+wrong while it was open, which the run records (the emulated board counts ROM_SW protocol
+violations there). Timeouts are measured on the transport's clock so that an emulated board's virtual
 time and a real board's wall time are treated alike.
 """
 from __future__ import annotations

@@ -38,6 +38,22 @@ class DriverBound(BoardBusy):
         self.driver = driver
 
 
+class DriverStillBound(BoardBusy):
+    """Writing `unbind` did not detach the driver: refused, the device untouched."""
+
+    def __init__(self, address: str, driver: str, unbind_file: Path):
+        RuntimeError.__init__(
+            self, f"board busy: kernel driver {driver} is still bound to {address} after writing "
+                  f"'{address}' to {unbind_file}; refusing to touch the device")
+        self.pid = None
+        self.driver = driver
+
+
+def write_unbind(unbind_file: Path, address: str) -> None:
+    """Ask the kernel to detach the driver bound to `address`."""
+    unbind_file.write_text(address)
+
+
 @dataclass(frozen=True)
 class PciDevice:
     address: str                 # DDDD:BB:DD.F
@@ -125,10 +141,15 @@ class PciBar5:
             raise DriverBound(dev.address, driver, unbind_file)
         announce(f"unbinding kernel driver {driver} from {dev.address} (writing to {unbind_file})")
         try:
-            unbind_file.write_text(dev.address)
+            write_unbind(unbind_file, dev.address)
         except OSError as e:
             raise TransportError(f"{dev.address}: unbinding {driver} via {unbind_file} failed: {e.strerror} "
                                  "(needs root)") from None
+        # The kernel detaches the driver before the write returns. If the link is still
+        # there, something else owns the device: touching it now would make two masters.
+        still = _driver(dev.path)
+        if still is not None:
+            raise DriverStillBound(dev.address, still, unbind_file)
 
     def _enable(self) -> None:
         enable = self.device.path / "enable"

@@ -11,7 +11,14 @@ Three layers, each a small piece:
 * `UsbBar5` brings the PCIe hierarchy up (link, bridge bus numbers and windows, Resizable
   BAR, BAR placement), checks the GPU is a Navi31 before BAR5 is touched, and offers the
   `Bar5` interface: single registers as single TLPs (a posted write is one control OUT; a
-  read is control OUT + control IN), blocks as streamed accesses.
+  read is control OUT + control IN), blocks as streamed accesses. (The reference client's
+  stack streamed every access; the ROM_SW driver checks single-TLP access against streams
+  on each board before relying on it.)
+
+Timeouts are tinygrad's host code's: 5 s for a control transfer (the firmware busy-polls a
+TLP's completion inside it), 30 s for a streamed read's bulk IN, 10 s for F3. A stream that
+has to be abandoned is ended with CLEAR_FEATURE(HALT) and the IN endpoint is drained, since
+a chunk the firmware had already queued may still arrive.
 
 The transport clock is the backend's `clock_for(device)` when the backend offers one
 (a backend that models time, such as an emulated bridge), else wall time.
@@ -54,11 +61,15 @@ RETURN_NAMES = {1: "engine error", 0xFF: "poll timeout"}
 TLP_RESENDS = 10
 TLP_RETRY_WAIT = 1e-3
 
-CONTROL_TIMEOUT_MS = 1000
-LINK_TRAINING_TIMEOUT_MS = 5000             # the firmware trains for up to ~2 s
-STREAM_CHUNK = 0x10000                      # bytes per armed stream: bounds each bulk timeout
-BULK_TIMEOUT_BASE_MS = 1000
+# Timeouts, as tinygrad's host code (the stack the reference client ran on) sets them.
+CONTROL_TIMEOUT_MS = 5000                   # the firmware busy-polls a TLP's completion inside the transfer
+LINK_TRAINING_TIMEOUT_MS = 10000            # F3: the firmware trains for up to ~2 s
+STREAM_CHUNK = 0x10000                      # bytes per armed stream
+BULK_IN_TIMEOUT_MS = 30000                  # a large streamed read may take long to start on a busy bus
+BULK_OUT_TIMEOUT_BASE_MS = 1000
 BULK_BYTES_PER_MS = 450                     # a quarter of the slower (read) stream rate
+DRAIN_TIMEOUT_MS = 20                       # after an abort: a chunk already queued arrives at once
+DRAIN_LIMIT = 64                            # chunks drained at most (the endpoint holds fewer)
 
 BRIDGE_BUSES = range(4)
 GPU_BUS = 4
@@ -324,10 +335,11 @@ class Asm24:
         return completion
 
     def memory_read32(self, address: int, what: str) -> int:
-        completion = self.request(what, MEM_READ, address)
-        if not completion.carried:
-            raise TransportError(f"{self.name}: {what}: the completion carried no data")
-        return completion.data
+        # Byte 6 bit 0 ("carried data") is advisory here: tinygrad's host code, which the
+        # reference client ran on, does not test it on memory reads, and the firmware's own
+        # probe script checks it on config reads only. A successful completion (status SC,
+        # return status 0) of a memory read is its data. Config reads keep the check.
+        return self.request(what, MEM_READ, address).data
 
     def memory_write32(self, address: int, value: int, what: str) -> None:
         self._send(what, MEM_WRITE, address, value, 0xF, MODE_SINGLE)     # posted: no completion
@@ -353,7 +365,7 @@ class Asm24:
             n = min(STREAM_CHUNK, size - start)
             self._send(what, MEM_READ, address + start, n // 4, 0xF, MODE_STREAM_READ)
             buf = usb.util.create_buffer(n)
-            got = self._io(what, self.device.read, EP_IN, buf, _bulk_timeout(n))
+            got = self._io(what, self.device.read, EP_IN, buf, BULK_IN_TIMEOUT_MS)
             if got != n:
                 # The rest is still armed in the bridge: flush it, or it would lead the next read.
                 self._abort(EP_IN, what)
@@ -365,20 +377,42 @@ class Asm24:
         for start in range(0, len(data), STREAM_CHUNK):
             chunk = data[start:start + STREAM_CHUNK]
             self._send(what, MEM_WRITE, address + start, len(chunk) // 4, 0xF, MODE_STREAM_WRITE)
-            sent = self._io(what, self.device.write, EP_OUT, chunk, _bulk_timeout(len(chunk)))
+            sent = self._io(what, self.device.write, EP_OUT, chunk, _bulk_out_timeout(len(chunk)))
             if sent != len(chunk):
                 self._abort(EP_OUT, what)
                 raise TransportError(f"{self.name}: {what}: streamed write took {sent} of {len(chunk)} bytes")
 
     def _abort(self, endpoint: int, what: str) -> None:
+        """End the stream. After CLEAR_FEATURE(HALT) on the IN endpoint a chunk the bridge had
+        already queued may still arrive: drain it, or it would lead the next read."""
         try:
             self._io(f"{what} (aborting the stream)", self.device.clear_halt, endpoint)
+            if endpoint == EP_IN:
+                self.drain_in(what)
         except TransportError:
             pass        # the original failure is the one worth reporting
 
+    def drain_in(self, what: str) -> int:
+        """Read and discard whatever waits on the IN endpoint; returns the bytes dropped."""
+        dropped = 0
+        for _ in range(DRAIN_LIMIT):
+            buf = usb.util.create_buffer(STREAM_CHUNK)
+            try:
+                got = self.device.read(EP_IN, buf, DRAIN_TIMEOUT_MS)
+            except usb.core.USBTimeoutError:
+                break
+            except usb.core.USBError as e:
+                if _is_disconnect(e):
+                    self.gone = True
+                raise describe_usb_error(f"{self.name}: {what} (draining the stream)", e) from None
+            dropped += got
+            if not got:
+                break
+        return dropped
 
-def _bulk_timeout(size: int) -> int:
-    return BULK_TIMEOUT_BASE_MS + size // BULK_BYTES_PER_MS
+
+def _bulk_out_timeout(size: int) -> int:
+    return BULK_OUT_TIMEOUT_BASE_MS + size // BULK_BYTES_PER_MS
 
 
 # -- PCIe bring-up --------------------------------------------------------------------------------
@@ -408,7 +442,12 @@ class Hierarchy:
 
 
 def ensure_link(asm: Asm24) -> bool:
-    """Bring the PCIe link to L0; True when this took an F3 (power on and train)."""
+    """Bring the PCIe link to L0; True when this took an F3 (power on and train).
+
+    Never F3 while the link is up: the firmware's power-on always asserts PERST# and trains
+    again, which resets the GPU (BARs lost, engines back at power-on values) — on a board
+    being recovered, that would undo whatever state the host relies on.
+    """
     if asm.xdata_read(XDATA_LTSSM)[0] == LTSSM_L0:
         return False
     asm.pcie_power(True)
@@ -545,6 +584,9 @@ class UsbBar5:
         self._on_close = on_close
         self._closed = False
         self.clock: Clock = clock_for(backend, bridge.device)
+        hook = getattr(backend, "diagnostics_for", None)    # an emulated bridge: what its board saw
+        if hook is not None:
+            self.diagnostics = hook(bridge.device)
         self.asm24 = Asm24(bridge.device, self.clock, f"USB bridge {bridge.serial}")
         try:
             self.asm24.claim()

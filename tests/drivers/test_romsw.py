@@ -66,7 +66,8 @@ def test_restore_each_mode_restores_after_every_transaction(open_board):
 
 
 def test_gated_engine_times_out_with_the_reference_message_and_restores(open_board):
-    o = open_board(gated=True, engine={"timeout": 0.05})
+    # Without the open-time self-check, the first read times out ...
+    o = open_board(gated=True, engine={"timeout": 0.05, "self_check": False})
     before = registers(o.board)
     o.engine.open()
     with pytest.raises(RomSwTimeout) as e:
@@ -77,14 +78,20 @@ def test_gated_engine_times_out_with_the_reference_message_and_restores(open_boa
         o.engine.read(0x9F, count=3)      # nothing more is started after a timeout
     o.engine.close()
     assert registers(o.board) == before
+    # ... with it (the default), opening does, and leaves the registers as they were.
+    o = open_board(gated=True, engine={"timeout": 0.05})
+    before = registers(o.board)
+    with pytest.raises(RomSwTimeout, match="engine may be gated after SOS boot"):
+        o.engine.open()
+    assert registers(o.board) == before
 
 
 def test_stall_times_out_and_registers_are_restored(open_board):
-    o = open_board(faults=["stall-after=10"], engine={"timeout": 0.05})
+    o = open_board(faults=["stall-after=200"], engine={"timeout": 0.05})
     before = registers(o.board)
     with o.engine:
         with pytest.raises(RomSwTimeout):
-            for _ in range(20):
+            for _ in range(200):
                 o.engine.read(0x05)
     assert registers(o.board) == before
 
@@ -97,7 +104,7 @@ def test_missing_raw_controller_fails_at_open_and_leaves_nothing_changed(open_bo
 
 
 def test_timeout_uses_the_transport_clock(open_board):
-    o = open_board(gated=True, engine={"timeout": 0.5})
+    o = open_board(gated=True, engine={"timeout": 0.5, "self_check": False})
     o.engine.open()
     start = o.bar.clock.now()
     with pytest.raises(RomSwTimeout):
@@ -140,3 +147,32 @@ def test_close_writes_every_register_back_even_when_one_write_fails(open_board):
     after = registers(o.board)
     assert {r: v for r, v in after.items() if r != R.PAGE_MIRROR_CNTL} == \
            {r: v for r, v in before.items() if r != R.PAGE_MIRROR_CNTL}
+
+
+def test_a_chain_that_goes_on_where_the_last_ended_reuses_its_trailing_read(open_board):
+    """A chain ends with the read of the chunk after its last: a dump, unit after unit, pays
+    for one trailing transaction in all, not one per unit."""
+    image = bytes(range(256)) * 0x2000
+    o = open_board(content=image)
+    o.engine.open()
+    o.nor.identify()
+    o.ops.clear()
+    assert o.nor.read(0x4000, 0x1000) == image[0x4000:0x5000]
+    assert len(o.ops) == 17                                       # 16 reads + the read of 0x5000
+    o.ops.clear()
+    assert o.nor.read(0x5000, 0x1000) == image[0x5000:0x6000]
+    assert len(o.ops) == 16                                       # 0x5000 was already captured
+    o.ops.clear()
+    assert o.nor.read(0x9000, 0x100) == image[0x9000:0x9100]       # elsewhere: nothing to reuse
+    assert len(o.ops) == 2
+
+
+def test_a_write_between_two_reads_drops_the_kept_capture(open_board):
+    o = open_board(content=bytes(range(256)) * 0x2000)
+    o.engine.open()
+    o.nor.identify()
+    o.nor.read(0x4000, 0x1000)                                    # keeps the capture of 0x5000
+    o.nor.erase(0x5000, 0x1000)
+    o.ops.clear()
+    assert o.nor.read(0x5000, 0x100) == b"\xff" * 0x100            # read again, not the old capture
+    assert [op for op, *_ in o.ops][:2] == [0x03, 0x03] and o.ops[0][1] == 0x5000

@@ -110,7 +110,11 @@ def test_the_check_reads_only_the_regions_the_walk_needs(cli, db, make_board, im
     units = {a & ~0xFFF for (a,) in con.execute(
         "SELECT address FROM spi_transactions WHERE run_id = ? AND opcode = 3", [run_id])}
     # EFS, L1 directory, both slot headers, each partition's L2 directory and ATOM image.
-    assert units == {0x0, 0x2000, 0x12000, 0x13000, 0x20000, 0x21000, 0x100000, 0x101000}
+    needed = {0x0, 0x2000, 0x12000, 0x13000, 0x20000, 0x21000, 0x100000, 0x101000}
+    assert needed <= units
+    # Chained RX ends each chain with one more transaction, which only pushes the last
+    # capture into the window: it may touch the unit after a region, never anything else.
+    assert units - needed <= {u + 0x1000 for u in needed}, sorted(units - needed)
 
 
 def test_force_writes_another_boards_image_and_says_so(cli, db, make_board, image_for):

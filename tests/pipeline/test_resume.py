@@ -86,7 +86,7 @@ def test_a_flash_killed_at_any_register_write_resumes_to_the_image(kill_setup, t
 
 
 def test_resume_refuses_another_board_and_another_image(cli, make_board, image, tmp_path):
-    board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=45000"])
+    board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=19000"])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(image), "--yes",
                         "--expect-part", PART_KEY, "--board", f"sim:{board}"], env=env, capture_output=True)
@@ -147,7 +147,7 @@ def _killed_flash(board, image, env) -> str:  # noqa: ANN001
 
 
 def test_resume_refuses_when_another_run_wrote_the_board_since(cli, make_board, image, tmp_path):
-    board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=45000"])
+    board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=19000"])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     killed = _killed_flash(board, image, env)
     other = tmp_path / "other.bin"
@@ -160,7 +160,7 @@ def test_resume_refuses_when_another_run_wrote_the_board_since(cli, make_board, 
 
 def test_resume_rereads_units_an_earlier_run_verified(cli, make_board, image):
     """Something outside amdflash changed a verified unit: resume reads it and puts it right."""
-    board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=45000"])
+    board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=19000"])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     killed = _killed_flash(board, image, env)
     with Board(board) as b:

@@ -174,10 +174,12 @@ def test_register_writes_before_the_first_error(recorded: Recorded, pages) -> No
     assert [(int(r[0]), int(r[1])) for r in page.writes] == expected and len(expected) == 32
     names = {r[4] for r in page.writes}
     assert {"ROM_SW_COMMAND", "ROM_SW_CNTL", "ROM_SW_STATUS"} <= names
-    # The read-back that found the mismatch: READs of the unit's last pages.
+    # The read-back that found the mismatch: READs of the unit's last pages (a chained read
+    # ends with the read of the chunk after the unit, which brings the last one in).
     commands = [r for r in page.writes if r[4] == "ROM_SW_COMMAND"]
     assert all("03h READ" in r[6] for r in commands)
-    assert commands[-1][6].endswith(f"{STUCK_UNIT + UNIT - 0x100:#08x}")
+    assert commands[-2][6].endswith(f"{STUCK_UNIT + UNIT - 0x100:#08x}")
+    assert commands[-1][6].endswith(f"{STUCK_UNIT + UNIT:#08x}")
 
 
 def test_a_clean_run_has_no_error_section_rows(pages) -> None:  # noqa: ANN001

@@ -38,7 +38,18 @@ def txn(board: Board, opcode: int, address: int | None = None, tx: bytes = b"", 
         w32(board, R.ROM_SW_DATA + i, int.from_bytes(padded[i:i + 4], "big"))
     ncmd = 4 if address is not None else 1
     w32(board, R.ROM_SW_CNTL, (ncmd - 1) << 16 | (R.ROM_SW_RETURN_DATA_ENABLE if rx else 0) | (rx or len(tx)))
+    wait_done(board)
     return board.reg_read(R.ROM_SW_DATA, 256)[:rx]
+
+
+def wait_done(board: Board, limit: float = 2e-3) -> bool:
+    """Time passes on the board's clock until STATUS shows done (or `limit` seconds went by)."""
+    deadline = board.clock.now() + limit
+    while not r32(board, R.ROM_SW_STATUS) & R.ROM_SW_DONE:
+        if board.clock.now() >= deadline:
+            return False
+        board.clock.sleep(10e-6)
+    return True
 
 
 # -- register file ---------------------------------------------------------------------------
@@ -111,8 +122,9 @@ def test_cntl_write_of_zero_starts_an_opcode_only_transaction(board):
     release_pads(board)
     w32(board, R.ROM_SW_COMMAND, 0x06)
     w32(board, R.ROM_SW_CNTL, 0)
-    assert r32(board, R.ROM_SW_STATUS) & 1
     assert board.stats()["spi_transactions"] == 1
+    assert wait_done(board)
+    assert board.chip.transaction(b"\x05", 1) == b"\x02"          # the opcode reached the chip: WEL
 
 
 def test_stall_fault_stops_completions_after_n_transactions(make_board):
@@ -140,26 +152,45 @@ def test_read_flip_fault_is_transient_and_deterministic(make_board):
     assert bytes(0x200000) == image
 
 
-def test_one_256_byte_rx_transaction_costs_what_the_cost_model_says(make_board):
+def test_one_256_byte_rx_transaction_runs_its_spi_time_on_the_board_clock(make_board):
     with Board(make_board()) as b:
         release_pads(b)
-        before = b.clock.now()
+        w32(b, R.ROM_CNTL, 0x18000008)                                  # prescale 8, the driver default
         w32(b, R.ROM_SW_COMMAND, 0 << 8 | 0x03)
-        w32(b, R.ROM_SW_CNTL, 3 << 16 | R.ROM_SW_RETURN_DATA_ENABLE | 256)  # raw access: SPI time only
-        spi = b.clock.now() - before
-        prescale = 0xA  # ROM_CNTL power-on value 0x0A000002 after release_pads keeps b27:24
-        assert spi == pytest.approx(1e-6 + 8 * 260 * (prescale + 1) / 100e6, rel=1e-12)
-        # And the same transaction through charged streamed accesses on asm24.
-        before = b.clock.now()
-        b.stream_write(R.ROM_CNTL, struct.pack("<I", 0x18000008))   # prescale 8, the driver default
-        b.stream_write(R.ROM_SW_CNTL, struct.pack("<I", 3 << 16 | R.ROM_SW_RETURN_DATA_ENABLE | 256))
-        b.stream_read(R.ROM_SW_DATA, 256)
-        expected = (2 * (ASM24.control + ASM24.bulk + 4 / 3.6e6)
-                    + (ASM24.control + ASM24.bulk + 256 / 1.8e6)
-                    + 1e-6 + 8 * 260 * 9 / 100e6)
-        assert b.clock.now() - before == pytest.approx(expected, rel=1e-12)
+        start = b.clock.now()
+        w32(b, R.ROM_SW_CNTL, 3 << 16 | R.ROM_SW_RETURN_DATA_ENABLE | 256)
+        spi = 1e-6 + 8 * 260 * 9 / 100e6
+        assert b.clock.now() == start                                   # the host is not held up
+        b.clock.sleep(spi * 0.999)
+        assert not r32(b, R.ROM_SW_STATUS) & 1                          # still on the wire
+        b.clock.sleep(spi * 0.002)
+        assert r32(b, R.ROM_SW_STATUS) & 1
         stats = b.stats()
-        assert stats["spi_transactions"] == 2 and stats["spi_bytes"] == 520
+        assert stats["spi_transactions"] == 1 and stats["spi_bytes"] == 260
+        assert stats["spi_seconds"] == pytest.approx(spi, rel=1e-12)
+
+
+def test_charged_accesses_land_when_the_cost_model_says(make_board):
+    """asm24: a single-TLP access lands after its control transfer, a streamed read after
+    the arming control transfer, a streamed write after the bulk OUT's fixed latency."""
+    with Board(make_board()) as b:
+        b.trace = []
+        b.tlp_write32(0x1000, 1)
+        b.tlp_read32(0x1000)
+        b.stream_write(0x1000, bytes(64))
+        b.stream_read(0x1000, 64)
+        c, k = ASM24.control, ASM24.bulk
+        expected = [("write32", c, c), ("read32", c, 2 * c), ("stream write", c + k, c + k + 64 / 3.6e6),
+                    ("stream read", c, c + k + 64 / 1.8e6)]
+        for (kind, offset, size, start, landed, end), (want, lands, total) in zip(b.trace, expected):
+            assert kind == want
+            assert landed - start == pytest.approx(lands, rel=1e-9)
+            assert end - start == pytest.approx(total, rel=1e-9)
+    with Board(make_board(), profile="pcie") as b:
+        b.trace = []
+        b.stream_read(0x1000, 64)
+        (_, _, _, start, landed, end), = b.trace
+        assert landed == start and end - start == pytest.approx(16 * PCIE.pcie_read_dword)
 
 
 def test_pcie_and_ideal_profiles(make_board):

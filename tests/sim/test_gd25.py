@@ -741,14 +741,18 @@ def test_reset_enable_then_reset(open_board, sequence, reset):
     assert (sr(b) & 0x1C == 0) == (not reset)
 
 
-def test_reset_is_ignored_while_busy(open_board):
-    b = open_board()
+def test_reset_while_busy_aborts_the_running_operation(open_board):
+    b = open_board(content=pattern(15))
     erase(b, 0x20, 0)
     tx(b, 0x66)
+    tx(b, 0x05, rx=1)                                            # anything in between disarms it
     tx(b, 0x99)
     assert sr(b) == WIP | WEL
-    settle(b)
+    tx(b, 0x66)
+    tx(b, 0x99)                                                  # heard while busy: the erase is abandoned
     assert sr(b) == 0
+    assert read(b, 0, 16) == b"\xff" * 16                         # its content change had already happened
+    assert b.stats()["flash_busy_seconds"] < T_4K
 
 
 # -- suspend and resume ---------------------------------------------------------------------
@@ -949,10 +953,19 @@ def engine(b: Board, opcode: int, address: int | None = None, data: bytes = b"",
     command_bytes = 1 if address is None else 4
     w32(b, R.ROM_SW_CNTL, (command_bytes - 1) << 16 | (R.ROM_SW_RETURN_DATA_ENABLE if rx else 0)
         | (rx or len(data)))
+    wait_done(b)
     captured = bytes(b.reg_read(R.ROM_SW_DATA, 256))[:rx]
+    w32(b, R.ROM_SW_STATUS, 0)
     w32(b, R.ROM_SW_CNTL, 0)                                     # the reference client's clear
+    wait_done(b)                                                 # (which is a transaction too)
     w32(b, R.ROM_SW_STATUS, 0)
     return captured
+
+
+def wait_done(b: Board) -> None:
+    """Let the transaction run: time passes on the board's clock until STATUS shows done."""
+    while not int.from_bytes(b.reg_read(R.ROM_SW_STATUS, 4), "little") & R.ROM_SW_DONE:
+        b.clock.sleep(10e-6)
 
 
 def test_reference_flow_through_the_engine(make_board):

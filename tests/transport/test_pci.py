@@ -6,17 +6,16 @@ config space. Register behaviour is covered through the other transports.
 """
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 
 import pytest
 
 from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport import discovery
+from amdflash.stages.transport import discovery, pci
 from amdflash.stages.transport.base import TransportError, WallClock
 from amdflash.stages.transport.lock import BoardBusy
-from amdflash.stages.transport.pci import BAR5_SIZE, DriverBound, PciBar5, find_devices
+from amdflash.stages.transport.pci import BAR5_SIZE, DriverBound, DriverStillBound, PciBar5, find_devices
 from tests.transport.conftest import run_cli
 
 NAVI = "0000:03:00.0"
@@ -92,12 +91,34 @@ def test_a_bound_driver_is_refused_naming_what_unbinding_would_do(sysfs, open_ba
     assert (sysfs / "devices" / BOUND / "enable").read_text().strip() == "0"
 
 
-def test_unbinding_writes_the_address_to_the_drivers_unbind_file(sysfs, open_bar):
+def kernel_unbinds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the kernel does on a write to `unbind`: the device's driver link goes away."""
+    original = pci.write_unbind
+
+    def unbind(unbind_file: Path, address: str) -> None:
+        original(unbind_file, address)
+        (unbind_file.parent.parent / "driver").unlink()      # <device>/driver/unbind -> <device>/driver
+
+    monkeypatch.setattr(pci, "write_unbind", unbind)
+
+
+def test_unbinding_writes_the_address_to_the_drivers_unbind_file(sysfs, open_bar, monkeypatch):
+    kernel_unbinds(monkeypatch)
     messages: list[str] = []
     bar = open_bar(BOUND, unbind_driver=True, announce=messages.append)
     assert (sysfs / "drivers" / "amdgpu" / "unbind").read_text() == BOUND
     assert any("unbinding kernel driver amdgpu" in m for m in messages)
     assert bar.identity.extra["unbound_driver"] == "amdgpu"
+    assert not (sysfs / "devices" / BOUND / "driver").exists()
+
+
+def test_a_driver_still_bound_after_unbind_is_refused_untouched(sysfs, open_bar):
+    # Nothing here plays the kernel: the driver link survives the write to `unbind`.
+    with pytest.raises(DriverStillBound) as err:
+        open_bar(BOUND, unbind_driver=True, announce=lambda m: None)
+    assert "still bound to 0000:0b:00.0 after writing" in str(err.value)
+    assert isinstance(err.value, BoardBusy)                      # exit 2: nothing was written
+    assert (sysfs / "devices" / BOUND / "enable").read_text().strip() == "0"
 
 
 def test_enable_is_set_while_open_and_restored_at_close(sysfs, open_bar):
@@ -224,8 +245,6 @@ def test_pci_specs_select_by_address_and_lock_by_address(sysfs):
 
 
 def test_cli_refuses_a_bound_device_with_exit_2_and_unbind_driver_unbinds_it(sysfs, tmp_path):
-    # A short resource5 makes the unbound run stop right after the unbind, before any ROM_SW wait.
-    os.truncate(sysfs / "devices" / BOUND / "resource5", 0x1000)
     env = {discovery.ENV_SYSFS_PCI: str(sysfs / "devices")}
     refused = run_cli(tmp_path, "info", "--board", f"pci:{BOUND}", env=env)
     assert refused.returncode == 2, refused.stderr
@@ -233,9 +252,11 @@ def test_cli_refuses_a_bound_device_with_exit_2_and_unbind_driver_unbinds_it(sys
     assert "--unbind-driver would write" in refused.stderr and "Traceback" not in refused.stderr
     assert (sysfs / "drivers" / "amdgpu" / "unbind").read_text() == ""
 
+    # The fake sysfs has no kernel behind it: the driver stays bound, and the run is refused.
     unbound = run_cli(tmp_path, "info", "--board", f"pci:{BOUND}", "--unbind-driver", env=env)
     assert (sysfs / "drivers" / "amdgpu" / "unbind").read_text() == BOUND
-    assert unbound.returncode == 1 and "is 0x1000 bytes" in unbound.stderr, unbound.stderr
+    assert unbound.returncode == 2 and "is still bound to 0000:0b:00.0 after writing" in unbound.stderr, \
+        unbound.stderr
 
     helped = run_cli(tmp_path, "info", "--help")
     assert helped.returncode == 0 and "--unbind-driver" in helped.stdout and "unbind" in helped.stdout

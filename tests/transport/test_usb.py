@@ -3,6 +3,7 @@ path, the drivers on top, and every failure the wire can produce."""
 from __future__ import annotations
 
 import errno
+from collections import deque
 import time
 
 import pytest
@@ -349,3 +350,115 @@ def test_a_short_streamed_read_aborts_the_stream_so_no_stale_data_leads_the_next
         bar.read_block(0x20000, 2048)
     monkeypatch.undo()
     assert bar.read_block(0x20000, 2048) == data
+
+
+# -- cross-checked against tinygrad's host code and the bridge firmware ---------------------------
+
+def test_a_link_that_is_up_gets_no_f3_so_the_gpu_is_not_reset(rig, monkeypatch):
+    """F3 always asserts PERST#: sent while the link is up, it would reset the GPU."""
+    r = rig()
+    r.board().set32(0x1000, 0x12345678)                          # GPU state that a reset would lose
+    requests = []
+    original = r.backend.ctrl_transfer
+
+    def spy(handle, request_type, request, *rest):  # noqa: ANN001, ANN002, ANN202
+        requests.append((request_type, request))
+        return original(handle, request_type, request, *rest)
+
+    monkeypatch.setattr(r.backend, "ctrl_transfer", spy)
+    bar = r.open()
+    assert (0x40, 0xF3) not in requests
+    assert bar.read32(0x1000) == 0x12345678
+
+
+def test_f3_while_the_link_is_up_resets_the_gpu(rig):
+    r = rig()
+    bar = r.open()
+    bar.write32(R.GPIOPAD_MASK, 0)
+    r.board().set32(0x1000, 0x12345678)
+    t = r.board().clock.now()
+    bar.asm24.pcie_power(True)
+    assert r.board().clock.now() - t >= LINK_TRAINING_SECONDS   # trained again
+    assert r.board().get32(0x1000) == 0                         # BAR5 back at its power-on values
+    assert r.board().get32(R.GPIOPAD_MASK) == 0x1F80
+    gpu = r.emulated_bridge().topology.gpu
+    assert gpu.bar_base(5) == 0 and not gpu.memory_enabled       # the BARs are gone too
+    with pytest.raises(TransportError):
+        bar.read32(R.ROM_CNTL)                                    # nothing claims the old address
+
+
+def test_a_memory_read_completion_without_the_carried_data_bit_is_accepted(rig, monkeypatch):
+    """tinygrad does not test byte 6 bit 0 on memory reads: the data of a successful
+    completion counts. Config reads keep the check."""
+    r = rig()
+    bar = r.open()
+    original = r.backend.ctrl_transfer
+
+    def no_carried_bit(handle, request_type, request, value, index, data, timeout):  # noqa: ANN001, ANN202
+        n = original(handle, request_type, request, value, index, data, timeout)
+        if (request_type, request) == (0xC0, 0xF0):
+            memoryview(data).cast("B")[6] = 0
+        return n
+
+    monkeypatch.setattr(r.backend, "ctrl_transfer", no_carried_bit)
+    assert bar.read32(R.ROM_CNTL) == 0x0A000002
+    with pytest.raises(TransportError, match="carried no data"):
+        bar.asm24.config_read(4, 0)
+
+
+def test_timeouts_are_tinygrads(rig, monkeypatch):
+    from amdflash.stages.transport import usb as usb_driver
+
+    r = rig()
+    bar = r.open()
+    seen = {}
+    original_ctrl, original_read = r.backend.ctrl_transfer, r.backend.bulk_read
+
+    def ctrl(handle, request_type, request, value, index, data, timeout):  # noqa: ANN001, ANN202
+        seen.setdefault(("control", request_type, request), timeout)
+        return original_ctrl(handle, request_type, request, value, index, data, timeout)
+
+    def bulk_in(handle, ep, intf, buff, timeout):  # noqa: ANN001, ANN202
+        seen.setdefault(("bulk in", ep), timeout)
+        return original_read(handle, ep, intf, buff, timeout)
+
+    monkeypatch.setattr(r.backend, "ctrl_transfer", ctrl)
+    monkeypatch.setattr(r.backend, "bulk_read", bulk_in)
+    bar.read32(R.ROM_CNTL)
+    bar.read_block(0x1000, 4)
+    assert seen[("control", 0x40, 0xF0)] == seen[("control", 0xC0, 0xF0)] == 5000
+    assert seen[("bulk in", 0x81)] >= 30000
+    assert usb_driver.LINK_TRAINING_TIMEOUT_MS == 10000
+
+
+def test_after_an_abort_the_chunk_already_queued_is_drained(rig, monkeypatch):
+    """CLEAR_FEATURE(HALT) on 0x81 ends the stream, but the firmware may still send the chunk
+    it had queued: the driver reads it away."""
+    r = rig()
+    bar, board = r.open(), r.board()
+    board.regs[0x20000:0x20000 + 4096] = bytes(range(256)) * 16
+    original = r.backend.bulk_read
+    calls = []
+
+    def first_packet_only(handle, ep, intf, buff, timeout):  # noqa: ANN001, ANN202
+        calls.append(timeout)
+        if len(calls) == 1:
+            return original(handle, ep, intf, memoryview(buff).cast("B")[:1024], timeout)
+        return original(handle, ep, intf, buff, timeout)
+
+    monkeypatch.setattr(r.backend, "bulk_read", first_packet_only)
+    with pytest.raises(TransportError, match="returned 1024 of 4096"):
+        bar.read_block(0x20000, 4096)
+    assert len(calls) >= 2 and calls[1] < 1000                   # the drain: a short wait
+    assert r.emulated_bridge().in_queue == deque()
+    monkeypatch.undo()
+    assert bar.read_block(0x20000, 4096) == bytes(range(256)) * 16
+
+
+def test_usb2_bridges_return_at_most_64_bytes_of_xdata(rig):
+    r = rig(bridge={"usb2": True})
+    bar = r.open()
+    assert len(bar.asm24.xdata_read(0x4000, 64)) == 64
+    with pytest.raises(TransportError, match="64 of 100 bytes"):
+        bar.asm24.xdata_read(0x4000, 100)
+    assert bar.read_block(0x1000, 4096) == r.board().reg_read(0x1000, 4096)   # 512-byte packets

@@ -38,6 +38,10 @@ class RomAperture:
         board.on_read(R.ROM_DATA, self._read_data)
         board.on_write(R.ROM_DATA, self._ignore_data_write)
 
+    def reset(self) -> None:
+        """Power-on: the read pointer at 0."""
+        _ADDRESS.pack_into(self._pointer, 0, 0)
+
     def _set_index(self, value: int) -> None:
         _ADDRESS.pack_into(self._pointer, 0, (bswap32(value) << 8) & 0xFFFFFF)
 

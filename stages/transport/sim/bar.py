@@ -12,6 +12,9 @@ from pathlib import Path
 
 from amdflash.stages.transport.base import BoardIdentity
 from amdflash.stages.transport.sim.board import Board
+from amdflash.stages.transport.sim.state import C
+
+DIAGNOSTIC_COUNTERS = ("protocol_violations", "unobserved_completions")
 
 
 class SimBar:
@@ -43,6 +46,11 @@ class SimBar5:
             vendor_id=0x1002, device_id=0x744C,
             extra={"profile": self.board.cost.name, "emulated": True},
         )
+        self._counted = {name: self.board.counters[C[name]] for name in DIAGNOSTIC_COUNTERS}
+
+    def diagnostics(self) -> dict[str, int]:
+        """What went wrong on the board since this transport opened it."""
+        return {name: int(self.board.counters[C[name]] - start) for name, start in self._counted.items()}
 
     def read32(self, offset: int) -> int:
         return self.board.tlp_read32(offset)

@@ -9,6 +9,13 @@ physical paths do, each charged on the virtual clock by the active cost profile:
 * `reg_read` / `reg_write`: the raw access underneath, uncharged, used by the emulated
   USB bridge, which charges its own USB transfers.
 
+Each charged access lands when the cost model says (`cost.py` states the rule): the clock
+first advances to the moment the request reaches the board, the board acts, then the
+clock advances by the rest of the access. The ROM_SW engine and the flash run on the same
+clock, so an access sees exactly what the silicon would show at that moment. With
+`trace` set to a list, every charged access appends (kind, offset, size, started, landed,
+ended) to it.
+
 Registers without behaviour read back what was written. Registers with behaviour have
 hooks: a write hook sees the merged 32-bit value after the bytes landed, a read hook
 supplies the value. Block accesses visit hooked dwords in ascending address order, as the
@@ -16,17 +23,22 @@ TLPs of a streamed access do.
 """
 from __future__ import annotations
 
+import functools
 import os
 import signal
+import struct
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.sim import cost as costmod
 from amdflash.stages.transport.sim.clock import SimClock
+from amdflash.stages.transport.sim.cost import Access
 from amdflash.stages.transport.sim.faults import Faults
+from amdflash.stages.transport.sim.romsw import BLOCK_END, BLOCK_START
 from amdflash.stages.transport.sim.state import C, BoardFiles
 
+T = TypeVar("T")
 ReadHook = Callable[[], int]
 WriteHook = Callable[[int], None]
 
@@ -38,6 +50,8 @@ F_ENGINE_TXNS = 3     # ROM_SW transactions, for stall-after
 F_FLIP_DRAWS = 4      # read-flip random draws consumed
 F_USB_FIRED = 5       # usb-disconnect-after has fired (one-shot)
 
+_U32 = struct.Struct("<I")
+
 # Counter slots, bound once: these are touched on every access.
 _CONTROL, _BULK, _BULK_BYTES, _TLPS = C["control_transfers"], C["bulk_transfers"], C["bulk_bytes"], C["tlps"]
 _REG_READS, _REG_WRITES = C["reg_reads"], C["reg_writes"]
@@ -45,7 +59,7 @@ _REG_READS, _REG_WRITES = C["reg_reads"], C["reg_writes"]
 
 class Board:
     def __init__(self, path: str | os.PathLike[str], profile: str | None = None,
-                 realtime_scale: float | None = None):
+                 realtime_scale: float | None = None, strict: bool | None = None):
         self.path = Path(path)
         self.files = BoardFiles(self.path)
         self.config = self.files.config
@@ -58,6 +72,14 @@ class Board:
         self.clock = SimClock(self.counters, C["modelled_seconds"], C["sleep_seconds"], float(scale))
         self.variant: dict = self.config.get("variant", {})
         self.seed: int = int(self.config.get("seed", 0))
+        # Strict: a protocol violation raises (see sim/romsw.py). Boards are strict unless
+        # made with `sim create --lenient`.
+        self.strict = bool(self.config.get("strict", True)) if strict is None else strict
+        self.trace: list[tuple[str, int, int, float, float, float]] | None = None
+        cost = self.cost
+        self._tlp_read, self._tlp_write = cost.tlp_read32(), cost.tlp_write32()
+        self._stream_read_cost = functools.lru_cache(maxsize=64)(cost.stream_read)
+        self._stream_write_cost = functools.lru_cache(maxsize=64)(cost.stream_write)
 
         self._read_hooks: dict[int, ReadHook] = {}
         self._write_hooks: dict[int, WriteHook] = {}
@@ -74,6 +96,8 @@ class Board:
         self.engine = RomSwEngine(self)
         self.aperture = RomAperture(self)
         self.psp = PspMailbox(self)
+        # The ROM_SW block (CNTL .. end of the data window) goes to the engine model.
+        self._engine_lo, self._engine_hi = (BLOCK_START, BLOCK_END) if self.engine.wired else (0, 0)
         self._closed = False
 
     # -- wiring for the models ------------------------------------------------------------
@@ -86,18 +110,33 @@ class Board:
         self._hooked[offset >> 2] = 1
 
     def get32(self, offset: int) -> int:
-        return int.from_bytes(self.regs[offset:offset + 4], "little")
+        return _U32.unpack_from(self.regs, offset)[0]
 
     def set32(self, offset: int, value: int) -> None:
-        self.regs[offset:offset + 4] = (value & 0xFFFFFFFF).to_bytes(4, "little")
+        _U32.pack_into(self.regs, offset, value & 0xFFFFFFFF)
 
     def count(self, name: str, n: float = 1) -> None:
         self.counters[C[name]] += n
 
     # -- raw BAR5 access ------------------------------------------------------------------
     def reg_read(self, offset: int, size: int) -> bytes:
-        self._check_range(offset, size)
+        end = offset + size
+        if offset < 0 or size <= 0 or end > R.BAR5_SIZE:
+            self._out_of_range(offset, size)
         self.counters[_REG_READS] += 1
+        if offset < self._engine_hi and end > self._engine_lo:
+            if offset >= self._engine_lo and end <= self._engine_hi:
+                return self.engine.read(offset, size)
+            return self._split_read(offset, size)
+        return self._plain_read(offset, size)
+
+    def _split_read(self, offset: int, size: int) -> bytes:
+        lo, hi, end = max(offset, self._engine_lo), min(offset + size, self._engine_hi), offset + size
+        out = self._plain_read(offset, lo - offset) if lo > offset else b""
+        out += self.engine.read(lo, hi - lo)
+        return out + (self._plain_read(hi, end - hi) if end > hi else b"")
+
+    def _plain_read(self, offset: int, size: int) -> bytes:
         first, last = offset >> 2, (offset + size + 3) >> 2
         if self._hooked.find(1, first, last) < 0:
             return self.regs[offset:offset + size]
@@ -111,13 +150,29 @@ class Board:
 
     def reg_write(self, offset: int, data: bytes) -> None:
         size = len(data)
-        self._check_range(offset, size)
-        counters = self.counters
-        counters[_REG_WRITES] += 1
+        end = offset + size
+        if offset < 0 or size <= 0 or end > R.BAR5_SIZE:
+            self._out_of_range(offset, size)
+        self.counters[_REG_WRITES] += 1
         fs = self.fault_state
         fs[F_WRITES] += 1
         if self._kill_at is not None and fs[F_WRITES] >= self._kill_at:
             self._host_dies()
+        if offset < self._engine_hi and end > self._engine_lo:
+            if offset >= self._engine_lo and end <= self._engine_hi:
+                self.engine.write(offset, data)
+                return
+            lo, hi = max(offset, self._engine_lo), min(end, self._engine_hi)
+            if lo > offset:
+                self._plain_write(offset, data[:lo - offset])
+            self.engine.write(lo, data[lo - offset:hi - offset])
+            if end > hi:
+                self._plain_write(hi, data[hi - offset:])
+            return
+        self._plain_write(offset, data)
+
+    def _plain_write(self, offset: int, data: bytes) -> None:
+        size = len(data)
         first, last = offset >> 2, (offset + size + 3) >> 2
         if self._hooked.find(1, first, last) < 0:
             self.regs[offset:offset + size] = data
@@ -130,9 +185,9 @@ class Board:
             if hook:
                 hook(self.get32(base))
 
-    def _check_range(self, offset: int, size: int) -> None:
-        if offset < 0 or size <= 0 or offset + size > R.BAR5_SIZE:
-            raise ValueError(f"BAR5 access {offset:#x}+{size:#x} is outside the 1 MiB aperture")
+    @staticmethod
+    def _out_of_range(offset: int, size: int) -> None:
+        raise ValueError(f"BAR5 access {offset:#x}+{size:#x} is outside the 1 MiB aperture")
 
     def _host_dies(self) -> None:
         """kill-after-writes: the host dies here, before this write reaches the board."""
@@ -141,6 +196,17 @@ class Board:
         os.kill(os.getpid(), signal.SIGKILL)
 
     # -- charged frontends ----------------------------------------------------------------
+    # Each: advance the clock to the moment the access lands, act, advance by the rest.
+    def _traced(self, kind: str, offset: int, size: int, access: Access, act: Callable[[], T]) -> T:
+        clock = self.clock
+        start = clock.now()
+        clock.advance(access.lands)
+        landed = clock.now()
+        result = act()
+        self.trace.append((kind, offset, size, start, landed, landed + access.total - access.lands))  # type: ignore[union-attr]
+        clock.advance(access.total - access.lands)
+        return result
+
     def stream_read(self, offset: int, size: int) -> bytes:
         cost = self.cost
         c = self.counters
@@ -149,8 +215,14 @@ class Board:
             c[_BULK] += 1
             c[_BULK_BYTES] += size
         c[_TLPS] += (size + 3) >> 2
-        self.clock.advance(cost.stream_read(size))
-        return self.reg_read(offset, size)
+        access = self._stream_read_cost(size)
+        if self.trace is not None:
+            return self._traced("stream read", offset, size, access, lambda: self.reg_read(offset, size))
+        advance = self.clock.advance
+        advance(access.lands)
+        data = self.reg_read(offset, size)
+        advance(access.total - access.lands)
+        return data
 
     def stream_write(self, offset: int, data: bytes) -> None:
         cost = self.cost
@@ -161,22 +233,51 @@ class Board:
             c[_BULK] += 1
             c[_BULK_BYTES] += size
         c[_TLPS] += (size + 3) >> 2
-        self.clock.advance(cost.stream_write(size))
+        access = self._stream_write_cost(size)
+        if self.trace is not None:
+            self._traced("stream write", offset, size, access, lambda: self.reg_write(offset, data))
+            return
+        advance = self.clock.advance
+        advance(access.lands)
         self.reg_write(offset, data)
+        advance(access.total - access.lands)
 
     def tlp_read32(self, offset: int) -> int:
         if self.cost.usb:
             self.counters[_CONTROL] += 2
         self.counters[_TLPS] += 1
-        self.clock.advance(self.cost.tlp_read32())
-        return int.from_bytes(self.reg_read(offset, 4), "little")
+        access = self._tlp_read
+        if self.trace is not None:
+            return _U32.unpack(self._traced("read32", offset, 4, access, lambda: self.reg_read(offset, 4)))[0]
+        advance = self.clock.advance
+        advance(access.lands)
+        value = _U32.unpack(self.reg_read(offset, 4))[0]
+        advance(access.total - access.lands)
+        return value
 
     def tlp_write32(self, offset: int, value: int) -> None:
         if self.cost.usb:
             self.counters[_CONTROL] += 1
         self.counters[_TLPS] += 1
-        self.clock.advance(self.cost.tlp_write32())
-        self.reg_write(offset, (value & 0xFFFFFFFF).to_bytes(4, "little"))
+        access = self._tlp_write
+        data = _U32.pack(value & 0xFFFFFFFF)
+        if self.trace is not None:
+            self._traced("write32", offset, 4, access, lambda: self.reg_write(offset, data))
+            return
+        advance = self.clock.advance
+        advance(access.lands)
+        self.reg_write(offset, data)
+        advance(access.total - access.lands)
+
+    def power_on_reset(self) -> None:
+        """PERST#: the GPU starts over. BAR5 holds its power-on values, the ROM_SW engine
+        drops whatever it was doing; the flash (a separate chip) keeps its state."""
+        from amdflash.stages.transport.sim.create import power_on_registers
+
+        self.regs[:] = power_on_registers()
+        self.engine.reset()
+        self.aperture.reset()
+        self.psp.power_on()
 
     # -- lifetime -------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:

@@ -36,9 +36,10 @@ class SimClock:
 
     def advance(self, seconds: float) -> None:
         """Charge modelled time (a transport cost, SPI time)."""
-        self._c[self._i] += seconds
-        if self.realtime_scale:
-            self._pay(seconds)
+        if seconds:
+            self._c[self._i] += seconds
+            if self.realtime_scale:
+                self._pay(seconds)
 
     def sleep(self, seconds: float) -> None:
         """The host waits: time passes on the board."""

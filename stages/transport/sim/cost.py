@@ -1,7 +1,22 @@
-"""The cost model of docs/cost-model.md: what each transport operation charges, in seconds.
+"""The cost model (docs/cost-model.md): what each transport operation charges, in seconds, and when it lands.
 
 Every figure quoted by the project is measured on this yardstick, so the numbers are
 fixed here and change only through an issue.
+
+When an access lands (the one statement of the rule; the emulated board and the floor
+computation both take it from here): an access observes and changes the board at the
+moment its request reaches the board.
+
+* `asm24`: after the fixed latency of the USB transfer that carries the request. A
+  single-TLP register access rides in a control transfer and lands when that transfer's
+  100 µs have passed (a read's completion then costs a second control transfer). A
+  streamed read is armed by a control transfer and the firmware fetches the first chunk
+  at once, so it lands after the control transfer; the bulk IN that returns the data
+  follows. A streamed write lands when its bulk OUT has taken its fixed latency, after
+  the arming control transfer; the payload time follows. Every dword of one streamed
+  access lands at the same instant, in ascending address order.
+* `pcie`: at once; the per-dword cost follows.
+* `ideal`: at once, and nothing costs anything.
 """
 from __future__ import annotations
 
@@ -9,6 +24,15 @@ from dataclasses import dataclass
 
 SPI_REFCLK_HZ = 100e6
 SPI_TRANSACTION_OVERHEAD = 1e-6
+
+
+@dataclass(frozen=True)
+class Access:
+    """The timing of one BAR access: `lands` seconds after the host starts it, the board
+    sees it; `total` seconds after the start the host has its answer."""
+
+    lands: float
+    total: float
 
 
 @dataclass(frozen=True)
@@ -23,29 +47,39 @@ class CostProfile:
     usb: bool = False             # BAR accesses travel as USB transfers
     physical: bool = True         # SPI bus time and flash busy time are charged
 
-    # BAR access as a whole, for the direct (non-USB-backend) frontends.
-    def stream_read(self, size: int) -> float:
+    # BAR accesses as a whole, for the direct (non-USB-backend) frontends.
+    def stream_read(self, size: int) -> Access:
         if self.usb:
-            return self.control + self.bulk + size * self.read_byte
-        return ((size + 3) >> 2) * self.pcie_read_dword
+            return Access(self.control, self.control + self.bulk + size * self.read_byte)
+        return Access(0.0, ((size + 3) >> 2) * self.pcie_read_dword)
 
-    def stream_write(self, size: int) -> float:
+    def stream_write(self, size: int) -> Access:
         if self.usb:
-            return self.control + self.bulk + size * self.write_byte
-        return ((size + 3) >> 2) * self.pcie_write_dword
+            lands = self.control + self.bulk
+            return Access(lands, lands + size * self.write_byte)
+        return Access(0.0, ((size + 3) >> 2) * self.pcie_write_dword)
 
-    def tlp_read32(self) -> float:
+    def tlp_read32(self) -> Access:
         # Mode 0: the TLP goes out in a control OUT, the completion comes back in a control IN.
-        return 2 * self.control if self.usb else self.pcie_read_dword
+        if self.usb:
+            return Access(self.control, 2 * self.control)
+        return Access(0.0, self.pcie_read_dword)
 
-    def tlp_write32(self) -> float:
+    def tlp_write32(self) -> Access:
         # Posted: one control OUT, no completion to fetch.
-        return self.control if self.usb else self.pcie_write_dword
+        if self.usb:
+            return Access(self.control, self.control)
+        return Access(0.0, self.pcie_write_dword)
 
     def spi_transaction(self, wire_bytes: int, prescale: int) -> float:
         if not self.physical:
             return 0.0
-        return SPI_TRANSACTION_OVERHEAD + 8 * wire_bytes * (prescale + 1) / SPI_REFCLK_HZ
+        return spi_seconds(wire_bytes, prescale)
+
+
+def spi_seconds(wire_bytes: int, prescale: int) -> float:
+    """SPI time of one ROM_SW transaction: SCK = 100 MHz / (prescale + 1), 8 clocks a byte."""
+    return SPI_TRANSACTION_OVERHEAD + 8 * wire_bytes * (prescale + 1) / SPI_REFCLK_HZ
 
 
 ASM24 = CostProfile(

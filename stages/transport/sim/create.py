@@ -29,6 +29,14 @@ class BoardExistsError(FileExistsError):
     pass
 
 
+def power_on_registers() -> bytes:
+    """BAR5 as the GPU comes out of reset: zero but for the registers above."""
+    regs = bytearray(BAR5_SIZE)
+    for offset, value in POWER_ON_REGISTERS.items():
+        regs[offset:offset + 4] = value.to_bytes(4, "little")
+    return bytes(regs)
+
+
 def create_board(
     path: str | os.PathLike[str],
     *,
@@ -45,11 +53,13 @@ def create_board(
     realtime_scale: float = 0.0,
     psp_order: list[int] | None = None,
     bridge: dict[str, Any] | None = None,
+    strict: bool = True,
 ) -> Path:
     """Create a board directory. `content` is "synthetic", "blank" or a 2 MiB image.
 
     `bridge`: options of the emulated ASM24 bridge in front of the board (see
     `stages.transport.sim.usb.BridgeOptions`), stored as board.json's "bridge" object.
+    `strict`: a ROM_SW protocol violation raises (default) rather than only being counted.
     """
     path = Path(path)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
@@ -85,9 +95,7 @@ def create_board(
         raise ValueError(f"unknown board content {content!r}")
 
     identity = hashlib.sha256(f"amdflash-sim:{seed}:{path.resolve()}".encode()).digest()
-    regs = bytearray(BAR5_SIZE)
-    for offset, value in POWER_ON_REGISTERS.items():
-        regs[offset:offset + 4] = value.to_bytes(4, "little")
+    regs = power_on_registers()
 
     config = {
         "format": 1,
@@ -102,10 +110,11 @@ def create_board(
         "faults": fault_set.to_json(),
         "realtime_scale": realtime_scale,
         "psp_order": psp_order,
+        "strict": strict,
     }
     if bridge:
         config["bridge"] = dict(bridge)
-    create_files(path, config, flash, bytes(regs))
+    create_files(path, config, flash, regs)
 
     # The chip's status registers (CMP, BP) are part of its persistent state.
     from amdflash.stages.transport.sim.gd25 import Gd25Chip

@@ -13,6 +13,8 @@ FAULT_HELP = """\
 read-flip=P             flip one bit of an RX byte with probability P per byte (transient)
 stuck-bit=ADDR[:BIT]    that flash bit stays 1 (default bit 0): programming it to 0 fails
 erase-fail=SECTOR       erasing that 4 KiB sector (by index) silently does nothing
+slow-busy=F             programs, erases and status writes take F (>= 1) times their typical time,
+                        at most the datasheet maximum: a slower part within specification
 stall-after=N           the ROM_SW engine stops completing after N transactions
 usb-disconnect-after=N  the USB bridge disappears after N USB transfers
 kill-after-writes=N     the host process dies at its Nth register write (one-shot, as on power loss)
@@ -31,6 +33,16 @@ def _int(text: str, what: str) -> int:
         raise FaultSpecError(f"{what}: {text!r} is not a number") from None
 
 
+def _float(text: str, name: str, lo: float, hi: float, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise FaultSpecError(f"{name}: {text!r} is not a {what}") from None
+    if not lo <= value <= hi:
+        raise FaultSpecError(f"{name}: {what} {value:g} is outside {lo:g}..{hi:g}")
+    return value
+
+
 @dataclass
 class Faults:
     read_flip: float = 0.0
@@ -40,6 +52,7 @@ class Faults:
     usb_disconnect_after: int | None = None
     kill_after_writes: int | None = None
     psp_errors: dict[int, int] = field(default_factory=dict)          # command -> error code
+    slow_busy: float = 1.0                                            # busy time factor
 
     @classmethod
     def parse(cls, specs: list[str]) -> "Faults":
@@ -53,13 +66,7 @@ class Faults:
         if not sep or not value:
             raise FaultSpecError(f"fault {spec!r}: expected NAME=VALUE\n{FAULT_HELP}")
         if name == "read-flip":
-            try:
-                p = float(value)
-            except ValueError:
-                raise FaultSpecError(f"read-flip: {value!r} is not a probability") from None
-            if not 0.0 <= p <= 1.0:
-                raise FaultSpecError(f"read-flip: probability {p} is outside 0..1")
-            self.read_flip = p
+            self.read_flip = _float(value, name, 0.0, 1.0, "probability")
         elif name == "stuck-bit":
             addr_text, _, bit_text = value.partition(":")
             addr = _int(addr_text, "stuck-bit address")
@@ -67,6 +74,8 @@ class Faults:
             if not 0 <= addr < FLASH_SIZE or not 0 <= bit <= 7:
                 raise FaultSpecError(f"stuck-bit: {value!r} is outside the 2 MiB flash or bit 0..7")
             self.stuck_bits.append((addr, bit))
+        elif name == "slow-busy":
+            self.slow_busy = _float(value, name, 1.0, 100.0, "factor")
         elif name == "erase-fail":
             sector = _int(value, "erase-fail sector")
             if not 0 <= sector < FLASH_SIZE // SECTOR_SIZE:
@@ -97,6 +106,7 @@ class Faults:
             "usb_disconnect_after": self.usb_disconnect_after,
             "kill_after_writes": self.kill_after_writes,
             "psp_errors": {str(k): v for k, v in self.psp_errors.items()},
+            "slow_busy": self.slow_busy,
         }
 
     @classmethod
@@ -109,6 +119,7 @@ class Faults:
             usb_disconnect_after=data.get("usb_disconnect_after"),
             kill_after_writes=data.get("kill_after_writes"),
             psp_errors={int(k): int(v) for k, v in data.get("psp_errors", {}).items()},
+            slow_busy=float(data.get("slow_busy", 1.0)),
         )
 
     def describe(self) -> list[str]:
@@ -121,4 +132,6 @@ class Faults:
             if getattr(self, name) is not None:
                 out.append(f"{name.replace('_', '-')}={getattr(self, name)}")
         out += [f"psp-error={c:#x}:{e:#x}" for c, e in self.psp_errors.items()]
+        if self.slow_busy != 1.0:
+            out.append(f"slow-busy={self.slow_busy:g}")
         return out

@@ -24,12 +24,15 @@ Modelling decisions (the datasheet leaves them open, or the model has to pick on
   protected; chip erase is refused if anything is protected.
 * The protection decoder is §7's, cell for cell — including SEC=1 with BP=6, which §7
   caps at 32 KiB while GigaDevice's 16 Mbit tables list BP2..BP1 = 11 as "everything".
-* Busy: the typical times of §7 on the virtual clock; content changes at command time and
-  the chip reports WIP (and WEL) until the time has passed. While busy only 05/35/15 and
-  75 are heard. On the 'ideal' profile everything completes at once. Security-register
-  program/erase take the page-program/4 KiB-erase times. Volatile status writes (after
-  50h) take effect at once with no busy time. Deep power-down entry/exit (tDP, tRES1),
-  suspend latency and reset recovery are not modelled (0 s).
+* Time: a transaction happens at the moment its CS# rises (the engine passes that
+  moment, the end of its SPI time, as `now`); the aperture and the PSP act at the board's
+  present time. Busy: the typical times of §7 on the board's clock; content changes at
+  command time and the chip reports WIP (and WEL) until the time has passed. While busy
+  only status reads (05/35/15), suspend (75) and reset (66, 99) are heard. On the 'ideal'
+  profile everything completes at once. Security-register program/erase take the
+  page-program/4 KiB-erase times. Volatile status writes (after 50h) take effect at once
+  with no busy time. Deep power-down entry/exit (tDP, tRES1), suspend latency and reset
+  recovery are not modelled (0 s).
 * Read-back: 9Fh repeats C8 60 15; 90h repeats its two-byte pair (C8 14, or 14 C8 with
   address bit 0 set); ABh repeats 14; 05/35/15 repeat the register; 4Bh repeats the
   16-byte unique ID; SFDP reads 0xFF beyond the table; 03h/0Bh wrap at the end of the array.
@@ -59,8 +62,9 @@ Modelling decisions (the datasheet leaves them open, or the model has to pick on
   7Ah resumes the remaining busy time.
 * Reset (66h immediately followed by 99h; any other command in between disarms it):
   reloads the status registers from the non-volatile copy (WEL, SUS bits and volatile
-  values lost), disarms 50h, abandons a suspended operation (its content change, already
-  applied, stays) and is ignored while busy, like everything else.
+  values lost), disarms 50h, abandons a suspended operation, and aborts a running one
+  (datasheets warn the data may then be corrupt; here the content change, already applied
+  at command time, stays: the model does not invent a partial state).
 * The PSP's controller (`psp_update`) is refused — False, nothing written, WEL clear — if
   any covered 4 KiB sector is protected, in deep power-down, or while an operation is
   suspended. Otherwise it returns True even when faults spoil the result (it does not
@@ -69,7 +73,9 @@ Modelling decisions (the datasheet leaves them open, or the model has to pick on
 * Deep power-down (B9h): only ABh is heard, which releases it (ABh's ID bytes are clocked
   out in either state); the aperture reads 0xFF; the PSP's controller cannot write.
 * Faults: stuck bits read 1 whatever the array holds (so programming cannot clear them and
-  erasing leaves them 1); erase-fail sectors keep their content through any erase.
+  erasing leaves them 1); erase-fail sectors keep their content through any erase;
+  slow-busy=F makes every program, erase and status write take F times its typical time
+  (capped at the datasheet maximum), as a slower part within specification does.
 * State: everything lives in the board's "chip" region, so a new host process finds the
   chip exactly as the last one left it (the board stays powered). The security
   registers are the "otp" region, formatted to 0xFF the first time a chip is opened.
@@ -99,10 +105,14 @@ SR1_WRITABLE = 0xFC
 SR2_WRITABLE = SRP1 | QE | CMP        # LB bits are handled apart: they only ever set
 SR3_WRITABLE = 0x60                   # DRV0, DRV1
 
-# Typical busy times of docs/flash-chip.md, in seconds, by the opcode that starts them.
+# Typical and maximum busy times (the chip table's figures), in seconds, by the opcode that starts them.
 BUSY_SECONDS: dict[int, float] = {
     0x02: 0.5e-3, 0x20: 50e-3, 0x52: 150e-3, 0xD8: 250e-3, 0x60: 8.0, 0xC7: 8.0,
     0x01: 5e-3, 0x31: 5e-3, 0x11: 5e-3, 0x42: 0.5e-3, 0x44: 50e-3,
+}
+MAX_BUSY_SECONDS: dict[int, float] = {
+    0x02: 2.4e-3, 0x20: 300e-3, 0x52: 1.0, 0xD8: 1.2, 0x60: 20.0, 0xC7: 20.0,
+    0x01: 30e-3, 0x31: 30e-3, 0x11: 30e-3, 0x42: 2.4e-3, 0x44: 300e-3,
 }
 ERASE_SIZES: dict[int, int] = {0x20: 0x1000, 0x52: 0x8000, 0xD8: 0x10000}
 SUSPENDABLE = {0x02: SUS2, 0x20: SUS1, 0x52: SUS1, 0xD8: SUS1}
@@ -169,6 +179,7 @@ class Gd25Chip:
         self.board = board
         self.flash = board.files.flash
         self._clock = board.clock
+        self._at: float | None = None      # the time of the transaction being served
         self._physical = board.cost.physical
         self._state = board.files.region("chip")
         self._times = self._state[_DOUBLES].cast("d")
@@ -180,6 +191,7 @@ class Gd25Chip:
             stuck[address] = stuck.get(address, 0) | 1 << bit
         self._stuck = sorted(stuck.items())
         self._erase_fail = set(board.faults.erase_fail)
+        self._slow = board.faults.slow_busy
         if bytes(self._state[0:4]) != MAGIC:
             # A board made before this model existed: a fresh chip with all bits clear.
             self._state[0:CHIP_REGION_SIZE] = self.initial_state(cmp=False, bp=0)
@@ -206,18 +218,34 @@ class Gd25Chip:
         }
 
     # -- the wire --------------------------------------------------------------------------
-    def transaction(self, out: bytes, rx_len: int) -> bytes:
+    def transaction(self, out: bytes, rx_len: int, now: float | None = None) -> bytes:
+        """One chip-select cycle, at `now` on the board's clock (default: the present)."""
+        self._at = now
+        try:
+            return self._transaction(out, rx_len)
+        finally:
+            self._at = None
+
+    def _now(self) -> float:
+        return self._clock.now() if self._at is None else self._at
+
+    def _transaction(self, out: bytes, rx_len: int) -> bytes:
         if not out:
             return _ff(rx_len)
         op = out[0]
         state = self._state
         if state[_BUSY_KIND]:
-            now = self._clock.now()
-            if now < self._times[_BUSY_UNTIL]:
+            if self._now() < self._times[_BUSY_UNTIL]:
+                if op != 0x66 and state[_FLAGS] & F_RESET_ARMED:
+                    state[_FLAGS] &= ~F_RESET_ARMED
+                    if op == 0x99:
+                        return self._reset(out, rx_len)
                 if op in (0x05, 0x35, 0x15):
                     return self._read_status(out, rx_len)
                 if op == 0x75:
                     return self._suspend(out, rx_len)
+                if op == 0x66:
+                    return self._reset_enable(out, rx_len)
                 return _ff(rx_len)
             self._finish_operation()
         flags = state[_FLAGS]
@@ -314,8 +342,9 @@ class Gd25Chip:
         if not self._physical:
             self._state[_SR1] &= ~WEL
             return
-        seconds = BUSY_SECONDS[kind]
-        self._times[_BUSY_UNTIL] = self._clock.now() + seconds
+        # A slow-busy chip takes longer than typical, never longer than the datasheet allows.
+        seconds = min(BUSY_SECONDS[kind] * self._slow, MAX_BUSY_SECONDS[kind])
+        self._times[_BUSY_UNTIL] = self._now() + seconds
         self._ranges[_BUSY_LO], self._ranges[_BUSY_HI] = lo, hi
         self._state[_BUSY_KIND] = kind
         self.board.count("flash_busy_seconds", seconds)
@@ -397,7 +426,7 @@ class Gd25Chip:
         state = self._state
         if op == 0x05:
             value = state[_SR1]
-            if state[_BUSY_KIND] and self._clock.now() < self._times[_BUSY_UNTIL]:
+            if state[_BUSY_KIND] and self._now() < self._times[_BUSY_UNTIL]:
                 value |= WIP
         else:
             value = state[_SR2] if op == 0x35 else state[_SR3]
@@ -608,6 +637,11 @@ class Gd25Chip:
         if state[_SUSPENDED_KIND]:
             self.board.count("flash_busy_seconds", -self._times[_SUSPENDED_REMAINING])
             state[_SUSPENDED_KIND] = 0
+        if state[_BUSY_KIND]:
+            remaining = self._times[_BUSY_UNTIL] - self._now()
+            if remaining > 0:
+                self.board.count("flash_busy_seconds", -remaining)
+            state[_BUSY_KIND] = 0
         return b""
 
     def _suspend(self, out: bytes, rx_len: int) -> bytes:
@@ -615,7 +649,7 @@ class Gd25Chip:
             return _ff(rx_len)
         state = self._state
         kind = state[_BUSY_KIND]
-        now = self._clock.now()
+        now = self._now()
         if kind not in SUSPENDABLE or now >= self._times[_BUSY_UNTIL] or self._suspended():
             return b""
         self._times[_SUSPENDED_REMAINING] = self._times[_BUSY_UNTIL] - now
@@ -634,7 +668,7 @@ class Gd25Chip:
         kind = state[_SUSPENDED_KIND]
         if not kind:
             return b""
-        self._times[_BUSY_UNTIL] = self._clock.now() + self._times[_SUSPENDED_REMAINING]
+        self._times[_BUSY_UNTIL] = self._now() + self._times[_SUSPENDED_REMAINING]
         self._ranges[_BUSY_LO] = self._ranges[_SUSPENDED_LO]
         self._ranges[_BUSY_HI] = self._ranges[_SUSPENDED_HI]
         state[_BUSY_KIND] = kind

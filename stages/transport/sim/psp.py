@@ -190,7 +190,7 @@ class PspMailbox:
         self.state = _State(board.files.region("psp"))
         self._sram_map: mmap.mmap | None = None
         if self.state.magic != STATE_MAGIC:
-            self._power_on()
+            self.power_on()
         self._handlers: dict[int, Callable[[int], Answer]] = {
             GET_BOOT_PARTITION: lambda _: Answer(OK, self.state.boot_partition),
             GET_FB_STATE: lambda _: Answer(OK, 1 if self.sos else 0),  # trained memory only with SOS
@@ -208,7 +208,8 @@ class PspMailbox:
             board.on_read(offset, self._observe(offset))
             board.on_write(offset, self._overwrite(offset))
 
-    def _power_on(self) -> None:
+    def power_on(self) -> None:
+        """The boot firmware starts over (board creation, or a GPU reset)."""
         self.state.mem[:] = bytes(len(self.state.mem))
         meta = synth.read_metadata(self.board.files.flash)
         self.state.boot_partition = meta.active if meta and meta.active in (0, 1) else 0

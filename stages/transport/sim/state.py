@@ -49,6 +49,8 @@ COUNTER_NAMES = (
     "spi_seconds",
     "flash_busy_seconds",
     "sleep_seconds",
+    "protocol_violations",
+    "unobserved_completions",
 )
 C = {name: i for i, name in enumerate(COUNTER_NAMES)}
 

@@ -3,9 +3,10 @@
     backend = SimUsbBackend([board_a, board_b], pcie_on_at_boot=False)
     dev = usb.core.find(backend=backend, idVendor=0xADD1)
 
-Each board directory becomes one SuperSpeed bridge on bus 2, behind an emulated xHCI root
-hub (what libusb lists as its parent), with the board's serial. A driver sees the wire
-protocol of the custom firmware and libusb's behaviour around it, failures included:
+Each board directory becomes one SuperSpeed bridge on bus 2 (or a high-speed one, with the
+`usb2` option), behind an emulated xHCI root hub (what libusb lists as its parent), with
+the board's serial. A driver sees the wire protocol of the custom firmware and libusb's
+behaviour around it, failures included:
 
 * control transfers: standard GET_DESCRIPTOR (device, configuration, string, BOS),
   SET_CONFIGURATION, SET_INTERFACE, CLEAR_FEATURE(ENDPOINT_HALT); vendor E4/E5 (XDATA),
@@ -15,15 +16,24 @@ protocol of the custom firmware and libusb's behaviour around it, failures inclu
   per-packet rules hold: an OUT packet larger than the dwords still armed is dropped and
   disarms the endpoint; IN chunks (≤ 256 dwords) are fetched from PCIe when the stream is
   armed and after each packet the host takes, so reading less than announced leaves a
-  fetched chunk waiting in the endpoint until CLEAR_FEATURE(HALT) or SET_CONFIGURATION /
-  SET_INTERFACE flushes it — a later stream's data comes *after* it (the endpoint holds
-  at most IN_FIFO_PACKETS; beyond that the oldest waiting packet is lost);
+  fetched chunk waiting in the endpoint until SET_CONFIGURATION / SET_INTERFACE flushes it
+  — a later stream's data comes *after* it (the endpoint holds at most IN_FIFO_PACKETS;
+  beyond that the oldest waiting packet is lost). CLEAR_FEATURE(HALT) on 0x81 ends the
+  stream, but a chunk already handed to the USB controller may still arrive, as the
+  firmware's own tests find (they drain 0x81 after clearing it): the first waiting chunk
+  stays, the rest are dropped;
+* the configuration descriptor lists interface 0's alternate setting 0 (the two bulk
+  endpoints the protocol uses) and alternate setting 1 (UAS: four bulk endpoints with
+  streams and pipe usage descriptors), 121 bytes in all; the firmware treats both alike;
+* E4 returns up to 512 bytes per request (64 on USB 2), as the firmware caps it;
 * the TLP engine keeps its registers in XDATA (0xB210 fmt, 0xB217 byte enables,
   0xB218/0xB21C address low/high, 0xB220 data, 0xB22A completion header, 0xB284 bit 0
   "carried data", 0xB296 status, all big-endian), so E4 shows the engine's state and a
   failed completion carries whatever the data register last held;
 * costs (docs/cost-model.md, `asm24`; nothing on an `ideal` board) are charged on the board's
-  clock per transfer, and the board's counters count transfers, bytes and TLPs (every TLP,
+  clock per transfer, the fixed latency before the firmware acts on the transfer and the
+  payload time after it (cost.py's landing rule), and the board's counters count transfers,
+  bytes and TLPs (every TLP,
   each streamed dword one; config TLPs also count as config_accesses). A streamed run that
   stays inside BAR5 reaches the board as one `reg_read`/`reg_write` per USB packet, hooks
   still visited dword by dword in ascending order.
@@ -33,8 +43,8 @@ Choices where neither the spec nor the firmware source decides (assumptions):
 * GET_CONFIGURATION is answered from the host's cache, as libusb does on Linux (the
   kernel configured the device at enumeration, so it answers 1 until the driver sets 0);
   no transfer reaches the firmware, which would not answer it;
-* E4 returns at most 255 bytes (a short read); E4/E5 with a non-zero wIndex high byte
-  address a second (PHY) bank, modelled as plain memory;
+* E4/E5 with a non-zero wIndex high byte address a second (PHY) bank, modelled as plain
+  memory;
 * F0 IN when no completion is pending (after a posted write, or before any TLP) answers
   the poll timeout (return status 0xFF); with the PCIe link down every TLP fails with an
   engine error (return status 1), in streams too. A streamed read whose TLP type gets no
@@ -47,9 +57,12 @@ Choices where neither the spec nor the firmware source decides (assumptions):
   and then returns the bytes it got (libusb's partial-transfer rule), or raises
   USBTimeoutError if it got none. A timed-out transfer charges its timeout on the clock
   (an infinite timeout, 0, charges nothing and still raises rather than hang a test);
-* F3 on charges link training time (`LINK_TRAINING_SECONDS`, or the firmware's full
-  `LINK_TRAINING_TIMEOUT` when the link never comes up); F3 off and link loss reset every
-  config space behind the engine. The board's own registers are the board's business;
+* F3 on asserts PERST# and trains the link again whatever its state (the firmware's
+  pcie_power_on does): the GPU is reset — config spaces and BARs lost, BAR5 registers and
+  the ROM_SW engine and PSP mailbox back at their power-on values — and link training
+  time is charged (`LINK_TRAINING_SECONDS`, or the firmware's full `LINK_TRAINING_TIMEOUT`
+  when the link never comes up). F3 off and link loss reset every config space behind the
+  engine;
 * a port reset (reset_device) costs one control transfer; the firmware ignores bus resets
   and the kernel re-sends SET_CONFIGURATION, which cancels streams;
 * a new backend is a re-plug: XDATA, link state, streams and PCIe config start afresh.
@@ -83,8 +96,10 @@ from amdflash.stages.transport.sim.state import C
 
 
 MAX_PACKET = 1024
+USB2_MAX_PACKET = 512
 IN_FIFO_PACKETS = 16             # assumed: the SuperSpeed burst window (bMaxBurst 15)
-XDATA_READ_MAX = 255
+XDATA_READ_MAX = 512             # the firmware's E4 limit on USB 3 ...
+XDATA_READ_MAX_USB2 = 64         # ... and on USB 2
 LINK_UP_LTSSM = 0x78
 LINK_OFF_LTSSM = 0x00
 LINK_TRAINING_LTSSM = 0x10        # assumed: a Polling state while training keeps failing
@@ -117,6 +132,7 @@ _ERRORS: dict[int, tuple[str, int]] = {
     LIBUSB_ERROR_OVERFLOW: ("Overflow", _errno.EOVERFLOW),
     LIBUSB_ERROR_PIPE: ("Pipe error", _errno.EPIPE),
 }
+LIBUSB_SPEED_HIGH = 3
 LIBUSB_SPEED_SUPER = 4
 KERNEL_TIMEOUT_MS = 5000          # Linux USB_CTRL_SET_TIMEOUT, for requests the kernel sends
 
@@ -150,6 +166,7 @@ class BridgeOptions:
     engine_errors: int = 0            # the first N non-posted TLPs fail (return status 1) undelivered
     gpu_crs_reads: int = 0            # the GPU answers its first N config requests with CRS
     gpu_abort_offsets: tuple[int, ...] = ()   # BAR5 dwords whose reads complete with CA
+    usb2: bool = False                # plugged into a USB 2 port: high speed, 512-byte packets
 
     @classmethod
     def resolve(cls, *layers: Mapping[str, Any]) -> "BridgeOptions":
@@ -178,23 +195,31 @@ def _desc(**fields_: Any) -> SimpleNamespace:
     return SimpleNamespace(**fields_)
 
 
-class _Descriptors:
-    """One device's descriptor set: objects for the IBackend getters, bytes for GET_DESCRIPTOR."""
+Endpoints = list[tuple[dict[str, int], bytes]]      # (endpoint fields, extra descriptor bytes)
 
-    def __init__(self, *, device: dict[str, int], config: dict[str, int], interface: dict[str, int],
-                 endpoints: list[tuple[dict[str, int], bytes]], strings: list[str], bos: bytes,
-                 bus: int, address: int, port: int | None):
+
+class _Descriptors:
+    """One device's descriptor set: objects for the IBackend getters, bytes for GET_DESCRIPTOR.
+
+    `interfaces` lists interface 0's alternate settings in order, each with its endpoints.
+    """
+
+    def __init__(self, *, device: dict[str, int], config: dict[str, int],
+                 interfaces: list[tuple[dict[str, int], Endpoints]], strings: list[str], bos: bytes,
+                 bus: int, address: int, port: int | None, speed: int = LIBUSB_SPEED_SUPER):
         self.strings = [bytes((4, 3, 0x09, 0x04))] + [_string_descriptor(s) for s in strings]
-        ep_bytes = b"".join(struct.pack("<BBBBHB", 7, 5, e["bEndpointAddress"], e["bmAttributes"],
-                                        e["wMaxPacketSize"], e["bInterval"]) + extra
-                            for e, extra in endpoints)
-        intf_bytes = struct.pack("<9B", 9, 4, interface["bInterfaceNumber"], interface["bAlternateSetting"],
-                                 len(endpoints), interface["bInterfaceClass"], interface["bInterfaceSubClass"],
-                                 interface["bInterfaceProtocol"], interface["iInterface"])
-        total = 9 + len(intf_bytes) + len(ep_bytes)
+        body = b""
+        for interface, endpoints in interfaces:
+            body += struct.pack("<9B", 9, 4, interface["bInterfaceNumber"], interface["bAlternateSetting"],
+                                len(endpoints), interface["bInterfaceClass"], interface["bInterfaceSubClass"],
+                                interface["bInterfaceProtocol"], interface["iInterface"])
+            body += b"".join(struct.pack("<BBBBHB", 7, 5, e["bEndpointAddress"], e["bmAttributes"],
+                                         e["wMaxPacketSize"], e["bInterval"]) + extra
+                             for e, extra in endpoints)
+        total = 9 + len(body)
         self.config_bytes = struct.pack("<BBHBBBBB", 9, 2, total, 1, config["bConfigurationValue"],
                                         config["iConfiguration"], config["bmAttributes"],
-                                        config["bMaxPower"]) + intf_bytes + ep_bytes
+                                        config["bMaxPower"]) + body
         self.device_bytes = struct.pack("<BBHBBBBHHHBBBB", 18, 1, device["bcdUSB"], device["bDeviceClass"],
                                         device["bDeviceSubClass"], device["bDeviceProtocol"],
                                         device["bMaxPacketSize0"], device["idVendor"], device["idProduct"],
@@ -202,15 +227,15 @@ class _Descriptors:
         self.bos_bytes = bos
         self.device = _desc(bLength=18, bDescriptorType=1, **device, iManufacturer=1, iProduct=2,
                             iSerialNumber=3, bNumConfigurations=1, bus=bus, address=address,
-                            port_number=port, port_numbers=(port,) if port else None,
-                            speed=LIBUSB_SPEED_SUPER)
+                            port_number=port, port_numbers=(port,) if port else None, speed=speed)
         self.config = _desc(bLength=9, bDescriptorType=2, wTotalLength=total, bNumInterfaces=1,
                             **config, extra_descriptors=[])
-        self.interface = _desc(bLength=9, bDescriptorType=4, bNumEndpoints=len(endpoints), **interface,
-                               extra_descriptors=[])
-        self.endpoints = [_desc(bLength=7, bDescriptorType=5, **e, bRefresh=0, bSynchAddress=0,
-                                extra_descriptors=list(extra)) for e, extra in endpoints]
-        self.endpoint_addresses = {e["bEndpointAddress"] for e, _ in endpoints}
+        self.interfaces = [_desc(bLength=9, bDescriptorType=4, bNumEndpoints=len(endpoints), **interface,
+                                 extra_descriptors=[]) for interface, endpoints in interfaces]
+        self.endpoints = [[_desc(bLength=7, bDescriptorType=5, **e, bRefresh=0, bSynchAddress=0,
+                                 extra_descriptors=list(extra)) for e, extra in endpoints]
+                          for _, endpoints in interfaces]
+        self.endpoint_addresses = [{e["bEndpointAddress"] for e, _ in endpoints} for _, endpoints in interfaces]
 
     def get(self, value: int) -> bytes | None:
         kind, index = value >> 8, value & 0xFF
@@ -226,6 +251,38 @@ class _Descriptors:
 
 
 _SS_COMPANION_BULK = bytes((6, 0x30, 15, 0, 0, 0))     # bMaxBurst 15
+_SS_COMPANION_STREAMS = bytes((6, 0x30, 15, 5, 0, 0))  # bMaxBurst 15, 32 streams
+_VENDOR = dict(bInterfaceNumber=0, bInterfaceClass=0xFF, bInterfaceSubClass=0xFF, bInterfaceProtocol=0xFF,
+               iInterface=0)
+
+
+def _bulk(address: int, size: int) -> dict[str, int]:
+    return dict(bEndpointAddress=address, bmAttributes=2, wMaxPacketSize=size, bInterval=0)
+
+
+def _pipe(usage: int) -> bytes:
+    return bytes((4, 0x24, usage, 0))                       # UAS pipe usage descriptor
+
+
+def _usb3_interfaces() -> list[tuple[dict[str, int], Endpoints]]:
+    """Interface 0 on SuperSpeed, as the firmware lists it: alternate setting 0 with the two
+    bulk endpoints the protocol uses, and alternate setting 1 (UAS: status, command, data
+    in, data out) — 121 bytes of configuration descriptor in all."""
+    return [
+        ({**_VENDOR, "bAlternateSetting": 0},
+         [(_bulk(0x81, MAX_PACKET), _SS_COMPANION_BULK), (_bulk(0x02, MAX_PACKET), _SS_COMPANION_BULK)]),
+        ({**_VENDOR, "bAlternateSetting": 1},
+         [(_bulk(0x81, MAX_PACKET), _SS_COMPANION_STREAMS + _pipe(3)),
+          (_bulk(0x02, MAX_PACKET), _SS_COMPANION_STREAMS + _pipe(4)),
+          (_bulk(0x83, MAX_PACKET), _SS_COMPANION_STREAMS + _pipe(2)),
+          (_bulk(0x04, MAX_PACKET), bytes((6, 0x30, 0, 0, 0, 0)) + _pipe(1))]),
+    ]
+
+
+def _usb2_interfaces() -> list[tuple[dict[str, int], Endpoints]]:
+    """On a high-speed port: one setting, four bulk endpoints of 512 bytes."""
+    return [({**_VENDOR, "bAlternateSetting": 0},
+             [(_bulk(a, USB2_MAX_PACKET), b"") for a in (0x81, 0x02, 0x83, 0x04)])]
 _BOS = bytes((5, 0x0F, 22, 0, 2,
               7, 0x10, 2, 2, 0, 0, 0,                   # USB 2.0 extension: LPM
               10, 0x10, 3, 0, 0x0E, 0, 3, 0, 0, 0))     # SuperSpeed: full/high/super speed
@@ -247,6 +304,7 @@ class _SimDevice:
         self.configuration = 1          # the kernel configured the device at enumeration
         self.claims: dict[int, _Handle] = {}
         self.kernel_driver = False
+        self.alt = 0                    # interface 0's selected alternate setting
 
     def check_present(self) -> None:
         if self.gone:
@@ -268,10 +326,10 @@ class _RootHub(_SimDevice):
             device=dict(bcdUSB=0x0300, bDeviceClass=9, bDeviceSubClass=0, bDeviceProtocol=3,
                         bMaxPacketSize0=9, idVendor=0x1D6B, idProduct=0x0003, bcdDevice=0x0606),
             config=dict(bConfigurationValue=1, iConfiguration=0, bmAttributes=0xE0, bMaxPower=0),
-            interface=dict(bInterfaceNumber=0, bAlternateSetting=0, bInterfaceClass=9,
-                           bInterfaceSubClass=0, bInterfaceProtocol=0, iInterface=0),
-            endpoints=[(dict(bEndpointAddress=0x81, bmAttributes=3, wMaxPacketSize=4, bInterval=12),
-                        bytes((6, 0x30, 0, 0, 2, 0)))],
+            interfaces=[(dict(bInterfaceNumber=0, bAlternateSetting=0, bInterfaceClass=9,
+                              bInterfaceSubClass=0, bInterfaceProtocol=0, iInterface=0),
+                         [(dict(bEndpointAddress=0x81, bmAttributes=3, wMaxPacketSize=4, bInterval=12),
+                           bytes((6, 0x30, 0, 0, 2, 0)))])],
             strings=["Linux 6.6.0 xhci-hcd", "xHCI Host Controller", "0000:00:14.0"],
             bos=_BOS, bus=bus, address=1, port=None)
 
@@ -304,19 +362,18 @@ class _Asm24(_SimDevice):
         if not _SERIAL.fullmatch(serial):
             raise ValueError(f"{board.path}: bridge serial {serial!r} is not 8 lowercase hex digits")
         self.serial = serial
+        self.usb2 = options.usb2
+        self.max_packet = USB2_MAX_PACKET if self.usb2 else MAX_PACKET
+        self.xdata_read_max = XDATA_READ_MAX_USB2 if self.usb2 else XDATA_READ_MAX
         self.descriptors = _Descriptors(
-            device=dict(bcdUSB=0x0320, bDeviceClass=0, bDeviceSubClass=0, bDeviceProtocol=0,
-                        bMaxPacketSize0=9, idVendor=options.vendor_id, idProduct=options.product_id,
-                        bcdDevice=0x0001),
+            device=dict(bcdUSB=0x0200 if self.usb2 else 0x0320, bDeviceClass=0, bDeviceSubClass=0,
+                        bDeviceProtocol=0, bMaxPacketSize0=64 if self.usb2 else 9, idVendor=options.vendor_id,
+                        idProduct=options.product_id, bcdDevice=0x0001),
             config=dict(bConfigurationValue=1, iConfiguration=0, bmAttributes=0xC0, bMaxPower=0),
-            interface=dict(bInterfaceNumber=0, bAlternateSetting=0, bInterfaceClass=0xFF,
-                           bInterfaceSubClass=0xFF, bInterfaceProtocol=0xFF, iInterface=0),
-            endpoints=[(dict(bEndpointAddress=0x81, bmAttributes=2, wMaxPacketSize=MAX_PACKET, bInterval=0),
-                        _SS_COMPANION_BULK),
-                       (dict(bEndpointAddress=0x02, bmAttributes=2, wMaxPacketSize=MAX_PACKET, bInterval=0),
-                        _SS_COMPANION_BULK)],
+            interfaces=_usb2_interfaces() if self.usb2 else _usb3_interfaces(),
             strings=["tiny", options.product, serial],
-            bos=_BOS, bus=hub.descriptors.device.bus, address=address, port=port)
+            bos=_BOS, bus=hub.descriptors.device.bus, address=address, port=port,
+            speed=LIBUSB_SPEED_HIGH if self.usb2 else LIBUSB_SPEED_SUPER)
 
         physical = board.cost.physical
         self._charge = board.clock.advance if physical else None
@@ -378,9 +435,10 @@ class _Asm24(_SimDevice):
         if self._charge is not None:
             self._charge(seconds)
 
-    def wait_out(self, timeout_ms: int) -> None:
+    def wait_out(self, timeout_ms: int, already: float = 0.0) -> None:
+        """The host waits out its timeout (of which `already` seconds have passed)."""
         if timeout_ms > 0:
-            self.charge(timeout_ms / 1000)
+            self.charge(max(0.0, timeout_ms / 1000 - already))
 
     def cancel_streams(self) -> None:
         self.dma_dwords = 0
@@ -392,6 +450,9 @@ class _Asm24(_SimDevice):
                 timeout: int) -> int:
         self.begin()
         self._counters[_CONTROL] += 1
+        # The request reaches the firmware when the transfer's fixed latency has passed
+        # (cost.py's landing rule): whatever it does to the board happens at that moment.
+        self.charge(self._control_cost)
         try:
             if self.hung:
                 raise _Timeout
@@ -403,9 +464,8 @@ class _Asm24(_SimDevice):
             else:
                 n = handler(value, index, buf, timeout)
         except _Timeout:
-            self.wait_out(timeout)
+            self.wait_out(timeout, already=self._control_cost)
             raise usb_error(LIBUSB_ERROR_TIMEOUT) from None
-        self.charge(self._control_cost)
         return n
 
     def _reply(self, buf: memoryview, answer: bytes | bytearray) -> int:
@@ -432,7 +492,10 @@ class _Asm24(_SimDevice):
         if value == 0:                                  # ENDPOINT_HALT
             endpoint = index & 0xFF
             if endpoint == 0x81:
-                self.in_queue.clear()
+                # The chunk already handed to the USB controller still goes out (the firmware's
+                # own tests drain 0x81 after clearing it); anything queued behind it is dropped.
+                while len(self.in_queue) > 1:
+                    self.in_queue.pop()
             elif endpoint == 0x02:
                 self.out_armed = False
             self.dma_dwords = 0
@@ -445,7 +508,7 @@ class _Asm24(_SimDevice):
         return self._banks.setdefault(bank, bytearray(0x10000))
 
     def _xdata_read(self, value: int, index: int, buf: memoryview, timeout: int) -> int:
-        n = min(len(buf), XDATA_READ_MAX)
+        n = min(len(buf), self.xdata_read_max)
         memory = self._memory(index >> 8)
         if value + n <= 0x10000:
             answer = bytearray(memory[value:value + n])
@@ -477,9 +540,12 @@ class _Asm24(_SimDevice):
             self.powered = False
             self._link_lost()
             return 0
+        # Power on always asserts PERST# and trains again, link up or not: the GPU is reset
+        # (its config spaces and BAR placement lost, its registers and engines back at their
+        # power-on values). The flash chip is a separate device and keeps its state.
         self.powered = True
-        if self.link_up:
-            return 0
+        self._link_lost()
+        self.board.power_on_reset()
         if self.options.link_trains:
             self.link_up = True
             needed = LINK_TRAINING_SECONDS
@@ -644,7 +710,7 @@ class _Asm24(_SimDevice):
 
     def _fetch_in_chunk(self) -> None:
         """The firmware's do_usb_bulk_in: up to one packet of dwords, read now, queued on 0x81."""
-        n = min(self.dma_dwords, MAX_PACKET // 4)
+        n = min(self.dma_dwords, self.max_packet // 4)
         offset = self._fast_stream_offset(n, read=True)
         x = self.xdata
         if offset is not None:
@@ -702,21 +768,22 @@ class _Asm24(_SimDevice):
             raise usb_error(LIBUSB_ERROR_IO)
         total = len(data)
         sent = 0
+        self.charge(self._bulk_cost)                    # the data lands after the fixed latency
         complete = self.out_armed and not self.hung
         if complete:
             if total == 0:
                 self._out_packet(data)
             while sent < total:
-                packet = data[sent:sent + MAX_PACKET]
+                packet = data[sent:sent + self.max_packet]
                 if not self.out_armed or not self._out_packet(packet):
                     complete = False
                     break
                 sent += len(packet)
         self._counters[_BULK_BYTES] += sent
-        self.charge(self._bulk_cost + sent * self._write_byte)
+        self.charge(sent * self._write_byte)
         if complete:
             return sent
-        self.wait_out(timeout)
+        self.wait_out(timeout, already=self._bulk_cost + sent * self._write_byte)
         if sent:
             return sent                                 # libusb: a partial transfer is not an error
         raise usb_error(LIBUSB_ERROR_TIMEOUT)
@@ -730,25 +797,26 @@ class _Asm24(_SimDevice):
         got = 0
         complete = False
         queue = self.in_queue
+        self.charge(self._bulk_cost)                    # later chunks are fetched from here on
         while queue and not self.hung:
             packet = queue[0]
             size = len(packet)
             if size > room - got:
                 self._take_packet()
                 self._counters[_BULK_BYTES] += got
-                self.charge(self._bulk_cost + got * self._read_byte)
+                self.charge(got * self._read_byte)
                 raise usb_error(LIBUSB_ERROR_OVERFLOW)
             buf[got:got + size] = packet
             got += size
             self._take_packet()
-            if size < MAX_PACKET or got == room:
+            if size < self.max_packet or got == room:
                 complete = True
                 break
         self._counters[_BULK_BYTES] += got
-        self.charge(self._bulk_cost + got * self._read_byte)
+        self.charge(got * self._read_byte)
         if complete:
             return got
-        self.wait_out(timeout)
+        self.wait_out(timeout, already=self._bulk_cost + got * self._read_byte)
         if got:
             return got
         raise usb_error(LIBUSB_ERROR_TIMEOUT)
@@ -828,10 +896,21 @@ class SimUsbBackend(usb.backend.IBackend):
         on a real bridge's wall clock; without it, it would wait in wall time for virtual
         busy periods that only pass when accesses are charged.
         """
+        return self._bridge(device).board.clock
+
+    def diagnostics_for(self, device: Any) -> Callable[[], dict[str, int]]:
+        """For a transport that records what the board saw go wrong while it had it open."""
+        from amdflash.stages.transport.sim.bar import DIAGNOSTIC_COUNTERS
+
+        counters = self._bridge(device).board.counters
+        start = {name: counters[C[name]] for name in DIAGNOSTIC_COUNTERS}
+        return lambda: {name: int(counters[C[name]] - value) for name, value in start.items()}
+
+    def _bridge(self, device: Any) -> "_Asm24":
         for bridge in self.bridges:
             d = bridge.descriptors.device
             if (d.bus, d.address) == (device.bus, device.address):
-                return bridge.board.clock
+                return bridge
         raise LookupError(f"no emulated bridge at bus {device.bus} address {device.address}")
 
     def __enter__(self) -> "SimUsbBackend":
@@ -859,13 +938,13 @@ class SimUsbBackend(usb.backend.IBackend):
         self.get_configuration_descriptor(dev, config)
         if intf >= 1:
             raise IndexError(f"Invalid interface index {intf}")
-        if alt >= 1:
+        if alt >= len(dev.descriptors.interfaces):
             raise IndexError(f"Invalid alternate setting index {alt}")
-        return dev.descriptors.interface
+        return dev.descriptors.interfaces[alt]
 
     def get_endpoint_descriptor(self, dev: _SimDevice, ep: int, intf: int, alt: int, config: int) -> SimpleNamespace:
         self.get_interface_descriptor(dev, intf, alt, config)
-        endpoints = dev.descriptors.endpoints
+        endpoints = dev.descriptors.endpoints[alt]
         if not 0 <= ep < len(endpoints):
             raise IndexError(f"Invalid endpoint index {ep}")
         return endpoints[ep]
@@ -890,6 +969,7 @@ class SimUsbBackend(usb.backend.IBackend):
         with dev.lock:
             dev.control(0x00, 0x09, config_value, 0, memoryview(b""), KERNEL_TIMEOUT_MS)
         dev.configuration = config_value
+        dev.alt = 0
 
     def get_configuration(self, dev_handle: _Handle) -> int:
         dev = dev_handle.device
@@ -901,10 +981,11 @@ class SimUsbBackend(usb.backend.IBackend):
         dev.check_present()
         if dev.claims.get(intf) is not dev_handle:
             raise usb_error(LIBUSB_ERROR_NOT_FOUND)
-        if altsetting != 0:
+        if altsetting >= len(dev.descriptors.interfaces):
             raise usb_error(LIBUSB_ERROR_NOT_FOUND)
         with dev.lock:
             dev.control(0x01, 0x0B, altsetting, intf, memoryview(b""), KERNEL_TIMEOUT_MS)
+        dev.alt = altsetting
 
     def claim_interface(self, dev_handle: _Handle, intf: int) -> None:
         dev = dev_handle.device
@@ -992,7 +1073,7 @@ class SimUsbBackend(usb.backend.IBackend):
     def clear_halt(self, dev_handle: _Handle, ep: int) -> None:
         dev = dev_handle.device
         dev.check_present()
-        if not dev.configuration or ep not in dev.descriptors.endpoint_addresses:
+        if not dev.configuration or ep not in dev.descriptors.endpoint_addresses[dev.alt]:
             raise usb_error(LIBUSB_ERROR_NOT_FOUND)
         if isinstance(dev, _RootHub):
             return

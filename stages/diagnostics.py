@@ -1,0 +1,23 @@
+"""Transport diagnostics recorded with the run that caused them.
+
+A transport may offer `diagnostics()`: counts of what it saw go wrong while this run had it
+open. The emulated board does (ROM_SW protocol violations, completions touched before their
+done bit was read); a strict board also fails the access itself, which the run records as
+its error. Recorded as one `stages` row at the end of the run.
+"""
+from __future__ import annotations
+
+import datetime as dt
+
+from amdflash.stages.device import Device
+
+
+def record_diagnostics(dev: Device) -> None:
+    transport = getattr(dev.bar, "raw", dev.bar)     # the audited wrapper keeps the transport as .raw
+    diagnostics = getattr(transport, "diagnostics", None)
+    if diagnostics is None:
+        return
+    counts = diagnostics()
+    detail = ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in counts.items())
+    dev.recorder.add("stages", stage="transport", event="diagnostics", detail=detail,
+                     at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"))

@@ -1,0 +1,77 @@
+"""The floors of a job, computed from the cost model: checked against hand arithmetic, and
+against the driver, which may come close but never below."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from amdflash.stages.flash.sectors import flash_sectors
+from amdflash.stages.flash.spinor import SpiNor
+from amdflash.stages.navi31.romsw import RomSw, RomSwOptions
+from amdflash.stages.transport.sim import SimBar5
+from amdflash.stages.transport.sim.cost import PCIE
+from amdflash.stages.transport.sim.floor import (dump_ops, erase_ops, flash_ops, physical_floor, program_ops,
+                                                 read_ops, transport_floor)
+
+US = 1e-6
+SPI_READ = 1 * US + 8 * 260 * 9 / 100e6          # a 256-byte array read at prescale 8: 188.2 µs
+
+
+def test_a_read_in_a_long_chain_costs_what_the_rules_leave():
+    """Per read: clear STATUS and set COMMAND (two 100 µs single-TLP writes), CNTL (100 µs,
+    lands at its end), then a streamed read of STATUS..window that must land after the SPI
+    time: sent 88.2 µs after CNTL landed, it lands 100 µs later and takes 100 µs + 268 bytes
+    at 1.8 MB/s."""
+    per_read = 300 * US + SPI_READ + 100 * US + 268 / 1.8e6
+    one_more = transport_floor(read_ops(101)) - transport_floor(read_ops(100))
+    assert one_more == pytest.approx(per_read, rel=1e-9)
+    assert per_read == pytest.approx(737.1 * US, abs=0.1 * US)
+    assert transport_floor(dump_ops()) == pytest.approx(8192 * per_read, rel=2e-4)
+
+
+def test_a_page_program_in_a_run_costs_its_busy_time_and_the_unavoidable_round_trip():
+    """Busy (500 µs) and SPI time (188.2 µs) plus, from the write enable landing at the busy
+    end to the program landing: the write enable's STATUS read (200 µs), STATUS and COMMAND
+    (200 µs), CNTL (100 µs). The page data loads meanwhile, while the previous page programs."""
+    one_more = transport_floor(program_ops(11)) - transport_floor(program_ops(10))
+    assert one_more == pytest.approx(500 * US + SPI_READ + 500 * US, rel=1e-9)
+
+
+def test_physical_floor_is_busy_time_plus_bus_time():
+    assert physical_floor(erase_ops(0x10000)) == pytest.approx(0.250 + (1 + 8 * 9 / 100) * US + (1 + 32 * 9 / 100) * US)
+    assert physical_floor(read_ops(1)) == pytest.approx(SPI_READ)          # the trailing read is not physical
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_transport_floor_lies_between_the_physical_floor_and_a_pcie_or_asm24_run(seed):
+    rng = random.Random(seed)
+    current = rng.randbytes(0x200000)
+    image = bytearray(current)
+    for _ in range(rng.randrange(1, 6)):
+        a, n = rng.randrange(0x60000, 0x80000), rng.randrange(1, 0x3000)
+        image[a:a + n] = rng.randbytes(n)
+    assert len(image) == 0x200000
+    ops = flash_ops(current, bytes(image), 0x60, 40)
+    assert physical_floor(ops) <= transport_floor(ops, PCIE) <= transport_floor(ops)
+
+
+def test_the_driver_comes_close_to_the_floor_but_never_below_it(make_board):
+    rng = random.Random(12)
+    current, image = rng.randbytes(0x200000), rng.randbytes(0x200000)
+    bar = SimBar5(make_board(content=current))
+    try:
+        with RomSw(bar, RomSwOptions()) as engine:
+            nor = SpiNor(engine)
+            nor.identify()
+            t = bar.clock.now()
+            nor.read(0, 0x40000)
+            dump = bar.clock.now() - t
+            t = bar.clock.now()
+            flash_sectors(nor, image, 64, 16)          # 16 units: read, 4 KiB erases, program, read back
+            flashed = bar.clock.now() - t
+    finally:
+        bar.close()
+    dump_floor = transport_floor(read_ops(0x40000 // 0x100))
+    assert dump_floor <= dump <= 1.03 * dump_floor
+    assert transport_floor(flash_ops(current, image, 64, 16)) <= flashed
