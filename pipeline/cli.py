@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from amdflash.pipeline import commands, replay_command, review_commands, sim_commands
+from amdflash.pipeline.fleet import add_parsers as add_fleet_parsers
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED, Refusal
 
 
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay_command.add_parsers(sub, audit_sub)
     review_commands.add_parsers(sub, audit_sub)
     sim_commands.add_parser(sub)
+    add_fleet_parsers(sub)
     return p
 
 

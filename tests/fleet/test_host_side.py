@@ -1,0 +1,142 @@
+"""The host side of a line, without a coordinator: the exporter configuration, the labgrid
+classes and the host job (`amdflash fleet job`) run through the labgrid driver."""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from amdflash.pipeline.fleet.attributes import BOARD_ATTRIBUTES, RESOURCE_CLASS
+from amdflash.pipeline.fleet.hostjob import unfinished_flash
+from amdflash.stages.transport.sim import create_board
+from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from tests.fleet.conftest import flash_of
+
+labgrid = pytest.importorskip("labgrid", reason="labgrid is not installed (pip install '.[test]' brings it)")
+
+
+def amdflash(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+
+
+def board_json(board: Path) -> dict:
+    return json.loads((board / "board.json").read_text())
+
+
+def test_exporter_config_publishes_each_board_with_its_identity(tmp_path: Path) -> None:
+    from labgrid.remote.config import ResourceConfig
+
+    boards = [create_board(tmp_path / f"b{i}", seed=30 + i) for i in range(2)]
+    db = tmp_path / "host" / "audit.sqlite"
+    out = tmp_path / "exporter.yaml"
+    done = amdflash("--db", str(db), "fleet", "exporter-config", "--no-hardware",
+                    "--sim", str(boards[0]), "--sim", str(boards[1]), "-o", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+
+    # Read the way labgrid's exporter reads it: a template rendered with the exporter's hostname.
+    config = ResourceConfig(str(out), {"hostname": "hosta", "name": "hosta", "isolated": False, "env": {}}).data
+    assert len(config) == 2
+    for board in boards:
+        truth = board_json(board)
+        group = f"sim-{truth['unique_id'][:12]}"
+        attributes = config[group][RESOURCE_CLASS]
+        assert attributes["host"] == "hosta"
+        assert attributes["spec"] == f"sim:{board}"
+        assert attributes["unique_id"] == truth["unique_id"]
+        assert attributes["bridge_serial"] == truth["serial"]
+        assert attributes["chip"] == "GigaDevice GD25LQ16E" and attributes["jedec"] == "c86015"
+        assert attributes["db"] == str(db)
+        assert attributes["emulated"] is True
+        assert set(attributes) - {"host"} <= set(BOARD_ATTRIBUTES)
+
+
+def test_exporter_config_refuses_a_directory_that_is_no_board(tmp_path: Path) -> None:
+    done = amdflash("fleet", "exporter-config", "--no-hardware", "--sim", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("error: ") and "not an emulated board" in done.stderr
+
+
+def test_exporter_config_without_boards_is_an_empty_valid_file(tmp_path: Path) -> None:
+    from labgrid.remote.config import ResourceConfig
+
+    out = tmp_path / "exporter.yaml"
+    assert amdflash("fleet", "exporter-config", "--no-hardware", "-o", str(out), cwd=tmp_path).returncode == 0
+    assert ResourceConfig(str(out), {"hostname": "h"}).data == {}
+
+
+def test_resource_classes_carry_every_exported_attribute() -> None:
+    import attr
+
+    from amdflash.pipeline.fleet.labgrid_board import AmdflashBoard, NetworkAmdflashBoard
+
+    for cls in (AmdflashBoard, NetworkAmdflashBoard):
+        assert set(BOARD_ATTRIBUTES) <= {f.name for f in attr.fields(cls)}
+    assert NetworkAmdflashBoard.__name__ == RESOURCE_CLASS
+    assert "host" in {f.name for f in attr.fields(NetworkAmdflashBoard)}
+
+
+@pytest.mark.parametrize("runs, expected", [
+    ([], None),
+    ([{"board_spec": "sim:/b", "command": "flash", "status": "running", "image_sha256": "aa", "run_id": "r1"}], "r1"),
+    ([{"board_spec": "sim:/b", "command": "flash", "status": "interrupted", "image_sha256": "aa", "run_id": "r1"}], "r1"),
+    # another image, a finished or failed run, another board, a read-only run: no resume
+    ([{"board_spec": "sim:/b", "command": "flash", "status": "running", "image_sha256": "bb", "run_id": "r1"}], None),
+    ([{"board_spec": "sim:/b", "command": "flash", "status": "succeeded", "image_sha256": "aa", "run_id": "r1"}], None),
+    ([{"board_spec": "sim:/b", "command": "flash", "status": "failed", "image_sha256": "aa", "run_id": "r1"}], None),
+    ([{"board_spec": "sim:/c", "command": "flash", "status": "running", "image_sha256": "aa", "run_id": "r1"}], None),
+    # only the newest flash/resume of the board counts; verify runs in between do not
+    ([{"board_spec": "sim:/b", "command": "flash", "status": "interrupted", "image_sha256": "aa", "run_id": "r1"},
+      {"board_spec": "sim:/b", "command": "resume", "status": "succeeded", "image_sha256": "aa", "run_id": "r2"}], None),
+    ([{"board_spec": "sim:/b", "command": "flash", "status": "interrupted", "image_sha256": "aa", "run_id": "r1"},
+      {"board_spec": "sim:/b", "command": "resume", "status": "running", "image_sha256": "aa", "run_id": "r2"},
+      {"board_spec": "sim:/b", "command": "verify", "status": "failed", "image_sha256": "aa", "run_id": "r3"}], "r2"),
+])
+def test_which_flash_is_resumed(runs: list[dict], expected: str | None) -> None:
+    assert unfinished_flash(runs, "sim:/b", "aa") == expected
+
+
+def test_driver_flashes_resumes_a_killed_flash_and_dumps(tmp_path: Path) -> None:
+    """The labgrid driver on a local board: a flash whose process is SIGKILLed mid-flash (the
+    board's host-death fault) is reported interrupted, the next flash of the image resumes it
+    to the exact image, and a dump copies the flash here. (Through SSH and a coordinator:
+    test_line.py.)"""
+    from labgrid import Target
+
+    from amdflash.pipeline.fleet.export import amdflash_command
+    from amdflash.pipeline.fleet.labgrid_board import AmdflashBoard, AmdflashDriver
+
+    image = tmp_path / "image.bin"
+    image.write_bytes(synthetic_ifwi(77))
+    board = create_board(tmp_path / "board", seed=5, faults=["kill-after-writes=3000"])
+    target = Target("bench")
+    AmdflashBoard(target, None, spec=f"sim:{board}", db=str(tmp_path / "audit.sqlite"), command=amdflash_command())
+    driver = AmdflashDriver(target, None)
+    target.activate(driver)
+
+    killed = driver.flash(image)
+    assert killed["status"] == "interrupted" and "SIGKILL" in killed["error"]
+    assert killed["run_id"] and killed["job"] == "flash"
+    assert flash_of(board) != image.read_bytes()
+    report = json.loads(amdflash("--db", str(tmp_path / "audit.sqlite"), "report", killed["run_id"], "--format",
+                                 "json", cwd=tmp_path).stdout)
+    assert report["status"] == "running"                     # the process died: nothing closed the run
+    written = [u for u in report["units"] if u["action"] != "skip"]
+    assert any(u["state"] == "verified" for u in written)    # killed mid-flash: some units were written,
+    assert any(u["state"] != "verified" for u in written)    # others were not
+
+    resumed = driver.load(image)       # labgrid's BootstrapProtocol
+    assert resumed["status"] == "succeeded", resumed
+    assert resumed["job"] == "resume" and resumed["resumes"] == killed["run_id"]
+    assert resumed["result_sha256"] == hashlib.sha256(image.read_bytes()).hexdigest()
+    assert flash_of(board) == image.read_bytes()
+    assert resumed["modelled_seconds"] > 0
+
+    dumped = driver.dump(tmp_path / "dump.bin")
+    assert dumped["status"] == "succeeded"
+    assert dumped["output"] == str(tmp_path / "dump.bin")
+    assert (tmp_path / "dump.bin").read_bytes() == image.read_bytes()

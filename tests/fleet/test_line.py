@@ -1,0 +1,207 @@
+"""A line on one machine: a labgrid coordinator, two exporters acting as two hosts (each its
+own boards and audit trail, reached over SSH on loopback) and `amdflash fleet`."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fleet.conftest import board_stats, flash_of, job_processes
+from tests.fleet.lab import FleetOutcome, Lab, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def two_hosts(lab: Lab, boards: int, hostb: dict | None = None, **options) -> dict[str, dict]:
+    """hosta and hostb with `boards` emulated boards each (`hostb`: options for hostb only),
+    exported and placed (tag line=a); returns {place: place listing}."""
+    for name, seed in (("hosta", 100), ("hostb", 200)):
+        lab.add_host(name, boards, seed=seed, **{**options, **((hostb or {}) if name == "hostb" else {})})
+        lab.start_exporter(name)
+    return {p["place"]: p for p in lab.make_places("line=a")}
+
+
+def place_of(places: dict[str, dict], board: Path) -> str:
+    return next(name for name, p in places.items() if p["spec"] == f"sim:{board}")
+
+
+def host_runs(lab: Lab, host: str) -> list[dict]:
+    return json.loads(lab.amdflash("--db", str(lab.hosts[host].db), "runs", "--format", "json").stdout)
+
+
+def holders(lab: Lab) -> str:
+    """`labgrid-client who`: who holds which place."""
+    return lab.labgrid_client("who").stdout
+
+
+def flash(lab: Lab, image: Path, *where: str, **env: str):
+    return lab.fleet("flash", str(image), *[a for w in where for a in ("--where", w)], "--yes", **env)
+
+
+def test_one_fleet_flash_writes_four_boards_on_each_of_two_hosts(lab: Lab, fleet_image: Path) -> None:
+    places = two_hosts(lab, 4)
+    assert len(places) == 8
+    assert sorted(p["tags"]["host"] for p in places.values()) == ["hosta"] * 4 + ["hostb"] * 4
+
+    result = flash(lab, fleet_image, "line=a")
+    assert result.code == 0, result
+    assert result.statuses() == {name: "succeeded" for name in places}
+    run_ids = {b["run_id"] for b in result.boards.values()}
+    assert len(run_ids) == 8
+    image = fleet_image.read_bytes()
+    for name, host in lab.hosts.items():
+        # each job ran on its own host and is recorded in that host's trail, and only there
+        rows = [b for b in result.boards.values() if b["host"] == name]
+        assert len(rows) == 4
+        assert {r["run_id"] for r in host_runs(lab, name)} == {r["run_id"] for r in rows}
+        assert {r["spec"] for r in rows} == {f"sim:{b}" for b in host.boards}
+        for board in host.boards:
+            assert flash_of(board) == image
+    for row in result.boards.values():
+        assert row["modelled_seconds"] > 0 and row["wall_seconds"] > 0 and row["job"] == "flash"
+    assert not any(name in holders(lab) for name in places)   # every place given back
+
+    verified = lab.fleet("verify", str(fleet_image), "--where", "host=hostb")
+    assert verified.code == 0 and sorted(verified.boards) == sorted(n for n, p in places.items()
+                                                                     if p["tags"]["host"] == "hostb")
+    assert set(verified.statuses().values()) == {"succeeded"}
+
+
+def test_info_and_dump_run_on_each_board(lab: Lab, fleet_image: Path, tmp_path: Path) -> None:
+    places = two_hosts(lab, 1)
+    info = lab.fleet("info")
+    assert info.code == 0 and set(info.statuses().values()) == {"succeeded"}
+    for name, row in info.boards.items():
+        assert any(line.startswith("unique ID") and places[name]["unique_id"] in line for line in row["lines"])
+
+    dumps = tmp_path / "dumps"
+    dumped = lab.fleet("dump", str(dumps), "--where", "line=a")
+    assert dumped.code == 0, dumped
+    for name, row in dumped.boards.items():
+        assert row["output"] == str(dumps / f"{name}.bin")
+        assert (dumps / f"{name}.bin").read_bytes() == flash_of(Path(places[name]["spec"][4:]))
+
+
+def test_a_board_locked_by_another_user_is_skipped_not_taken(lab: Lab, fleet_image: Path) -> None:
+    places = two_hosts(lab, 2)
+    locked = place_of(places, lab.hosts["hostb"].boards[0])
+    before = flash_of(lab.hosts["hostb"].boards[0])
+    taken = lab.labgrid_client("-p", locked, "acquire", LG_USERNAME="alice", LG_HOSTNAME="bench")
+    assert taken.returncode == 0, taken.stderr
+
+    result = flash(lab, fleet_image, "line=a", LG_USERNAME="bob")
+    assert result.code == 2                       # as a busy board in a multi-board run
+    row = result.boards[locked]
+    assert row["status"] == "skipped" and "bench/alice" in row["error"] and row["run_id"] is None
+    assert {n: s for n, s in result.statuses().items() if n != locked} == {
+        n: "succeeded" for n in places if n != locked}
+    assert flash_of(lab.hosts["hostb"].boards[0]) == before          # nothing was written to it
+    assert all(r["board_spec"] != f"sim:{lab.hosts['hostb'].boards[0]}" for r in host_runs(lab, "hostb"))
+    assert "alice" in holders(lab) and locked in holders(lab)        # and alice still holds it
+
+
+def test_a_board_with_a_stuck_bit_fails_and_the_others_succeed(lab: Lab, fleet_image: Path) -> None:
+    image = fleet_image.read_bytes()
+    stuck = next(a for a in range(0x10000, len(image)) if not image[a] & 1)   # a bit the image needs at 0
+    places = two_hosts(lab, 2, hostb={"faults": {1: [f"stuck-bit={stuck:#x}:0"]}})
+    bad = place_of(places, lab.hosts["hostb"].boards[1])
+
+    result = flash(lab, fleet_image, "line=a")
+    assert result.code == 1
+    row = result.boards[bad]
+    assert row["status"] == "failed" and row["run_id"]
+    assert f"{stuck:#08x}" in row["error"] or f"{stuck:#x}" in row["error"], row["error"]
+    assert {n: s for n, s in result.statuses().items() if n != bad} == {n: "succeeded" for n in places if n != bad}
+
+
+def _kill_mid_flash(board: Path, after_writes: int = 6000) -> int:
+    """SIGKILL the amdflash process flashing `board` once it has made `after_writes` register writes."""
+    pid = wait_for(lambda: job_processes(board), 60, "the flash to start on the host")[0]
+    start = board_stats(board)["reg_writes"]
+    wait_for(lambda: board_stats(board)["reg_writes"] >= start + after_writes, 60, "the flash to get going",
+             interval=0.05)
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_a_sigkilled_job_is_reported_interrupted_and_resumed_by_the_next_flash(lab: Lab, fleet_image: Path) -> None:
+    places = two_hosts(lab, 2, realtime=0.25)
+    victim = lab.hosts["hosta"].boards[1]
+    name = place_of(places, victim)
+
+    running = lab.fleet_popen("flash", str(fleet_image), "--where", "line=a", "--yes")
+    _kill_mid_flash(victim)
+    out, err = running.communicate(timeout=300)
+    first = FleetOutcome.parse(running.returncode, out, err)
+    assert first.code == 130
+    row = first.boards[name]
+    assert row["status"] == "interrupted" and "SIGKILL" in row["error"] and row["run_id"]
+    assert {n: s for n, s in first.statuses().items() if n != name} == {n: "succeeded" for n in places if n != name}
+    assert flash_of(victim) != fleet_image.read_bytes()
+    killed = next(r for r in host_runs(lab, "hosta") if r["run_id"] == row["run_id"])
+    assert killed["status"] == "running"           # left open in the host's trail by the kill
+
+    second = flash(lab, fleet_image, "line=a")
+    assert second.code == 0, second
+    again = second.boards[name]
+    assert again["job"] == "resume" and again["resumes"] == row["run_id"] and again["status"] == "succeeded"
+    assert all(b["job"] == "flash" for n, b in second.boards.items() if n != name)
+    assert flash_of(victim) == fleet_image.read_bytes()
+
+
+def test_stopping_an_exporter_interrupts_its_jobs_and_the_next_flash_resumes_them(lab: Lab, fleet_image: Path) -> None:
+    places = two_hosts(lab, 2, realtime=0.25)
+    on_b = {place_of(places, b) for b in lab.hosts["hostb"].boards}
+
+    running = lab.fleet_popen("flash", str(fleet_image), "--where", "line=a", "--yes")
+    board = lab.hosts["hostb"].boards[0]
+    wait_for(lambda: job_processes(board), 60, "the flash to start on hostb")
+    start = board_stats(board)["reg_writes"]
+    wait_for(lambda: board_stats(board)["reg_writes"] >= start + 6000, 60, "the flash to get going", interval=0.05)
+    lab.stop(lab.hosts["hostb"].exporter)           # the operator stops hostb's exporter mid-flash
+    out, err = running.communicate(timeout=300)
+    first = FleetOutcome.parse(running.returncode, out, err)
+    assert first.code == 130
+    for name in on_b:
+        assert first.boards[name]["status"] == "interrupted", first.boards[name]
+        assert "exporter hostb" in first.boards[name]["error"]
+    assert {first.boards[n]["status"] for n in places if n not in on_b} == {"succeeded"}
+    assert flash_of(board) != fleet_image.read_bytes()
+
+    lab.start_exporter("hostb")
+    lab.make_places()
+    second = flash(lab, fleet_image, "line=a")
+    assert second.code == 0, second
+    for name in on_b:
+        assert second.boards[name]["job"] == "resume"
+        assert second.boards[name]["resumes"] == first.boards[name]["run_id"]
+    for b in lab.hosts["hostb"].boards:
+        assert flash_of(b) == fleet_image.read_bytes()
+
+
+def test_losing_the_coordinator_lets_running_jobs_finish_and_says_so(lab: Lab, fleet_image: Path) -> None:
+    places = two_hosts(lab, 2, realtime=0.25)
+    running = lab.fleet_popen("flash", str(fleet_image), "--where", "line=a", "--yes")
+    for host in lab.hosts.values():
+        for board in host.boards:
+            wait_for(lambda: job_processes(board), 60, "every flash to start")
+    lab.stop(lab.coordinator, signal.SIGKILL)
+    t_lost = time.time()
+    out, err = running.communicate(timeout=300)
+    result = FleetOutcome.parse(running.returncode, out, err)
+    assert result.code == 0, result
+    assert result.statuses() == {name: "succeeded" for name in places}
+    assert max(b["wall_seconds"] for b in result.boards.values()) > 0
+    for name, host in lab.hosts.items():
+        recorded = {r["run_id"]: r["status"] for r in host_runs(lab, name)}
+        assert all(recorded[b["run_id"]] == "succeeded" for b in result.boards.values() if b["host"] == name)
+        for board in host.boards:
+            assert flash_of(board) == fleet_image.read_bytes()
+    notes = " ".join(result.notes)
+    assert "coordinator" in notes and "stopped answering" in notes
+    assert "could not release" in notes and all(name in notes for name in places)
+    assert time.time() >= t_lost
