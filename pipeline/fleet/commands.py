@@ -39,6 +39,10 @@ def _run_options(p: argparse.ArgumentParser, where_required: bool) -> None:
                    help="only places with this tag (repeatable, all must match; name=PLACE names one place)")
     p.add_argument("--parallel", type=int, default=8, metavar="N", help="at most N jobs at once (default 8)")
     p.add_argument("--format", choices=("text", "json"), default="text", help="summary as a table or JSON")
+    p.add_argument("--exporter-grace", type=float, default=30.0, metavar="SECONDS",
+                   help="stop a job (at a safe point) once its board's exporter has stopped publishing it for "
+                        "this long (default 30; shorter gaps, such as an exporter restarted after a hot-plug, "
+                        "are ridden out)")
     _coordinator_option(p)
 
 
@@ -59,7 +63,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
     p.add_argument("--sim", action="append", default=[], metavar="DIR", help="also export this emulated board")
     p.add_argument("--no-hardware", action="store_true", help="only the --sim boards: do not look for USB/PCI boards")
-    p.add_argument("--command", metavar="CMD",
+    p.add_argument("--command", metavar="CMD", dest="amdflash_command",
                    help="how clients run amdflash on this host (default: this amdflash)")
     p.set_defaults(func=cmd_exporter_config)
 
@@ -127,11 +131,11 @@ def _host_db(args: argparse.Namespace) -> str:
 
 
 def cmd_exporter_config(args: argparse.Namespace) -> int:
-    from amdflash.pipeline.fleet.export import amdflash_command, host_boards, render
+    from amdflash.pipeline.fleet.export import amdflash_command, host_boards, previous_identities, render
 
     try:
         groups, notes = host_boards(args.sim, not args.no_hardware, _host_db(args),
-                                    args.command or amdflash_command())
+                                    args.amdflash_command or amdflash_command(), previous_identities(args.output))
     except ValueError as e:
         raise Refusal(str(e)) from None
     text = render(groups, notes)
@@ -209,7 +213,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     output_dir = getattr(args, "output_dir", None)
     if output_dir is not None:
         output_dir.mkdir(parents=True, exist_ok=True)
-    fleet = FleetRun(args.coordinator, where, args.job, image.resolve() if image else None, output_dir, args.parallel)
+    fleet = FleetRun(args.coordinator, where, args.job, image.resolve() if image else None, output_dir,
+                     args.parallel, args.exporter_grace)
     try:
         result = asyncio.run(fleet.run())
     except CoordinatorError as e:

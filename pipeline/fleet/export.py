@@ -70,8 +70,52 @@ def board_entry(listed: dict[str, Any], db: str, command: str, sim_dir: str | No
     return group, {k: attributes[k] for k in BOARD_ATTRIBUTES if attributes.get(k) is not None}
 
 
-def host_boards(sim_dirs: list[str], hardware: bool, db: str, command: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """{group: attributes} of this host's boards, and notes on boards left out."""
+def previous_identities(path: Path | None) -> dict[str, dict[str, Any]]:
+    """{spec: attributes} from an earlier configuration, for boards busy with a job now."""
+    if path is None or not path.is_file():
+        return {}
+    import yaml   # comes with labgrid, which an exporter host has
+
+    try:
+        groups = yaml.safe_load(path.read_text()) or {}
+        return {r[RESOURCE_CLASS]["spec"]: r[RESOURCE_CLASS] for r in groups.values() if RESOURCE_CLASS in r}
+    except (yaml.YAMLError, AttributeError, KeyError, TypeError):
+        return {}
+
+
+def _list_sim(d: str, earlier: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`amdflash list` of one emulated board, or what an earlier configuration knew while it is busy.
+
+    A job reaches an emulated board by its sim: spec, which the command line locks by path;
+    listing it through the emulated USB bridge would not see that lock, so it is taken here.
+    """
+    from amdflash.stages.transport.lock import BoardBusy, BoardLock, sim_key
+
+    try:
+        lock = BoardLock(sim_key(d)).acquire()
+    except BoardBusy as e:
+        if not earlier:
+            return None
+        return {"kind": "usb", "spec": "usb:0", "serial": earlier.get("bridge_serial"), "emulated": True,
+                "status": f"busy (pid {e.pid})" if e.pid else "busy",
+                **{k: earlier[k] for k in ("chip", "jedec", "unique_id") if k in earlier}}
+    try:
+        found = _list_boards(d)
+    finally:
+        lock.release()
+    if len(found) != 1:
+        raise RuntimeError(f"{d}: expected one emulated bridge, amdflash list shows {len(found)}")
+    return found[0]
+
+
+def host_boards(sim_dirs: list[str], hardware: bool, db: str, command: str,
+                previous: dict[str, dict[str, Any]] | None = None) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """{group: attributes} of this host's boards, and notes on boards left out.
+
+    A board busy with a job cannot be probed (listing never waits for it): it keeps the
+    identity an earlier configuration (`previous`, by spec) gave it.
+    """
+    previous = previous or {}
     groups: dict[str, dict[str, Any]] = {}
     notes: list[str] = []
     listed: list[tuple[dict[str, Any], str | None]] = []
@@ -80,15 +124,22 @@ def host_boards(sim_dirs: list[str], hardware: bool, db: str, command: str) -> t
     for d in sim_dirs:
         if not (Path(d) / "board.json").is_file():
             raise ValueError(f"{d} is not an emulated board (create one with 'amdflash sim create')")
-        found = _list_boards(os.path.abspath(d))
-        if len(found) != 1:
-            raise RuntimeError(f"{d}: expected one emulated bridge, amdflash list shows {len(found)}")
-        listed.append((found[0], d))
+        d = os.path.abspath(d)
+        found = _list_sim(d, previous.get(f"sim:{d}"))
+        if found is None:
+            notes.append(f"left out sim:{d}: busy with a job, and no earlier configuration names it")
+            continue
+        listed.append((found, d))
     for board, sim_dir in listed:
         if board.get("spec") is None:
             notes.append(f"left out {board.get('usb_id')} (serial {board.get('serial')}): "
                          f"{board.get('error') or 'not an amdflash bridge'}")
             continue
+        busy = str(board.get("status", "")).startswith("busy")
+        earlier = previous.get(board_entry(board, db, command, sim_dir)[1]["spec"]) if busy else None
+        if earlier:
+            board = {**{k: earlier[k] for k in ("chip", "jedec", "unique_id") if k in earlier}, **board}
+            notes.append(f"{earlier['spec']} is busy with a job: its identity is kept from the previous configuration")
         group, attributes = board_entry(board, db, command, sim_dir)
         if group in groups:
             notes.append(f"left out a second board named {group} ({attributes['spec']})")

@@ -6,8 +6,10 @@ and acquire each (a place someone else holds is skipped and reported, never take
 driver; give the places back; one row per board.
 
 What can go wrong on the way, and what happens:
-* the board's exporter stops publishing it mid-job: the job is asked to stop at its next
-  safe point (its run is then interrupted, and the next flash of the image resumes it);
+* the board's exporter stops publishing it mid-job for longer than `exporter_grace` seconds:
+  the job is asked to stop at its next safe point (its run is then interrupted, and the next
+  flash of the image resumes it). A shorter gap — an exporter restarted to publish a
+  hot-plugged bridge — is ridden out;
 * the job's amdflash process is killed on its host: the host-side job still reports the
   run, which stays unfinished (interrupted here; resumed by the next flash);
 * the coordinator goes away: running jobs go on (they only need SSH to their hosts) and are
@@ -73,6 +75,7 @@ class _Job:
     driver: Any = None
     proc: asyncio.subprocess.Process | None = None
     stop_reason: str | None = None
+    gone_since: float | None = None
 
 
 def _driver(board: BoardPlace) -> Any:
@@ -92,13 +95,14 @@ def _driver(board: BoardPlace) -> Any:
 
 class FleetRun:
     def __init__(self, address: str, where: dict[str, str], job: str, image: Path | None = None,
-                 output_dir: Path | None = None, parallel: int = 8):
+                 output_dir: Path | None = None, parallel: int = 8, exporter_grace: float = 30.0):
         self.address = address
         self.where = where
         self.job = job
         self.image = image
         self.output_dir = output_dir
         self.parallel = max(1, parallel)
+        self.exporter_grace = exporter_grace
         self.notes: list[str] = []
         self.stopping = False
         self._prepare = asyncio.Lock()
@@ -160,10 +164,15 @@ class FleetRun:
             await asyncio.sleep(0.2)
             if coordinator.lost:
                 continue   # nothing more can be seen; the jobs go on
+            now = time.monotonic()
             for job in jobs:
                 gone = coordinator.resource_state(job.board)
-                if gone:
-                    self._stop(job, gone)
+                if not gone:
+                    job.gone_since = None
+                elif job.gone_since is None:
+                    job.gone_since = now
+                elif now - job.gone_since >= self.exporter_grace:
+                    self._stop(job, f"{gone} (for {now - job.gone_since:.0f} s)")
 
     async def _one(self, job: _Job, limit: asyncio.Semaphore) -> None:
         row = job.row
@@ -178,9 +187,11 @@ class FleetRun:
                 row.status, row.error = "unreachable", f"{job.board.host}: {e}"
                 return
             wall0 = time.monotonic()
+            # Its own session: a Ctrl-C at the terminal reaches this client only, which then
+            # asks the job to stop at a safe point; a killed ssh would leave the job unstoppable.
             job.proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE)
+                stderr=asyncio.subprocess.PIPE, start_new_session=True)
             if self.stopping:
                 self._stop(job, "stopped by the operator")
             stdout, stderr = await job.proc.communicate()

@@ -4,8 +4,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
-import signal
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -60,7 +58,7 @@ def board_stats(board: Path) -> dict:
 
 
 def job_processes(board: Path) -> list[int]:
-    """Pids of the amdflash command-line processes (not `fleet job`) running a job on this board."""
+    """Pid of the amdflash command-line process (not `fleet job`) running a job on this board."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -72,11 +70,16 @@ def job_processes(board: Path) -> list[int]:
         text = [a.decode(errors="replace") for a in argv if a]
         if "amdflash.pipeline.cli" in text and "fleet" not in text and f"sim:{board}" in text:
             pids.append(int(entry.name))
-    return pids
+    # The audit writer is a fork of the job process (same command line): keep the job itself.
+    return [pid for pid in pids if _parent(pid) not in pids]
 
 
-def sigkill(pid: int) -> None:
-    os.kill(pid, signal.SIGKILL)
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 @pytest.fixture(scope="session")

@@ -113,8 +113,25 @@ class Lab:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        # The SSH control masters that labgrid started in the fleet client processes exit
-        # with their client (ControlPersist sockets live in the client's temporary directory).
+        # labgrid's SSH control masters detach from their client (ControlPersist): the ones
+        # of a client that was killed outlive it; they are ours by their configuration file.
+        for pid in self._ssh_masters():
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def _ssh_masters(self) -> list[int]:
+        mark = str(self.ssh_dir / "ssh_config").encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if mark in (entry / "cmdline").read_bytes():
+                        found.append(int(entry.name))
+                except OSError:
+                    pass
+        return found
 
     # -- SSH on loopback ------------------------------------------------------------------------
 
@@ -156,11 +173,14 @@ class Lab:
                                        cwd=workdir)
         wait_for(lambda: _port_open(self.coordinator_port), 20, "the labgrid coordinator to listen")
 
-    def add_host(self, name: str, boards: int, *, realtime: float = 0.0, seed: int = 0,
+    def add_host(self, name: str, boards: int, *, realtime: float = 0.0, seed: int = 0, seed_step: int = 1,
                  faults: dict[int, list[str]] | None = None, transport: str = "asm24") -> Host:
+        """A host with `boards` emulated boards (board i: seed + i * seed_step, faults[i]) and its
+        exporter configuration; the exporter is started by start_exporter."""
         host = Host(name, self.root / name / "audit.sqlite")
         for i in range(boards):
-            host.boards.append(create_board(self.root / name / f"board{i}", seed=seed + i, realtime_scale=realtime,
+            host.boards.append(create_board(self.root / name / f"board{i}", seed=seed + i * seed_step,
+                                            realtime_scale=realtime,
                                             transport=transport, faults=(faults or {}).get(i)))
         host.config = self.root / name / "exporter.yaml"
         self.amdflash("--db", str(host.db), "fleet", "exporter-config", "--no-hardware",
@@ -196,7 +216,7 @@ class Lab:
     def fleet_popen(self, *args: str, **env: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "amdflash.pipeline.cli", "fleet", *args, "--format", "json"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env(**env),
-                                cwd=self.root)
+                                cwd=self.root, start_new_session=True)   # a process group, as in a terminal
 
     def fleet(self, *args: str, timeout: float = 300, **env: str) -> "FleetOutcome":
         proc = self.fleet_popen(*args, **env)

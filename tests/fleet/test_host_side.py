@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +20,9 @@ from tests.fleet.conftest import flash_of
 labgrid = pytest.importorskip("labgrid", reason="labgrid is not installed (pip install '.[test]' brings it)")
 
 
-def amdflash(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def amdflash(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
+                          timeout=300, cwd=cwd, env={**os.environ, **(env or {})})
 
 
 def board_json(board: Path) -> dict:
@@ -53,6 +54,37 @@ def test_exporter_config_publishes_each_board_with_its_identity(tmp_path: Path) 
         assert attributes["db"] == str(db)
         assert attributes["emulated"] is True
         assert set(attributes) - {"host"} <= set(BOARD_ATTRIBUTES)
+
+
+def test_a_board_busy_with_a_job_keeps_its_identity_when_the_configuration_is_rewritten(
+        tmp_path: Path, monkeypatch) -> None:
+    """The exporter restarts (a bridge was plugged in) while a job runs on a board: listing
+    never waits for that board, and its published identity stays what it was."""
+    from labgrid.remote.config import ResourceConfig
+
+    from amdflash.stages.transport.lock import BoardLock, sim_key
+
+    locks = {"AMDFLASH_LOCK_DIR": str(tmp_path / "locks")}
+    monkeypatch.setenv("AMDFLASH_LOCK_DIR", locks["AMDFLASH_LOCK_DIR"])
+    busy, idle = (create_board(tmp_path / name, seed=40 + i) for i, name in enumerate(("busy", "idle")))
+    out = tmp_path / "exporter.yaml"
+    args = ("fleet", "exporter-config", "--no-hardware", "--sim", str(busy), "--sim", str(idle), "-o", str(out))
+
+    def published() -> dict:
+        return {r["NetworkAmdflashBoard"]["spec"]: r["NetworkAmdflashBoard"]
+                for r in ResourceConfig(str(out), {"hostname": "h"}).data.values()}
+
+    with BoardLock(sim_key(busy)):
+        first = amdflash(*args, cwd=tmp_path, env=locks)             # no earlier file: left out, said so
+        assert first.returncode == 0 and "busy with a job" in first.stderr
+        assert list(published()) == [f"sim:{idle}"]
+    assert amdflash(*args, cwd=tmp_path, env=locks).returncode == 0
+    before = published()
+    with BoardLock(sim_key(busy)):
+        again = amdflash(*args, cwd=tmp_path, env=locks)
+    assert again.returncode == 0 and "identity is kept" in again.stderr
+    assert published() == before
+    assert published()[f"sim:{busy}"]["unique_id"] == board_json(busy)["unique_id"]
 
 
 def test_exporter_config_refuses_a_directory_that_is_no_board(tmp_path: Path) -> None:

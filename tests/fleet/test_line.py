@@ -118,14 +118,12 @@ def test_a_board_with_a_stuck_bit_fails_and_the_others_succeed(lab: Lab, fleet_i
     assert {n: s for n, s in result.statuses().items() if n != bad} == {n: "succeeded" for n in places if n != bad}
 
 
-def _kill_mid_flash(board: Path, after_writes: int = 6000) -> int:
-    """SIGKILL the amdflash process flashing `board` once it has made `after_writes` register writes."""
-    pid = wait_for(lambda: job_processes(board), 60, "the flash to start on the host")[0]
-    start = board_stats(board)["reg_writes"]
-    wait_for(lambda: board_stats(board)["reg_writes"] >= start + after_writes, 60, "the flash to get going",
-             interval=0.05)
-    os.kill(pid, signal.SIGKILL)
-    return pid
+def _kill_mid_flash(board: Path) -> None:
+    """SIGKILL the amdflash process flashing `board` once it has been writing for a while."""
+    _wait_mid_flash(board)
+    pids = job_processes(board)
+    assert len(pids) == 1
+    os.kill(pids[0], signal.SIGKILL)
 
 
 def test_a_sigkilled_job_is_reported_interrupted_and_resumed_by_the_next_flash(lab: Lab, fleet_image: Path) -> None:
@@ -157,11 +155,9 @@ def test_stopping_an_exporter_interrupts_its_jobs_and_the_next_flash_resumes_the
     places = two_hosts(lab, 2, realtime=0.25)
     on_b = {place_of(places, b) for b in lab.hosts["hostb"].boards}
 
-    running = lab.fleet_popen("flash", str(fleet_image), "--where", "line=a", "--yes")
+    running = lab.fleet_popen("flash", str(fleet_image), "--where", "line=a", "--yes", "--exporter-grace", "1")
     board = lab.hosts["hostb"].boards[0]
-    wait_for(lambda: job_processes(board), 60, "the flash to start on hostb")
-    start = board_stats(board)["reg_writes"]
-    wait_for(lambda: board_stats(board)["reg_writes"] >= start + 6000, 60, "the flash to get going", interval=0.05)
+    _wait_mid_flash(board)
     lab.stop(lab.hosts["hostb"].exporter)           # the operator stops hostb's exporter mid-flash
     out, err = running.communicate(timeout=300)
     first = FleetOutcome.parse(running.returncode, out, err)
@@ -205,3 +201,63 @@ def test_losing_the_coordinator_lets_running_jobs_finish_and_says_so(lab: Lab, f
     assert "coordinator" in notes and "stopped answering" in notes
     assert "could not release" in notes and all(name in notes for name in places)
     assert time.time() >= t_lost
+
+
+def _wait_mid_flash(board: Path, after_writes: int = 6000) -> None:
+    wait_for(lambda: job_processes(board), 60, "the flash to start on the host")
+    start = board_stats(board)["reg_writes"]
+    wait_for(lambda: board_stats(board)["reg_writes"] >= start + after_writes, 60, "the flash to get going",
+             interval=0.05)
+
+
+def test_an_exporter_restarted_mid_flash_is_ridden_out(lab: Lab, fleet_image: Path) -> None:
+    """A hot-plugged bridge is published by restarting the host's exporter: that must not
+    interrupt the flashes running on the host's other boards."""
+    places = two_hosts(lab, 1, realtime=0.25)
+    running = lab.fleet_popen("flash", str(fleet_image), "--where", "line=a", "--yes")
+    _wait_mid_flash(lab.hosts["hostb"].boards[0])
+    lab.stop(lab.hosts["hostb"].exporter)
+    lab.start_exporter("hostb")
+    out, err = running.communicate(timeout=300)
+    result = FleetOutcome.parse(running.returncode, out, err)
+    assert result.code == 0, result
+    assert result.statuses() == {name: "succeeded" for name in places}
+
+
+def test_ctrl_c_stops_every_job_at_a_safe_point_and_the_next_flash_resumes_them(lab: Lab, fleet_image: Path) -> None:
+    places = two_hosts(lab, 1, realtime=0.25)
+    running = lab.fleet_popen("flash", str(fleet_image), "--where", "line=a", "--yes")
+    for host in lab.hosts.values():
+        _wait_mid_flash(host.boards[0])
+    os.killpg(running.pid, signal.SIGINT)          # Ctrl-C at a terminal: the whole process group
+    out, err = running.communicate(timeout=300)
+    first = FleetOutcome.parse(running.returncode, out, err)
+    assert first.code == 130
+    for row in first.boards.values():
+        assert row["status"] == "interrupted" and "stopped by the operator" in row["error"], row
+    assert not any(name in holders(lab) for name in places)   # places given back all the same
+
+    second = flash(lab, fleet_image, "line=a")
+    assert second.code == 0, second
+    for name, row in second.boards.items():
+        assert row["job"] == "resume" and row["resumes"] == first.boards[name]["run_id"]
+    for host in lab.hosts.values():
+        assert flash_of(host.boards[0]) == fleet_image.read_bytes()
+
+
+def test_a_client_that_dies_leaves_its_jobs_to_finish_on_their_hosts(lab: Lab, fleet_image: Path) -> None:
+    two_hosts(lab, 1, realtime=0.25)
+    running = lab.fleet_popen("flash", str(fleet_image), "--where", "line=a", "--yes")
+    boards = [h.boards[0] for h in lab.hosts.values()]
+    for board in boards:
+        _wait_mid_flash(board)
+    os.killpg(running.pid, signal.SIGKILL)        # the client and its SSH connections die
+    running.communicate(timeout=60)
+
+    def finished() -> bool:
+        runs = [r for name in lab.hosts for r in host_runs(lab, name)]
+        return len(runs) == 2 and all(r["status"] == "succeeded" for r in runs)
+
+    wait_for(finished, 120, "the jobs to finish on their hosts", interval=0.5)
+    for board in boards:
+        assert flash_of(board) == fleet_image.read_bytes()
