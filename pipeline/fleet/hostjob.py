@@ -1,9 +1,9 @@
 """`amdflash fleet job`: one board's job, run on the host that owns the board.
 
 The fleet client starts this over SSH (labgrid's remote execution for a network resource).
-It drives the host's own `amdflash` command line — the job as a child process, the
-audit queries (`runs --format json`, `report RUN --format json`) through the same entry
-point — so it depends only on the command-line contract, and prints one JSON line.
+It drives the host's own `amdflash` command line — the job in a child process, the audit
+queries (`runs --format json`, `report RUN --format json`) through the same entry point —
+so it depends only on the command-line contract, and prints one JSON line.
 
 * flash: when the board's newest flash of this very image (same SHA-256) never finished
   (the process was killed: still "running" in the trail; or it was interrupted), the job
@@ -23,7 +23,7 @@ import json
 import os
 import signal
 import socket
-import subprocess
+import sqlite3
 import sys
 import tempfile
 import threading
@@ -33,16 +33,27 @@ from typing import Any
 EXIT_TO_STATUS = {0: "succeeded", 1: "failed", 2: "refused", 130: "interrupted"}
 
 
-def cli_json(global_args: list[str], *argv: str) -> Any:
-    """Run a read-only amdflash command in this process; its JSON output, or None on refusal."""
+def cli_json(global_args: list[str], *argv: str, attempts: int = 10) -> Any:
+    """Run a read-only amdflash command in this process; its JSON output, or None on refusal
+    (such as no audit database yet).
+
+    Another job of this host may be creating the audit database at this very moment (the
+    first flash on a new host); a query that fails for that is tried again shortly.
+    """
     from amdflash.pipeline.cli import main
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*global_args, "-q", *argv])
-    if code != 0:
-        return None
-    return json.loads(out.getvalue())
+    for attempt in range(attempts):
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = main([*global_args, "-q", *argv])
+        except sqlite3.Error:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2)
+            continue
+        return json.loads(out.getvalue()) if code == 0 else None
+    return None
 
 
 def _sha256(path: str) -> str:
@@ -71,7 +82,80 @@ def _modelled_clock(spec: str) -> float | None:
     return float(stats["modelled_seconds"]) if stats else None
 
 
-def _watch_stdin(proc: subprocess.Popen[bytes]) -> None:
+class ForkedCli:
+    """The amdflash command line in a child process, forked from this one.
+
+    This process has already imported the command line for its queries, so a fork starts
+    the job without a second interpreter start-up and import (a quarter of a CPU second, which
+    a host with many boards pays once per board). The child is an ordinary process: it can
+    be signalled or killed on its own, and its output comes back through pipes.
+    """
+
+    def __init__(self, argv: list[str]):
+        from amdflash.pipeline.cli import main
+
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:   # the child: run the command line, never return into the caller
+            code = 1
+            try:
+                os.close(out_r)
+                os.close(err_r)
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                code = main(argv)
+            except BaseException:  # noqa: BLE001 - whatever happens, the child exits here
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(code if isinstance(code, int) else 1)
+        os.close(out_w)
+        os.close(err_w)
+        self.pid = pid
+        self.returncode: int | None = None
+        self._pipes = (out_r, err_r)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def communicate(self) -> tuple[bytes, bytes]:
+        chunks: dict[int, list[bytes]] = {fd: [] for fd in self._pipes}
+
+        def drain(fd: int) -> None:
+            while data := os.read(fd, 65536):
+                chunks[fd].append(data)
+            os.close(fd)
+
+        readers = [threading.Thread(target=drain, args=(fd,), daemon=True) for fd in self._pipes]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join()
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return b"".join(chunks[self._pipes[0]]), b"".join(chunks[self._pipes[1]])
+
+
+def _watch_stdin(proc: ForkedCli) -> None:
     for line in sys.stdin:
         if line.strip() == "stop" and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -113,9 +197,7 @@ def run(spec: str, db: str | None, job: str, image: str | None) -> dict[str, Any
 
     clock0 = _modelled_clock(spec)
     wall0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "amdflash.pipeline.cli", *global_args, "-q", *argv,
-                             "--board", spec], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = ForkedCli([*global_args, "-q", *argv, "--board", spec])
     threading.Thread(target=_watch_stdin, args=(proc,), daemon=True).start()
 
     def forward(signum: int, _frame: object) -> None:
@@ -164,7 +246,15 @@ def main(spec: str, db: str | None, job: str, image: str | None) -> int:
     # The client's connection may drop; the job goes on (its trail is here) and a write to
     # the dead pipe must not kill us before the run is recorded.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    result = run(spec, db, job, image)
+    # First line: the job has begun here (so a client that hears nothing more knows that
+    # something may have run, and one that hears not even this knows that nothing did).
+    with contextlib.suppress(BrokenPipeError, OSError):
+        print(json.dumps({"started": True, "pid": os.getpid()}), flush=True)
+    try:
+        result = run(spec, db, job, image)
+    except Exception as e:  # noqa: BLE001 - the client gets a result whatever happened here
+        result = {"board": spec, "host": socket.gethostname(), "job": job, "status": "failed", "exit_code": 1,
+                  "error": f"the fleet job failed on {socket.gethostname()}: {type(e).__name__}: {e}"}
     with contextlib.suppress(BrokenPipeError, OSError):
         print(json.dumps(result, sort_keys=True), flush=True)
     return int(result["exit_code"]) if result["exit_code"] in (0, 1, 2, 130) else 1

@@ -160,14 +160,22 @@ class AmdflashDriver(Driver, BootstrapProtocol):
         return result
 
 
+def started(stdout: str) -> bool:
+    """Whether the job on the host began (its first line says so before anything else)."""
+    first = stdout.lstrip().split("\n", 1)[0]
+    return first.startswith("{") and '"started"' in first
+
+
 def parse_result(stdout: str, stderr: str, returncode: int) -> dict[str, Any]:
-    """The job's result: the last JSON object on its stdout."""
+    """The job's result: the last JSON object with a status on its stdout."""
     for line in reversed(stdout.splitlines()):
         line = line.strip()
         if line.startswith("{"):
             try:
-                return json.loads(line)
+                result = json.loads(line)
             except json.JSONDecodeError:
-                break
+                continue
+            if "status" in result:
+                return result
     tail = (stderr.strip().splitlines() or [""])[-1]
     raise JobError(f"the job printed no result (exit status {returncode}){': ' + tail if tail else ''}")

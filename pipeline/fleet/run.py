@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from amdflash.pipeline.fleet.coordinator import BoardPlace, Coordinator
+from amdflash.pipeline.fleet.labgrid_board import started
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
 #: Row status → exit status (the worst row decides, as for multi-board runs).
@@ -106,17 +107,24 @@ class FleetRun:
         self.notes: list[str] = []
         self.stopping = False
         self._prepare = asyncio.Lock()
+        self._staged: dict[str, str] = {}   # host → the image's path there
 
     async def run(self) -> FleetResult:
         coordinator = await Coordinator(self.address).open()
         rows: list[Row] = []
         jobs: list[_Job] = []
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self._on_signal, jobs)
         try:
             boards, unusable = coordinator.board_places(self.where)
             rows += [Row(name, "-", status="unavailable", error=why) for name, why in unusable.items()]
             for board in boards:
                 row = Row(board.place, board.host, spec=board.entry.args.get("spec"))
                 rows.append(row)
+                if self.stopping:
+                    row.status, row.error = "not started", "stopped by the operator before it started"
+                    continue
                 token, why = await coordinator.take(board, self.where)
                 if why:
                     row.status, row.error = "skipped", f"not taken: {why}"
@@ -124,6 +132,8 @@ class FleetRun:
                     jobs.append(_Job(board, token, row))
             await self._run_jobs(coordinator, jobs)
         finally:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
             await self._give_back(coordinator, jobs)
             await coordinator.close()
         return FleetResult(rows, self.notes)
@@ -132,16 +142,11 @@ class FleetRun:
         if not jobs:
             return
         limit = asyncio.Semaphore(self.parallel)
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, self._on_signal, jobs)
         watcher = asyncio.create_task(self._watch(coordinator, jobs))
         try:
-            await asyncio.gather(*(self._one(job, limit) for job in jobs))
+            await asyncio.gather(*(self._one(coordinator, job, limit) for job in jobs))
         finally:
             watcher.cancel()
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(signum)
         self._coordinator_note(coordinator)
 
     def _on_signal(self, jobs: list[_Job]) -> None:
@@ -174,11 +179,15 @@ class FleetRun:
                 elif now - job.gone_since >= self.exporter_grace:
                     self._stop(job, f"{gone} (for {now - job.gone_since:.0f} s)")
 
-    async def _one(self, job: _Job, limit: asyncio.Semaphore) -> None:
+    async def _one(self, coordinator: Coordinator, job: _Job, limit: asyncio.Semaphore) -> None:
         row = job.row
         async with limit:
             if self.stopping:
                 row.status, row.error = "not started", "stopped by the operator before it started"
+                return
+            gone = None if coordinator.lost else coordinator.resource_state(job.board)
+            if gone and job.gone_since is not None and time.monotonic() - job.gone_since >= self.exporter_grace:
+                row.status, row.error = "unavailable", f"not started: {gone}"
                 return
             try:
                 async with self._prepare:   # labgrid's SSH connection manager is not thread-safe
@@ -187,16 +196,19 @@ class FleetRun:
                 row.status, row.error = "unreachable", f"{job.board.host}: {e}"
                 return
             wall0 = time.monotonic()
-            # Its own session: a Ctrl-C at the terminal reaches this client only, which then
-            # asks the job to stop at a safe point; a killed ssh would leave the job unstoppable.
-            job.proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True)
-            if self.stopping:
-                self._stop(job, "stopped by the operator")
-            stdout, stderr = await job.proc.communicate()
-        self._record(job, stdout.decode(errors="replace"), stderr.decode(errors="replace"),
-                     time.monotonic() - wall0)
+            for attempt in (1, 2):
+                stdout, stderr = await self._start(job, argv)
+                if started(stdout) or self.stopping or attempt == 2:
+                    break
+                # The session never began (nothing ran on the board): once more, after a pause.
+                await asyncio.sleep(1.0)
+        if not started(stdout):
+            row.wall_seconds = round(time.monotonic() - wall0, 3)
+            tail = (stderr.strip().splitlines() or ["no output"])[-1]
+            row.status = "unreachable"
+            row.error = f"the job could not be started on {job.board.host} (nothing ran): {tail}"
+            return
+        self._record(job, stdout, stderr, time.monotonic() - wall0)
         if row.status == "succeeded" and self.job == "dump" and row.output:
             local = Path(self.output_dir or ".") / f"{job.board.place}.bin"
             try:
@@ -205,9 +217,26 @@ class FleetRun:
             except Exception as e:  # noqa: BLE001
                 row.status, row.error = "failed", f"dump made on {job.board.host} but not copied here: {e}"
 
+    async def _start(self, job: _Job, argv: list[str]) -> tuple[str, str]:
+        # Its own session: a Ctrl-C at the terminal reaches this client only, which then asks
+        # the job to stop at a safe point; a killed ssh would leave the job unstoppable.
+        job.proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        if self.stopping:
+            self._stop(job, "stopped by the operator")
+        stdout, stderr = await job.proc.communicate()
+        return stdout.decode(errors="replace"), stderr.decode(errors="replace")
+
     def _command(self, job: _Job) -> list[str]:
         job.driver = _driver(job.board)
-        args = [job.driver.stage_image(self.image)] if self.image is not None else []
+        args = []
+        if self.image is not None:
+            # One copy per host serves all its boards (labgrid keeps it by content hash).
+            host = job.driver.host
+            if host not in self._staged:
+                self._staged[host] = job.driver.stage_image(self.image)
+            args.append(self._staged[host])
         return job.driver.command(self.job, *args)
 
     def _record(self, job: _Job, stdout: str, stderr: str, wall: float) -> None:

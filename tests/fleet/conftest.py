@@ -58,20 +58,26 @@ def board_stats(board: Path) -> dict:
 
 
 def job_processes(board: Path) -> list[int]:
-    """Pid of the amdflash command-line process (not `fleet job`) running a job on this board."""
-    pids = []
+    """Pid of the amdflash process running a job on this board: under `fleet job`, its forked
+    child (the job); otherwise the command line itself — never the audit writer it forks."""
+    procs: dict[int, list[str]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
         except OSError:
             continue
-        text = [a.decode(errors="replace") for a in argv if a]
-        if "amdflash.pipeline.cli" in text and "fleet" not in text and f"sim:{board}" in text:
-            pids.append(int(entry.name))
-    # The audit writer is a fork of the job process (same command line): keep the job itself.
-    return [pid for pid in pids if _parent(pid) not in pids]
+        if f"sim:{board}" in argv and any("amdflash" in a for a in argv):
+            procs[int(entry.name)] = argv
+    roots = [pid for pid in procs if _parent(pid) not in procs]
+    jobs = []
+    for root in roots:
+        if "fleet" in procs[root]:
+            jobs += [pid for pid in procs if _parent(pid) == root]
+        else:
+            jobs.append(root)
+    return jobs
 
 
 def _parent(pid: int) -> int | None:

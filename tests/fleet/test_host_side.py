@@ -132,6 +132,27 @@ def test_which_flash_is_resumed(runs: list[dict], expected: str | None) -> None:
     assert unfinished_flash(runs, "sim:/b", "aa") == expected
 
 
+def test_a_query_waits_out_an_audit_database_being_created(tmp_path: Path) -> None:
+    """Two jobs start at once on a new host: one creates the audit database while the other
+    lists its runs. The listing must not fail for the half-made database."""
+    import shutil
+    import threading
+
+    from amdflash.pipeline.cli import main
+    from amdflash.pipeline.fleet.hostjob import cli_json
+
+    made = tmp_path / "made.sqlite"
+    assert main(["--db", str(made), "-q", "info", "--board", f"sim:{create_board(tmp_path / 'b', seed=3)}"]) == 0
+    db = tmp_path / "audit.sqlite"
+    db.touch()                                   # the file exists, its tables do not yet
+    timer = threading.Timer(0.5, lambda: shutil.copy(made, db))
+    timer.start()
+    runs = cli_json(["--db", str(db)], "runs", "--format", "json")
+    timer.join()
+    assert [r["command"] for r in runs] == ["info"]
+    assert cli_json(["--db", str(tmp_path / "none.sqlite")], "runs", "--format", "json") is None   # no database
+
+
 def test_driver_flashes_resumes_a_killed_flash_and_dumps(tmp_path: Path) -> None:
     """The labgrid driver on a local board: a flash whose process is SIGKILLed mid-flash (the
     board's host-death fault) is reported interrupted, the next flash of the image resumes it

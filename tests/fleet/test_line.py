@@ -49,7 +49,7 @@ def test_one_fleet_flash_writes_four_boards_on_each_of_two_hosts(lab: Lab, fleet
 
     result = flash(lab, fleet_image, "line=a")
     assert result.code == 0, result
-    assert result.statuses() == {name: "succeeded" for name in places}
+    assert result.statuses() == {name: "succeeded" for name in places}, result.boards
     run_ids = {b["run_id"] for b in result.boards.values()}
     assert len(run_ids) == 8
     image = fleet_image.read_bytes()
@@ -74,16 +74,27 @@ def test_one_fleet_flash_writes_four_boards_on_each_of_two_hosts(lab: Lab, fleet
 def test_info_and_dump_run_on_each_board(lab: Lab, fleet_image: Path, tmp_path: Path) -> None:
     places = two_hosts(lab, 1)
     info = lab.fleet("info")
-    assert info.code == 0 and set(info.statuses().values()) == {"succeeded"}
+    assert info.code == 0 and set(info.statuses().values()) == {"succeeded"}, info.boards
     for name, row in info.boards.items():
         assert any(line.startswith("unique ID") and places[name]["unique_id"] in line for line in row["lines"])
 
     dumps = tmp_path / "dumps"
-    dumped = lab.fleet("dump", str(dumps), "--where", "line=a")
+    dumped = lab.fleet("dump", str(dumps), "--where", "line=a", "--parallel", "1")
     assert dumped.code == 0, dumped
     for name, row in dumped.boards.items():
         assert row["output"] == str(dumps / f"{name}.bin")
         assert (dumps / f"{name}.bin").read_bytes() == flash_of(Path(places[name]["spec"][4:]))
+    # --parallel 1: the two hosts' dumps ran one after the other
+    spans = sorted((r["started"], r["updated"]) for name in lab.hosts for r in host_runs(lab, name)
+                   if r["command"] == "dump")
+    assert len(spans) == 2 and spans[0][1] <= spans[1][0]
+
+    text = lab.amdflash("fleet", "info", "--where", "host=hosta")     # the table an operator reads
+    assert text.stdout.splitlines()[-1].split()[:2] == [next(n for n in places if n.startswith("hosta")), "hosta"]
+    assert "board" in text.stdout and "modelled s" in text.stdout and "unique ID" in text.stdout
+
+    nothing = lab.amdflash("fleet", "info", "--where", "line=nowhere", check=False)
+    assert nothing.returncode == 2 and nothing.stderr.startswith("error: no place matches line=nowhere")
 
 
 def test_a_board_locked_by_another_user_is_skipped_not_taken(lab: Lab, fleet_image: Path) -> None:
@@ -94,11 +105,11 @@ def test_a_board_locked_by_another_user_is_skipped_not_taken(lab: Lab, fleet_ima
     assert taken.returncode == 0, taken.stderr
 
     result = flash(lab, fleet_image, "line=a", LG_USERNAME="bob")
-    assert result.code == 2                       # as a busy board in a multi-board run
+    assert result.code == 2, result.boards        # as a busy board in a multi-board run
     row = result.boards[locked]
     assert row["status"] == "skipped" and "bench/alice" in row["error"] and row["run_id"] is None
     assert {n: s for n, s in result.statuses().items() if n != locked} == {
-        n: "succeeded" for n in places if n != locked}
+        n: "succeeded" for n in places if n != locked}, result.boards
     assert flash_of(lab.hosts["hostb"].boards[0]) == before          # nothing was written to it
     assert all(r["board_spec"] != f"sim:{lab.hosts['hostb'].boards[0]}" for r in host_runs(lab, "hostb"))
     assert "alice" in holders(lab) and locked in holders(lab)        # and alice still holds it
@@ -111,11 +122,12 @@ def test_a_board_with_a_stuck_bit_fails_and_the_others_succeed(lab: Lab, fleet_i
     bad = place_of(places, lab.hosts["hostb"].boards[1])
 
     result = flash(lab, fleet_image, "line=a")
-    assert result.code == 1
+    assert result.code == 1, result.boards
     row = result.boards[bad]
     assert row["status"] == "failed" and row["run_id"]
     assert f"{stuck:#08x}" in row["error"] or f"{stuck:#x}" in row["error"], row["error"]
-    assert {n: s for n, s in result.statuses().items() if n != bad} == {n: "succeeded" for n in places if n != bad}
+    assert {n: s for n, s in result.statuses().items() if n != bad} == {
+        n: "succeeded" for n in places if n != bad}, result.boards
 
 
 def _kill_mid_flash(board: Path) -> None:
@@ -135,10 +147,11 @@ def test_a_sigkilled_job_is_reported_interrupted_and_resumed_by_the_next_flash(l
     _kill_mid_flash(victim)
     out, err = running.communicate(timeout=300)
     first = FleetOutcome.parse(running.returncode, out, err)
-    assert first.code == 130
+    assert first.code == 130, first.boards
     row = first.boards[name]
     assert row["status"] == "interrupted" and "SIGKILL" in row["error"] and row["run_id"]
-    assert {n: s for n, s in first.statuses().items() if n != name} == {n: "succeeded" for n in places if n != name}
+    assert {n: s for n, s in first.statuses().items() if n != name} == {
+        n: "succeeded" for n in places if n != name}, first.boards
     assert flash_of(victim) != fleet_image.read_bytes()
     killed = next(r for r in host_runs(lab, "hosta") if r["run_id"] == row["run_id"])
     assert killed["status"] == "running"           # left open in the host's trail by the kill
@@ -161,12 +174,17 @@ def test_stopping_an_exporter_interrupts_its_jobs_and_the_next_flash_resumes_the
     lab.stop(lab.hosts["hostb"].exporter)           # the operator stops hostb's exporter mid-flash
     out, err = running.communicate(timeout=300)
     first = FleetOutcome.parse(running.returncode, out, err)
-    assert first.code == 130
+    assert first.code == 130, first.boards
     for name in on_b:
         assert first.boards[name]["status"] == "interrupted", first.boards[name]
         assert "exporter hostb" in first.boards[name]["error"]
     assert {first.boards[n]["status"] for n in places if n not in on_b} == {"succeeded"}
     assert flash_of(board) != fleet_image.read_bytes()
+
+    offline = lab.fleet("info")                    # hostb's places have no board while it is away
+    assert offline.code == 2
+    for name in on_b:
+        assert offline.boards[name]["status"] == "unavailable" and "exporter" in offline.boards[name]["error"]
 
     lab.start_exporter("hostb")
     lab.make_places()
@@ -190,7 +208,7 @@ def test_losing_the_coordinator_lets_running_jobs_finish_and_says_so(lab: Lab, f
     out, err = running.communicate(timeout=300)
     result = FleetOutcome.parse(running.returncode, out, err)
     assert result.code == 0, result
-    assert result.statuses() == {name: "succeeded" for name in places}
+    assert result.statuses() == {name: "succeeded" for name in places}, result.boards
     assert max(b["wall_seconds"] for b in result.boards.values()) > 0
     for name, host in lab.hosts.items():
         recorded = {r["run_id"]: r["status"] for r in host_runs(lab, name)}
@@ -221,7 +239,7 @@ def test_an_exporter_restarted_mid_flash_is_ridden_out(lab: Lab, fleet_image: Pa
     out, err = running.communicate(timeout=300)
     result = FleetOutcome.parse(running.returncode, out, err)
     assert result.code == 0, result
-    assert result.statuses() == {name: "succeeded" for name in places}
+    assert result.statuses() == {name: "succeeded" for name in places}, result.boards
 
 
 def test_ctrl_c_stops_every_job_at_a_safe_point_and_the_next_flash_resumes_them(lab: Lab, fleet_image: Path) -> None:
@@ -232,7 +250,7 @@ def test_ctrl_c_stops_every_job_at_a_safe_point_and_the_next_flash_resumes_them(
     os.killpg(running.pid, signal.SIGINT)          # Ctrl-C at a terminal: the whole process group
     out, err = running.communicate(timeout=300)
     first = FleetOutcome.parse(running.returncode, out, err)
-    assert first.code == 130
+    assert first.code == 130, first.boards
     for row in first.boards.values():
         assert row["status"] == "interrupted" and "stopped by the operator" in row["error"], row
     assert not any(name in holders(lab) for name in places)   # places given back all the same
