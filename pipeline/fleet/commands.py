@@ -110,12 +110,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_run, job="info")
 
     p = fsub.add_parser(
-        "job", help="(run by the fleet client on a board's host) one board's job, one JSON line",
-        description="Run one job for one board of this host through the amdflash command line and print one "
-                    "JSON line: run id, status, modelled and wall seconds. A flash resumes the board's "
-                    "unfinished flash of the same image. A line 'stop' on stdin stops the job at its next "
-                    "safe point; end of stdin does not.")
-    p.add_argument("--board", required=True, metavar="SPEC")
+        "job", help="(run by the fleet client on the boards' host) a job on boards of this host, JSON lines",
+        description="Run one job on boards of this host through the amdflash command line (all boards in one "
+                    "process, so the host's audit trail has one writer) and print one JSON line per board: "
+                    "run id, status, modelled and wall seconds. A flash resumes a board's unfinished flash of "
+                    "the same image. A line 'stop' on stdin stops the jobs at their next safe point; end of "
+                    "stdin does not.")
+    p.add_argument("--board", required=True, action="append", dest="job_boards", metavar="SPEC",
+                   help="a board of this host (repeatable: one amdflash process runs them all)")
     p.add_argument("--db", dest="job_db", metavar="PATH", help="the host's audit database")
     p.add_argument("job", choices=("flash", "verify", "dump", "info"))
     p.add_argument("image", nargs="?")
@@ -251,4 +253,4 @@ def cmd_job(args: argparse.Namespace) -> int:
 
     if args.job in ("flash", "verify") and not args.image:
         raise Refusal(f"fleet job {args.job} needs an image")
-    return hostjob.main(args.board, args.job_db or args.db, args.job, args.image)
+    return hostjob.main(args.job_boards, args.job_db or args.db, args.job, args.image)

@@ -28,14 +28,16 @@ class CoordinatorError(RuntimeError):
 
 @dataclass
 class BoardPlace:
-    """A place and the board resource it matches."""
+    """A place and the board resource it matches, as published when the place was chosen
+    (the session's own entry changes, or empties, when the exporter updates or goes)."""
 
     place: str
     exporter: str
     group: str
     resource: str
     cls: str
-    entry: ResourceEntry
+    args: dict[str, Any]           # the resource's attributes (spec, host, db, …)
+    extra: dict[str, Any]          # labgrid's proxy settings for the exporter
     tags: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -44,7 +46,11 @@ class BoardPlace:
 
     @property
     def host(self) -> str:
-        return str(self.entry.args.get("host") or self.exporter)
+        return str(self.args.get("host") or self.exporter)
+
+    @property
+    def spec(self) -> str:
+        return str(self.args.get("spec"))
 
 
 def parse_tags(pairs: list[str], what: str = "tag") -> dict[str, str]:
@@ -126,7 +132,8 @@ class Coordinator:
             boards = [(e, g, n, entry) for e, g, n, entry in resources if place.hasmatch((e, g, entry.cls, n))]
             if len(boards) == 1:
                 e, g, n, entry = boards[0]
-                usable.append(BoardPlace(name, e, g, n, entry.cls, entry, dict(place.tags)))
+                usable.append(BoardPlace(name, e, g, n, entry.cls, dict(entry.args), dict(entry.extra),
+                                         dict(place.tags)))
             elif not boards:
                 if any(m.cls in BOARD_CLASSES or m.cls == "*" for m in place.matches):
                     unusable[name] = "no board resource published for it (is its exporter running?)"
@@ -222,6 +229,3 @@ class Coordinator:
             raise CoordinatorError(f"place {name}: {e.details()}") from None
         return created
 
-
-def describe(board: BoardPlace) -> dict[str, Any]:
-    return {"place": board.place, "exporter": board.exporter, "host": board.host, **board.entry.args}

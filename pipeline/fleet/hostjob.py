@@ -1,22 +1,26 @@
-"""`amdflash fleet job`: one board's job, run on the host that owns the board.
+"""`amdflash fleet job`: a job on some boards of this host, run on this host.
 
-The fleet client starts this over SSH (labgrid's remote execution for a network resource).
-It drives the host's own `amdflash` command line — the job in a child process, the audit
-queries (`runs --format json`, `report RUN --format json`) through the same entry point —
-so it depends only on the command-line contract, and prints one JSON line.
+The fleet client starts this over SSH (labgrid's remote execution for a network resource),
+once per host and batch of boards. It drives the host's own `amdflash` command line — the
+jobs in child processes, the audit queries (`runs --format json`, `report RUN --format
+json`) through the same entry point — so it depends only on the command-line contract. It
+prints a first line saying it started, then one JSON line per board.
 
-* flash: when the board's newest flash of this very image (same SHA-256) never finished
-  (the process was killed: still "running" in the trail; or it was interrupted), the job
-  is `amdflash resume RUN` instead of a new flash;
-* a line "stop" on stdin asks the job to stop at its next safe point (SIGTERM, as Ctrl-C);
-  end of stdin — the client or its connection went away — changes nothing: the job
-  finishes and its host's trail records it;
-* if the job process is killed, this still reports its run (left "running" in the trail)
-  as interrupted.
+* The boards of a batch run in ONE `amdflash` process (`--board` repeated): the host's audit
+  trail has a single writer, as the store is built for; separate processes writing one
+  database would queue for its lock. A board whose newest flash of this very image (same
+  SHA-256) never finished — killed, still "running" in the trail, or interrupted — gets its
+  own `amdflash resume RUN` process instead; a dump is one process per board (one file each).
+* A line "stop" on stdin asks every job to stop at its next safe point (SIGTERM, as Ctrl-C).
+  End of stdin — the client or its connection went away — changes nothing: the jobs finish
+  and this host's trail records them.
+* If a job process is killed, this still reports its boards' runs (left "running" in the
+  trail) as interrupted.
 """
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import io
 import json
@@ -137,6 +141,7 @@ class ForkedCli:
             os.kill(self.pid, signum)
 
     def communicate(self) -> tuple[bytes, bytes]:
+        """Wait for the child; its stdout and stderr (drained meanwhile, so it never blocks)."""
         chunks: dict[int, list[bytes]] = {fd: [] for fd in self._pipes}
 
         def drain(fd: int) -> None:
@@ -155,10 +160,11 @@ class ForkedCli:
         return b"".join(chunks[self._pipes[0]]), b"".join(chunks[self._pipes[1]])
 
 
-def _watch_stdin(proc: ForkedCli) -> None:
+def _watch_stdin(procs: list[ForkedCli]) -> None:
     for line in sys.stdin:
-        if line.strip() == "stop" and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+        if line.strip() == "stop":
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
 
 
 def _spec_as_recorded(spec: str) -> str:
@@ -166,95 +172,160 @@ def _spec_as_recorded(spec: str) -> str:
     return f"sim:{os.path.abspath(spec[4:])}" if spec.startswith("sim:") else spec
 
 
-def run(spec: str, db: str | None, job: str, image: str | None) -> dict[str, Any]:
-    global_args = ["--db", db] if db else []
-    spec = _spec_as_recorded(spec)
-    before = cli_json(global_args, "runs", "--format", "json") or []
-    known = {r["run_id"] for r in before}
-    result: dict[str, Any] = {"board": spec, "host": socket.gethostname(), "job": job, "run_id": None,
-                              "resumes": None, "status": None, "error": None, "output": None}
-    argv: list[str]
+def _seconds(report: dict[str, Any]) -> float | None:
+    try:
+        return round((dt.datetime.fromisoformat(report["ended"])
+                      - dt.datetime.fromisoformat(report["started"])).total_seconds(), 3)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _plan(specs: list[str], before: list[dict[str, Any]], job: str,
+          image: str | None, results: dict[str, dict[str, Any]]) -> list[tuple[list[str], list[str]]]:
+    """The command-line processes to run: (their boards, their amdflash arguments)."""
     if job == "flash":
         assert image is not None
-        resumes = unfinished_flash(before, spec, _sha256(image))
-        if resumes:
-            result.update(job="resume", resumes=resumes)
-            argv = ["resume", resumes, "--yes", "--image", image]
-        else:
-            argv = ["flash", image, "--yes"]
-    elif job == "verify":
+        sha = _sha256(image)
+        groups: list[tuple[list[str], list[str]]] = []
+        fresh = []
+        for spec in specs:
+            resumes = unfinished_flash(before, spec, sha)
+            if resumes:
+                results[spec].update(job="resume", resumes=resumes)
+                groups.append(([spec], ["resume", resumes, "--yes", "--image", image]))
+            else:
+                fresh.append(spec)
+        return ([(fresh, ["flash", image, "--yes"])] if fresh else []) + groups
+    if job == "verify":
         assert image is not None
-        argv = ["verify", image]
-    elif job == "dump":
-        fd, output = tempfile.mkstemp(prefix="amdflash-fleet-dump-", suffix=".bin")
-        os.close(fd)
-        result["output"] = output
-        argv = ["dump", output]
-    elif job == "info":
-        argv = ["info"]
-    else:
-        raise ValueError(f"unknown job {job!r}")
+        return [(specs, ["verify", image])]
+    if job == "info":
+        return [(specs, ["info"])]
+    if job == "dump":
+        groups = []
+        for spec in specs:
+            fd, output = tempfile.mkstemp(prefix="amdflash-fleet-dump-", suffix=".bin")
+            os.close(fd)
+            results[spec]["output"] = output
+            groups.append(([spec], ["dump", output]))
+        return groups
+    raise ValueError(f"unknown job {job!r}")
 
-    clock0 = _modelled_clock(spec)
+
+def _lines_for(text: str, spec: str, alone: bool) -> list[str]:
+    """The output lines about one board: all of them when it ran alone, else its "[spec] " ones."""
+    if alone:
+        return text.splitlines()
+    prefix = f"[{spec}] "
+    return [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
+
+
+def _errors(text: str, spec: str) -> list[str]:
+    """The `error: …` lines about one board ("error: [spec] …" with several boards), then the
+    ones about the whole command (a refusal before any run)."""
+    own, common = [], []
+    for line in text.splitlines():
+        if line.startswith(f"error: [{spec}] "):
+            own.append(line[len(f"error: [{spec}] "):])
+        elif line.startswith("error: ") and not line.startswith("error: ["):
+            common.append(line[len("error: "):])
+    return own + common
+
+
+def run(specs: list[str], db: str | None, job: str, image: str | None) -> list[dict[str, Any]]:
+    global_args = ["--db", db] if db else []
+    specs = [_spec_as_recorded(s) for s in specs]
+    host = socket.gethostname()
+    before = cli_json(global_args, "runs", "--format", "json") or []
+    known = {r["run_id"] for r in before}
+    results = {spec: {"board": spec, "host": host, "job": job, "run_id": None, "resumes": None, "status": None,
+                      "error": None, "output": None, "exit_code": None} for spec in specs}
+    groups = _plan(specs, before, job, image, results)
+
+    clocks0 = {spec: _modelled_clock(spec) for spec in specs}
     wall0 = time.monotonic()
-    proc = ForkedCli([*global_args, "-q", *argv, "--board", spec])
-    threading.Thread(target=_watch_stdin, args=(proc,), daemon=True).start()
+    procs = [ForkedCli([*global_args, "-q", *argv, *[a for s in boards for a in ("--board", s)]])
+             for boards, argv in groups]
+    threading.Thread(target=_watch_stdin, args=(procs,), daemon=True).start()
 
     def forward(signum: int, _frame: object) -> None:
-        if proc.poll() is None:
+        for proc in procs:
             proc.send_signal(signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    stdout, stderr = proc.communicate()
-    result["wall_seconds"] = round(time.monotonic() - wall0, 3)
-    clock1 = _modelled_clock(spec)
-    result["modelled_seconds"] = round(clock1 - clock0, 3) if clock0 is not None and clock1 is not None else None
+    outputs: list[tuple[bytes, bytes]] = [(b"", b"")] * len(procs)
 
-    code = proc.returncode
-    result["exit_code"] = code
-    ours = [r for r in (cli_json(global_args, "runs", "--format", "json") or [])
-            if r["run_id"] not in known and r["board_spec"] == spec]
-    if ours:
-        run_id = ours[-1]["run_id"]
-        result["run_id"] = run_id
-        report = cli_json(global_args, "report", run_id, "--format", "json") or {}
-        result.update(status=report.get("status"), error=report.get("error"),
-                      result_sha256=report.get("result_sha256"))
-    errors = [line[len("error: "):] for line in stderr.decode(errors="replace").splitlines()
-              if line.startswith("error: ")]
-    if code < 0:
-        name = signal.Signals(-code).name
-        result.update(status="interrupted", exit_code=130,
-                      error=f"the amdflash process was killed ({name}); its run stays unfinished in "
-                            f"{socket.gethostname()}'s audit trail and the next flash of this image resumes it")
-    elif code in (2, 130) or not ours:
-        result["status"] = EXIT_TO_STATUS.get(code, "failed")
-        result["error"] = result["error"] or (errors[-1] if errors else None)
-    if result["status"] is None:
-        result["status"] = EXIT_TO_STATUS.get(code, "failed")
-    if job == "info":
-        result["lines"] = stdout.decode(errors="replace").splitlines()
-    if job == "dump" and result["status"] != "succeeded":
-        with contextlib.suppress(OSError):
-            os.unlink(result["output"])
-        result["output"] = None
-    return result
+    def wait(i: int) -> None:
+        outputs[i] = procs[i].communicate()
+
+    waiters = [threading.Thread(target=wait, args=(i,)) for i in range(len(procs))]
+    for w in waiters:
+        w.start()
+    for w in waiters:
+        w.join()
+    wall = round(time.monotonic() - wall0, 3)
+
+    after = [r for r in (cli_json(global_args, "runs", "--format", "json") or []) if r["run_id"] not in known]
+    for (boards, _argv), proc, (stdout, stderr) in zip(groups, procs, outputs):
+        code = proc.returncode
+        assert code is not None
+        out_text, err_text = stdout.decode(errors="replace"), stderr.decode(errors="replace")
+        for spec in boards:
+            result = results[spec]
+            alone = len(boards) == 1
+            errors = _errors(err_text, spec)
+            ours = [r for r in after if r["board_spec"] == spec]
+            report: dict[str, Any] = {}
+            if ours:
+                result["run_id"] = ours[-1]["run_id"]
+                report = cli_json(global_args, "report", result["run_id"], "--format", "json") or {}
+                result.update(status=report.get("status"), error=report.get("error"),
+                              result_sha256=report.get("result_sha256"))
+            result["wall_seconds"] = _seconds(report) or wall
+            if code < 0:
+                name = signal.Signals(-code).name
+                result.update(status="interrupted",
+                              error=f"the amdflash process was killed ({name}); its run stays unfinished in "
+                                    f"{host}'s audit trail and the next flash of this image resumes it")
+            elif not ours:
+                result["status"] = "refused" if code == 2 else EXIT_TO_STATUS.get(code, "failed")
+                result["error"] = errors[0] if errors else f"amdflash exited {code} without a run"
+            elif code == 2 and result["status"] == "failed":
+                result["status"] = "refused"   # e.g. board busy: nothing was written
+            result["exit_code"] = {v: k for k, v in EXIT_TO_STATUS.items()}.get(result["status"], 1)
+            if job == "info":
+                result["lines"] = _lines_for(out_text, spec, alone)
+    for spec in specs:
+        clock0, clock1 = clocks0[spec], _modelled_clock(spec)
+        results[spec]["modelled_seconds"] = (round(clock1 - clock0, 3)
+                                             if clock0 is not None and clock1 is not None else None)
+        if job == "dump" and results[spec]["status"] != "succeeded" and results[spec]["output"]:
+            with contextlib.suppress(OSError):
+                os.unlink(results[spec]["output"])
+            results[spec]["output"] = None
+    return [results[spec] for spec in specs]
 
 
-def main(spec: str, db: str | None, job: str, image: str | None) -> int:
-    # The client's connection may drop; the job goes on (its trail is here) and a write to
-    # the dead pipe must not kill us before the run is recorded.
+def main(specs: list[str], db: str | None, job: str, image: str | None) -> int:
+    # The client's connection may drop; the jobs go on (their trail is here) and a write to
+    # the dead pipe must not kill us before the runs are recorded.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # First line: the job has begun here (so a client that hears nothing more knows that
     # something may have run, and one that hears not even this knows that nothing did).
     with contextlib.suppress(BrokenPipeError, OSError):
         print(json.dumps({"started": True, "pid": os.getpid()}), flush=True)
     try:
-        result = run(spec, db, job, image)
+        results = run(specs, db, job, image)
     except Exception as e:  # noqa: BLE001 - the client gets a result whatever happened here
-        result = {"board": spec, "host": socket.gethostname(), "job": job, "status": "failed", "exit_code": 1,
-                  "error": f"the fleet job failed on {socket.gethostname()}: {type(e).__name__}: {e}"}
+        results = [{"board": spec, "host": socket.gethostname(), "job": job, "status": "failed", "exit_code": 1,
+                    "error": f"the fleet job failed on {socket.gethostname()}: {type(e).__name__}: {e}"}
+                   for spec in specs]
     with contextlib.suppress(BrokenPipeError, OSError):
-        print(json.dumps(result, sort_keys=True), flush=True)
-    return int(result["exit_code"]) if result["exit_code"] in (0, 1, 2, 130) else 1
+        for result in results:
+            print(json.dumps(result, sort_keys=True), flush=True)
+    codes = {r["exit_code"] for r in results}
+    for code in (130, 1, 2):
+        if code in codes:
+            return code
+    return 0

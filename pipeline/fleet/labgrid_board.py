@@ -22,7 +22,7 @@ import json
 import shlex
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import attr
 from labgrid.driver.common import Driver
@@ -69,9 +69,12 @@ class JobError(RuntimeError):
     """The job on the board's host could not be started or said nothing we understand."""
 
 
-def host_job_argv(board: Any, job: str, *args: str) -> list[str]:
-    """The `amdflash fleet job` command line as run on the board's host."""
-    argv = [*shlex.split(board.command), "fleet", "job", "--board", board.spec]
+def host_job_argv(board: Any, job: str, *args: str, also: Sequence[str] = ()) -> list[str]:
+    """The `amdflash fleet job` command line as run on the board's host (`also`: specs of more
+    boards of that host, in the same database, run in the same process)."""
+    argv = [*shlex.split(board.command), "fleet", "job"]
+    for spec in (board.spec, *also):
+        argv += ["--board", spec]
     if board.db:
         argv += ["--db", board.db]
     return [*argv, job, *args]
@@ -100,9 +103,10 @@ class AmdflashDriver(Driver, BootstrapProtocol):
     def host(self) -> str:
         return getattr(self.board, "host", "localhost")
 
-    def command(self, job: str, *args: str) -> list[str]:
-        """argv that runs `job` for this board on its host (through SSH for a network board)."""
-        return self.board.wrap_command(host_job_argv(self.board, job, *args))
+    def command(self, job: str, *args: str, also: Sequence[str] = ()) -> list[str]:
+        """argv that runs `job` for this board (and the boards `also` names, of the same host and
+        database) on its host: through SSH for a network board."""
+        return self.board.wrap_command(host_job_argv(self.board, job, *args, also=also))
 
     def stage_image(self, image: str | Path) -> str:
         """Make the image available on the board's host; returns its path there."""
@@ -126,7 +130,8 @@ class AmdflashDriver(Driver, BootstrapProtocol):
     def _run(self, job: str, *args: str) -> dict[str, Any]:
         done = subprocess.run(self.command(job, *args), stdin=subprocess.DEVNULL, capture_output=True,
                               text=True, check=False)
-        return parse_result(done.stdout, done.stderr, done.returncode)
+        results = parse_results(done.stdout, done.stderr, done.returncode)
+        return next(iter(results.values()))
 
     @Driver.check_active
     @step(args=["filename"])
@@ -166,16 +171,19 @@ def started(stdout: str) -> bool:
     return first.startswith("{") and '"started"' in first
 
 
-def parse_result(stdout: str, stderr: str, returncode: int) -> dict[str, Any]:
-    """The job's result: the last JSON object with a status on its stdout."""
-    for line in reversed(stdout.splitlines()):
+def parse_results(stdout: str, stderr: str, returncode: int) -> dict[str, dict[str, Any]]:
+    """The job's results, by board spec: its JSON lines that carry a status."""
+    results: dict[str, dict[str, Any]] = {}
+    for line in stdout.splitlines():
         line = line.strip()
         if line.startswith("{"):
             try:
                 result = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if "status" in result:
-                return result
-    tail = (stderr.strip().splitlines() or [""])[-1]
-    raise JobError(f"the job printed no result (exit status {returncode}){': ' + tail if tail else ''}")
+            if "status" in result and "board" in result:
+                results[result["board"]] = result
+    if not results:
+        tail = (stderr.strip().splitlines() or [""])[-1]
+        raise JobError(f"the job printed no result (exit status {returncode}){': ' + tail if tail else ''}")
+    return results

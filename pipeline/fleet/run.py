@@ -2,16 +2,17 @@
 
 Lifecycle: open a coordinator session; pick the places whose tags match `--where`; reserve
 and acquire each (a place someone else holds is skipped and reported, never taken); run
-`amdflash fleet job` on each board's host, at most `parallel` at once, through the labgrid
-driver; give the places back; one row per board.
+the job on each board's host through the labgrid driver, the boards of one host in batches
+(one `amdflash fleet job` over SSH, one amdflash process writing the host's audit trail), at
+most `parallel` boards at once; give the places back; one row per board.
 
 What can go wrong on the way, and what happens:
-* the board's exporter stops publishing it mid-job for longer than `exporter_grace` seconds:
-  the job is asked to stop at its next safe point (its run is then interrupted, and the next
-  flash of the image resumes it). A shorter gap — an exporter restarted to publish a
-  hot-plugged bridge — is ridden out;
-* the job's amdflash process is killed on its host: the host-side job still reports the
-  run, which stays unfinished (interrupted here; resumed by the next flash);
+* a host's exporter stops publishing its boards mid-job for longer than `exporter_grace`
+  seconds: the host's jobs are asked to stop at their next safe point (their runs are then
+  interrupted, and the next flash of the image resumes them). A shorter gap — an exporter
+  restarted to publish a hot-plugged bridge — is ridden out;
+* a job's amdflash process is killed on its host: the host-side job still reports the runs,
+  which stay unfinished (interrupted here; resumed by the next flash);
 * the coordinator goes away: running jobs go on (they only need SSH to their hosts) and are
   recorded on their hosts; the client says from when it could not see exporters and places,
   and which places it could not give back.
@@ -19,6 +20,7 @@ What can go wrong on the way, and what happens:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from amdflash.pipeline.fleet.coordinator import BoardPlace, Coordinator
-from amdflash.pipeline.fleet.labgrid_board import started
+from amdflash.pipeline.fleet.labgrid_board import JobError, parse_results, started
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
 #: Row status → exit status (the worst row decides, as for multi-board runs).
@@ -70,13 +72,30 @@ class FleetResult:
 
 @dataclass
 class _Job:
+    """One board taken for this run."""
+
     board: BoardPlace
     token: str
     row: Row
     driver: Any = None
+    gone_since: float | None = None
+
+    @property
+    def spec(self) -> str:
+        return self.board.spec
+
+
+@dataclass
+class _Batch:
+    """Boards of one host (and audit database) that one amdflash process works on."""
+
+    jobs: list[_Job]
     proc: asyncio.subprocess.Process | None = None
     stop_reason: str | None = None
-    gone_since: float | None = None
+
+    @property
+    def host(self) -> str:
+        return self.jobs[0].board.host
 
 
 def _driver(board: BoardPlace) -> Any:
@@ -87,11 +106,24 @@ def _driver(board: BoardPlace) -> Any:
     from amdflash.pipeline.fleet.labgrid_board import AmdflashDriver
 
     target = Target(board.place)
-    resource = target_factory.make_resource(target, board.cls, board.resource, board.entry.args)
-    resource.extra = board.entry.extra   # labgrid's proxy settings for this exporter
+    resource = target_factory.make_resource(target, board.cls, board.resource, board.args)
+    resource.extra = board.extra   # labgrid's proxy settings for this exporter
     driver = AmdflashDriver(target, None)
     target.activate(driver)
     return driver
+
+
+def batches(jobs: list[_Job], parallel: int) -> list[_Batch]:
+    """The jobs by host (exporter, audit database, amdflash command), cut so that `parallel`
+    boards are shared out over the hosts, and in the order that takes the hosts in turn."""
+    by_key: dict[tuple[str, ...], list[_Job]] = {}
+    for job in jobs:
+        args = job.board.args
+        key = (job.board.exporter, job.board.host, str(args.get("db")), str(args.get("command")))
+        by_key.setdefault(key, []).append(job)
+    size = max(1, parallel // max(1, len(by_key)))
+    cut = [[_Batch(group[i:i + size]) for i in range(0, len(group), size)] for group in by_key.values()]
+    return [batch for turn in itertools.zip_longest(*cut) for batch in turn if batch is not None]
 
 
 class FleetRun:
@@ -106,8 +138,11 @@ class FleetRun:
         self.exporter_grace = exporter_grace
         self.notes: list[str] = []
         self.stopping = False
+        self._free = self.parallel          # board slots (`--parallel`)
+        self._slots = asyncio.Condition()
         self._prepare = asyncio.Lock()
         self._staged: dict[str, str] = {}   # host → the image's path there
+        self._batches: list[_Batch] = []
 
     async def run(self) -> FleetResult:
         coordinator = await Coordinator(self.address).open()
@@ -115,12 +150,12 @@ class FleetRun:
         jobs: list[_Job] = []
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, self._on_signal, jobs)
+            loop.add_signal_handler(signum, self._on_signal)
         try:
             boards, unusable = coordinator.board_places(self.where)
             rows += [Row(name, "-", status="unavailable", error=why) for name, why in unusable.items()]
             for board in boards:
-                row = Row(board.place, board.host, spec=board.entry.args.get("spec"))
+                row = Row(board.place, board.host, spec=board.spec)
                 rows.append(row)
                 if self.stopping:
                     row.status, row.error = "not started", "stopped by the operator before it started"
@@ -130,7 +165,8 @@ class FleetRun:
                     row.status, row.error = "skipped", f"not taken: {why}"
                 else:
                     jobs.append(_Job(board, token, row))
-            await self._run_jobs(coordinator, jobs)
+            self._batches = batches(jobs, self.parallel)
+            await self._run_batches(coordinator, jobs)
         finally:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
@@ -138,31 +174,43 @@ class FleetRun:
             await coordinator.close()
         return FleetResult(rows, self.notes)
 
-    async def _run_jobs(self, coordinator: Coordinator, jobs: list[_Job]) -> None:
+    async def _run_batches(self, coordinator: Coordinator, jobs: list[_Job]) -> None:
         if not jobs:
             return
-        limit = asyncio.Semaphore(self.parallel)
         watcher = asyncio.create_task(self._watch(coordinator, jobs))
         try:
-            await asyncio.gather(*(self._one(coordinator, job, limit) for job in jobs))
+            await asyncio.gather(*(self._one(coordinator, batch) for batch in self._batches))
         finally:
             watcher.cancel()
         self._coordinator_note(coordinator)
 
-    def _on_signal(self, jobs: list[_Job]) -> None:
+    def _on_signal(self) -> None:
         if self.stopping:   # a second signal: stop waiting; the jobs themselves go on on their hosts
-            for job in jobs:
-                if job.proc is not None and job.proc.returncode is None:
-                    job.proc.kill()
+            for batch in self._batches:
+                if batch.proc is not None and batch.proc.returncode is None:
+                    batch.proc.kill()
             return
         self.stopping = True
-        for job in jobs:
-            self._stop(job, "stopped by the operator")
+        for batch in self._batches:
+            self._stop(batch, "stopped by the operator")
 
-    def _stop(self, job: _Job, reason: str) -> None:
-        if job.stop_reason is None and job.proc is not None and job.proc.returncode is None and job.proc.stdin:
-            job.stop_reason = reason
-            job.proc.stdin.write(b"stop\n")
+    def _stop(self, batch: _Batch, reason: str) -> None:
+        proc = batch.proc
+        if batch.stop_reason is None and proc is not None and proc.returncode is None and proc.stdin:
+            batch.stop_reason = reason
+            proc.stdin.write(b"stop\n")
+
+    def _gone_too_long(self, coordinator: Coordinator, job: _Job, now: float) -> str | None:
+        """What happened to the board, once its exporter has not published it for the grace period."""
+        gone = None if coordinator.lost else coordinator.resource_state(job.board)
+        if not gone:
+            job.gone_since = None
+            return None
+        if job.gone_since is None:
+            job.gone_since = now
+        if now - job.gone_since < self.exporter_grace:
+            return None
+        return f"{gone} (for {now - job.gone_since:.0f} s)"
 
     async def _watch(self, coordinator: Coordinator, jobs: list[_Job]) -> None:
         while True:
@@ -170,97 +218,124 @@ class FleetRun:
             if coordinator.lost:
                 continue   # nothing more can be seen; the jobs go on
             now = time.monotonic()
-            for job in jobs:
-                gone = coordinator.resource_state(job.board)
-                if not gone:
-                    job.gone_since = None
-                elif job.gone_since is None:
-                    job.gone_since = now
-                elif now - job.gone_since >= self.exporter_grace:
-                    self._stop(job, f"{gone} (for {now - job.gone_since:.0f} s)")
+            for batch in self._batches:
+                for job in batch.jobs:
+                    gone = self._gone_too_long(coordinator, job, now)
+                    if gone:
+                        self._stop(batch, gone)
 
-    async def _one(self, coordinator: Coordinator, job: _Job, limit: asyncio.Semaphore) -> None:
-        row = job.row
-        async with limit:
-            if self.stopping:
-                row.status, row.error = "not started", "stopped by the operator before it started"
-                return
-            gone = None if coordinator.lost else coordinator.resource_state(job.board)
-            if gone and job.gone_since is not None and time.monotonic() - job.gone_since >= self.exporter_grace:
-                row.status, row.error = "unavailable", f"not started: {gone}"
-                return
-            try:
-                async with self._prepare:   # labgrid's SSH connection manager is not thread-safe
-                    argv = await asyncio.to_thread(self._command, job)
-            except Exception as e:  # noqa: BLE001 - SSH or copying failed: nothing ran on the board
-                row.status, row.error = "unreachable", f"{job.board.host}: {e}"
-                return
-            wall0 = time.monotonic()
-            for attempt in (1, 2):
-                stdout, stderr = await self._start(job, argv)
-                if started(stdout) or self.stopping or attempt == 2:
-                    break
-                # The session never began (nothing ran on the board): once more, after a pause.
-                await asyncio.sleep(1.0)
-        if not started(stdout):
-            row.wall_seconds = round(time.monotonic() - wall0, 3)
-            tail = (stderr.strip().splitlines() or ["no output"])[-1]
-            row.status = "unreachable"
-            row.error = f"the job could not be started on {job.board.host} (nothing ran): {tail}"
+    async def _one(self, coordinator: Coordinator, batch: _Batch) -> None:
+        size = len(batch.jobs)
+        async with self._slots:
+            await self._slots.wait_for(lambda: self._free >= size)
+            self._free -= size
+        try:
+            await self._run_batch(coordinator, batch)
+        finally:
+            async with self._slots:
+                self._free += size
+                self._slots.notify_all()
+
+    async def _run_batch(self, coordinator: Coordinator, batch: _Batch) -> None:
+        if self.stopping:
+            for job in batch.jobs:
+                job.row.status, job.row.error = "not started", "stopped by the operator before it started"
             return
-        self._record(job, stdout, stderr, time.monotonic() - wall0)
-        if row.status == "succeeded" and self.job == "dump" and row.output:
-            local = Path(self.output_dir or ".") / f"{job.board.place}.bin"
-            try:
-                await asyncio.to_thread(job.driver.fetch, row.output, local)
-                row.output = str(local)
-            except Exception as e:  # noqa: BLE001
-                row.status, row.error = "failed", f"dump made on {job.board.host} but not copied here: {e}"
+        now = time.monotonic()
+        for job in list(batch.jobs):
+            gone = self._gone_too_long(coordinator, job, now)
+            if gone:
+                job.row.status, job.row.error = "unavailable", f"not started: {gone}"
+                batch.jobs.remove(job)
+        if not batch.jobs:
+            return
+        try:
+            async with self._prepare:   # labgrid's SSH connection manager is not thread-safe
+                argv = await asyncio.to_thread(self._command, batch)
+        except Exception as e:  # noqa: BLE001 - SSH or copying failed: nothing ran on the boards
+            for job in batch.jobs:
+                job.row.status, job.row.error = "unreachable", f"{batch.host}: {e}"
+            return
+        wall0 = time.monotonic()
+        for attempt in (1, 2):
+            stdout, stderr = await self._start(batch, argv)
+            if started(stdout) or self.stopping or attempt == 2:
+                break
+            # The session never began (nothing ran on the boards): once more, after a pause.
+            await asyncio.sleep(1.0)
+        wall = time.monotonic() - wall0
+        if not started(stdout):
+            tail = (stderr.strip().splitlines() or ["no output"])[-1]
+            for job in batch.jobs:
+                job.row.status, job.row.wall_seconds = "unreachable", round(wall, 3)
+                job.row.error = f"the job could not be started on {batch.host} (nothing ran): {tail}"
+            return
+        self._record(batch, stdout, stderr, wall)
+        if self.job == "dump":
+            for job in batch.jobs:
+                await self._fetch(job)
 
-    async def _start(self, job: _Job, argv: list[str]) -> tuple[str, str]:
+    async def _start(self, batch: _Batch, argv: list[str]) -> tuple[str, str]:
         # Its own session: a Ctrl-C at the terminal reaches this client only, which then asks
-        # the job to stop at a safe point; a killed ssh would leave the job unstoppable.
-        job.proc = await asyncio.create_subprocess_exec(
+        # the jobs to stop at a safe point; a killed ssh would leave them unstoppable.
+        batch.proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True)
         if self.stopping:
-            self._stop(job, "stopped by the operator")
-        stdout, stderr = await job.proc.communicate()
+            self._stop(batch, "stopped by the operator")
+        stdout, stderr = await batch.proc.communicate()
         return stdout.decode(errors="replace"), stderr.decode(errors="replace")
 
-    def _command(self, job: _Job) -> list[str]:
-        job.driver = _driver(job.board)
+    def _command(self, batch: _Batch) -> list[str]:
+        for job in batch.jobs:
+            job.driver = _driver(job.board)
+        first = batch.jobs[0].driver
         args = []
         if self.image is not None:
             # One copy per host serves all its boards (labgrid keeps it by content hash).
-            host = job.driver.host
-            if host not in self._staged:
-                self._staged[host] = job.driver.stage_image(self.image)
-            args.append(self._staged[host])
-        return job.driver.command(self.job, *args)
+            if first.host not in self._staged:
+                self._staged[first.host] = first.stage_image(self.image)
+            args.append(self._staged[first.host])
+        return first.command(self.job, *args, also=[job.spec for job in batch.jobs[1:]])
 
-    def _record(self, job: _Job, stdout: str, stderr: str, wall: float) -> None:
-        from amdflash.pipeline.fleet.labgrid_board import JobError, parse_result
-
-        row = job.row
-        row.wall_seconds = round(wall, 3)
+    def _record(self, batch: _Batch, stdout: str, stderr: str, wall: float) -> None:
+        code = batch.proc.returncode if batch.proc else -1
         try:
-            result = parse_result(stdout, stderr, job.proc.returncode if job.proc else -1)
+            results = parse_results(stdout, stderr, code if code is not None else -1)
         except JobError as e:
-            row.status = "lost"
-            row.error = (f"{e}; lost contact with {job.board.host}: the job may have gone on there and is "
-                         f"recorded in that host's audit trail")
+            results, lost = {}, str(e)
+        else:
+            lost = "the job printed no result for this board"
+        for job in batch.jobs:
+            row = job.row
+            result = results.get(job.spec)
+            if result is None:
+                row.status, row.wall_seconds = "lost", round(wall, 3)
+                row.error = (f"{lost}; lost contact with {batch.host}: the job may have gone on there and is "
+                             f"recorded in that host's audit trail")
+                continue
+            row.status = result.get("status") or "failed"
+            row.run_id = result.get("run_id")
+            row.job = result.get("job")
+            row.resumes = result.get("resumes")
+            row.modelled_seconds = result.get("modelled_seconds")
+            row.wall_seconds = result.get("wall_seconds") or round(wall, 3)
+            row.error = result.get("error")
+            row.output = result.get("output")
+            row.lines = result.get("lines") or []
+            if batch.stop_reason and row.status == "interrupted":
+                row.error = f"{batch.stop_reason}: stopped at a safe point ({row.error})"
+
+    async def _fetch(self, job: _Job) -> None:
+        row = job.row
+        if row.status != "succeeded" or not row.output:
             return
-        row.status = result.get("status") or "failed"
-        row.run_id = result.get("run_id")
-        row.job = result.get("job")
-        row.resumes = result.get("resumes")
-        row.modelled_seconds = result.get("modelled_seconds")
-        row.error = result.get("error")
-        row.output = result.get("output")
-        row.lines = result.get("lines") or []
-        if job.stop_reason and row.status == "interrupted":
-            row.error = f"{job.stop_reason}: stopped at a safe point ({row.error})"
+        local = Path(self.output_dir or ".") / f"{job.board.place}.bin"
+        try:
+            await asyncio.to_thread(job.driver.fetch, row.output, local)
+            row.output = str(local)
+        except Exception as e:  # noqa: BLE001
+            row.status, row.error = "failed", f"dump made on {job.board.host} but not copied here: {e}"
 
     def _coordinator_note(self, coordinator: Coordinator) -> None:
         if coordinator.lost and coordinator.lost_at is not None:
@@ -274,7 +349,7 @@ class FleetRun:
         for job in jobs:
             why = await coordinator.give_back(job.board, job.token)
             if why:
-                kept.append(job.board.place)
+                kept.append(f"{job.board.place} ({why})")
         if kept:
-            self.notes.append(f"could not release {', '.join(kept)} (coordinator unreachable): once it is back, "
+            self.notes.append(f"could not release {', '.join(kept)}: once the coordinator answers, "
                               f"'labgrid-client -p PLACE release' each of them")

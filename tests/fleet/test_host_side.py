@@ -193,3 +193,25 @@ def test_driver_flashes_resumes_a_killed_flash_and_dumps(tmp_path: Path) -> None
     assert dumped["status"] == "succeeded"
     assert dumped["output"] == str(tmp_path / "dump.bin")
     assert (tmp_path / "dump.bin").read_bytes() == image.read_bytes()
+
+
+@pytest.mark.parametrize("parallel, expected", [
+    (8, [("a", 4), ("b", 4)]),                       # one amdflash process per host
+    (4, [("a", 2), ("b", 2), ("a", 2), ("b", 2)]),   # the slots shared out, the hosts in turn
+    (1, [("a", 1), ("b", 1)] * 4),
+    (3, [("a", 1), ("b", 1)] * 4),
+])
+def test_boards_are_batched_by_host_within_the_parallel_limit(parallel: int, expected: list) -> None:
+    from types import SimpleNamespace
+
+    from amdflash.pipeline.fleet.run import batches
+
+    def job(host: str, i: int):  # noqa: ANN202
+        args = {"spec": f"sim:/{host}/{i}", "db": f"/{host}.sqlite", "command": "amdflash"}
+        return SimpleNamespace(board=SimpleNamespace(exporter=host, host=host, args=args))
+
+    jobs = [job(h, i) for i in range(4) for h in ("a", "b")]
+    got = batches(jobs, parallel)
+    assert [(b.jobs[0].board.host, len(b.jobs)) for b in got] == expected
+    assert all(len({j.board.host for j in b.jobs}) == 1 for b in got)
+    assert sorted(id(j) for b in got for j in b.jobs) == sorted(id(j) for j in jobs)

@@ -131,7 +131,8 @@ def test_a_board_with_a_stuck_bit_fails_and_the_others_succeed(lab: Lab, fleet_i
 
 
 def _kill_mid_flash(board: Path) -> None:
-    """SIGKILL the amdflash process flashing `board` once it has been writing for a while."""
+    """SIGKILL the amdflash process flashing `board` (and its host's other boards) once it has
+    been writing for a while."""
     _wait_mid_flash(board)
     pids = job_processes(board)
     assert len(pids) == 1
@@ -139,29 +140,34 @@ def _kill_mid_flash(board: Path) -> None:
 
 
 def test_a_sigkilled_job_is_reported_interrupted_and_resumed_by_the_next_flash(lab: Lab, fleet_image: Path) -> None:
+    """hosta's amdflash process (one for the host's boards: one writer for its trail) is
+    SIGKILLed mid-flash: its boards are reported interrupted, hostb's finish, and the next
+    fleet flash resumes hosta's boards — each from its own killed run — to the exact image."""
     places = two_hosts(lab, 2, realtime=0.25)
-    victim = lab.hosts["hosta"].boards[1]
-    name = place_of(places, victim)
+    on_a = {place_of(places, b): b for b in lab.hosts["hosta"].boards}
 
     running = lab.fleet_popen("flash", str(fleet_image), "--where", "line=a", "--yes")
-    _kill_mid_flash(victim)
+    _kill_mid_flash(lab.hosts["hosta"].boards[1])
     out, err = running.communicate(timeout=300)
     first = FleetOutcome.parse(running.returncode, out, err)
     assert first.code == 130, first.boards
-    row = first.boards[name]
-    assert row["status"] == "interrupted" and "SIGKILL" in row["error"] and row["run_id"]
-    assert {n: s for n, s in first.statuses().items() if n != name} == {
-        n: "succeeded" for n in places if n != name}, first.boards
-    assert flash_of(victim) != fleet_image.read_bytes()
-    killed = next(r for r in host_runs(lab, "hosta") if r["run_id"] == row["run_id"])
-    assert killed["status"] == "running"           # left open in the host's trail by the kill
+    recorded = {r["run_id"]: r for r in host_runs(lab, "hosta")}
+    for name, board in on_a.items():
+        row = first.boards[name]
+        assert row["status"] == "interrupted" and "SIGKILL" in row["error"] and row["run_id"], row
+        assert recorded[row["run_id"]]["status"] == "running"    # left open in the host's trail by the kill
+        assert flash_of(board) != fleet_image.read_bytes()
+    assert {n: s for n, s in first.statuses().items() if n not in on_a} == {
+        n: "succeeded" for n in places if n not in on_a}, first.boards
 
     second = flash(lab, fleet_image, "line=a")
     assert second.code == 0, second
-    again = second.boards[name]
-    assert again["job"] == "resume" and again["resumes"] == row["run_id"] and again["status"] == "succeeded"
-    assert all(b["job"] == "flash" for n, b in second.boards.items() if n != name)
-    assert flash_of(victim) == fleet_image.read_bytes()
+    for name, board in on_a.items():
+        again = second.boards[name]
+        assert again["job"] == "resume" and again["resumes"] == first.boards[name]["run_id"], again
+        assert again["status"] == "succeeded"
+        assert flash_of(board) == fleet_image.read_bytes()
+    assert all(b["job"] == "flash" for n, b in second.boards.items() if n not in on_a)
 
 
 def test_stopping_an_exporter_interrupts_its_jobs_and_the_next_flash_resumes_them(lab: Lab, fleet_image: Path) -> None:
