@@ -20,6 +20,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from amdflash.stages.transport.sim import create_board
@@ -30,6 +31,57 @@ SEED = 100
 TARGET = 1.4
 
 
+@dataclass
+class Round:
+    one_wall: float
+    eight_wall: float
+    one_modelled: float
+    eight_modelled: float          # the slowest of the eight
+
+    @property
+    def ratio(self) -> float:
+        return self.eight_wall / self.one_wall
+
+
+def measure(root: Path, rounds: int, scale: float, report=print) -> list[Round]:  # noqa: ANN001
+    """Time one board, then eight over two exporters, `rounds` times, on a line set up in `root`."""
+    lab = Lab(root / "line")
+    results: list[Round] = []
+    try:
+        lab.start_sshd()
+        lab.start_coordinator()
+        lab.add_host("hosta", 5, realtime=scale, seed=SEED, seed_step=0)
+        lab.add_host("hostb", 4, realtime=scale, seed=SEED, seed_step=0)
+        for name in lab.hosts:
+            lab.start_exporter(name)
+        places = {p["spec"][4:]: p["place"] for p in lab.make_places("line=bench")}
+        single = places[str(lab.hosts["hosta"].boards[4])]
+        eight = [places[str(b)] for h in lab.hosts.values() for b in h.boards if places[str(b)] != single]
+        lab.labgrid_client("-p", single, "set-tags", "group=one")
+        for place in eight:
+            lab.labgrid_client("-p", place, "set-tags", "group=eight")
+        image = root / "image.bin"
+        image.write_bytes(synthetic_ifwi(4242))
+        for r in range(rounds):
+            if r:
+                for host in lab.hosts.values():
+                    for board in host.boards:
+                        _recreate(board, scale)
+            one_wall, one = _timed(lab, image, "group=one")
+            eight_wall, many = _timed(lab, image, "group=eight")
+            assert set(one.statuses().values()) == {"succeeded"}, one.boards
+            assert set(many.statuses().values()) == {"succeeded"} and len(many.boards) == 8, many.boards
+            result = Round(one_wall, eight_wall, next(iter(one.boards.values()))["modelled_seconds"],
+                           max(b["modelled_seconds"] for b in many.boards.values()))
+            results.append(result)
+            report(f"round {r + 1}: one board {one_wall:6.2f} s wall ({result.one_modelled:.2f} modelled); "
+                   f"eight boards {eight_wall:6.2f} s wall (slowest {result.eight_modelled:.2f} modelled); "
+                   f"ratio {result.ratio:.2f}")
+    finally:
+        lab.close()
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -38,48 +90,11 @@ def main() -> None:
     why = missing()
     if why:
         raise SystemExit(f"cannot run: {why}")
-
     with tempfile.TemporaryDirectory() as d:
-        lab = Lab(Path(d) / "line")
-        try:
-            lab.start_sshd()
-            lab.start_coordinator()
-            lab.add_host("hosta", 5, realtime=args.scale, seed=SEED, seed_step=0)
-            lab.add_host("hostb", 4, realtime=args.scale, seed=SEED, seed_step=0)
-            for name in lab.hosts:
-                lab.start_exporter(name)
-            places = {p["spec"][4:]: p["place"] for p in lab.make_places("line=bench")}
-            single = places[str(lab.hosts["hosta"].boards[4])]
-            eight = [places[str(b)] for h in lab.hosts.values() for b in h.boards if places[str(b)] != single]
-            lab.labgrid_client("-p", single, "set-tags", "group=one")
-            for place in eight:
-                lab.labgrid_client("-p", place, "set-tags", "group=eight")
-            image = Path(d) / "image.bin"
-            image.write_bytes(synthetic_ifwi(4242))
-
-            rounds: list[tuple[float, float, float, float]] = []
-            for r in range(args.rounds):
-                if r:
-                    for host in lab.hosts.values():
-                        for board in host.boards:
-                            _recreate(board, args.scale)
-                one_wall, one = _timed(lab, image, "group=one")
-                eight_wall, many = _timed(lab, image, "group=eight")
-                assert set(one.statuses().values()) == {"succeeded"}, one.boards
-                assert set(many.statuses().values()) == {"succeeded"} and len(many.boards) == 8, many.boards
-                one_modelled = next(iter(one.boards.values()))["modelled_seconds"]
-                eight_modelled = max(b["modelled_seconds"] for b in many.boards.values())
-                rounds.append((one_wall, eight_wall, one_modelled, eight_modelled))
-                print(f"round {r + 1}: one board {one_wall:6.2f} s wall ({one_modelled:.2f} modelled); "
-                      f"eight boards {eight_wall:6.2f} s wall (slowest {eight_modelled:.2f} modelled); "
-                      f"ratio {eight_wall / one_wall:.2f}")
-        finally:
-            lab.close()
-    one_median = statistics.median(r[0] for r in rounds)
-    eight_median = statistics.median(r[1] for r in rounds)
-    ratio = statistics.median(r[1] / r[0] for r in rounds)
-    print(f"median: one board {one_median:.2f} s, eight boards over two exporters {eight_median:.2f} s, "
-          f"ratio {ratio:.2f} (target <= {TARGET}) at real-time scale {args.scale}")
+        rounds = measure(Path(d), args.rounds, args.scale)
+    print(f"median: one board {statistics.median(r.one_wall for r in rounds):.2f} s, eight boards over two "
+          f"exporters {statistics.median(r.eight_wall for r in rounds):.2f} s, ratio "
+          f"{statistics.median(r.ratio for r in rounds):.2f} (target <= {TARGET}) at real-time scale {args.scale}")
 
 
 def _recreate(board: Path, scale: float) -> None:
