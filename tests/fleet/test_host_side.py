@@ -215,3 +215,21 @@ def test_boards_are_batched_by_host_within_the_parallel_limit(parallel: int, exp
     assert [(b.jobs[0].board.host, len(b.jobs)) for b in got] == expected
     assert all(len({j.board.host for j in b.jobs}) == 1 for b in got)
     assert sorted(id(j) for b in got for j in b.jobs) == sorted(id(j) for j in jobs)
+
+
+def test_a_labgrid_environment_drives_a_local_board(tmp_path: Path) -> None:
+    """The README's labgrid environment: the module under `imports`, an AmdflashBoard and the driver."""
+    from labgrid import Environment
+
+    board = create_board(tmp_path / "board", seed=8)
+    config = tmp_path / "env.yaml"
+    config.write_text(json.dumps({   # JSON is YAML
+        "imports": ["amdflash.pipeline.fleet.labgrid_board"],
+        "targets": {"main": {
+            "resources": {"AmdflashBoard": {"spec": f"sim:{board}", "db": str(tmp_path / "audit.sqlite"),
+                                            "command": f"{sys.executable} -m amdflash.pipeline.cli"}},
+            "drivers": {"AmdflashDriver": {}}}}}))
+    target = Environment(str(config)).get_target("main")
+    info = target.get_driver("AmdflashDriver").info()
+    assert info["status"] == "succeeded" and info["run_id"]
+    assert any(board_json(board)["unique_id"] in line for line in info["lines"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -95,6 +97,22 @@ def test_info_and_dump_run_on_each_board(lab: Lab, fleet_image: Path, tmp_path: 
 
     nothing = lab.amdflash("fleet", "info", "--where", "line=nowhere", check=False)
     assert nothing.returncode == 2 and nothing.stderr.startswith("error: no place matches line=nowhere")
+
+    # A labgrid environment with a RemotePlace reaches a board through the coordinator too.
+    name = next(iter(places))
+    assert lab.labgrid_client("-p", name, "acquire").returncode == 0
+    config = tmp_path / "remote.yaml"
+    config.write_text(json.dumps({"imports": ["amdflash.pipeline.fleet.labgrid_board"], "targets": {"main": {
+        "resources": {"RemotePlace": {"name": name}}, "drivers": {"AmdflashDriver": {}}}}}))
+    script = ("import json, sys; from labgrid import Environment; "
+              "target = Environment(sys.argv[1]).get_target('main'); "
+              "print(json.dumps(target.get_driver('AmdflashDriver').info()))")
+    done = subprocess.run([sys.executable, "-c", script, str(config)], env=lab.env(), capture_output=True,
+                          text=True, timeout=120)
+    assert lab.labgrid_client("-p", name, "release").returncode == 0
+    assert done.returncode == 0, done.stderr
+    remote = json.loads(done.stdout.splitlines()[-1])
+    assert remote["status"] == "succeeded" and remote["host"] and places[name]["unique_id"] in " ".join(remote["lines"])
 
 
 def test_a_board_locked_by_another_user_is_skipped_not_taken(lab: Lab, fleet_image: Path) -> None:
