@@ -13,6 +13,7 @@ from typing import Any
 from amdflash.pipeline.errors import Refusal
 
 EXTRA_HINT = "the fleet commands need labgrid: pip install 'amdflash[fleet]'"
+FLASH_SIZE = 2 * 1024 * 1024   # the GD25LQ16E: 2 MiB
 
 
 def _need_labgrid(args: argparse.Namespace) -> None:
@@ -210,6 +211,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise Refusal("refusing to write without --yes (fleet flash writes every matching board)")
     if image is not None and not image.is_file():
         raise Refusal(f"cannot read image {image}")
+    if image is not None and image.stat().st_size != FLASH_SIZE:
+        # Every host would refuse it; say so before anything is reserved.
+        raise Refusal(f"image {image} is {image.stat().st_size:#x} bytes; the flash is exactly {FLASH_SIZE:#x}")
     if args.parallel < 1:
         raise Refusal("--parallel must be at least 1")
     output_dir = getattr(args, "output_dir", None)

@@ -101,6 +101,27 @@ def test_exporter_config_without_boards_is_an_empty_valid_file(tmp_path: Path) -
     assert ResourceConfig(str(out), {"hostname": "h"}).data == {}
 
 
+def test_fleet_flash_refuses_before_reserving_anything(tmp_path: Path) -> None:
+    """Usage errors: one line, exit 2, and no coordinator is even asked (none listens here)."""
+    good, short = tmp_path / "good.bin", tmp_path / "short.bin"
+    good.write_bytes(synthetic_ifwi(1))
+    short.write_bytes(b"\xff" * 1024)
+    nowhere = ("--coordinator", "127.0.0.1:9")
+    cases = [
+        (("flash", str(good), "--where", "line=a", *nowhere), "without --yes"),
+        (("flash", str(short), "--where", "line=a", "--yes", *nowhere), "0x400 bytes"),
+        (("flash", str(good), "--where", "Line=a", "--yes", *nowhere), "tag keys"),
+        (("flash", str(good), "--where", "line", "--yes", *nowhere), "not KEY=VALUE"),
+        (("info", "--parallel", "0", *nowhere), "--parallel"),
+        (("info", *nowhere), "cannot reach the labgrid coordinator at 127.0.0.1:9"),
+    ]
+    for args, message in cases:
+        done = amdflash("fleet", *args, cwd=tmp_path)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stderr.strip().splitlines() == [done.stderr.strip()] and message in done.stderr, done.stderr
+        assert done.stderr.startswith("error: ")
+
+
 def test_resource_classes_carry_every_exported_attribute() -> None:
     import attr
 
