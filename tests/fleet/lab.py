@@ -115,22 +115,26 @@ class Lab:
                 proc.wait()
         # labgrid's SSH control masters detach from their client (ControlPersist): the ones
         # of a client that was killed outlive it; they are ours by their configuration file.
-        for pid in self._ssh_masters():
+        for pid, argv in self._ssh_masters():
             try:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+            for arg in argv:   # and the directory labgrid made for its control socket
+                if arg.startswith("ControlPath="):
+                    shutil.rmtree(Path(arg.split("=", 1)[1]).parent, ignore_errors=True)
 
-    def _ssh_masters(self) -> list[int]:
-        mark = str(self.ssh_dir / "ssh_config").encode()
+    def _ssh_masters(self) -> list[tuple[int, list[str]]]:
+        mark = str(self.ssh_dir / "ssh_config")
         found = []
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 try:
-                    if mark in (entry / "cmdline").read_bytes():
-                        found.append(int(entry.name))
+                    argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
                 except OSError:
-                    pass
+                    continue
+                if mark in argv:
+                    found.append((int(entry.name), argv))
         return found
 
     # -- SSH on loopback ------------------------------------------------------------------------
