@@ -38,8 +38,8 @@ def _tables(conn: sqlite3.Connection) -> list[str]:
     return [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
 
 
-def _check_existing(path: Path) -> None:
-    """An existing file must be an amdflash database (or empty)."""
+def _check_existing(path: Path) -> list[str]:
+    """An existing file must be an amdflash database (or empty); its tables."""
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
         try:
@@ -52,6 +52,7 @@ def _check_existing(path: Path) -> None:
         shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
         raise Refusal(f"{path} is not an amdflash audit database (it holds tables {shown}); "
                       "amdflash adds nothing to another program's database: choose another --db")
+    return tables
 
 
 def _prove_writable(path: Path) -> None:
@@ -107,7 +108,10 @@ def open_reader(path_text: str) -> sqlite_utils.Database:
         raise Refusal(f"audit database {path} is not usable: {why}")
     if not path.exists():
         raise Refusal(f"no audit database at {path}")
-    _check_existing(path)
+    if not _check_existing(path):
+        # An empty file: the first run on this host is creating the schema right now (it does so
+        # in one transaction, so a reader sees nothing or everything), or it never got that far.
+        raise Refusal(f"no audit trail in {path} yet: no run has been recorded there")
     from amdflash.store.queries import open_readonly
 
     return open_readonly(str(path))

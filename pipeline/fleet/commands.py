@@ -1,0 +1,261 @@
+"""The `amdflash fleet` commands: export a host's boards, make places, run jobs on a line."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from amdflash.pipeline.errors import Refusal
+
+EXTRA_HINT = "the fleet commands need labgrid: pip install 'amdflash[fleet]'"
+FLASH_SIZE = 2 * 1024 * 1024   # the GD25LQ16E: 2 MiB
+
+
+def _need_labgrid(args: argparse.Namespace) -> None:
+    try:
+        import labgrid  # noqa: F401
+    except ImportError:
+        raise Refusal(EXTRA_HINT) from None
+    # labgrid logs through the standard logging module; the fleet commands report what it
+    # would say (an unreachable coordinator, a lost one) themselves, -v shows its own lines.
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    else:
+        logging.getLogger().addHandler(logging.NullHandler())
+
+
+def _coordinator_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   default=os.environ.get("LG_COORDINATOR", "127.0.0.1:20408"),
+                   help="labgrid coordinator (default $LG_COORDINATOR, else 127.0.0.1:20408)")
+
+
+def _run_options(p: argparse.ArgumentParser, where_required: bool) -> None:
+    p.add_argument("--where", action="append", default=[], metavar="TAG=VALUE", required=where_required,
+                   help="only places with this tag (repeatable, all must match; name=PLACE names one place)")
+    p.add_argument("--parallel", type=int, default=8, metavar="N", help="at most N jobs at once (default 8)")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="summary as a table or JSON")
+    p.add_argument("--exporter-grace", type=float, default=30.0, metavar="SECONDS",
+                   help="stop a job (at a safe point) once its board's exporter has stopped publishing it for "
+                        "this long (default 30; shorter gaps, such as an exporter restarted after a hot-plug, "
+                        "are ridden out)")
+    _coordinator_option(p)
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    f = sub.add_parser(
+        "fleet", help="a line of boards on many hosts, through labgrid",
+        description="Boards attached to many hosts, reserved and locked through a labgrid coordinator; each "
+                    "board's job runs on its own host (over SSH) and is recorded in that host's audit trail. "
+                    "Needs the fleet extra: pip install 'amdflash[fleet]'.")
+    fsub = f.add_subparsers(dest="fleet_command", required=True, metavar="FLEET_COMMAND")
+
+    p = fsub.add_parser(
+        "exporter-config", help="this host's boards as a labgrid exporter configuration",
+        description="Write a labgrid exporter configuration listing this host's boards (USB bridges by serial, "
+                    "native PCI boards by address, emulated boards named with --sim) as NetworkAmdflashBoard "
+                    "resources with spec, chip, JEDEC id, unique ID, bridge serial, the host's audit database "
+                    "and amdflash command. Probes the boards (registers restored); records nothing.")
+    p.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
+    p.add_argument("--sim", action="append", default=[], metavar="DIR", help="also export this emulated board")
+    p.add_argument("--no-hardware", action="store_true", help="only the --sim boards: do not look for USB/PCI boards")
+    p.add_argument("--command", metavar="CMD", dest="amdflash_command",
+                   help="how clients run amdflash on this host (default: this amdflash)")
+    p.set_defaults(func=cmd_exporter_config)
+
+    p = fsub.add_parser(
+        "places", help="make a labgrid place for every exported board that has none",
+        description="For every NetworkAmdflashBoard an exporter publishes and no place matches, create a place "
+                    "EXPORTER-GROUP matching it, tagged host=EXPORTER, kind=usb|pci|sim and any --tag. "
+                    "Existing places get the --tag tags added. Lists the board places.")
+    p.add_argument("--tag", action="append", default=[], metavar="TAG=VALUE", help="tag to set (repeatable)")
+    p.add_argument("--exporter", metavar="NAME", help="only boards of this exporter")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text for people (default) or JSON")
+    _coordinator_option(p)
+    p.set_defaults(func=cmd_places)
+
+    p = fsub.add_parser(
+        "flash", help="flash IMAGE on every matching board, each on its own host",
+        description="Reserve and acquire every place matching --where (places held by someone else are "
+                    "skipped and reported, never taken), then flash IMAGE on each board on its own host, at "
+                    "most --parallel at once. A board whose last flash of this same image never finished "
+                    "(killed or interrupted) is resumed instead. Prints one summary; exit status as for "
+                    "several --board: 130 if any was interrupted, else 1 if any failed, else 2 if any was "
+                    "refused or skipped, else 0.")
+    p.add_argument("image", type=Path, help="the image to write (exactly 2 MiB), copied to each host")
+    p.add_argument("--yes", action="store_true", help="required: confirm that the flashes may be written")
+    _run_options(p, where_required=True)
+    p.set_defaults(func=cmd_run, job="flash")
+
+    p = fsub.add_parser("verify", help="compare every matching board with IMAGE",
+                        description="Verify IMAGE on every matching board, each on its own host.")
+    p.add_argument("image", type=Path, help="the image to compare with (exactly 2 MiB), copied to each host")
+    _run_options(p, where_required=False)
+    p.set_defaults(func=cmd_run, job="verify")
+
+    p = fsub.add_parser("dump", help="dump every matching board into DIR/PLACE.bin",
+                        description="Dump the whole flash of every matching board on its own host and copy "
+                                    "it here as DIR/PLACE.bin.")
+    p.add_argument("output_dir", type=Path, metavar="DIR", help="where the dumps are copied, one PLACE.bin each")
+    _run_options(p, where_required=False)
+    p.set_defaults(func=cmd_run, job="dump")
+
+    p = fsub.add_parser("info", help="identify every matching board",
+                        description="Run 'amdflash info' on every matching board on its own host.")
+    _run_options(p, where_required=False)
+    p.set_defaults(func=cmd_run, job="info")
+
+    p = fsub.add_parser(
+        "job", help="(run by the fleet client on the boards' host) a job on boards of this host, JSON lines",
+        description="Run one job on boards of this host through the amdflash command line (all boards in one "
+                    "process, so the host's audit trail has one writer) and print one JSON line per board: "
+                    "run id, status, modelled and wall seconds. A flash resumes a board's unfinished flash of "
+                    "the same image. A line 'stop' on stdin stops the jobs at their next safe point; end of "
+                    "stdin does not.")
+    p.add_argument("--board", required=True, action="append", dest="job_boards", metavar="SPEC",
+                   help="a board of this host (repeatable: one amdflash process runs them all)")
+    p.add_argument("job", choices=("flash", "verify", "dump", "info"), help="the job to run on these boards")
+    p.add_argument("image", nargs="?", help="flash, verify: the image on this host (dump and info take none)")
+    p.set_defaults(func=cmd_job)
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+def _host_db(args: argparse.Namespace) -> str:
+    from amdflash.pipeline.commands import db_path
+
+    # The one rule for the database (--db, else $AMDFLASH_DB, else the config, else the data directory).
+    return str(Path(db_path(args)).expanduser().resolve())
+
+
+def cmd_exporter_config(args: argparse.Namespace) -> int:
+    from amdflash.pipeline.fleet.export import amdflash_command, host_boards, previous_identities, render
+
+    try:
+        groups, notes = host_boards(args.sim, not args.no_hardware, _host_db(args),
+                                    args.amdflash_command or amdflash_command(), previous_identities(args.output))
+    except ValueError as e:
+        raise Refusal(str(e)) from None
+    text = render(groups, notes)
+    if args.output:
+        tmp = args.output.with_name(args.output.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(args.output)   # an exporter restarting meanwhile never reads half a file
+        print(f"wrote {args.output}: {len(groups)} board(s)", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
+def _tags(pairs: list[str], what: str) -> dict[str, str]:
+    from amdflash.pipeline.fleet.coordinator import parse_tags
+
+    try:
+        return parse_tags(pairs, what)
+    except ValueError as e:
+        raise Refusal(str(e)) from None
+
+
+def cmd_places(args: argparse.Namespace) -> int:
+    _need_labgrid(args)
+    tags = _tags(args.tag, "--tag")
+    return asyncio.run(_places(args, tags))
+
+
+async def _places(args: argparse.Namespace, tags: dict[str, str]) -> int:
+    from amdflash.pipeline.fleet.coordinator import Coordinator, CoordinatorError
+
+    try:
+        coordinator = await Coordinator(args.coordinator).open()
+    except CoordinatorError as e:
+        raise Refusal(str(e)) from None
+    listed: list[dict[str, Any]] = []
+    try:
+        for exporter, group, name, entry in coordinator.board_resources():
+            if args.exporter and exporter != args.exporter:
+                continue
+            path = (exporter, group, entry.cls, name)
+            existing = [p for p, place in coordinator.places.items() if place.hasmatch(path)]
+            place = existing[0] if existing else f"{exporter}-{group}"
+            auto = {"host": exporter, **({"kind": entry.args["kind"]} if entry.args.get("kind") else {})}
+            created = await coordinator.ensure_place(place, f"{exporter}/{group}/{entry.cls}/{name}",
+                                                     tags if existing else {**auto, **tags})
+            listed.append({"place": place, "created": created, "tags": dict(coordinator.places[place].tags),
+                           "spec": entry.args.get("spec"), "unique_id": entry.args.get("unique_id")})
+    finally:
+        await coordinator.close()
+    if args.format == "json":
+        print(json.dumps(listed, indent=2))
+    else:
+        for p in listed:
+            tag_text = ",".join(f"{k}={v}" for k, v in sorted(p["tags"].items()))
+            print(f"{p['place']:40} {'created' if p['created'] else 'exists ':8} {tag_text:30} {p['spec']}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    _need_labgrid(args)
+    from amdflash.pipeline.fleet.coordinator import CoordinatorError
+    from amdflash.pipeline.fleet.run import FleetRun
+
+    where = _tags(args.where, "--where")
+    image = getattr(args, "image", None)
+    if args.job == "flash" and not args.yes:
+        raise Refusal("refusing to write without --yes (fleet flash writes every matching board)")
+    if image is not None and not image.is_file():
+        raise Refusal(f"cannot read image {image}")
+    if image is not None and image.stat().st_size != FLASH_SIZE:
+        # Every host would refuse it; say so before anything is reserved.
+        raise Refusal(f"image {image} is {image.stat().st_size:#x} bytes; the flash is exactly {FLASH_SIZE:#x}")
+    if args.parallel < 1:
+        raise Refusal("--parallel must be at least 1")
+    output_dir = getattr(args, "output_dir", None)
+    if output_dir is not None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    fleet = FleetRun(args.coordinator, where, args.job, image.resolve() if image else None, output_dir,
+                     args.parallel, args.exporter_grace)
+    try:
+        result = asyncio.run(fleet.run())
+    except CoordinatorError as e:
+        raise Refusal(str(e)) from None
+    if not result.rows:
+        raise Refusal("no place matches " + (" ".join(args.where) or "(any)") +
+                      " ('amdflash fleet places' makes places for the exported boards)")
+    if args.format == "json":
+        print(json.dumps(result.as_json(), indent=2))
+    else:
+        print_summary(result)
+    return result.exit_code
+
+
+def print_summary(result: Any) -> None:
+    for row in result.rows:
+        for line in row.lines:
+            print(f"[{row.board}] {line}")
+    header = f"{'board':34} {'host':12} {'run':26} {'status':12} {'modelled s':>10} {'wall s':>8}  note"
+    print(header)
+    for r in result.rows:
+        modelled = f"{r.modelled_seconds:.2f}" if r.modelled_seconds is not None else "-"
+        wall = f"{r.wall_seconds:.2f}" if r.wall_seconds is not None else "-"
+        note = r.error or (f"resumed {r.resumes}" if r.resumes else "") or (r.output or "")
+        if r.resumes and r.error:
+            note = f"resumed {r.resumes}; {note}"
+        print(f"{r.board[-34:]:34} {r.host[:12]:12} {r.run_id or '-':26} {r.status:12} {modelled:>10} {wall:>8}  {note}")
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr)
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    from amdflash.pipeline.fleet import hostjob
+
+    if args.job in ("flash", "verify") and not args.image:
+        raise Refusal(f"fleet job {args.job} needs an image")
+    return hostjob.main(args.job_boards, args.db, args.job, args.image)

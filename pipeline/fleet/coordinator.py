@@ -1,0 +1,242 @@
+"""The fleet client's view of labgrid's coordinator: places, board resources, reservations, locks.
+
+One labgrid `ClientSession` (gRPC) keeps a live copy of every place and resource. A board
+is a place whose match names one `NetworkAmdflashBoard` resource. Taking a board is
+labgrid's usual two steps: a reservation filtered by the place's tags and its name, then
+acquiring the place (the coordinator refuses a place acquired, or reserved, by someone
+else: nothing here ever takes a board from its holder).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from labgrid.remote.client import ClientSession, Error as LabgridError
+from labgrid.remote.common import TAG_KEY, Place, Reservation, ReservationState, ResourceEntry
+from labgrid.remote.generated import labgrid_coordinator_pb2 as pb
+
+BOARD_CLASSES = ("NetworkAmdflashBoard", "AmdflashBoard")
+DEFAULT_ADDRESS = "127.0.0.1:20408"   # labgrid's default coordinator port
+
+
+class CoordinatorError(RuntimeError):
+    pass
+
+
+@dataclass
+class BoardPlace:
+    """A place and the board resource it matches, as published when the place was chosen
+    (the session's own entry changes, or empties, when the exporter updates or goes)."""
+
+    place: str
+    exporter: str
+    group: str
+    resource: str
+    cls: str
+    args: dict[str, Any]           # the resource's attributes (spec, host, db, …)
+    extra: dict[str, Any]          # labgrid's proxy settings for the exporter
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def path(self) -> tuple[str, str, str, str]:
+        return (self.exporter, self.group, self.cls, self.resource)
+
+    @property
+    def host(self) -> str:
+        return str(self.args.get("host") or self.exporter)
+
+    @property
+    def spec(self) -> str:
+        return str(self.args.get("spec"))
+
+
+def parse_tags(pairs: list[str], what: str = "tag") -> dict[str, str]:
+    tags: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not value:
+            raise ValueError(f"{what} {pair!r} is not KEY=VALUE")
+        if not TAG_KEY.fullmatch(key) and key != "name":
+            raise ValueError(f"{what} key {key!r}: labgrid tag keys are lower-case letters, digits and '_', "
+                             f"starting with a letter")
+        tags[key] = value
+    return tags
+
+
+def _quiet_labgrid_client(record: logging.LogRecord) -> bool:
+    """labgrid's client logs a lost coordinator on the root logger; the fleet reports it itself,
+    once, so that line is shown only when debugging (-vv)."""
+    from_client = record.pathname.replace("\\", "/").endswith("labgrid/remote/client.py")
+    return not from_client or logging.getLogger().getEffectiveLevel() <= logging.DEBUG
+
+
+logging.getLogger().addFilter(_quiet_labgrid_client)
+
+
+class Coordinator:
+    """A live session with the coordinator; `lost` once it stopped answering."""
+
+    def __init__(self, address: str):
+        self.address = address
+        self.session: ClientSession | None = None
+        self.lost_at: float | None = None
+
+    async def open(self) -> "Coordinator":
+        self.session = ClientSession(self.address, asyncio.get_running_loop())
+        try:
+            await self.session.start()
+        except (LabgridError, grpc.aio.AioRpcError) as e:
+            await self.session.close()
+            why = e.details() if isinstance(e, grpc.aio.AioRpcError) else " ".join(map(str, e.args))
+            raise CoordinatorError(f"cannot reach the labgrid coordinator at {self.address} ({why})") from None
+        return self
+
+    async def close(self) -> None:
+        if self.session is not None:
+            if not self.lost:
+                await self.session.stop()
+            await self.session.close()
+
+    @property
+    def lost(self) -> bool:
+        lost = self.session is not None and self.session.stopping.is_set()
+        if lost and self.lost_at is None:
+            self.lost_at = time.time()
+        return lost
+
+    @property
+    def user(self) -> str:
+        assert self.session is not None
+        return f"{self.session.gethostname()}/{self.session.getuser()}"
+
+    @property
+    def places(self) -> dict[str, Place]:
+        assert self.session is not None
+        return self.session.places
+
+    # -- what there is ----------------------------------------------------------------------
+
+    def board_resources(self) -> list[tuple[str, str, str, ResourceEntry]]:
+        """(exporter, group, resource name, entry) of every board resource the exporters publish."""
+        assert self.session is not None
+        found = []
+        for exporter, groups in sorted(self.session.resources.items()):
+            for group, resources in sorted(groups.items()):
+                for name, entry in sorted(resources.items()):
+                    if entry.data and entry.cls in BOARD_CLASSES:
+                        found.append((exporter, group, name, entry))
+        return found
+
+    def board_places(self, where: dict[str, str]) -> tuple[list[BoardPlace], dict[str, str]]:
+        """Places whose tags include `where` (and `name`), with their board; and why others are unusable."""
+        usable: list[BoardPlace] = []
+        unusable: dict[str, str] = {}
+        resources = self.board_resources()
+        for name, place in sorted(self.places.items()):
+            tags = {**place.tags, "name": name}
+            if any(tags.get(k) != v for k, v in where.items()):
+                continue
+            boards = [(e, g, n, entry) for e, g, n, entry in resources if place.hasmatch((e, g, entry.cls, n))]
+            if len(boards) == 1:
+                e, g, n, entry = boards[0]
+                usable.append(BoardPlace(name, e, g, n, entry.cls, dict(entry.args), dict(entry.extra),
+                                         dict(place.tags)))
+            elif not boards:
+                if any(m.cls in BOARD_CLASSES or m.cls == "*" for m in place.matches):
+                    unusable[name] = "no board resource published for it (is its exporter running?)"
+            else:
+                unusable[name] = f"matches {len(boards)} boards; a place must name exactly one"
+        return usable, unusable
+
+    def resource_state(self, board: BoardPlace) -> str | None:
+        """None while the board is published and available, else what happened to it."""
+        assert self.session is not None
+        entry = self.session.resources.get(board.exporter, {}).get(board.group, {}).get(board.resource)
+        if entry is None or not entry.data:
+            return f"exporter {board.exporter} no longer publishes the board"
+        if not entry.avail:
+            return f"exporter {board.exporter} reports the board unavailable"
+        return None
+
+    # -- taking and giving back ---------------------------------------------------------------
+
+    def holder(self, place: str) -> str | None:
+        """Who holds the place (acquired, or allocated to a reservation), if anyone."""
+        p = self.places.get(place)
+        if p is None:
+            return "place deleted"
+        if p.acquired:
+            return f"acquired by {p.acquired}"
+        if p.reservation:
+            return f"reserved ({p.reservation})"
+        return None
+
+    async def take(self, board: BoardPlace, where: dict[str, str]) -> tuple[str | None, str | None]:
+        """Reserve and acquire the board's place: (reservation token, None) or (None, why not)."""
+        assert self.session is not None
+        held = self.holder(board.place)
+        if held:
+            return None, held
+        stub = self.session.stub
+        request = pb.CreateReservationRequest(
+            filters={"main": pb.Reservation.Filter(filter={**where, "name": board.place})}, prio=0)
+        try:
+            response = await stub.CreateReservation(request)
+        except grpc.aio.AioRpcError as e:
+            return None, f"reservation refused: {e.details()}"
+        reservation = Reservation.from_pb2(response.reservation)
+        if reservation.state is not ReservationState.allocated:
+            await self._cancel(reservation.token)
+            await self.session.sync_with_coordinator()
+            return None, self.holder(board.place) or f"reservation {reservation.state.name}"
+        try:
+            await stub.AcquirePlace(pb.AcquirePlaceRequest(placename=board.place))
+            await self.session.sync_with_coordinator()
+        except grpc.aio.AioRpcError as e:
+            await self._cancel(reservation.token)
+            await self.session.sync_with_coordinator()
+            return None, self.holder(board.place) or e.details()
+        return reservation.token, None
+
+    async def give_back(self, board: BoardPlace, token: str) -> str | None:
+        """Release the place and cancel its reservation; None, or why that failed."""
+        assert self.session is not None
+        if self.lost:
+            return "coordinator unreachable"
+        try:
+            await self.session.stub.ReleasePlace(pb.ReleasePlaceRequest(placename=board.place))
+        except grpc.aio.AioRpcError as e:
+            return e.details()
+        finally:
+            await self._cancel(token)
+        return None
+
+    async def _cancel(self, token: str) -> None:
+        assert self.session is not None
+        try:
+            await self.session.stub.CancelReservation(pb.CancelReservationRequest(token=token))
+        except grpc.aio.AioRpcError:
+            pass   # expired or already gone: nothing is held by it
+
+    # -- making places --------------------------------------------------------------------------
+
+    async def ensure_place(self, name: str, pattern: str, tags: dict[str, str]) -> bool:
+        """Create the place (if new) with its match, and set its tags. True if it was created."""
+        assert self.session is not None
+        stub = self.session.stub
+        created = name not in self.places
+        try:
+            if created:
+                await stub.AddPlace(pb.AddPlaceRequest(name=name))
+                await stub.AddPlaceMatch(pb.AddPlaceMatchRequest(placename=name, pattern=pattern))
+            if tags:
+                await stub.SetPlaceTags(pb.SetPlaceTagsRequest(placename=name, tags=tags))
+            await self.session.sync_with_coordinator()
+        except grpc.aio.AioRpcError as e:
+            raise CoordinatorError(f"place {name}: {e.details()}") from None
+        return created
+

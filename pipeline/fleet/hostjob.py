@@ -1,0 +1,331 @@
+"""`amdflash fleet job`: a job on some boards of this host, run on this host.
+
+The fleet client starts this over SSH (labgrid's remote execution for a network resource),
+once per host and batch of boards. It drives the host's own `amdflash` command line — the
+jobs in child processes, the audit queries (`runs --format json`, `report RUN --format
+json`) through the same entry point — so it depends only on the command-line contract. It
+prints a first line saying it started, then one JSON line per board.
+
+* The boards of a batch run in ONE `amdflash` process (`--board` repeated): the host's audit
+  trail has a single writer, as the store is built for; separate processes writing one
+  database would queue for its lock. A board whose newest flash of this very image (same
+  SHA-256) never finished — killed, still "running" in the trail, or interrupted — gets its
+  own `amdflash resume RUN` process instead; a dump is one process per board (one file each).
+* A line "stop" on stdin asks every job to stop at its next safe point (SIGTERM, as Ctrl-C).
+  End of stdin — the client or its connection went away — changes nothing: the jobs finish
+  and this host's trail records them.
+* If a job process is killed, this still reports its boards' runs (left "running" in the
+  trail) as interrupted.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import io
+import json
+import os
+import signal
+import socket
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+EXIT_TO_STATUS = {0: "succeeded", 1: "failed", 2: "refused", 130: "interrupted"}
+
+
+def cli_json(global_args: list[str], *argv: str, attempts: int = 10) -> Any:
+    """Run a read-only amdflash command in this process; its JSON output, or None on refusal
+    (such as no audit database yet).
+
+    Another job of this host may be creating the audit database at this very moment (the
+    first flash on a new host); a query that fails for that is tried again shortly.
+    """
+    from amdflash.pipeline.cli import main
+
+    for attempt in range(attempts):
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = main([*global_args, "-q", *argv])
+        except sqlite3.Error:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2)
+            continue
+        return json.loads(out.getvalue()) if code == 0 else None
+    return None
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def unfinished_flash(runs: list[dict[str, Any]], spec: str, image_sha256: str) -> str | None:
+    """The board's newest flash/resume run, if it did not finish and wrote this image."""
+    for r in reversed(runs):
+        if r["board_spec"] == spec and r["command"] in ("flash", "resume"):
+            if r["status"] in ("running", "interrupted") and r["image_sha256"] == image_sha256:
+                return r["run_id"]
+            return None
+    return None
+
+
+def _modelled_clock(spec: str) -> float | None:
+    """An emulated board's own clock (its cost model's seconds); hardware has none."""
+    if not spec.startswith("sim:"):
+        return None
+    stats = cli_json([], "sim", "stats", spec[4:])
+    return float(stats["modelled_seconds"]) if stats else None
+
+
+class ForkedCli:
+    """The amdflash command line in a child process, forked from this one.
+
+    This process has already imported the command line for its queries, so a fork starts
+    the job without a second interpreter start-up and import (a quarter of a CPU second, which
+    a host with many boards pays once per board). The child is an ordinary process: it can
+    be signalled or killed on its own, and its output comes back through pipes.
+    """
+
+    def __init__(self, argv: list[str]):
+        from amdflash.pipeline.cli import main
+
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:   # the child: run the command line, never return into the caller
+            code = 1
+            try:
+                os.close(out_r)
+                os.close(err_r)
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                code = main(argv)
+            except BaseException:  # noqa: BLE001 - whatever happens, the child exits here
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(code if isinstance(code, int) else 1)
+        os.close(out_w)
+        os.close(err_w)
+        self.pid = pid
+        self.returncode: int | None = None
+        self._pipes = (out_r, err_r)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def communicate(self) -> tuple[bytes, bytes]:
+        """Wait for the child; its stdout and stderr (drained meanwhile, so it never blocks)."""
+        chunks: dict[int, list[bytes]] = {fd: [] for fd in self._pipes}
+
+        def drain(fd: int) -> None:
+            while data := os.read(fd, 65536):
+                chunks[fd].append(data)
+            os.close(fd)
+
+        readers = [threading.Thread(target=drain, args=(fd,), daemon=True) for fd in self._pipes]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join()
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return b"".join(chunks[self._pipes[0]]), b"".join(chunks[self._pipes[1]])
+
+
+def _watch_stdin(procs: list[ForkedCli]) -> None:
+    for line in sys.stdin:
+        if line.strip() == "stop":
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+
+
+def _spec_as_recorded(spec: str) -> str:
+    # The command line records sim boards by absolute path.
+    return f"sim:{os.path.abspath(spec[4:])}" if spec.startswith("sim:") else spec
+
+
+def _seconds(report: dict[str, Any]) -> float | None:
+    try:
+        return round((dt.datetime.fromisoformat(report["ended"])
+                      - dt.datetime.fromisoformat(report["started"])).total_seconds(), 3)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _plan(specs: list[str], before: list[dict[str, Any]], job: str,
+          image: str | None, results: dict[str, dict[str, Any]]) -> list[tuple[list[str], list[str]]]:
+    """The command-line processes to run: (their boards, their amdflash arguments)."""
+    if job == "flash":
+        assert image is not None
+        sha = _sha256(image)
+        groups: list[tuple[list[str], list[str]]] = []
+        fresh = []
+        for spec in specs:
+            resumes = unfinished_flash(before, spec, sha)
+            if resumes:
+                results[spec].update(job="resume", resumes=resumes)
+                groups.append(([spec], ["resume", resumes, "--yes", "--image", image]))
+            else:
+                fresh.append(spec)
+        return ([(fresh, ["flash", image, "--yes"])] if fresh else []) + groups
+    if job == "verify":
+        assert image is not None
+        return [(specs, ["verify", image])]
+    if job == "info":
+        return [(specs, ["info"])]
+    if job == "dump":
+        groups = []
+        for spec in specs:
+            fd, output = tempfile.mkstemp(prefix="amdflash-fleet-dump-", suffix=".bin")
+            os.close(fd)
+            results[spec]["output"] = output
+            groups.append(([spec], ["dump", output]))
+        return groups
+    raise ValueError(f"unknown job {job!r}")
+
+
+def _lines_for(text: str, spec: str, alone: bool) -> list[str]:
+    """The output lines about one board: all of them when it ran alone, else its "[spec] " ones."""
+    if alone:
+        return text.splitlines()
+    prefix = f"[{spec}] "
+    return [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
+
+
+def _errors(text: str, spec: str) -> list[str]:
+    """The `error: …` lines about one board ("error: [spec] …" with several boards), then the
+    ones about the whole command (a refusal before any run)."""
+    own, common = [], []
+    for line in text.splitlines():
+        if line.startswith(f"error: [{spec}] "):
+            own.append(line[len(f"error: [{spec}] "):])
+        elif line.startswith("error: ") and not line.startswith("error: ["):
+            common.append(line[len("error: "):])
+    return own + common
+
+
+def run(specs: list[str], db: str | None, job: str, image: str | None) -> list[dict[str, Any]]:
+    global_args = ["--db", db] if db else []
+    specs = [_spec_as_recorded(s) for s in specs]
+    host = socket.gethostname()
+    before = cli_json(global_args, "runs", "--format", "json") or []
+    known = {r["run_id"] for r in before}
+    results = {spec: {"board": spec, "host": host, "job": job, "run_id": None, "resumes": None, "status": None,
+                      "error": None, "output": None, "exit_code": None} for spec in specs}
+    groups = _plan(specs, before, job, image, results)
+
+    clocks0 = {spec: _modelled_clock(spec) for spec in specs}
+    wall0 = time.monotonic()
+    procs = [ForkedCli([*global_args, "-q", *argv, *[a for s in boards for a in ("--board", s)]])
+             for boards, argv in groups]
+    threading.Thread(target=_watch_stdin, args=(procs,), daemon=True).start()
+
+    def forward(signum: int, _frame: object) -> None:
+        for proc in procs:
+            proc.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    outputs: list[tuple[bytes, bytes]] = [(b"", b"")] * len(procs)
+
+    def wait(i: int) -> None:
+        outputs[i] = procs[i].communicate()
+
+    waiters = [threading.Thread(target=wait, args=(i,)) for i in range(len(procs))]
+    for w in waiters:
+        w.start()
+    for w in waiters:
+        w.join()
+    wall = round(time.monotonic() - wall0, 3)
+
+    after = [r for r in (cli_json(global_args, "runs", "--format", "json") or []) if r["run_id"] not in known]
+    for (boards, _argv), proc, (stdout, stderr) in zip(groups, procs, outputs):
+        code = proc.returncode
+        assert code is not None
+        out_text, err_text = stdout.decode(errors="replace"), stderr.decode(errors="replace")
+        for spec in boards:
+            result = results[spec]
+            alone = len(boards) == 1
+            errors = _errors(err_text, spec)
+            ours = [r for r in after if r["board_spec"] == spec]
+            report: dict[str, Any] = {}
+            if ours:
+                result["run_id"] = ours[-1]["run_id"]
+                report = cli_json(global_args, "report", result["run_id"], "--format", "json") or {}
+                result.update(status=report.get("status"), error=report.get("error"),
+                              result_sha256=report.get("result_sha256"))
+            result["wall_seconds"] = _seconds(report) or wall
+            if code < 0:
+                name = signal.Signals(-code).name
+                result.update(status="interrupted",
+                              error=f"the amdflash process was killed ({name}); its run stays unfinished in "
+                                    f"{host}'s audit trail and the next flash of this image resumes it")
+            elif not ours:
+                result["status"] = "refused" if code == 2 else EXIT_TO_STATUS.get(code, "failed")
+                result["error"] = errors[0] if errors else f"amdflash exited {code} without a run"
+            elif code == 2 and result["status"] == "failed":
+                result["status"] = "refused"   # e.g. board busy: nothing was written
+            result["exit_code"] = {v: k for k, v in EXIT_TO_STATUS.items()}.get(result["status"], 1)
+            if job == "info":
+                result["lines"] = _lines_for(out_text, spec, alone)
+    for spec in specs:
+        clock0, clock1 = clocks0[spec], _modelled_clock(spec)
+        results[spec]["modelled_seconds"] = (round(clock1 - clock0, 3)
+                                             if clock0 is not None and clock1 is not None else None)
+        if job == "dump" and results[spec]["status"] != "succeeded" and results[spec]["output"]:
+            with contextlib.suppress(OSError):
+                os.unlink(results[spec]["output"])
+            results[spec]["output"] = None
+    return [results[spec] for spec in specs]
+
+
+def main(specs: list[str], db: str | None, job: str, image: str | None) -> int:
+    # The client's connection may drop; the jobs go on (their trail is here) and a write to
+    # the dead pipe must not kill us before the runs are recorded.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # First line: the job has begun here (so a client that hears nothing more knows that
+    # something may have run, and one that hears not even this knows that nothing did).
+    with contextlib.suppress(BrokenPipeError, OSError):
+        print(json.dumps({"started": True, "pid": os.getpid()}), flush=True)
+    try:
+        results = run(specs, db, job, image)
+    except Exception as e:  # noqa: BLE001 - the client gets a result whatever happened here
+        results = [{"board": spec, "host": socket.gethostname(), "job": job, "status": "failed", "exit_code": 1,
+                    "error": f"the fleet job failed on {socket.gethostname()}: {type(e).__name__}: {e}"}
+                   for spec in specs]
+    with contextlib.suppress(BrokenPipeError, OSError):
+        for result in results:
+            print(json.dumps(result, sort_keys=True), flush=True)
+    codes = {r["exit_code"] for r in results}
+    for code in (130, 1, 2):
+        if code in codes:
+            return code
+    return 0

@@ -1,0 +1,355 @@
+"""Running one job on many boards of a line: take the places, run on each board's host, report.
+
+Lifecycle: open a coordinator session; pick the places whose tags match `--where`; reserve
+and acquire each (a place someone else holds is skipped and reported, never taken); run
+the job on each board's host through the labgrid driver, the boards of one host in batches
+(one `amdflash fleet job` over SSH, one amdflash process writing the host's audit trail), at
+most `parallel` boards at once; give the places back; one row per board.
+
+What can go wrong on the way, and what happens:
+* a host's exporter stops publishing its boards mid-job for longer than `exporter_grace`
+  seconds: the host's jobs are asked to stop at their next safe point (their runs are then
+  interrupted, and the next flash of the image resumes them). A shorter gap — an exporter
+  restarted to publish a hot-plugged bridge — is ridden out;
+* a job's amdflash process is killed on its host: the host-side job still reports the runs,
+  which stay unfinished (interrupted here; resumed by the next flash);
+* the coordinator goes away: running jobs go on (they only need SSH to their hosts) and are
+  recorded on their hosts; the client says from when it could not see exporters and places,
+  and which places it could not give back.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amdflash.pipeline.fleet.coordinator import BoardPlace, Coordinator
+from amdflash.pipeline.fleet.labgrid_board import JobError, parse_results, started
+
+EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
+#: Row status → exit status (the worst row decides, as for multi-board runs).
+STATUS_EXIT = {"succeeded": EXIT_OK, "failed": EXIT_FAILED, "lost": EXIT_FAILED, "unreachable": EXIT_FAILED,
+               "refused": EXIT_REFUSED, "skipped": EXIT_REFUSED, "unavailable": EXIT_REFUSED,
+               "interrupted": EXIT_INTERRUPTED, "not started": EXIT_INTERRUPTED}
+
+
+@dataclass
+class Row:
+    board: str                     # the place
+    host: str
+    spec: str | None = None
+    status: str = "pending"
+    run_id: str | None = None
+    job: str | None = None         # flash | resume | verify | dump | info
+    resumes: str | None = None
+    modelled_seconds: float | None = None
+    wall_seconds: float | None = None
+    error: str | None = None
+    output: str | None = None
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FleetResult:
+    rows: list[Row]
+    notes: list[str]               # what the client could not see or do
+
+    @property
+    def exit_code(self) -> int:
+        codes = {STATUS_EXIT.get(r.status, EXIT_FAILED) for r in self.rows}
+        for code in (EXIT_INTERRUPTED, EXIT_FAILED, EXIT_REFUSED):
+            if code in codes:
+                return code
+        return EXIT_OK
+
+    def as_json(self) -> dict[str, Any]:
+        return {"boards": [asdict(r) for r in self.rows], "notes": self.notes, "exit_code": self.exit_code}
+
+
+@dataclass
+class _Job:
+    """One board taken for this run."""
+
+    board: BoardPlace
+    token: str
+    row: Row
+    driver: Any = None
+    gone_since: float | None = None
+
+    @property
+    def spec(self) -> str:
+        return self.board.spec
+
+
+@dataclass
+class _Batch:
+    """Boards of one host (and audit database) that one amdflash process works on."""
+
+    jobs: list[_Job]
+    proc: asyncio.subprocess.Process | None = None
+    stop_reason: str | None = None
+
+    @property
+    def host(self) -> str:
+        return self.jobs[0].board.host
+
+
+def _driver(board: BoardPlace) -> Any:
+    """The labgrid target for one place: its board resource and our driver, activated."""
+    from labgrid import Target
+    from labgrid.factory import target_factory
+
+    from amdflash.pipeline.fleet.labgrid_board import AmdflashDriver
+
+    target = Target(board.place)
+    resource = target_factory.make_resource(target, board.cls, board.resource, board.args)
+    resource.extra = board.extra   # labgrid's proxy settings for this exporter
+    driver = AmdflashDriver(target, None)
+    target.activate(driver)
+    return driver
+
+
+def batches(jobs: list[_Job], parallel: int) -> list[_Batch]:
+    """The jobs by host (exporter, audit database, amdflash command), cut so that `parallel`
+    boards are shared out over the hosts, and in the order that takes the hosts in turn."""
+    by_key: dict[tuple[str, ...], list[_Job]] = {}
+    for job in jobs:
+        args = job.board.args
+        key = (job.board.exporter, job.board.host, str(args.get("db")), str(args.get("command")))
+        by_key.setdefault(key, []).append(job)
+    size = max(1, parallel // max(1, len(by_key)))
+    cut = [[_Batch(group[i:i + size]) for i in range(0, len(group), size)] for group in by_key.values()]
+    return [batch for turn in itertools.zip_longest(*cut) for batch in turn if batch is not None]
+
+
+class FleetRun:
+    def __init__(self, address: str, where: dict[str, str], job: str, image: Path | None = None,
+                 output_dir: Path | None = None, parallel: int = 8, exporter_grace: float = 30.0):
+        self.address = address
+        self.where = where
+        self.job = job
+        self.image = image
+        self.output_dir = output_dir
+        self.parallel = max(1, parallel)
+        self.exporter_grace = exporter_grace
+        self.notes: list[str] = []
+        self.stopping = False
+        self._free = self.parallel          # board slots (`--parallel`)
+        self._slots = asyncio.Condition()
+        self._prepare = asyncio.Lock()
+        self._staged: dict[str, str] = {}   # host → the image's path there
+        self._batches: list[_Batch] = []
+
+    async def run(self) -> FleetResult:
+        coordinator = await Coordinator(self.address).open()
+        rows: list[Row] = []
+        jobs: list[_Job] = []
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self._on_signal)
+        try:
+            boards, unusable = coordinator.board_places(self.where)
+            rows += [Row(name, "-", status="unavailable", error=why) for name, why in unusable.items()]
+            for board in boards:
+                row = Row(board.place, board.host, spec=board.spec)
+                rows.append(row)
+                if self.stopping:
+                    row.status, row.error = "not started", "stopped by the operator before it started"
+                    continue
+                token, why = await coordinator.take(board, self.where)
+                if why:
+                    row.status, row.error = "skipped", f"not taken: {why}"
+                else:
+                    jobs.append(_Job(board, token, row))
+            self._batches = batches(jobs, self.parallel)
+            await self._run_batches(coordinator, jobs)
+        finally:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
+            await self._give_back(coordinator, jobs)
+            await coordinator.close()
+        return FleetResult(rows, self.notes)
+
+    async def _run_batches(self, coordinator: Coordinator, jobs: list[_Job]) -> None:
+        if not jobs:
+            return
+        watcher = asyncio.create_task(self._watch(coordinator, jobs))
+        try:
+            await asyncio.gather(*(self._one(coordinator, batch) for batch in self._batches))
+        finally:
+            watcher.cancel()
+        self._coordinator_note(coordinator)
+
+    def _on_signal(self) -> None:
+        if self.stopping:   # a second signal: stop waiting; the jobs themselves go on on their hosts
+            for batch in self._batches:
+                if batch.proc is not None and batch.proc.returncode is None:
+                    batch.proc.kill()
+            return
+        self.stopping = True
+        for batch in self._batches:
+            self._stop(batch, "stopped by the operator")
+
+    def _stop(self, batch: _Batch, reason: str) -> None:
+        proc = batch.proc
+        if batch.stop_reason is None and proc is not None and proc.returncode is None and proc.stdin:
+            batch.stop_reason = reason
+            proc.stdin.write(b"stop\n")
+
+    def _gone_too_long(self, coordinator: Coordinator, job: _Job, now: float) -> str | None:
+        """What happened to the board, once its exporter has not published it for the grace period."""
+        gone = None if coordinator.lost else coordinator.resource_state(job.board)
+        if not gone:
+            job.gone_since = None
+            return None
+        if job.gone_since is None:
+            job.gone_since = now
+        if now - job.gone_since < self.exporter_grace:
+            return None
+        return f"{gone} (for {now - job.gone_since:.0f} s)"
+
+    async def _watch(self, coordinator: Coordinator, jobs: list[_Job]) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            if coordinator.lost:
+                continue   # nothing more can be seen; the jobs go on
+            now = time.monotonic()
+            for batch in self._batches:
+                for job in batch.jobs:
+                    gone = self._gone_too_long(coordinator, job, now)
+                    if gone:
+                        self._stop(batch, gone)
+
+    async def _one(self, coordinator: Coordinator, batch: _Batch) -> None:
+        size = len(batch.jobs)
+        async with self._slots:
+            await self._slots.wait_for(lambda: self._free >= size)
+            self._free -= size
+        try:
+            await self._run_batch(coordinator, batch)
+        finally:
+            async with self._slots:
+                self._free += size
+                self._slots.notify_all()
+
+    async def _run_batch(self, coordinator: Coordinator, batch: _Batch) -> None:
+        if self.stopping:
+            for job in batch.jobs:
+                job.row.status, job.row.error = "not started", "stopped by the operator before it started"
+            return
+        now = time.monotonic()
+        for job in list(batch.jobs):
+            gone = self._gone_too_long(coordinator, job, now)
+            if gone:
+                job.row.status, job.row.error = "unavailable", f"not started: {gone}"
+                batch.jobs.remove(job)
+        if not batch.jobs:
+            return
+        try:
+            async with self._prepare:   # labgrid's SSH connection manager is not thread-safe
+                argv = await asyncio.to_thread(self._command, batch)
+        except Exception as e:  # noqa: BLE001 - SSH or copying failed: nothing ran on the boards
+            for job in batch.jobs:
+                job.row.status, job.row.error = "unreachable", f"{batch.host}: {e}"
+            return
+        wall0 = time.monotonic()
+        for attempt in (1, 2):
+            stdout, stderr = await self._start(batch, argv)
+            if started(stdout) or self.stopping or attempt == 2:
+                break
+            # The session never began (nothing ran on the boards): once more, after a pause.
+            await asyncio.sleep(1.0)
+        wall = time.monotonic() - wall0
+        if not started(stdout):
+            tail = (stderr.strip().splitlines() or ["no output"])[-1]
+            for job in batch.jobs:
+                job.row.status, job.row.wall_seconds = "unreachable", round(wall, 3)
+                job.row.error = f"the job could not be started on {batch.host} (nothing ran): {tail}"
+            return
+        self._record(batch, stdout, stderr, wall)
+        if self.job == "dump":
+            for job in batch.jobs:
+                await self._fetch(job)
+
+    async def _start(self, batch: _Batch, argv: list[str]) -> tuple[str, str]:
+        # Its own session: a Ctrl-C at the terminal reaches this client only, which then asks
+        # the jobs to stop at a safe point; a killed ssh would leave them unstoppable.
+        batch.proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        if self.stopping:
+            self._stop(batch, "stopped by the operator")
+        stdout, stderr = await batch.proc.communicate()
+        return stdout.decode(errors="replace"), stderr.decode(errors="replace")
+
+    def _command(self, batch: _Batch) -> list[str]:
+        for job in batch.jobs:
+            job.driver = _driver(job.board)
+        first = batch.jobs[0].driver
+        args = []
+        if self.image is not None:
+            # One copy per host serves all its boards (labgrid keeps it by content hash).
+            if first.host not in self._staged:
+                self._staged[first.host] = first.stage_image(self.image)
+            args.append(self._staged[first.host])
+        return first.command(self.job, *args, also=[job.spec for job in batch.jobs[1:]])
+
+    def _record(self, batch: _Batch, stdout: str, stderr: str, wall: float) -> None:
+        code = batch.proc.returncode if batch.proc else -1
+        try:
+            results = parse_results(stdout, stderr, code if code is not None else -1)
+        except JobError as e:
+            results, lost = {}, str(e)
+        else:
+            lost = "the job printed no result for this board"
+        for job in batch.jobs:
+            row = job.row
+            result = results.get(job.spec)
+            if result is None:
+                row.status, row.wall_seconds = "lost", round(wall, 3)
+                row.error = (f"{lost}; lost contact with {batch.host}: the job may have gone on there and is "
+                             f"recorded in that host's audit trail")
+                continue
+            row.status = result.get("status") or "failed"
+            row.run_id = result.get("run_id")
+            row.job = result.get("job")
+            row.resumes = result.get("resumes")
+            row.modelled_seconds = result.get("modelled_seconds")
+            row.wall_seconds = result.get("wall_seconds") or round(wall, 3)
+            row.error = result.get("error")
+            row.output = result.get("output")
+            row.lines = result.get("lines") or []
+            if batch.stop_reason and row.status == "interrupted":
+                row.error = f"{batch.stop_reason}: stopped at a safe point ({row.error})"
+
+    async def _fetch(self, job: _Job) -> None:
+        row = job.row
+        if row.status != "succeeded" or not row.output:
+            return
+        local = Path(self.output_dir or ".") / f"{job.board.place}.bin"
+        try:
+            await asyncio.to_thread(job.driver.fetch, row.output, local)
+            row.output = str(local)
+        except Exception as e:  # noqa: BLE001
+            row.status, row.error = "failed", f"dump made on {job.board.host} but not copied here: {e}"
+
+    def _coordinator_note(self, coordinator: Coordinator) -> None:
+        if coordinator.lost and coordinator.lost_at is not None:
+            at = time.strftime("%H:%M:%S", time.localtime(coordinator.lost_at))
+            self.notes.append(f"the coordinator at {self.address} stopped answering at {at}: from then on "
+                              f"exporters and places could not be seen (a board whose exporter went away "
+                              f"was not stopped); the jobs ran on and are recorded on their hosts")
+
+    async def _give_back(self, coordinator: Coordinator, jobs: list[_Job]) -> None:
+        kept = []
+        for job in jobs:
+            why = await coordinator.give_back(job.board, job.token)
+            if why:
+                kept.append(f"{job.board.place} ({why})")
+        if kept:
+            self.notes.append(f"could not release {', '.join(kept)}: once the coordinator answers, "
+                              f"'labgrid-client -p PLACE release' each of them")

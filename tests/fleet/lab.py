@@ -1,0 +1,255 @@
+"""A whole line on one machine: a labgrid coordinator, exporters acting as separate hosts,
+an OpenSSH server on loopback that the fleet client reaches every "host" through, and
+emulated boards.
+
+Every host name (`hosta`, `hostb`, …) is an SSH alias of 127.0.0.1 on a private port,
+given to ssh through a wrapper on PATH (`ssh -F our config`): labgrid runs plain `ssh`,
+and ssh reads its per-user configuration from the passwd home, not from $HOME. Each host
+has its own audit database and its own boards. Everything listens on 127.0.0.1 only.
+Used by the fleet tests and by tests/bench/bench_fleet.py.
+"""
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amdflash.stages.transport.sim import create_board
+
+BIN = Path(sys.executable).parent
+SSH_KEY_ALIAS = "amdflash-fleet-test-sshd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_sshd() -> str | None:
+    return shutil.which("sshd", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
+
+
+def missing() -> str | None:
+    """Why the lab cannot run here, or None."""
+    try:
+        import labgrid  # noqa: F401
+    except ImportError:
+        return "labgrid is not installed (pip install '.[test]' brings it)"
+    if not find_sshd() or not shutil.which("ssh") or not shutil.which("ssh-keygen"):
+        return "OpenSSH (sshd, ssh, ssh-keygen) not found: install openssh-server (.ci/run does)"
+    return None
+
+
+def wait_for(check, timeout: float, what: str, interval: float = 0.1):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class Host:
+    name: str
+    db: Path
+    boards: list[Path] = field(default_factory=list)
+    config: Path | None = None
+    exporter: subprocess.Popen | None = None
+
+
+class Lab:
+    def __init__(self, root: Path):
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.procs: list[subprocess.Popen] = []
+        self.hosts: dict[str, Host] = {}
+        self.ssh_dir = root / "ssh"
+        self.coordinator: subprocess.Popen | None = None
+        self.coordinator_port = free_port()
+        self.address = f"127.0.0.1:{self.coordinator_port}"
+
+    # -- processes ----------------------------------------------------------------------------
+
+    def _spawn(self, argv: list[str], log: str, **kwargs: Any) -> subprocess.Popen:
+        out = open(self.root / log, "ab")
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=self.env(PYTHONUNBUFFERED="1"), **kwargs)
+        out.close()
+        self.procs.append(proc)
+        return proc
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LG_", "AMDFLASH_"))}
+        env["PATH"] = os.pathsep.join([str(self.ssh_dir / "bin"), str(BIN), env.get("PATH", "")])
+        env["LG_COORDINATOR"] = self.address
+        env.update(extra)
+        return env
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        # labgrid's SSH control masters detach from their client (ControlPersist): the ones
+        # of a client that was killed outlive it; they are ours by their configuration file.
+        for pid, argv in self._ssh_masters():
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            for arg in argv:   # and the directory labgrid made for its control socket
+                if arg.startswith("ControlPath="):
+                    shutil.rmtree(Path(arg.split("=", 1)[1]).parent, ignore_errors=True)
+
+    def _ssh_masters(self) -> list[tuple[int, list[str]]]:
+        mark = str(self.ssh_dir / "ssh_config")
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                except OSError:
+                    continue
+                if mark in argv:
+                    found.append((int(entry.name), argv))
+        return found
+
+    # -- SSH on loopback ------------------------------------------------------------------------
+
+    def start_sshd(self) -> None:
+        d = self.ssh_dir
+        (d / "bin").mkdir(parents=True)
+        d.chmod(0o700)
+        for key in ("host_key", "client_key"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", key, "-f", str(d / key)], check=True)
+        (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
+        host_pub = (d / "host_key.pub").read_text().split()
+        (d / "known_hosts").write_text(f"{SSH_KEY_ALIAS} {host_pub[0]} {host_pub[1]}\n")
+        port = free_port()
+        (d / "sshd_config").write_text("\n".join([
+            f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {d / 'host_key'}", f"PidFile {d / 'sshd.pid'}",
+            f"AuthorizedKeysFile {d / 'authorized_keys'}", "StrictModes no", "PubkeyAuthentication yes",
+            "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
+            "PermitRootLogin prohibit-password", "MaxSessions 64", "MaxStartups 64:30:128", "LogLevel ERROR", ""]))
+        if os.geteuid() == 0:
+            # sshd running as root needs its privilege-separation directory (the package's
+            # service unit makes it; a machine without systemd has none).
+            Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        self._spawn([find_sshd(), "-D", "-e", "-f", str(d / "sshd_config")], "sshd.log")
+        wait_for(lambda: _port_open(port), 15, "sshd to listen")
+        (d / "ssh_config").write_text("\n".join([
+            "Host *", "  HostName 127.0.0.1", f"  Port {port}", f"  User {getpass.getuser()}",
+            f"  IdentityFile {d / 'client_key'}", "  IdentitiesOnly yes", f"  UserKnownHostsFile {d / 'known_hosts'}",
+            f"  HostKeyAlias {SSH_KEY_ALIAS}", "  BatchMode yes", ""]))
+        ssh = d / "bin" / "ssh"
+        ssh.write_text(f"#!/bin/sh\nexec {shutil.which('ssh')} -F {d / 'ssh_config'} \"$@\"\n")
+        ssh.chmod(0o755)
+
+    # -- labgrid --------------------------------------------------------------------------------
+
+    def start_coordinator(self) -> None:
+        workdir = self.root / "coordinator"
+        workdir.mkdir(exist_ok=True)
+        self.coordinator = self._spawn([str(BIN / "labgrid-coordinator"), "-l", self.address], "coordinator.log",
+                                       cwd=workdir)
+        wait_for(lambda: _port_open(self.coordinator_port), 20, "the labgrid coordinator to listen")
+
+    def add_host(self, name: str, boards: int, *, realtime: float = 0.0, seed: int = 0, seed_step: int = 1,
+                 faults: dict[int, list[str]] | None = None, transport: str = "asm24") -> Host:
+        """A host with `boards` emulated boards (board i: seed + i * seed_step, faults[i]) and its
+        exporter configuration; the exporter is started by start_exporter."""
+        host = Host(name, self.root / name / "audit.sqlite")
+        for i in range(boards):
+            host.boards.append(create_board(self.root / name / f"board{i}", seed=seed + i * seed_step,
+                                            realtime_scale=realtime,
+                                            transport=transport, faults=(faults or {}).get(i)))
+        host.config = self.root / name / "exporter.yaml"
+        self.amdflash("--db", str(host.db), "fleet", "exporter-config", "--no-hardware",
+                      *[a for b in host.boards for a in ("--sim", str(b))], "-o", str(host.config))
+        self.hosts[name] = host
+        return host
+
+    def start_exporter(self, name: str) -> None:
+        host = self.hosts[name]
+        host.exporter = self._spawn([str(BIN / "labgrid-exporter"), "-c", self.address, "-n", name,
+                                     "--hostname", name, str(host.config)], f"exporter-{name}.log")
+
+    def make_places(self, *tags: str) -> list[dict[str, Any]]:
+        """`fleet places` until every board of every host has its place."""
+        want = sum(len(h.boards) for h in self.hosts.values())
+
+        def complete() -> list[dict[str, Any]] | None:
+            listed = json.loads(self.amdflash("fleet", "places", "--format", "json",
+                                              *[a for t in tags for a in ("--tag", t)]).stdout)
+            return listed if len(listed) >= want else None
+
+        return wait_for(complete, 30, f"{want} boards to be published", interval=0.3)
+
+    # -- commands -------------------------------------------------------------------------------
+
+    def amdflash(self, *args: str, check: bool = True, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+        done = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", *args], capture_output=True, text=True,
+                              timeout=timeout, env=self.env(**env), cwd=self.root)
+        if check and done.returncode != 0:
+            raise AssertionError(f"amdflash {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def fleet_popen(self, *args: str, **env: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "amdflash.pipeline.cli", "fleet", *args, "--format", "json"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env(**env),
+                                cwd=self.root, start_new_session=True)   # a process group, as in a terminal
+
+    def fleet(self, *args: str, timeout: float = 300, **env: str) -> "FleetOutcome":
+        proc = self.fleet_popen(*args, **env)
+        out, err = proc.communicate(timeout=timeout)
+        return FleetOutcome.parse(proc.returncode, out, err)
+
+    def labgrid_client(self, *args: str, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "labgrid-client"), *args], capture_output=True, text=True, timeout=60,
+                              env=self.env(**env), cwd=self.root)
+
+    def stop(self, proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+
+
+@dataclass
+class FleetOutcome:
+    code: int
+    boards: dict[str, dict[str, Any]]
+    notes: list[str]
+    stderr: str
+
+    @classmethod
+    def parse(cls, code: int, out: str, err: str) -> "FleetOutcome":
+        try:
+            data = json.loads(out)
+        except json.JSONDecodeError:
+            raise AssertionError(f"fleet printed no JSON (exit {code}):\n{out}\n{err}") from None
+        return cls(code, {b["board"]: b for b in data["boards"]}, data["notes"], err)
+
+    def statuses(self) -> dict[str, str]:
+        return {name: b["status"] for name, b in self.boards.items()}

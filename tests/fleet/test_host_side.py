@@ -1,0 +1,258 @@
+"""The host side of a line, without a coordinator: the exporter configuration, the labgrid
+classes and the host job (`amdflash fleet job`) run through the labgrid driver."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from amdflash.pipeline.fleet.attributes import BOARD_ATTRIBUTES, RESOURCE_CLASS
+from amdflash.pipeline.fleet.hostjob import unfinished_flash
+from amdflash.stages.transport.sim import create_board
+from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from tests.fleet.conftest import flash_of
+
+labgrid = pytest.importorskip("labgrid", reason="labgrid is not installed (pip install '.[test]' brings it)")
+
+
+def amdflash(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env={**os.environ, **(env or {})})
+
+
+def board_json(board: Path) -> dict:
+    return json.loads((board / "board.json").read_text())
+
+
+def test_exporter_config_publishes_each_board_with_its_identity(tmp_path: Path) -> None:
+    from labgrid.remote.config import ResourceConfig
+
+    boards = [create_board(tmp_path / f"b{i}", seed=30 + i) for i in range(2)]
+    db = tmp_path / "host" / "audit.sqlite"
+    out = tmp_path / "exporter.yaml"
+    done = amdflash("--db", str(db), "fleet", "exporter-config", "--no-hardware",
+                    "--sim", str(boards[0]), "--sim", str(boards[1]), "-o", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+
+    # Read the way labgrid's exporter reads it: a template rendered with the exporter's hostname.
+    config = ResourceConfig(str(out), {"hostname": "hosta", "name": "hosta", "isolated": False, "env": {}}).data
+    assert len(config) == 2
+    for board in boards:
+        truth = board_json(board)
+        group = f"sim-{truth['unique_id'][:12]}"
+        attributes = config[group][RESOURCE_CLASS]
+        assert attributes["host"] == "hosta"
+        assert attributes["spec"] == f"sim:{board}"
+        assert attributes["unique_id"] == truth["unique_id"]
+        assert attributes["bridge_serial"] == truth["serial"]
+        assert attributes["chip"] == "GigaDevice GD25LQ16E" and attributes["jedec"] == "c86015"
+        assert attributes["db"] == str(db)
+        assert attributes["emulated"] is True
+        assert set(attributes) - {"host"} <= set(BOARD_ATTRIBUTES)
+
+
+def test_a_board_busy_with_a_job_keeps_its_identity_when_the_configuration_is_rewritten(
+        tmp_path: Path, monkeypatch) -> None:
+    """The exporter restarts (a bridge was plugged in) while a job runs on a board: listing
+    never waits for that board, and its published identity stays what it was."""
+    from labgrid.remote.config import ResourceConfig
+
+    from amdflash.stages.transport.lock import BoardLock, sim_key
+
+    locks = {"AMDFLASH_LOCK_DIR": str(tmp_path / "locks")}
+    monkeypatch.setenv("AMDFLASH_LOCK_DIR", locks["AMDFLASH_LOCK_DIR"])
+    busy, idle = (create_board(tmp_path / name, seed=40 + i) for i, name in enumerate(("busy", "idle")))
+    out = tmp_path / "exporter.yaml"
+    args = ("fleet", "exporter-config", "--no-hardware", "--sim", str(busy), "--sim", str(idle), "-o", str(out))
+
+    def published() -> dict:
+        return {r["NetworkAmdflashBoard"]["spec"]: r["NetworkAmdflashBoard"]
+                for r in ResourceConfig(str(out), {"hostname": "h"}).data.values()}
+
+    with BoardLock(sim_key(busy)):
+        first = amdflash(*args, cwd=tmp_path, env=locks)             # no earlier file: left out, said so
+        assert first.returncode == 0 and "busy with a job" in first.stderr
+        assert list(published()) == [f"sim:{idle}"]
+    assert amdflash(*args, cwd=tmp_path, env=locks).returncode == 0
+    before = published()
+    with BoardLock(sim_key(busy)):
+        again = amdflash(*args, cwd=tmp_path, env=locks)
+    assert again.returncode == 0 and "identity is kept" in again.stderr
+    assert published() == before
+    assert published()[f"sim:{busy}"]["unique_id"] == board_json(busy)["unique_id"]
+
+
+def test_exporter_config_refuses_a_directory_that_is_no_board(tmp_path: Path) -> None:
+    done = amdflash("fleet", "exporter-config", "--no-hardware", "--sim", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("error: ") and "not an emulated board" in done.stderr
+
+
+def test_exporter_config_without_boards_is_an_empty_valid_file(tmp_path: Path) -> None:
+    from labgrid.remote.config import ResourceConfig
+
+    out = tmp_path / "exporter.yaml"
+    assert amdflash("fleet", "exporter-config", "--no-hardware", "-o", str(out), cwd=tmp_path).returncode == 0
+    assert ResourceConfig(str(out), {"hostname": "h"}).data == {}
+
+
+def test_fleet_flash_refuses_before_reserving_anything(tmp_path: Path) -> None:
+    """Usage errors: one line, exit 2, and no coordinator is even asked (none listens here)."""
+    good, short = tmp_path / "good.bin", tmp_path / "short.bin"
+    good.write_bytes(synthetic_ifwi(1))
+    short.write_bytes(b"\xff" * 1024)
+    nowhere = ("--coordinator", "127.0.0.1:9")
+    cases = [
+        (("flash", str(good), "--where", "line=a", *nowhere), "without --yes"),
+        (("flash", str(short), "--where", "line=a", "--yes", *nowhere), "0x400 bytes"),
+        (("flash", str(good), "--where", "Line=a", "--yes", *nowhere), "tag keys"),
+        (("flash", str(good), "--where", "line", "--yes", *nowhere), "not KEY=VALUE"),
+        (("info", "--parallel", "0", *nowhere), "--parallel"),
+        (("info", *nowhere), "cannot reach the labgrid coordinator at 127.0.0.1:9"),
+    ]
+    for args, message in cases:
+        done = amdflash("fleet", *args, cwd=tmp_path)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stderr.strip().splitlines() == [done.stderr.strip()] and message in done.stderr, done.stderr
+        assert done.stderr.startswith("error: ")
+
+
+def test_resource_classes_carry_every_exported_attribute() -> None:
+    import attr
+
+    from amdflash.pipeline.fleet.labgrid_board import AmdflashBoard, NetworkAmdflashBoard
+
+    for cls in (AmdflashBoard, NetworkAmdflashBoard):
+        assert set(BOARD_ATTRIBUTES) <= {f.name for f in attr.fields(cls)}
+    assert NetworkAmdflashBoard.__name__ == RESOURCE_CLASS
+    assert "host" in {f.name for f in attr.fields(NetworkAmdflashBoard)}
+
+
+@pytest.mark.parametrize("runs, expected", [
+    ([], None),
+    ([{"board_spec": "sim:/b", "command": "flash", "status": "running", "image_sha256": "aa", "run_id": "r1"}], "r1"),
+    ([{"board_spec": "sim:/b", "command": "flash", "status": "interrupted", "image_sha256": "aa", "run_id": "r1"}], "r1"),
+    # another image, a finished or failed run, another board, a read-only run: no resume
+    ([{"board_spec": "sim:/b", "command": "flash", "status": "running", "image_sha256": "bb", "run_id": "r1"}], None),
+    ([{"board_spec": "sim:/b", "command": "flash", "status": "succeeded", "image_sha256": "aa", "run_id": "r1"}], None),
+    ([{"board_spec": "sim:/b", "command": "flash", "status": "failed", "image_sha256": "aa", "run_id": "r1"}], None),
+    ([{"board_spec": "sim:/c", "command": "flash", "status": "running", "image_sha256": "aa", "run_id": "r1"}], None),
+    # only the newest flash/resume of the board counts; verify runs in between do not
+    ([{"board_spec": "sim:/b", "command": "flash", "status": "interrupted", "image_sha256": "aa", "run_id": "r1"},
+      {"board_spec": "sim:/b", "command": "resume", "status": "succeeded", "image_sha256": "aa", "run_id": "r2"}], None),
+    ([{"board_spec": "sim:/b", "command": "flash", "status": "interrupted", "image_sha256": "aa", "run_id": "r1"},
+      {"board_spec": "sim:/b", "command": "resume", "status": "running", "image_sha256": "aa", "run_id": "r2"},
+      {"board_spec": "sim:/b", "command": "verify", "status": "failed", "image_sha256": "aa", "run_id": "r3"}], "r2"),
+])
+def test_which_flash_is_resumed(runs: list[dict], expected: str | None) -> None:
+    assert unfinished_flash(runs, "sim:/b", "aa") == expected
+
+
+def test_a_query_of_an_audit_database_being_created_never_fails(tmp_path: Path) -> None:
+    """Two jobs start at once on a new host: one creates the audit database while the other
+    lists its runs. The listing must not fail for the half-made database: it sees no runs yet
+    (None: the CLI's refusal "no audit trail yet") or the finished database."""
+    import shutil
+    import threading
+
+    from amdflash.pipeline.cli import main
+    from amdflash.pipeline.fleet.hostjob import cli_json
+
+    made = tmp_path / "made.sqlite"
+    assert main(["--db", str(made), "-q", "info", "--board", f"sim:{create_board(tmp_path / 'b', seed=3)}"]) == 0
+    db = tmp_path / "audit.sqlite"
+    db.touch()                                   # the file exists, its tables do not yet
+    timer = threading.Timer(0.5, lambda: shutil.copy(made, db))
+    timer.start()
+    assert cli_json(["--db", str(db)], "runs", "--format", "json") is None     # an empty file: no runs yet
+    timer.join()
+    runs = cli_json(["--db", str(db)], "runs", "--format", "json")
+    assert [r["command"] for r in runs] == ["info"]
+    assert cli_json(["--db", str(tmp_path / "none.sqlite")], "runs", "--format", "json") is None   # no database
+
+
+def test_driver_flashes_resumes_a_killed_flash_and_dumps(tmp_path: Path) -> None:
+    """The labgrid driver on a local board: a flash whose process is SIGKILLed mid-flash (the
+    board's host-death fault) is reported interrupted, the next flash of the image resumes it
+    to the exact image, and a dump copies the flash here. (Through SSH and a coordinator:
+    test_line.py.)"""
+    from labgrid import Target
+
+    from amdflash.pipeline.fleet.export import amdflash_command
+    from amdflash.pipeline.fleet.labgrid_board import AmdflashBoard, AmdflashDriver
+
+    image = tmp_path / "image.bin"
+    image.write_bytes(synthetic_ifwi(77))
+    board = create_board(tmp_path / "board", seed=5, faults=["kill-after-writes=3000"])
+    target = Target("bench")
+    AmdflashBoard(target, None, spec=f"sim:{board}", db=str(tmp_path / "audit.sqlite"), command=amdflash_command())
+    driver = AmdflashDriver(target, None)
+    target.activate(driver)
+
+    killed = driver.flash(image)
+    assert killed["status"] == "interrupted" and "SIGKILL" in killed["error"]
+    assert killed["run_id"] and killed["job"] == "flash"
+    assert flash_of(board) != image.read_bytes()
+    report = json.loads(amdflash("--db", str(tmp_path / "audit.sqlite"), "report", killed["run_id"], "--format",
+                                 "json", cwd=tmp_path).stdout)
+    assert report["status"] == "running"                     # the process died: nothing closed the run
+    written = [u for u in report["units"] if u["action"] != "skip"]
+    assert any(u["state"] == "verified" for u in written)    # killed mid-flash: some units were written,
+    assert any(u["state"] != "verified" for u in written)    # others were not
+
+    resumed = driver.load(image)       # labgrid's BootstrapProtocol
+    assert resumed["status"] == "succeeded", resumed
+    assert resumed["job"] == "resume" and resumed["resumes"] == killed["run_id"]
+    assert resumed["result_sha256"] == hashlib.sha256(image.read_bytes()).hexdigest()
+    assert flash_of(board) == image.read_bytes()
+    assert resumed["modelled_seconds"] > 0
+
+    dumped = driver.dump(tmp_path / "dump.bin")
+    assert dumped["status"] == "succeeded"
+    assert dumped["output"] == str(tmp_path / "dump.bin")
+    assert (tmp_path / "dump.bin").read_bytes() == image.read_bytes()
+
+
+@pytest.mark.parametrize("parallel, expected", [
+    (8, [("a", 4), ("b", 4)]),                       # one amdflash process per host
+    (4, [("a", 2), ("b", 2), ("a", 2), ("b", 2)]),   # the slots shared out, the hosts in turn
+    (1, [("a", 1), ("b", 1)] * 4),
+    (3, [("a", 1), ("b", 1)] * 4),
+])
+def test_boards_are_batched_by_host_within_the_parallel_limit(parallel: int, expected: list) -> None:
+    from types import SimpleNamespace
+
+    from amdflash.pipeline.fleet.run import batches
+
+    def job(host: str, i: int):  # noqa: ANN202
+        args = {"spec": f"sim:/{host}/{i}", "db": f"/{host}.sqlite", "command": "amdflash"}
+        return SimpleNamespace(board=SimpleNamespace(exporter=host, host=host, args=args))
+
+    jobs = [job(h, i) for i in range(4) for h in ("a", "b")]
+    got = batches(jobs, parallel)
+    assert [(b.jobs[0].board.host, len(b.jobs)) for b in got] == expected
+    assert all(len({j.board.host for j in b.jobs}) == 1 for b in got)
+    assert sorted(id(j) for b in got for j in b.jobs) == sorted(id(j) for j in jobs)
+
+
+def test_a_labgrid_environment_drives_a_local_board(tmp_path: Path) -> None:
+    """The README's labgrid environment: the module under `imports`, an AmdflashBoard and the driver."""
+    from labgrid import Environment
+
+    board = create_board(tmp_path / "board", seed=8)
+    config = tmp_path / "env.yaml"
+    config.write_text(json.dumps({   # JSON is YAML
+        "imports": ["amdflash.pipeline.fleet.labgrid_board"],
+        "targets": {"main": {
+            "resources": {"AmdflashBoard": {"spec": f"sim:{board}", "db": str(tmp_path / "audit.sqlite"),
+                                            "command": f"{sys.executable} -m amdflash.pipeline.cli"}},
+            "drivers": {"AmdflashDriver": {}}}}}))
+    target = Environment(str(config)).get_target("main")
+    info = target.get_driver("AmdflashDriver").info()
+    assert info["status"] == "succeeded" and info["run_id"]
+    assert any(board_json(board)["unique_id"] in line for line in info["lines"])

@@ -1,0 +1,55 @@
+"""The files an operator installs on a line's machines: they name commands and options that exist."""
+from __future__ import annotations
+
+import configparser
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from amdflash.pipeline.cli import build_parser
+from amdflash.stages.transport.usb import BRIDGE_IDS
+
+UNITS = Path(__file__).resolve().parents[2] / "pipeline" / "fleet" / "units"
+BIN = Path(sys.executable).parent
+
+
+def unit(name: str) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str
+    parser.read(UNITS / name)
+    return parser
+
+
+def test_exporter_unit_writes_the_board_list_then_exports_it() -> None:
+    service = unit("amdflash-exporter.service")["Service"]
+    pre = shlex.split(service["ExecStartPre"])
+    start = shlex.split(service["ExecStart"])
+    assert Path(pre[0]).name == "amdflash" and Path(start[0]).name == "labgrid-exporter"
+    args = build_parser().parse_args(pre[1:])            # options the command line really has
+    assert (args.command, args.fleet_command) == ("fleet", "exporter-config")
+    assert str(args.output) == start[-1]                  # the exporter reads what was just written
+    assert Path(args.db).parent == Path("/var/lib") / service["StateDirectory"]
+    assert str(args.output).startswith("/run/" + service["RuntimeDirectory"] + "/")
+
+
+@pytest.mark.parametrize("name, tool", [("amdflash-exporter.service", "labgrid-exporter"),
+                                        ("labgrid-coordinator.service", "labgrid-coordinator")])
+def test_labgrid_options_in_the_units_exist(name: str, tool: str) -> None:
+    pytest.importorskip("labgrid")
+    start = shlex.split(unit(name)["Service"]["ExecStart"])
+    usage = subprocess.run([str(BIN / tool), "--help"], capture_output=True, text=True, timeout=60).stdout
+    for option in (a for a in start[1:] if a.startswith("--")):
+        assert option in usage
+
+
+def test_udev_rules_name_the_bridges_the_driver_opens() -> None:
+    rules = (UNITS / "70-amdflash-fleet.rules").read_text()
+    ids = {(int(v, 16), int(p, 16)) for v, p in re.findall(r'idVendor}=="(\w+)", ATTRS{idProduct}=="(\w+)"', rules)}
+    assert ids == set(BRIDGE_IDS)
+    products = re.search(r'ENV{PRODUCT}=="([^"]+)"', rules).group(1).split("|")
+    assert {tuple(int(x, 16) for x in p.split("/")[:2]) for p in products} == set(BRIDGE_IDS)
+    assert "restart amdflash-exporter.service" in rules
