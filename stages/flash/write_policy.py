@@ -42,8 +42,9 @@ def refusal(ident: FlashIdentity, lo: int, hi: int, clear_cmp: bool, unknown_chi
 def _unknown_chip(ident: FlashIdentity, clear_cmp: bool, unknown_chip_ok: bool) -> str | None:
     chip = ident.chip
     if not unknown_chip_ok:
-        return (f"the flash is not in amdflash's chip table: {chip.name}. Its SFDP gives geometry and "
-                "timing but not its protection bits; pass --unknown-chip-ok to write it from its SFDP alone")
+        return (f"the flash is not in amdflash's chip table: {chip.name}. Its SFDP describes its geometry "
+                "(and, from JESD216A on, its timing) but not its protection bits; pass --unknown-chip-ok to "
+                "write it from its SFDP alone")
     gaps = chip.write_gaps()
     if gaps:
         return f"{chip.name}: its SFDP lacks what a write needs: {'; '.join(gaps)}"
