@@ -69,6 +69,7 @@ class ChipInfo:
     protection: ProtectionLayout | None = BP_TB_SEC_CMP   # None: not known (SFDP only)
     unique_id: UniqueIdMethod | None = None
     qe: tuple[int, int] | None = None                     # (register index, bit)
+    address_bytes: str = "3"                              # "3", "3 or 4" or "4" (SFDP's terms)
     source: Literal["table", "sfdp"] = "table"
     flashrom: str = ""                                    # flashrom's entry and tested status
     sources: tuple[str, ...] = ()
@@ -98,6 +99,8 @@ class ChipInfo:
             gaps.append("no erase times")
         if not self.erase_types or self.unit != UNIT:
             gaps.append("no 4 KiB erase")
+        if self.address_bytes == "4":
+            gaps.append("it takes 4-byte addresses only (the ROM_SW engine sends at most 3)")
         return gaps
 
     def facts(self) -> dict[str, object]:
@@ -108,7 +111,7 @@ class ChipInfo:
         layout = self.protection
         return {
             "source": self.source, "name": self.name, "jedec": self.jedec.hex(), "size": self.size,
-            "page_size": self.page_size, "voltage": self.voltage,
+            "page_size": self.page_size, "voltage": self.voltage, "address_bytes": self.address_bytes,
             "erase_types": [{"size": e.size, "opcode": f"{e.opcode:02X}h", "typical_s": e.typical,
                              "maximum_s": e.maximum} for e in self.erase_types],
             "chip_erase_s": times((self.chip_erase.typical, self.chip_erase.maximum)) if self.chip_erase else None,
@@ -238,5 +241,6 @@ def from_sfdp(table: Sfdp, capture: bytes) -> ChipInfo:
         name=f"unknown part (JEDEC {capture[:3].hex(' ')}, from SFDP {table.revision[0]}.{table.revision[1]})",
         jedec=capture[:3], size=table.size, page_size=table.page_size, erase_types=erases,
         chip_erase=None, page_program=table.page_program, status_write=None, voltage="unknown",
-        registers=registers, protection=None, unique_id=None, qe=qe, source="sfdp",
+        registers=registers, protection=None, unique_id=None, qe=qe, address_bytes=table.address_bytes,
+        source="sfdp",
         sources=("the part's own SFDP tables",))

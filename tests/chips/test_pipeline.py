@@ -200,3 +200,15 @@ def test_info_names_each_parts_own_registers(cli_shown, make_board, chip, needle
     board = make_board(chip=chip, transport="ideal")
     r = cli_shown("info", "--board", f"sim:{board}")
     assert r.code == 0 and needle in r.out, r.out
+
+
+def test_the_python_api_takes_unknown_chip_ok(db, make_board, image):
+    from amdflash import api
+
+    board = make_board(chip="UNKNOWN", content="blank", transport="ideal")
+    info = api.info(f"sim:{board}")
+    assert info.ok and info.chip.startswith("unknown part (JEDEC e5 51 15")
+    refused = api.flash(image, board=f"sim:{board}", expect_part=PART_KEY)
+    assert refused.exit_code == 2 and "--unknown-chip-ok" in refused.error
+    flashed = api.flash(image, board=f"sim:{board}", expect_part=PART_KEY, unknown_chip_ok=True)
+    assert flashed.ok and flash_content(board) == image.read_bytes()

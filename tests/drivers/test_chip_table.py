@@ -154,3 +154,16 @@ def test_bfpt_times_page_size_and_qer_decode_as_jesd216_says():
     assert table.page_size == 512 and table.page_program == pytest.approx((384e-6, 1536e-6))
     assert table.chip_erase == pytest.approx((12.0, 96.0))
     assert table.qe == "SR2 bit 1" and table.sr2_read == 0x35
+
+
+def test_a_part_that_takes_4_byte_addresses_only_cannot_be_written_through_rom_sw():
+    dw = [0xFFFFFFFF] * 16
+    dw[0] = bits((0, 2, 0b01), (8, 8, 0x20), (17, 2, 0b10))
+    dw[1] = 16 * 1024 * 1024 - 1
+    dw[7] = bits((0, 8, 12), (8, 8, 0x20), (16, 8, 16), (24, 8, 0xD8))
+    dw[8] = 0
+    dw[9] = bits((0, 4, 2), (4, 5, 2), (9, 2, 0b01), (11, 5, 2), (16, 2, 0b10))
+    dw[10] = bits((0, 4, 2), (4, 4, 8), (8, 5, 7), (13, 1, 1), (24, 5, 1), (29, 2, 0b10))
+    chip = chips.from_sfdp(parse_bfpt((1, 6), struct.pack("<16I", *dw)), bytes.fromhex("e55315ff"))
+    assert chip.address_bytes == "4" and chip.name.startswith("unknown part (JEDEC e5 53 15")
+    assert chip.write_gaps() == ["it takes 4-byte addresses only (the ROM_SW engine sends at most 3)"]
