@@ -7,10 +7,10 @@ bits cover is refused (the chip would silently ignore the writes), CMP only with
 A part known only from its SFDP: refused unless the user says --unknown-chip-ok; then
 only what its tables give is used (erase types and times, page size and program time),
 so a table without them (JESD216 1.0), or a part the engine cannot address, is refused
-all the same, as is anything that needs
-protection knowledge JESD216 does not carry: --clear-cmp, and any set bit among SR1
-bits 2-6 (apart from a QE bit its tables place there) — on SPI NOR parts those are
-block-protect bits, and what they protect the tables do not say.
+all the same, as is anything that needs protection knowledge JESD216 does not carry:
+--clear-cmp, and any set bit among SR1 bits 2-6 (apart from a QE bit its tables place
+there) — on SPI NOR parts those are block-protect bits, and what they protect the tables
+do not say.
 """
 from __future__ import annotations
 
