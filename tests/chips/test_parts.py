@@ -301,3 +301,11 @@ def test_sim_create_refuses_what_the_part_cannot_be(tmp_path, options, message):
 def test_sim_create_sets_all_four_bp_bits_of_the_mx25u1635f(tmp_path):
     with Board(create_board(tmp_path / "b", chip="MX25U1635F", bp=10, transport="ideal")) as b:
         assert sr(b) == 10 << 2 and b.config["chip"] == "MX25U1635F"
+
+
+@pytest.mark.parametrize("chip, model", [("W25Q16DW", 0xEF6015), ("MX25U1635F", 0xC22535)])
+def test_the_psp_reports_the_boards_flash_part(make_board, chip, model):
+    from tests.sim.test_psp import SPI_GET_MODEL_ID, Mailbox
+
+    with Board(make_board(chip=chip)) as b:
+        assert Mailbox(b).command(SPI_GET_MODEL_ID) == (0, model)
