@@ -151,6 +151,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "the image's must match (first ten characters, as fwupd compares)")
     p.add_argument("--retries", type=ranged(0, 100), default=2, metavar="N",
                    help="re-erase/program attempts per unit after a failed verify, 0..100 (default 2)")
+    p.add_argument("--unknown-chip-ok", action="store_true",
+                   help="write a flash part that is not in the chip table, using only its SFDP facts (erase "
+                        "types and times, page size); refused if they are missing or protection knowledge is needed")
     board_options(p)
     engine_options(p)
     p.set_defaults(func=cmd_flash)
@@ -238,7 +241,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_flash(args: argparse.Namespace) -> int:
     _require_yes(args, "writes the flash")
     options = commands.FlashOptions(args.clear_cmp, args.start_sector, args.sector_count, args.force, args.retries,
-                                    args.expect_part)
+                                    args.expect_part, args.unknown_chip_ok)
     return show(args, commands.flash(session(args), args.image, options, engine(args)))
 
 

@@ -63,6 +63,7 @@ class FlashOptions:
     force: bool = False              # accept an image without the AA55AA55 signature, or another part number
     retries: int = 2                 # re-erase/program attempts per unit after a failed verify
     expect_part: str | None = None   # a blank/unreadable (bricked) board's part number, vouched for by the user
+    unknown_chip_ok: bool = False    # write a flash part the chip table lacks, from its SFDP facts alone
 
 
 def _engine(engine: EngineOptions | None) -> EngineOptions:
@@ -183,12 +184,14 @@ def flash(session: Session, image: Path, options: FlashOptions = FlashOptions(),
     path = str(image.resolve())
     arguments = {"image": path, "clear_cmp": options.clear_cmp, "start_sector": options.start_sector,
                  "sector_count": count, "force": options.force, "retries": options.retries,
-                 "expect_part": options.expect_part, **_engine_args(engine)}
+                 "expect_part": options.expect_part, "unknown_chip_ok": options.unknown_chip_ok,
+                 **_engine_args(engine)}
     backups = Path(session.db_path).parent / "backups"
     return _run(session, specs, "flash", arguments,
                 lambda s, i: jobs.FlashJob(engine, data, options.start_sector, count, options.clear_cmp,
                                            options.retries, backups,
-                                           part_policy=PartPolicy(options.force, options.expect_part)),
+                                           part_policy=PartPolicy(options.force, options.expect_part),
+                                           unknown_chip_ok=options.unknown_chip_ok),
                 FlashResult, data, path, options)
 
 
@@ -205,7 +208,8 @@ def resume(session: Session, run_id: str | None = None, image: Path | None = Non
     def body(spec: BoardSpec, info: RunInfo) -> JobBody:
         info.resumes_run_id = plan.run_id
         return jobs.FlashJob(engine, plan.image, a["start_sector"], a["sector_count"], a["clear_cmp"],
-                             a.get("retries", 2), backups, plan.verified, True, plan.identity, plan.registers)
+                             a.get("retries", 2), backups, plan.verified, True, plan.identity, plan.registers,
+                             unknown_chip_ok=a.get("unknown_chip_ok", False))
 
     return _run(session, specs, "resume", {**a, "resumes": plan.run_id}, body, FlashResult, plan.image,
                 plan.image_path)

@@ -19,9 +19,10 @@ from amdflash.pipeline.runner import RunInfo, stage
 from amdflash.stages import ifwi, part_check
 from amdflash.stages.device import Device, Interrupted
 from amdflash.stages.erase import erase_stage
-from amdflash.stages.flash import protection as prot
+from amdflash.stages.flash import write_policy
+from amdflash.stages.flash.planning import PlanCosts
 from amdflash.stages.flash.spinor import FlashIdentity
-from amdflash.stages.identify import identify_flash, open_engine
+from amdflash.stages.identify import identify_flash, identity_lines, open_engine
 from amdflash.stages.navi31 import aperture
 from amdflash.stages.navi31.psp import PspMailbox
 from amdflash.stages.navi31.romsw import RomSwOptions
@@ -57,17 +58,8 @@ async def identify(dev: Device, engine: EngineOptions) -> FlashIdentity:
 def describe_identity(dev: Device, ident: FlashIdentity) -> list[str]:
     idt = dev.identity
     serial = f" serial {idt.serial}" if idt.serial else ""
-    lines = [
-        f"board       {idt.spec}{serial}{' (emulated)' if idt.extra.get('emulated') else ''}",
-        f"flash       {ident.chip.name} ({ident.chip.size // 1024} KiB, {ident.chip.voltage}); "
-        f"JEDEC capture {ident.jedec_capture.hex(' ')}",
-        f"status      SR1={ident.sr1:02x} SR2={ident.sr2:02x} SR3={ident.sr3:02x}  "
-        f"CMP={'set' if ident.cmp else 'clear'}  QE={int(bool(ident.sr2 & prot.SR2_QE))}",
-        f"protection  {ident.protection.describe()}",
-        f"SFDP        {ident.sfdp.describe() if ident.sfdp else 'unreadable: ' + str(ident.sfdp_error)}",
-        f"unique ID   {ident.unique_id.hex()}",
-    ]
-    return lines
+    return [f"board       {idt.spec}{serial}{' (emulated)' if idt.extra.get('emulated') else ''}",
+            *identity_lines(ident)]
 
 
 # -- read-only jobs ---------------------------------------------------------------------------
@@ -214,6 +206,7 @@ class FlashJob:
     expected_identity: dict[str, str] | None = None                  # resume: must match
     original_registers: dict[int, int] | None = None                 # resume: restore these at the end
     part_policy: part_check.PartPolicy = field(default_factory=part_check.PartPolicy)
+    unknown_chip_ok: bool = False     # a part known only from its SFDP may be written from its SFDP facts
 
     @property
     def addresses(self) -> list[int]:
@@ -261,7 +254,7 @@ class FlashJob:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(timed, "backup", read_backup, dev, addresses, UNIT, reads_tx, backup)
                 tg.start_soon(timed, "plan", plan, dev, self.image, erase_sizes, chip.page_size, reads_rx,
-                              work_tx, summary)
+                              work_tx, summary, PlanCosts.for_chip(chip))
                 tg.start_soon(timed, "erase", erase_stage, dev, work_rx, prog_tx, n)
                 tg.start_soon(timed, "program", program_stage, dev, prog_rx, verify_tx, n)
                 tg.start_soon(timed, "verify", verify_stage, dev, verify_rx, n, self.retries)
@@ -307,13 +300,10 @@ class FlashJob:
     async def _check_protection(self, dev: Device, ident: FlashIdentity) -> None:
         lo, hi = self.addresses[0], self.addresses[-1] + UNIT
         current = ident.protection
-        after = prot.decode(ident.sr1, ident.sr2 & ~prot.SR2_CMP, ident.chip.size) if self.clear_cmp else current
-        if current.overlaps(lo, hi - lo) and ident.cmp and not self.clear_cmp:
-            raise Refusal(f"SR2.CMP is set and protects {current.describe()}; rerun with --clear-cmp to clear it")
-        if after.overlaps(lo, hi - lo):
-            raise Refusal(f"the target range {lo:#08x}-{hi - 1:#08x} is write-protected "
-                          f"({after.describe()}{' even with CMP cleared' if self.clear_cmp else ''}); "
-                          "amdflash does not change block protection bits")
+        # The chip table's part, or one known only from its SFDP (--unknown-chip-ok): stages/flash/write_policy.py.
+        why = write_policy.refusal(ident, lo, hi, self.clear_cmp, self.unknown_chip_ok)
+        if why:
+            raise Refusal(why)
         if ident.cmp and self.clear_cmp:
             stage(dev.recorder, "clear_cmp", "start", current.describe())
             # A non-volatile status write: on record before it happens, like a unit's intent.

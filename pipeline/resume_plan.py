@@ -14,9 +14,9 @@ from amdflash.pipeline.checks import read_image
 from amdflash.pipeline.errors import Refusal
 from amdflash.stages.open_transport import BoardSpec
 from amdflash.store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, register_snapshot,
-                                    report, resolve_run, run_chain, unit_states, writes_since)
+                                    report, resolve_run, run_chain, runs, unit_states, writes_since)
 
-BLANK_UIDS = ("f" * 32, "0" * 32)
+BLANK_UIDS = ("f" * 32, "0" * 32, "")      # "": a part with no unique ID amdflash can read
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,8 @@ def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | N
     identity: dict[str, str] = {}
     for rid in lineage:
         b = report(db, rid)["board"]
-        if b["unique_id"]:
-            identity = {"unique_id": b["unique_id"], "jedec_chip": b["chip"] or "",
+        if b["unique_id"] or b["chip"]:
+            identity = {"unique_id": b["unique_id"] or "", "jedec_chip": b["chip"] or "",
                         "bridge_serial": b["bridge_serial"] or ""}
             break
     if identity and identity["unique_id"] in BLANK_UIDS and str(spec) != rep["board"]["spec"]:
@@ -83,7 +83,10 @@ def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | N
         raise Refusal(f"the flash of run {run_id} has no usable unique ID ({identity['unique_id']}); "
                       f"resume it with the same --board {rep['board']['spec']}")
     if identity:
-        later = writes_since(db, lineage[0], identity["unique_id"], lineage)
+        if identity["unique_id"]:
+            later = writes_since(db, lineage[0], identity["unique_id"], lineage)
+        else:   # a part without a readable unique ID: the board is known by its spec alone
+            later = _spec_writes_since(db, lineage, rep["board"]["spec"])
         if later:
             raise Refusal(f"run {later[0]['run_id']} ({later[0]['command']}) wrote this board after run "
                           f"{run_id} began; resuming would overwrite it — start a new flash instead")
@@ -95,3 +98,11 @@ def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | N
                           f"--board {rep['board']['spec']}")
     return ResumePlan(run_id, arguments, image, str(image_file.resolve()), frozenset(verified), identity,
                       register_snapshot(db, lineage[0], "before"))
+
+
+def _spec_writes_since(db: Any, lineage: list[str], spec: str) -> list[dict[str, Any]]:
+    """Write runs on the board spec after the lineage's first run, other than the lineage's."""
+    all_runs = runs(db)
+    first = next(i for i, r in enumerate(all_runs) if r["run_id"] == lineage[0])
+    return [r for r in all_runs[first + 1:] if r["board_spec"] == spec and r["run_id"] not in lineage
+            and r["command"] in ("flash", "resume", "ifwi-all")]

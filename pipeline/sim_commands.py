@@ -11,6 +11,7 @@ from amdflash.pipeline.errors import Refusal
 from amdflash.stages.transport.sim import Board, create_board
 from amdflash.stages.transport.sim.create import BoardExistsError
 from amdflash.stages.transport.sim.faults import FAULT_HELP, Faults, FaultSpecError
+from amdflash.stages.transport.sim.parts import DEFAULT_PART, all_parts
 from amdflash.stages.transport.sim.state import COUNTER_NAMES, BoardFiles
 
 
@@ -59,8 +60,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     content.add_argument("--synthetic", action="store_true", help="synthetic IFWI content (default)")
     content.add_argument("--image", type=Path, metavar="FILE", help="start with this 2 MiB image")
     content.add_argument("--blank", action="store_true", help="start erased (all 0xFF)")
+    c.add_argument("--chip", choices=tuple(all_parts()), default=DEFAULT_PART, metavar="NAME",
+                   help="the emulated flash part: " + ", ".join(all_parts()) + f" (default {DEFAULT_PART}); "
+                        "UNKNOWN and UNKNOWN-SFDP10 are fictional parts absent from the chip table")
     c.add_argument("--cmp", action="store_true", help="set SR2.CMP (with BP=0: the whole array is protected)")
-    c.add_argument("--bp", type=int, default=0, metavar="N", help="BP2..BP0 block-protect value 0..7")
+    c.add_argument("--bp", type=int, default=0, metavar="N",
+                   help="block-protect value: 0..7 (BP2..BP0), 0..15 on the MX25U1635F (BP3..BP0)")
     c.add_argument("--gated", action="store_true",
                    help="healthy autonomous boot: the ROM_SW engine is gated (STATUS 0x04000800)")
     c.add_argument("--sos", action="store_true", help="SOS is up: PSP update commands answer gated (0xA)")
@@ -132,7 +137,7 @@ def cmd_create(args: argparse.Namespace) -> int:
             args.path, content=content, cmp=args.cmp, bp=args.bp, gated=args.gated, sos=args.sos,
             no_raw_rom=args.no_raw_rom, mirrored_rom=args.mirrored_rom, transport=args.transport,
             seed=args.seed, faults=args.fault, realtime_scale=args.realtime, psp_order=psp_order,
-            bridge=_bridge_options(args), strict=not args.lenient)
+            bridge=_bridge_options(args), strict=not args.lenient, chip=args.chip)
     except (BoardExistsError, FaultSpecError, ValueError) as e:
         raise Refusal(str(e)) from None
     files = BoardFiles(path)
@@ -142,6 +147,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         print(f"  spec:      sim:{path}")
         print(f"  content:   {cfg['content']}   transport: {cfg['transport']}   seed: {cfg['seed']}")
         print(f"  serial:    {cfg['serial']}   unique id: {cfg['unique_id']}")
+        print(f"  chip:      {all_parts()[cfg['chip']].description}")
         variant = [k for k, v in cfg["variant"].items() if v]
         if not cfg.get("strict", True):
             variant.append("lenient (protocol violations counted, not raised)")

@@ -1,10 +1,15 @@
-"""Stage: open the ROM_SW engine and identify the flash (JEDEC, SR1-3, SFDP, unique ID).
+"""Stage: open the ROM_SW engine and identify the flash (JEDEC, status registers, SFDP, unique ID).
 
 Opening the engine checks its fast paths on the board (navi31/fastpaths.py). Every verdict
 is recorded as a `stages` row of the run ("rom_sw" / "fast path"); one that leaves a fast
 path off for this board — at open or later in the job — is also said on the console.
+The chip facts the run works with — from the chip table, or from the part's SFDP alone
+for a part the table does not know — are recorded as an "identify" / "chip facts" row
+whose detail is JSON.
 """
 from __future__ import annotations
+
+import json
 
 import structlog
 
@@ -48,7 +53,47 @@ def identify_flash(dev: Device) -> FlashIdentity:
     ident = nor.identify()
     dev.nor = nor
     record_identity(dev, ident)
+    dev.recorder.add("stages", stage="identify", event="chip facts", detail=json.dumps(chip_facts(ident)), at=_now())
     return ident
+
+
+def chip_facts(ident: FlashIdentity) -> dict[str, object]:
+    """What the run knows about the flash and where it comes from (table or SFDP)."""
+    chip = ident.chip
+    return {
+        **chip.facts(),
+        "jedec_capture": ident.jedec_capture.hex(),
+        "status_registers_read": {r.name: v for r, v in zip(chip.registers, ident.registers)},
+        "protection_now": ident.protection.describe(),
+        "sfdp": ident.sfdp.facts() if ident.sfdp else {"error": ident.sfdp_error},
+        "unique_id": ident.unique_id.hex() or None,
+        "unique_id_method": chip.facts()["unique_id"],
+    }
+
+
+def identity_lines(ident: FlashIdentity) -> list[str]:
+    """The flash part of `info`'s output."""
+    chip = ident.chip
+    where = " — not in the chip table: described by its SFDP alone" if chip.source == "sfdp" else ""
+    status = f"status      {ident.describe_registers()}"
+    if chip.protection is not None and chip.protection.cmp is not None:
+        status += f"  CMP={'set' if ident.cmp else 'clear'}"
+    if ident.qe is not None:
+        status += f"  QE={int(ident.qe)}"
+    if ident.unique_id:
+        uid = ident.unique_id.hex()
+    elif chip.unique_id:
+        uid = f"none (the {chip.name} reports no factory serial number)"
+    else:
+        uid = "none (no unique-ID method is known for this part)"
+    return [
+        f"flash       {chip.name} ({chip.size // 1024} KiB, {chip.voltage}); "
+        f"JEDEC capture {ident.jedec_capture.hex(' ')}{where}",
+        status,
+        f"protection  {ident.protection.describe()}",
+        f"SFDP        {ident.sfdp.describe() if ident.sfdp else 'unreadable: ' + str(ident.sfdp_error)}",
+        f"unique ID   {uid}",
+    ]
 
 
 def record_identity(dev: Device, ident: FlashIdentity | None) -> None:
@@ -58,11 +103,20 @@ def record_identity(dev: Device, ident: FlashIdentity | None) -> None:
         vendor_id=idt.vendor_id, device_id=idt.device_id,
         jedec=ident.jedec_capture.hex() if ident else None,
         chip=ident.chip.name if ident else None,
-        unique_id=ident.unique_id.hex() if ident else None,
-        sr1=ident.sr1 if ident else None, sr2=ident.sr2 if ident else None, sr3=ident.sr3 if ident else None,
+        unique_id=(ident.unique_id.hex() or None) if ident else None,
+        sr1=ident.sr1 if ident else None, sr2=_named(ident, "SR2"), sr3=_named(ident, "SR3"),
         protection=ident.protection.describe() if ident else None,
         sfdp=(ident.sfdp.describe() if ident.sfdp else ident.sfdp_error) if ident else None,
         detail=repr(idt.extra), at=_now())
+
+
+def _named(ident: FlashIdentity | None, name: str) -> int | None:
+    """A status register by its name: a part without SR2 (or whose second register is
+    something else, like the MX25U1635F's security register) records none."""
+    if ident is None:
+        return None
+    found = [v for r, v in zip(ident.chip.registers, ident.registers) if r.name == name]
+    return found[0] if found else None
 
 
 def _now() -> str:
@@ -87,7 +141,7 @@ def probe_flash(bar) -> dict[str, object]:  # noqa: ANN001 - a Bar5
         # The validated sequence, unchecked: `list` reads a few registers, speed is no matter.
         with RomSw(bar, RomSwOptions(timeout=PROBE_TIMEOUT, fast=VALIDATED, self_check=False)) as engine:
             ident = SpiNor(engine).identify()
-        return {"chip": ident.chip.name, "jedec": ident.chip.jedec.hex(), "unique_id": ident.unique_id.hex()}
+        return {"chip": ident.chip.name, "jedec": ident.chip.jedec.hex(), "unique_id": ident.unique_id.hex() or None}
     except (RomSwError, FlashError) as e:
         raw = bar.read32(R.ROM_CNTL) != R.ROM_CNTL_RAW_UNAVAILABLE
         return {"flash": f"ROM_SW does not answer: {e}",

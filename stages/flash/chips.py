@@ -1,20 +1,57 @@
 """The chip table: everything the driver needs to know about a SPI NOR part, as data.
 
-A new part is a new entry; the driver reads sizes, opcodes and timings from here.
-Timings are (typical, maximum) seconds: the driver first waits about the typical time and
-gives up after the maximum.
+A new part is a new entry; the driver reads sizes, opcodes, timings, status registers,
+protection layout and unique-ID method from here. Timings are (typical, maximum)
+seconds: the driver first waits about the typical time and gives up after the maximum.
+Each entry names its sources and the figures no public source confirmed (`assumed`);
+docs/flash-chip.md has the same facts as tables.
+
+A part that is not in the table but answers with a valid SFDP is described by
+`from_sfdp`: only what JESD216's tables say (density, erase types and times, page size,
+address bytes, where QE is), no protection layout, no unique ID. `write_gaps` says what
+such a description lacks for writing.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
+
+from amdflash.stages.flash.protection import BP_TB_SEC_CMP, ProtectionLayout
+from amdflash.stages.flash.sfdp import Sfdp
+
+KiB = 1024
+UNIT = 0x1000            # the pipeline's erase unit: planning, audit and resume work in 4 KiB
 
 
 @dataclass(frozen=True)
 class EraseType:
     size: int
     opcode: int
-    typical: float
-    maximum: float
+    typical: float | None
+    maximum: float | None
+
+
+@dataclass(frozen=True)
+class StatusRegister:
+    name: str
+    read: int            # the opcode that reads it
+
+
+@dataclass(frozen=True)
+class UniqueIdMethod:
+    """4Bh: opcode, four bytes of address/dummy, then `length` bytes. secured-otp: if the
+    security register (2Bh) shows the factory lock, enter secured OTP (B1h), read `length`
+    bytes at 0 with 03h, leave (C1h)."""
+
+    kind: Literal["4Bh", "secured-otp"]
+    length: int
+    enter: int = 0xB1
+    exit: int = 0xC1
+    security_register: int = 0x2B
+    factory_lock: int = 0x01
+
+
+SR1 = StatusRegister("SR1", 0x05)
 
 
 @dataclass(frozen=True)
@@ -22,13 +59,21 @@ class ChipInfo:
     name: str
     jedec: bytes                      # manufacturer, memory type, capacity
     size: int
-    page_size: int
+    page_size: int | None
     erase_types: tuple[EraseType, ...]  # ascending size; the smallest is the erase unit
-    chip_erase: EraseType
-    page_program: tuple[float, float]
-    status_write: tuple[float, float]
+    chip_erase: EraseType | None
+    page_program: tuple[float, float] | None
+    status_write: tuple[float, float] | None
     voltage: str
-    protection: str = "bp-tb-sec-cmp"   # decoder in stages.flash.protection
+    registers: tuple[StatusRegister, ...] = (SR1,)   # read at identification, in this order
+    protection: ProtectionLayout | None = BP_TB_SEC_CMP   # None: not known (SFDP only)
+    unique_id: UniqueIdMethod | None = None
+    qe: tuple[int, int] | None = None                     # (register index, bit)
+    address_bytes: str = "3"                              # "3", "3 or 4" or "4" (SFDP's terms)
+    source: Literal["table", "sfdp"] = "table"
+    flashrom: str = ""                                    # flashrom's entry and tested status
+    sources: tuple[str, ...] = ()
+    assumed: tuple[str, ...] = field(default=())
 
     @property
     def unit(self) -> int:
@@ -41,6 +86,51 @@ class ChipInfo:
                 return e
         raise ValueError(f"{self.name} has no {size // 1024} KiB erase")
 
+    def write_gaps(self, image_size: int = 0x200000) -> list[str]:
+        """What this description lacks for a write (empty: nothing)."""
+        gaps = []
+        if self.size != image_size:
+            gaps.append(f"its density is {self.size // KiB} KiB, the image {image_size // KiB} KiB")
+        if not self.page_size:
+            gaps.append("no page size")
+        if not self.page_program:
+            gaps.append("no page-program time")
+        if any(e.typical is None for e in self.erase_types):
+            gaps.append("no erase times")
+        if not self.erase_types or self.unit != UNIT:
+            gaps.append("no 4 KiB erase")
+        if self.address_bytes == "4":
+            gaps.append("it takes 4-byte addresses only (the ROM_SW engine sends at most 3)")
+        return gaps
+
+    def facts(self) -> dict[str, object]:
+        """The description as JSON-friendly values (recorded with a run)."""
+        def times(pair: tuple[float | None, float | None] | None) -> list[float | None] | None:
+            return list(pair) if pair else None
+
+        layout = self.protection
+        return {
+            "source": self.source, "name": self.name, "jedec": self.jedec.hex(), "size": self.size,
+            "page_size": self.page_size, "voltage": self.voltage, "address_bytes": self.address_bytes,
+            "erase_types": [{"size": e.size, "opcode": f"{e.opcode:02X}h", "typical_s": e.typical,
+                             "maximum_s": e.maximum} for e in self.erase_types],
+            "chip_erase_s": times((self.chip_erase.typical, self.chip_erase.maximum)) if self.chip_erase else None,
+            "page_program_s": times(self.page_program), "status_write_s": times(self.status_write),
+            "status_registers": [f"{r.name} {r.read:02X}h" for r in self.registers],
+            "protection": (f"{layout.scheme}: " + ", ".join(_bit_names(layout))) if layout else None,
+            "unique_id": f"{self.unique_id.kind}, {self.unique_id.length} bytes" if self.unique_id else None,
+            "flashrom": self.flashrom or None, "sources": list(self.sources), "assumed": list(self.assumed),
+        }
+
+
+def _bit_names(layout: ProtectionLayout) -> list[str]:
+    named = [(f"BP{i}", b) for i, b in enumerate(layout.bp)]
+    named += [(n, b) for n, b in (("TB", layout.tb), ("SEC", layout.sec), ("CMP", layout.cmp)) if b is not None]
+    return [f"{n}=reg{r}.{bit}" for n, (r, bit) in named]
+
+
+FLASHROM = "flashrom flashchips (github.com/flashrom/flashrom)"
+UFPROG = "ufprog part tables (github.com/hackpascal/ufprog)"
 
 # GD25LQ16E: only "4 KiB erase max 300 ms" is confirmed publicly; the rest are the GD25LQ
 # family's usual figures (docs/flash-chip.md), assumed.
@@ -58,9 +148,69 @@ GD25LQ16E = ChipInfo(
     page_program=(0.0005, 0.0024),
     status_write=(0.005, 0.030),
     voltage="1.8 V",
+    registers=(SR1, StatusRegister("SR2", 0x35), StatusRegister("SR3", 0x15)),
+    unique_id=UniqueIdMethod("4Bh", 16),
+    qe=(1, 1),
+    flashrom="GD25LQ16 (C8 60 15), tested: untested",
+    sources=("the validated reference client", FLASHROM),
+    assumed=("every time except the 4 KiB erase maximum",),
 )
 
-CHIPS: tuple[ChipInfo, ...] = (GD25LQ16E,)
+# W25Q16DW: flashrom "W25Q16.W" (untested, no .reg_bits); layout, unique ID and SFDP
+# revision from ufprog; the protection bits sit where the GD25LQ16E's do.
+W25Q16DW = ChipInfo(
+    name="Winbond W25Q16DW",
+    jedec=bytes((0xEF, 0x60, 0x15)),
+    size=0x200000,
+    page_size=0x100,
+    erase_types=(
+        EraseType(0x1000, 0x20, 0.045, 0.400),
+        EraseType(0x8000, 0x52, 0.120, 1.6),
+        EraseType(0x10000, 0xD8, 0.150, 2.0),
+    ),
+    chip_erase=EraseType(0x200000, 0xC7, 5.0, 25.0),
+    page_program=(0.0004, 0.003),
+    status_write=(0.010, 0.015),
+    voltage="1.8 V",
+    registers=(SR1, StatusRegister("SR2", 0x35)),
+    unique_id=UniqueIdMethod("4Bh", 8),
+    qe=(1, 1),
+    flashrom="W25Q16.W (EF 60 15), tested: untested",
+    sources=(FLASHROM, UFPROG),
+    assumed=("every time (the W25Q16JV datasheet's figures as recalled)",),
+)
+
+# MX25U1635F: flashrom "MX25U1635E" (same id; probe and read tested; no .reg_bits); the
+# protection table and ESN from ufprog. 35h on this part enables QPI: never send it.
+MX25U1635F = ChipInfo(
+    name="Macronix MX25U1635F",
+    jedec=bytes((0xC2, 0x25, 0x35)),
+    size=0x200000,
+    page_size=0x100,
+    erase_types=(
+        EraseType(0x1000, 0x20, 0.035, 0.200),
+        EraseType(0x8000, 0x52, 0.200, 1.0),
+        EraseType(0x10000, 0xD8, 0.350, 2.0),
+    ),
+    chip_erase=EraseType(0x200000, 0xC7, 10.0, 25.0),
+    page_program=(0.0005, 0.003),
+    status_write=(0.010, 0.040),
+    voltage="1.8 V",
+    registers=(StatusRegister("SR", 0x05), StatusRegister("SCUR", 0x2B)),
+    protection=ProtectionLayout(
+        bp=((0, 2), (0, 3), (0, 4), (0, 5)),
+        table=(("top", 0), ("top", 64 * KiB), ("top", 128 * KiB), ("top", 256 * KiB), ("top", 512 * KiB),
+               ("top", 1024 * KiB), ("top", 2048 * KiB), ("top", 2048 * KiB), ("top", 2048 * KiB),
+               ("top", 2048 * KiB), ("bottom", 1024 * KiB), ("bottom", 1536 * KiB), ("bottom", 1792 * KiB),
+               ("bottom", 1920 * KiB), ("bottom", 1984 * KiB), ("top", 2048 * KiB))),
+    unique_id=UniqueIdMethod("secured-otp", 16),
+    qe=(0, 6),
+    flashrom="MX25U1635E (C2 25 35), tested: probe and read OK",
+    sources=(FLASHROM, UFPROG),
+    assumed=("every time (Macronix 1.8 V figures as recalled)", "BP3..BP0 = 1000b protects everything"),
+)
+
+CHIPS: tuple[ChipInfo, ...] = (GD25LQ16E, W25Q16DW, MX25U1635F)
 
 
 def match_jedec(capture: bytes) -> ChipInfo | None:
@@ -75,3 +225,22 @@ def match_jedec(capture: bytes) -> ChipInfo | None:
         if chip.jedec in wrapped:
             return chip
     return None
+
+
+def from_sfdp(table: Sfdp, capture: bytes) -> ChipInfo:
+    """A part the table does not know, described by its SFDP alone."""
+    times = table.erase_times or (None,) * len(table.erase_types)
+    erases = tuple(EraseType(size, opcode, *(t or (None, None))) for (size, opcode), t in zip(table.erase_types, times))
+    registers: tuple[StatusRegister, ...] = (SR1,)
+    qe = (0, 6) if table.qer == 0b010 else None
+    if table.sr2_read:
+        registers += (StatusRegister("SR2", table.sr2_read),)
+        qe = (1, 7) if table.sr2_read == 0x3F else (1, 1)
+    # JESD216 gives no chip-erase opcode and no status-write time: neither is known here.
+    return ChipInfo(
+        name=f"unknown part (JEDEC {capture[:3].hex(' ')}, from SFDP {table.revision[0]}.{table.revision[1]})",
+        jedec=capture[:3], size=table.size, page_size=table.page_size, erase_types=erases,
+        chip_erase=None, page_program=table.page_program, status_write=None, voltage="unknown",
+        registers=registers, protection=None, unique_id=None, qe=qe, address_bytes=table.address_bytes,
+        source="sfdp",
+        sources=("the part's own SFDP tables",))

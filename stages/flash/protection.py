@@ -1,16 +1,32 @@
 """Block protection decoding: which addresses the chip silently refuses to change.
 
-BP/TB/SEC/CMP per flashrom's spi25 decoder, derived for a 2 MiB part (docs/flash-chip.md).
 Knowing the protected range lets a write be refused up front with a clear message,
-instead of the chip ignoring it and only a read-back noticing.
+instead of the chip ignoring it and only a read-back noticing. Each part's layout
+(chips.py) says where its bits are and how they decode (docs/flash-chip.md):
+
+* "spi25": flashrom's generic decoder (writeprotect_ranges.c, decode_range_spi25),
+  worked out for 2 MiB: BP = 0 protects nothing, all ones everything, otherwise
+  64 KiB × 2^(BP−1) (with SEC=1: 4 KiB × 2^(BP−1), at most 32 KiB), at the top unless
+  TB=1; CMP=1 protects the complement instead, so CMP=1 with BP=0 protects everything.
+* "table": one (side, bytes) entry per BP value, as the part's datasheet lists them,
+  for parts whose ranges follow no formula.
+
+A part amdflash only knows from its SFDP has no layout: JESD216's tables do not say
+where block-protect bits are. Its protection is `UNKNOWN`, and nothing that needs it
+(refusing a protected target, clearing CMP) can be done for it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, Sequence
 
 SR1_WIP, SR1_WEL = 0x01, 0x02
+# SR2 bits of the GD25LQ16E and W25Q16DW (the layout `decode` reads).
 SR2_QE, SR2_CMP = 0x02, 0x40
 SR2_LB = 0x38
+
+Bit = tuple[int, int]           # (index in the part's status registers, bit number)
+Side = Literal["top", "bottom"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +37,8 @@ class Protection:
     cmp: bool
     start: int      # protected range [start, start + length)
     length: int
+    bits: str = ""  # the part's protection bits as read, e.g. "BP=1 TB=0 SEC=0 CMP=0"
+    known: bool = True
 
     @property
     def end(self) -> int:
@@ -30,27 +48,68 @@ class Protection:
         return self.length > 0 and address < self.end and self.start < address + size
 
     def describe(self) -> str:
-        bits = f"BP={self.bp} TB={int(self.tb)} SEC={int(self.sec)} CMP={int(self.cmp)}"
+        if not self.known:
+            return "unknown: the part's SFDP tables do not describe its block-protection bits"
         if not self.length:
-            return f"{bits}: nothing protected"
-        return f"{bits}: {self.start:#08x}-{self.end - 1:#08x} protected ({self.length // 1024} KiB)"
+            return f"{self.bits}: nothing protected"
+        return f"{self.bits}: {self.start:#08x}-{self.end - 1:#08x} protected ({self.length // 1024} KiB)"
+
+
+UNKNOWN = Protection(0, False, False, False, 0, 0, known=False)
+
+
+@dataclass(frozen=True)
+class ProtectionLayout:
+    bp: tuple[Bit, ...]                                # least significant first
+    tb: Bit | None = None
+    sec: Bit | None = None
+    cmp: Bit | None = None
+    table: tuple[tuple[Side, int], ...] | None = None  # per BP value, for "table" layouts
+
+    @property
+    def scheme(self) -> str:
+        return "table" if self.table is not None else "spi25"
+
+    def decode(self, regs: Sequence[int], size: int = 0x200000) -> Protection:
+        def on(bit: Bit | None) -> bool:
+            return bit is not None and bool(regs[bit[0]] >> bit[1] & 1)
+
+        bp = sum(1 << i for i, bit in enumerate(self.bp) if on(bit))
+        tb, sec, cmp = on(self.tb), on(self.sec), on(self.cmp)
+        names = [f"BP={bp}"] + [f"{name}={int(value)}" for name, bit, value in
+                                (("TB", self.tb, tb), ("SEC", self.sec, sec), ("CMP", self.cmp, cmp))
+                                if bit is not None]
+        if self.table is not None:
+            side, length = self.table[bp]
+            start = 0 if side == "bottom" else size - length
+            return Protection(bp, tb, sec, cmp, start if length else 0, length, " ".join(names))
+        top = (1 << len(self.bp)) - 1
+        if bp == 0:
+            length = 0
+        elif bp == top:
+            length = size
+        elif sec:
+            length = min(0x1000 << (bp - 1), 0x8000)
+        else:
+            length = min(0x10000 << (bp - 1), size)
+        start = 0 if tb else size - length
+        if cmp:
+            # The complement of [start, start+length): one contiguous range on the other side.
+            start, length = (length, size - length) if tb else (0, size - length)
+        return Protection(bp, tb, sec, cmp, start if length else 0, length, " ".join(names))
+
+    def without_cmp(self, regs: Sequence[int]) -> list[int]:
+        """The registers as they read once CMP is cleared."""
+        out = list(regs)
+        if self.cmp is not None:
+            out[self.cmp[0]] &= ~(1 << self.cmp[1])
+        return out
+
+
+# BP2..BP0 in SR1 bits 2..4, TB bit 5, SEC bit 6, CMP in SR2 bit 6 (GD25LQ16E, W25Q16DW).
+BP_TB_SEC_CMP = ProtectionLayout(bp=((0, 2), (0, 3), (0, 4)), tb=(0, 5), sec=(0, 6), cmp=(1, 6))
 
 
 def decode(sr1: int, sr2: int, size: int = 0x200000) -> Protection:
-    bp = (sr1 >> 2) & 0x7
-    tb = bool(sr1 & 0x20)
-    sec = bool(sr1 & 0x40)
-    cmp = bool(sr2 & SR2_CMP)
-    if bp == 0:
-        length = 0
-    elif bp == 7:
-        length = size
-    elif sec:
-        length = min(0x1000 << (bp - 1), 0x8000)
-    else:
-        length = min(0x10000 << (bp - 1), size)
-    start = 0 if tb else size - length
-    if cmp:
-        # The complement of [start, start+length): one contiguous range on the other side.
-        start, length = (length, size - length) if tb else (0, size - length)
-    return Protection(bp, tb, sec, cmp, start if length else 0, length)
+    """SR1/SR2 of a BP/TB/SEC/CMP part (the GD25LQ16E's layout) decoded."""
+    return BP_TB_SEC_CMP.decode((sr1, sr2), size)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from amdflash.stages.flash import protection
 from amdflash.stages.flash.planning import plan_unit
 from amdflash.stages.flash.spinor import FlashError, ProtectedError, SpiNor
 
@@ -43,13 +42,20 @@ def flash_sectors(nor: SpiNor, image: bytes, start_sector: int = 0, sector_count
     if not 0 <= start_sector < total or not 1 <= count <= total - start_sector:
         raise ValueError(f"invalid sector range: start {start_sector}, count {count} (of {total})")
     lo, size = start_sector * unit, count * unit
+    page_size = chip.page_size
+    if page_size is None:
+        raise FlashError(f"{chip.name}: no page size is known")
 
     # Every check before the first write.
-    sr1, sr2 = nor.status(0x05), nor.status(0x35)
-    current = protection.decode(sr1, sr2, chip.size)
-    after = protection.decode(sr1, sr2 & ~protection.SR2_CMP, chip.size) if clear_cmp else current
+    layout = chip.protection
+    if layout is None:
+        raise ProtectedError(f"{chip.name}: its protection layout is unknown, so a protected target could "
+                             "not be refused up front")
+    regs = nor.registers()
+    current = layout.decode(regs, chip.size)
+    after = layout.decode(layout.without_cmp(regs), chip.size) if clear_cmp else current
     if current.overlaps(lo, size) and current.cmp and not clear_cmp:
-        raise ProtectedError(f"SR2.CMP is set ({current.describe()}); clearing it needs explicit permission")
+        raise ProtectedError(f"CMP is set ({current.describe()}); clearing it needs explicit permission")
     nor.check_writable(lo, size, after)
     if current.cmp and clear_cmp:
         nor.clear_cmp()
@@ -57,7 +63,7 @@ def flash_sectors(nor: SpiNor, image: bytes, start_sector: int = 0, sector_count
     results = []
     for address in range(lo, lo + size, unit):
         wanted = image[address:address + unit]
-        plan = plan_unit(address, nor.read(address, unit), wanted, chip.page_size)
+        plan = plan_unit(address, nor.read(address, unit), wanted, page_size)
         if plan.action == "erase":
             nor.erase(address, unit)
         nor.program_pages(address, wanted, plan.pages)

@@ -20,13 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
-from amdflash.stages.flash import protection, sfdp
+from amdflash.stages.flash import chips, protection, sfdp
 from amdflash.stages.flash.chips import ChipInfo, EraseType, match_jedec
 from amdflash.stages.navi31.romsw import Request, RomSw
 
-# Opcodes (JEDEC standard; GD25LQ16E per docs/flash-chip.md).
+# Opcodes (JEDEC standard, as every part in the table takes them; docs/flash-chip.md).
 READ, PP = 0x03, 0x02
-RDSR1, RDSR2, RDSR3 = 0x05, 0x35, 0x15
+RDSR1 = 0x05
 WRSR, WREN, WRDI = 0x01, 0x06, 0x04
 RDID, RDSFDP, RDUID = 0x9F, 0x5A, 0x4B
 
@@ -50,17 +50,35 @@ class ProtectedError(FlashError):
 class FlashIdentity:
     jedec_capture: bytes
     chip: ChipInfo
-    sr1: int
-    sr2: int
-    sr3: int
+    registers: tuple[int, ...]          # the chip's status registers, in its table's order
     sfdp: sfdp.Sfdp | None
     sfdp_error: str | None
-    unique_id: bytes
+    unique_id: bytes                    # empty when the part has none amdflash can read
     protection: protection.Protection
 
     @property
+    def sr1(self) -> int:
+        return self.registers[0]
+
+    @property
+    def sr2(self) -> int | None:
+        return self.registers[1] if len(self.registers) > 1 else None
+
+    @property
+    def sr3(self) -> int | None:
+        return self.registers[2] if len(self.registers) > 2 else None
+
+    @property
     def cmp(self) -> bool:
-        return bool(self.sr2 & protection.SR2_CMP)
+        return self.protection.cmp
+
+    @property
+    def qe(self) -> bool | None:
+        bit = self.chip.qe
+        return None if bit is None else bool(self.registers[bit[0]] >> bit[1] & 1)
+
+    def describe_registers(self) -> str:
+        return " ".join(f"{r.name}={v:02x}" for r, v in zip(self.chip.registers, self.registers))
 
 
 @dataclass(frozen=True)
@@ -84,38 +102,73 @@ class SpiNor:
         return self.spi.read(RDID, count=4)
 
     def identify(self) -> FlashIdentity:
+        """JEDEC id, SFDP, status registers, unique ID and protection.
+
+        Only opcodes the part is known to take are sent: a table part's own register reads
+        (35h, which reads SR2 on most parts, switches the MX25U1635F to QPI); for a part
+        known only from its SFDP, 05h and whatever its quad-enable field says reads SR2.
+        """
         self._idle()
         capture = self.rdid()
         chip = match_jedec(capture)
-        if chip is None:
-            raise FlashError(f"unexpected JEDEC capture {capture.hex(' ')}: no known chip "
-                             "(expected GD25LQ16E C8 60 15); is the flash powered and the pad setup right?")
-        self.chip = chip
-        sr1, sr2, sr3 = self.status(RDSR1), self.status(RDSR2), self.status(RDSR3)
+        if chip is not None and chip.unique_id and chip.unique_id.kind == "secured-otp":
+            # Leave secured-OTP mode, in case a run died inside it (harmless outside it).
+            self.spi.command(chip.unique_id.exit)
         table, error = None, None
         try:
             table = self.read_sfdp()
         except sfdp.SfdpError as e:
             error = str(e)
-        uid = self.spi.read(RDUID, 0, 3, 17)[1:]  # one dummy byte leads the 16 ID bytes
-        return FlashIdentity(capture, chip, sr1, sr2, sr3, table, error, uid,
-                             protection.decode(sr1, sr2, chip.size))
+        if chip is None:
+            if table is None:
+                raise FlashError(f"unexpected JEDEC capture {capture.hex(' ')}: no known chip and no SFDP ({error}); "
+                                 "is the flash powered and the pad setup right?")
+            chip = chips.from_sfdp(table, capture)
+        self.chip = chip
+        regs = tuple(self.status(r.read) for r in chip.registers)
+        uid = self._unique_id(chip, regs)
+        prot = chip.protection.decode(regs, chip.size) if chip.protection else protection.UNKNOWN
+        return FlashIdentity(capture, chip, regs, table, error, uid, prot)
+
+    def _unique_id(self, chip: ChipInfo, regs: tuple[int, ...]) -> bytes:
+        method = chip.unique_id
+        if method is None:
+            return b""
+        if method.kind == "4Bh":
+            # Four bytes of address or dummy follow the opcode; the last arrives as the first RX byte.
+            return self.spi.read(RDUID, 0, 3, method.length + 1)[1:]
+        if not self.status(method.security_register) & method.factory_lock:
+            return b""      # the factory wrote no serial number
+        self.spi.command(method.enter)
+        try:
+            return self.spi.read(READ, 0, 3, method.length)
+        finally:
+            self.spi.command(method.exit)
 
     def read_sfdp(self) -> sfdp.Sfdp:
         # 5Ah sends one dummy byte after the address; it arrives as the first RX byte.
         header = self.spi.read(RDSFDP, 0, 3, 17)[1:]
         revision, pointer, length = sfdp.parse_header(header)
+        if header[6]:
+            header = self.spi.read(RDSFDP, 0, 3, 17 + 8 * header[6])[1:]
+        headers = sfdp.parameter_headers(header)
         if not 9 <= length <= 63:
             raise sfdp.SfdpError(f"basic flash parameter table length {length} dwords is implausible")
         bfpt = self.spi.read(RDSFDP, pointer, 3, length * 4 + 1)[1:]
-        return sfdp.parse_bfpt(revision, bfpt)
+        return sfdp.parse_bfpt(revision, bfpt, headers[0].revision, tuple(h.id for h in headers))
 
     # -- status -----------------------------------------------------------------------------
     def status(self, opcode: int = RDSR1) -> int:
         return self.spi.read(opcode, count=1)[0]
 
+    def registers(self) -> tuple[int, ...]:
+        return tuple(self.status(r.read) for r in self._chip().registers)
+
     def protection(self) -> protection.Protection:
-        return protection.decode(self.status(RDSR1), self.status(RDSR2), self._chip().size)
+        chip = self._chip()
+        if chip.protection is None:
+            return protection.UNKNOWN
+        return chip.protection.decode(self.registers(), chip.size)
 
     def write_enable(self) -> None:
         self._idle()
@@ -150,19 +203,30 @@ class SpiNor:
                                  f"the chip protects it, {prot.describe()}{hint}")
 
     def clear_cmp(self) -> bool:
-        """Clear SR2.CMP, preserving every other protection and QE bit. False if already clear."""
+        """Clear CMP, preserving every other protection and QE bit. False if already clear.
+
+        01h with the registers from the first up to CMP's (SR1, SR2 on the parts that have
+        CMP): a one-byte 01h clears CMP and QE on some parts (W25Q16DW), so all are written.
+        """
+        chip = self._chip()
+        layout = chip.protection
+        if layout is None or layout.cmp is None or chip.status_write is None:
+            raise ProtectedError(f"{chip.name}: no known CMP bit to clear")
         self._idle()
-        sr1, sr2 = self.status(RDSR1), self.status(RDSR2)
-        if not sr2 & protection.SR2_CMP:
+        index, bit = layout.cmp
+        regs = [self.status(r.read) for r in chip.registers[:index + 1]]
+        if not regs[index] >> bit & 1:
             return False
         self.write_enable()
-        # WIP and WEL are not writable; LB bits are written back as read, so nothing is locked.
-        self.spi.command(WRSR, tx=bytes((sr1 & 0xFC, sr2 & ~protection.SR2_CMP & 0xFF)))
-        typical, maximum = self._chip().status_write
+        # WIP and WEL are not writable; lock bits are written back as read, so nothing is locked.
+        cleared = layout.without_cmp([regs[0] & 0xFC, *regs[1:]])
+        self.spi.command(WRSR, tx=bytes(cleared))
+        typical, maximum = chip.status_write
         self.wait_ready(typical, maximum, "write status", self.spi.last_end)
-        new_sr2 = self.status(RDSR2)
-        if new_sr2 & protection.SR2_CMP:
-            raise FlashError(f"SR2.CMP did not clear (SR2={new_sr2:#04x}); the status register may be locked (SRP)")
+        now = self.status(chip.registers[index].read)
+        if now >> bit & 1:
+            raise FlashError(f"CMP did not clear ({chip.registers[index].name}={now:#04x}); "
+                             "the status register may be locked (SRP)")
         return True
 
     # -- array operations -------------------------------------------------------------------
@@ -212,6 +276,8 @@ class SpiNor:
 
     def erase(self, address: int, size: int) -> None:
         etype = self._chip().erase_type(size)
+        if etype.typical is None or etype.maximum is None:
+            raise FlashError(f"no {size // 1024} KiB erase time is known for the {self._chip().name}")
         if address % size:
             raise ValueError(f"{size // 1024} KiB erase at {address:#x} is not aligned")
         self._check_range(address, size)
@@ -224,6 +290,10 @@ class SpiNor:
     def chip_erase(self) -> None:
         """Erase the whole array (refused up front if anything is protected)."""
         chip = self._chip()
+        if chip.chip_erase is None or chip.chip_erase.typical is None or chip.chip_erase.maximum is None:
+            raise FlashError(f"no chip-erase command and time are known for the {chip.name}")
+        if chip.protection is None:
+            raise ProtectedError(f"{chip.name}: its protection layout is unknown")
         self.check_writable(0, chip.size)
         self.write_enable()
         self.spi.command(chip.chip_erase.opcode)
@@ -231,7 +301,7 @@ class SpiNor:
 
     def program(self, address: int, data: bytes, on_page: Callable[[int], None] | None = None) -> int:
         """Program `data` (whole, aligned pages); all-0xFF pages are skipped. Returns pages written."""
-        page_size = self._chip().page_size
+        page_size = self._programming()[0]
         if address % page_size or len(data) % page_size:
             raise ValueError("program() takes whole, aligned pages")
         erased = b"\xff" * page_size
@@ -245,8 +315,7 @@ class SpiNor:
         Timed (the default fast path): returns with the last page still programming; the next
         operation on the chip sees its end. Checked: returns when the last page has ended.
         """
-        chip = self._chip()
-        page_size = chip.page_size
+        page_size = self._programming()[0]
         self._check_range(base, len(data))
         for page in pages:
             offset = page - base
@@ -260,8 +329,7 @@ class SpiNor:
 
     def _program_timed(self, base: int, data: bytes, pages: Sequence[int],
                        on_page: Callable[[int], None] | None) -> None:
-        typical, maximum = self._chip().page_program
-        page_size = self._chip().page_size
+        page_size, typical, maximum = self._programming()
         spi = self.spi
         for page in pages:
             chunk = data[page - base:page - base + page_size]
@@ -276,8 +344,7 @@ class SpiNor:
 
     def _program_checked(self, base: int, data: bytes, pages: Sequence[int],
                          on_page: Callable[[int], None] | None) -> None:
-        typical, maximum = self._chip().page_program
-        page_size = self._chip().page_size
+        page_size, typical, maximum = self._programming()
         self._idle()
         pending: float | None = None   # end of a page whose completion is not yet seen
         for page in pages:
@@ -295,13 +362,12 @@ class SpiNor:
         self.spi.give_up("timed_pages", reason)
 
     def program_page(self, address: int, data: bytes) -> None:
-        page_size = self._chip().page_size
+        page_size, typical, maximum = self._programming()
         if not data or (address % page_size) + len(data) > page_size:
             raise ValueError(f"page program of {len(data)} bytes at {address:#x} crosses a page boundary")
         self._check_range(address, len(data))
         self.write_enable()
         self.spi.command(PP, address, 3, data)
-        typical, maximum = self._chip().page_program
         self.wait_ready(typical, maximum, f"page program at {address:#08x}", self.spi.last_end)
 
     def _enable_after(self, busy_since: float | None, maximum: float) -> None:
@@ -322,6 +388,13 @@ class SpiNor:
                 raise FlashTimeout(f"flash still busy {clock.now() - busy_since:.4f} s after a page program "
                                    f"(datasheet maximum {maximum:g} s, SR1={sr1:#04x})")
             clock.sleep(POLL_INTERVAL)
+
+    def _programming(self) -> tuple[int, float, float]:
+        """(page size, typical, maximum page-program time), or why the part cannot be programmed."""
+        chip = self._chip()
+        if not chip.page_size or not chip.page_program:
+            raise FlashError(f"no page size and page-program time are known for the {chip.name}")
+        return chip.page_size, *chip.page_program
 
     def _chip(self) -> ChipInfo:
         if self.chip is None:

@@ -1135,3 +1135,15 @@ def test_random_sequences_match_the_reference(shared_ideal_board, sequence):
         assert bool(sr(b) & WEL) == model.wel, step
         assert (sr(b) & 0x7C, sr(b, 0x35) & CMP) == (model.sr1, model.sr2), step
     assert read(b, 0, FLASH) == bytes(model.flash)
+
+
+def test_a_board_names_its_part_and_one_made_before_parts_existed_is_a_gd25lq16e(make_board):
+    import json
+
+    path = make_board(content="blank")
+    config = json.loads((path / "board.json").read_text())
+    assert config["chip"] == "GD25LQ16E"
+    del config["chip"]
+    (path / "board.json").write_text(json.dumps(config))
+    with Board(path) as b:
+        assert b.chip.transaction(b"\x9f", 3) == JEDEC

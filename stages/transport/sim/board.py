@@ -88,11 +88,11 @@ class Board:
 
         # The models, wired onto the register file. Imported here so each stays a leaf.
         from amdflash.stages.transport.sim.aperture import RomAperture
-        from amdflash.stages.transport.sim.gd25 import Gd25Chip
+        from amdflash.stages.transport.sim.nor import NorChip
         from amdflash.stages.transport.sim.psp import PspMailbox
         from amdflash.stages.transport.sim.romsw import RomSwEngine
 
-        self.chip = Gd25Chip(self)
+        self.chip = NorChip(self)          # the part named in board.json ("chip")
         self.engine = RomSwEngine(self)
         self.aperture = RomAperture(self)
         self.psp = PspMailbox(self)

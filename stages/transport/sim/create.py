@@ -54,19 +54,25 @@ def create_board(
     psp_order: list[int] | None = None,
     bridge: dict[str, Any] | None = None,
     strict: bool = True,
+    chip: str | None = None,
 ) -> Path:
     """Create a board directory. `content` is "synthetic", "blank" or a 2 MiB image.
 
     `bridge`: options of the emulated ASM24 bridge in front of the board (see
     `stages.transport.sim.usb.BridgeOptions`), stored as board.json's "bridge" object.
     `strict`: a ROM_SW protocol violation raises (default) rather than only being counted.
+    `chip`: the emulated flash part (parts.py; default GD25LQ16E).
     """
     path = Path(path)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise BoardExistsError(f"{path} already exists and is not an empty directory")
     cost.profile(transport)  # validates the name
-    if not 0 <= bp <= 7:
-        raise ValueError("--bp must be 0..7 (BP2..BP0)")
+    from amdflash.stages.transport.sim.nor import NorChip
+    from amdflash.stages.transport.sim.parts import part
+
+    spec = part(chip)
+    # The chip's status registers (CMP, BP) are part of its persistent state; this validates them.
+    chip_state = NorChip.initial_state(spec, cmp=cmp, bp=bp)
     fault_set = Faults.parse(faults or [])
     from amdflash.stages.transport.sim.psp import check_order
 
@@ -111,15 +117,12 @@ def create_board(
         "realtime_scale": realtime_scale,
         "psp_order": psp_order,
         "strict": strict,
+        "chip": spec.name,
     }
     if bridge:
         config["bridge"] = dict(bridge)
     create_files(path, config, flash, regs)
 
-    # The chip's status registers (CMP, BP) are part of its persistent state.
-    from amdflash.stages.transport.sim.gd25 import Gd25Chip
-
-    chip_state = Gd25Chip.initial_state(cmp=cmp, bp=bp)
     offset, size = REGIONS["chip"]
     with open(path / "state.bin", "r+b") as f:
         f.seek(offset)

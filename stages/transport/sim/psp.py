@@ -96,8 +96,7 @@ PARTITION_PAYLOAD = 0x08
 # partition payload last. 18 items, within Navi31's 19.
 DEFAULT_ORDER: tuple[int, ...] = (0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x80, 0x81,
                                   *range(0x82, 0x89), 0x89, PARTITION_PAYLOAD)
-# SPI_GET_MODEL_ID's answer: the GD25LQ16E JEDEC bytes C8 60 15 (assumed encoding).
-MODEL_ID = 0xC86015
+# SPI_GET_MODEL_ID's answer: the flash part's JEDEC bytes, e.g. C8 60 15 (assumed encoding).
 
 # What START accepts per item: exact sizes, 16-byte tables, or anything up to the cap.
 FIXED_SIZES = {0x01: 0x54, 0x04: 0x1000, 0x05: 0x1000, 0x06: 0x20, 0x07: 0x20, 0x80: 4, 0x89: 0x100}
@@ -194,7 +193,7 @@ class PspMailbox:
         self._handlers: dict[int, Callable[[int], Answer]] = {
             GET_BOOT_PARTITION: lambda _: Answer(OK, self.state.boot_partition),
             GET_FB_STATE: lambda _: Answer(OK, 1 if self.sos else 0),  # trained memory only with SOS
-            SPI_GET_MODEL_ID: lambda _: Answer(OK, MODEL_ID),
+            SPI_GET_MODEL_ID: lambda _: Answer(OK, int.from_bytes(self.board.chip.part.jedec, "big")),
             GET_TRANSFER_TYPE: self._get_transfer_type,
             START_TRANSFER: self._start,
             DATA_TRANSFER: self._data,
