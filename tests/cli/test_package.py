@@ -57,12 +57,14 @@ def test_the_wheel_installs_beside_store_and_pipeline_and_runs(tmp_path):
     python = env_dir / "bin" / "python"
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
-    # amdflash's dependencies come from the test environment (a path, not its .pth files: not its amdflash).
+    # amdflash's dependencies come from the test environment (a path, not its .pth files). A
+    # non-editable amdflash installed there is visible through it too, so pip must install the
+    # wheel regardless (--ignore-installed); this venv's own site-packages come first on sys.path.
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     # store and pipeline first, then amdflash on top of them: nothing of theirs may change.
     for wheel in (built[1], built[2], built[0]):
-        subprocess.run([*PIP, "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)],
-                       check=True, capture_output=True, timeout=300)
+        subprocess.run([*PIP, "--python", str(python), "install", "--no-deps", "--no-index", "--ignore-installed",
+                        "-q", str(wheel)], check=True, capture_output=True, timeout=300)
 
     work = tmp_path / "work"
     work.mkdir()
