@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from amdflash.pipeline import commands, replay_command, review_commands, sim_commands
+from amdflash.pipeline import commands, replay_command, restore_command, review_commands, sim_commands
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED, Refusal
 
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay_command.add_parsers(sub, audit_sub)
     review_commands.add_parsers(sub, audit_sub)
     sim_commands.add_parser(sub)
+    restore_command.add_parsers(sub)
     return p
 
 

@@ -18,7 +18,7 @@ from amdflash.pipeline.runner import RunInfo, RunResult, exit_code, new_run_id, 
 from amdflash.stages.navi31.psp import DISABLED_REASON
 from amdflash.stages.open_transport import BoardSpec, BoardSpecError, parse_spec
 from amdflash.store import chain
-from amdflash.store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, open_readonly, register_snapshot, report,
+from amdflash.store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, open_readonly, report,
                            resolve_run, runs, unit_states, writes_since)
 from amdflash.store.writer import AuditWriter, StoreUnavailable
 
@@ -61,6 +61,10 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                         "transaction yields its predecessor's data; fewer transactions; NOT yet validated on hardware)")
     g.add_argument("--restore-each", action="store_true",
                    help="save/configure/restore the engine registers around every transaction, as the reference does")
+    g.add_argument("--reads", type=int, default=2, metavar="N",
+                   help="agreeing reads that confirm every byte kept (dump, backup, verify; default 2); where "
+                        "reads disagree, more are taken and a byte needs a majority of at least 3; 1 opts out "
+                        "(recorded as unconfirmed)")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
@@ -221,7 +225,9 @@ def _read_image(path: Path) -> bytes:
 def _engine(args: argparse.Namespace) -> jobs.EngineOptions:
     if not 0 <= args.prescale <= 15:
         raise Refusal("--prescale must be 0..15")
-    return jobs.EngineOptions(args.prescale, args.rx_mode, args.restore_each)
+    if not 1 <= args.reads <= 9:
+        raise Refusal("--reads must be 1..9")
+    return jobs.EngineOptions(args.prescale, args.rx_mode, args.restore_each, args.reads)
 
 
 def _open_writer(args: argparse.Namespace):  # noqa: ANN202
@@ -241,6 +247,8 @@ def cmd_board(args: argparse.Namespace) -> int:
     """Every job that runs on boards: checks first, then one audited run per board."""
     specs = _specs(args)
     job = args.job
+    if hasattr(args, "prescale"):
+        _engine(args)   # engine options are checked before any run starts
     image: bytes | None = None
     image_path: str | None = None
     arguments: dict[str, Any] = {}
@@ -261,7 +269,8 @@ def cmd_board(args: argparse.Namespace) -> int:
                           f"(the flash has {SECTORS} sectors of 4 KiB)")
         arguments = {"image": image_path, "clear_cmp": args.clear_cmp, "start_sector": args.start_sector,
                      "sector_count": count, "force": args.force, "retries": args.retries,
-                     "prescale": args.prescale, "rx_mode": args.rx_mode, "restore_each": args.restore_each}
+                     "prescale": args.prescale, "rx_mode": args.rx_mode, "restore_each": args.restore_each,
+                     "reads": args.reads}
     if job == "resume":
         if not args.yes:
             raise Refusal("refusing to write without --yes (resume writes the flash)")
@@ -295,10 +304,11 @@ def cmd_board(args: argparse.Namespace) -> int:
             info.resumes_run_id = plan["run_id"]
             info.arguments = {**plan["arguments"], "resumes": plan["run_id"]}
             a = plan["arguments"]
-            engine = jobs.EngineOptions(a.get("prescale", 8), a.get("rx_mode", "primed"), a.get("restore_each", False))
+            engine = jobs.EngineOptions(a.get("prescale", 8), a.get("rx_mode", "primed"), a.get("restore_each", False),
+                                        a.get("reads", 2))
             body = jobs.FlashJob(engine, image, a["start_sector"], a["sector_count"], a["clear_cmp"],
                                  a.get("retries", 2), backup_dir, frozenset(plan["verified"]), True,
-                                 plan["identity"], plan["registers"])
+                                 plan["identity"], tuple(plan["lineage"]), db_path(args))
         elif job == "probe":
             body = jobs.ProbeJob()
         elif job == "ifwi-all":
@@ -373,14 +383,12 @@ def _resume_plan(args: argparse.Namespace, spec: BoardSpec) -> tuple[dict[str, A
             if str(spec) != rep["board"]["spec"]:
                 raise Refusal(f"run {run_id} died before identifying its board; resume it with the same "
                               f"--board {rep['board']['spec']}")
-        # Registers as they were before the first run touched them: restored at the end.
-        original = register_snapshot(db, lineage[0], "before")
     except RunNotFound as e:
         raise Refusal(str(e)) from None
     finally:
         db.conn.close()
     return ({"run_id": run_id, "arguments": arguments, "verified": verified, "identity": identity,
-             "registers": original}, image, str(image_file.resolve()))
+             "lineage": lineage}, image, str(image_file.resolve()))
 
 
 def _run_lineage(db, run_id: str) -> list[str]:  # noqa: ANN001
