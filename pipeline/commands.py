@@ -20,6 +20,8 @@ from amdflash.stages.open_transport import BoardSpec, BoardSpecError, parse_spec
 from amdflash.store import chain
 from amdflash.store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, open_readonly, report,
                            resolve_run, runs, unit_states, writes_since)
+from amdflash.store.read_checks import describe as describe_reads
+from amdflash.store.read_checks import read_checks
 from amdflash.store.writer import AuditWriter, StoreUnavailable
 
 FLASH_SIZE = jobs.FLASH_SIZE
@@ -463,6 +465,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         rep = report(db, args.run_id)
     except RunNotFound as e:
         raise Refusal(str(e)) from None
+    rep["reads"] = read_checks(db, rep["run_id"])
     if args.format == "json":
         text = json.dumps(rep, indent=2, default=str)
     elif args.format == "html":
@@ -498,6 +501,9 @@ def render_text(rep: dict[str, Any]) -> str:
     ]
     if rep["resumes_run_id"]:
         lines.append(f"resumes    {rep['resumes_run_id']}")
+    reads = describe_reads(rep["reads"]) if "reads" in rep else None
+    if reads:
+        lines.append(f"reads      {reads}")
     if counts:
         lines.append("units      " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     for f in rep["verifies"]["failed"][:5]:

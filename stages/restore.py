@@ -31,8 +31,8 @@ _OUR_BITS = {R.GPIOPAD_MASK: R.SPI_PAD_BITS, R.GPIOPAD_A: R.SPI_PAD_BITS, R.GPIO
 
 
 class LedgerBar:
-    """The run's BAR, remembering the last value written to each register it may leave
-    changed — so that a run that cannot restore can say which ones it left."""
+    """The run's BAR, remembering the last value that reached each register the run may
+    leave changed — so that a run that cannot restore can say which ones it left."""
 
     def __init__(self, bar) -> None:  # noqa: ANN001 - the audited Bar5
         self.inner = bar
@@ -40,23 +40,25 @@ class LedgerBar:
         self.identity = bar.identity
         self.read32 = bar.read32
         self.read_block = bar.read_block
-        self.written: dict[int, int | None] = {}   # register -> last value written (None: unknown)
+        self.written: dict[int, int] = {}    # register -> last value written successfully
+        self.doubtful: set[int] = set()      # a later write failed: it may or may not have landed
 
     def write32(self, offset: int, value: int) -> None:
         if offset not in _RESTORABLE:
             self.inner.write32(offset, value)
             return
-        self.written[offset] = None            # if the write fails, it may or may not have landed
+        self.doubtful.add(offset)
         self.inner.write32(offset, value)
         self.written[offset] = value & 0xFFFFFFFF
+        self.doubtful.discard(offset)
 
     def write_block(self, offset: int, data: bytes) -> None:
         touched = [r for r in _RESTORABLE if offset <= r < offset + len(data)]
-        for r in touched:
-            self.written[r] = None
+        self.doubtful.update(touched)
         self.inner.write_block(offset, data)
         for r in touched:
             self.written[r] = int.from_bytes(data[r - offset:r - offset + 4], "little")
+            self.doubtful.discard(r)
 
     @property
     def restoring(self) -> bool:
@@ -75,11 +77,13 @@ class RegistersLeftChanged(RuntimeError):
     """The run could not put its registers back (or could not check that it did)."""
 
 
-def left_changed(dev: Device) -> dict[int, tuple[int | None, int]]:
-    """register -> (value last written or None if unknown, value it should hold)."""
+def left_changed(dev: Device) -> dict[int, tuple[int, int, bool]]:
+    """register -> (value last written, value it should hold, whether a later write failed)."""
     truth: dict[int, int] = dev.extra.get("registers_truth", {})
-    written = dev.bar.written if isinstance(dev.bar, LedgerBar) else {}
-    return {r: (v, truth[r]) for r, v in written.items() if r in truth and v != truth[r]}
+    bar = dev.bar
+    if not isinstance(bar, LedgerBar):
+        return {}
+    return {r: (v, truth[r], r in bar.doubtful) for r, v in bar.written.items() if r in truth and v != truth[r]}
 
 
 def describe_left(dev: Device) -> str:
@@ -88,8 +92,10 @@ def describe_left(dev: Device) -> str:
         what = "registers may be left changed"
     else:
         what = "left changed: " + ", ".join(
-            f"{NAMES[r]} ({'unknown' if v is None else f'{v:#010x}'}, should be {t:#010x})"
-            for r, (v, t) in sorted(left.items(), key=lambda x: RESTORABLE.index(x[0])))
+            f"{NAMES[r]}={v:#010x}{'?' if doubt else ''} (should be {t:#010x})"
+            for r, (v, t, doubt) in sorted(left.items(), key=lambda x: RESTORABLE.index(x[0])))
+        if any(doubt for _, _, doubt in left.values()):
+            what += " (?: the write putting it back failed and may not have landed)"
     return (f"{what}; the next amdflash run on this board puts them back "
             f"(or run: amdflash restore --board {dev.identity.spec})")
 
@@ -116,6 +122,9 @@ def restore_registers(dev: Device) -> str:
     try:
         snapshot_registers(dev, "after restore")
     except Exception as e:  # noqa: BLE001
+        if failure is None and isinstance(dev.bar, LedgerBar) and not left_changed(dev):
+            # Nothing of ours to put back (a PSP job, say): only the check could not be read.
+            return f"no register left changed (the post-restore snapshot failed: {e})"
         failure = failure or e
     if failure is not None:
         raise RegistersLeftChanged(f"registers not put back ({failure}): {describe_left(dev)}")

@@ -16,17 +16,16 @@ import datetime as dt
 import hashlib
 import json
 import os
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from amdflash.stages.confirm import EXTRA_READS, MAJORITY, Confirmation, Noise, Ranges, UnconfirmedRead, confirm
+from amdflash.stages.confirm import Confirmation, Noise, Ranges, UnconfirmedRead, confirm
 from amdflash.stages.device import Device
-from amdflash.stages.flash.spinor import READ, FlashError, FlashIdentity, SpiNor
+from amdflash.stages.flash.spinor import READ, FlashIdentity, SpiNor
 from amdflash.stages.identify import record_identity
 from amdflash.stages.navi31 import regs as R
-from amdflash.stages.navi31.romsw import Request
+from amdflash.stages.navi31.romsw import Request, RomSw
 
 # Everything the ROM_SW and aperture paths may touch, captured before any change.
 SNAPSHOT_REGISTERS = (
@@ -126,55 +125,33 @@ def keep(dev: Device, result: Confirmation, purpose: str) -> bytes:
 
 
 def read_identity(dev: Device, reads: int) -> FlashIdentity:
-    """Identify the flash (JEDEC, SR1-3, SFDP, unique ID), confirmed like a unit: the same
-    answer `reads` times, or on disagreement one answer with ≥ 3 votes and a majority.
-    The unique ID is what later runs match this board by, so a flipped bit matters."""
+    """Identify the flash (JEDEC, SR1-3, SFDP, unique ID) with every identification read
+    confirmed like a unit read: the unique ID is what later runs match this board by."""
     assert dev.romsw is not None
-    nor = SpiNor(dev.romsw)
-    answers: list[tuple[object, FlashIdentity | FlashError]] = []
-    tally: Counter = Counter()
-    while True:
-        try:
-            answer: FlashIdentity | FlashError = nor.identify()
-            key: object = _identity_key(answer)
-        except FlashError as e:
-            answer, key = e, ("error", str(e))
-        answers.append((key, answer))
-        tally[key] += 1
-        winner, count = tally.most_common(1)[0]
-        n = len(answers)
-        if count == n and n >= reads or count >= max(MAJORITY, reads) and 2 * count > n:
-            break
-        if n >= max(reads, 1) + EXTRA_READS:
-            _record_identity_disagreement(dev, tally, n, resolved=False)
-            raise FlashError(f"identification reads do not agree after {n} reads ({len(tally)} different "
-                             "answers): an unstable cell or a noisy SPI line")
-    if len(tally) > 1:
-        _record_identity_disagreement(dev, tally, n, resolved=True)
-    chosen = next(a for k, a in answers if k == winner)
-    if isinstance(chosen, FlashError):
-        raise chosen
-    nor.chip = chosen.chip
-    dev.nor = nor
-    record_identity(dev, chosen)
-    return chosen
+    ident = SpiNor(ConfirmingReads(dev, dev.romsw, reads)).identify()   # type: ignore[arg-type]
+    dev.nor = SpiNor(dev.romsw, ident.chip)
+    record_identity(dev, ident)
+    return ident
 
 
-def _identity_key(ident: FlashIdentity) -> tuple[object, ...]:
-    return (ident.jedec_capture, ident.chip.name, ident.sr1, ident.sr2, ident.sr3, ident.unique_id,
-            ident.sfdp.describe() if ident.sfdp else ident.sfdp_error)
+class ConfirmingReads:
+    """The ROM_SW engine, with each single read (`read`) confirmed by agreeing reads and
+    its disagreements recorded; everything else goes to the engine as is."""
 
+    def __init__(self, dev: Device, engine: RomSw, reads: int):
+        self._dev, self._engine, self._reads = dev, engine, reads
 
-def _record_identity_disagreement(dev: Device, tally: Counter, reads: int, resolved: bool) -> None:
-    checks = read_checks(dev)
-    checks.disagreed.append(0)
-    if not resolved:
-        checks.unresolved.append(0)
-    answers = [{"votes": n, "unique_id": k[5].hex(), "jedec": k[0].hex(), "sr": [k[2], k[3], k[4]]}
-               if k[0] != "error" else {"votes": n, "error": k[1]} for k, n in tally.most_common(4)]
-    dev.recorder.add("read_disagreements", address=0, size=0, purpose="identify", reads=reads,
-                     differing=len(tally) - 1, detail=json.dumps({"answers": answers}),
-                     resolved=int(resolved), clock=dev.clock.now())
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._engine, name)
+
+    def read(self, opcode: int, address: int = 0, address_bytes: int = 0, count: int = 1) -> bytes:
+        engine = self._engine
+
+        def again(ranges: Ranges) -> list[bytes]:
+            return [engine.read(opcode, address, address_bytes, count) for _ in ranges]
+
+        result = confirm(again, address, count, self._reads, read_checks(self._dev).noise, chunk=max(count, 1))
+        return keep(self._dev, result, f"identify ({opcode:02X}h)")
 
 
 # -- the backup ---------------------------------------------------------------------------------
