@@ -16,6 +16,7 @@ import anyio
 from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.runner import RunInfo, stage
 from amdflash.stages import ifwi
+from amdflash.stages.confirm import confirm_whole
 from amdflash.stages.device import Device, Interrupted
 from amdflash.stages.erase import erase_stage
 from amdflash.stages.flash import protection as prot
@@ -26,7 +27,6 @@ from amdflash.stages.navi31.psp import PspMailbox
 from amdflash.stages.navi31.romsw import RomSwOptions
 from amdflash.stages.plan import PlanSummary, WorkItem, plan
 from amdflash.stages.program import program_stage
-from amdflash.stages.confirm import confirm_whole
 from amdflash.stages.snapshot import (UnitRead, file_sha256, keep, partial_path, read_backup, read_checks,
                                       read_identity, read_unit, write_backup)
 from amdflash.stages.verify import first_mismatch, record_verify, verify_stage
@@ -66,9 +66,8 @@ async def identify(dev: Device, engine: EngineOptions, info: RunInfo) -> FlashId
 
 
 def note_read_policy(dev: Device, reads: int) -> None:
+    """The run's arguments record --reads; the summary records what the reads found."""
     read_checks(dev).reads = reads
-    stage(dev.recorder, "reads", "policy", f"{reads} agreeing reads confirm each kept byte" if reads >= 2
-          else "1 read per byte: kept bytes are NOT confirmed (--reads 1)")
 
 
 def finish_reads(dev: Device, info: RunInfo, summary: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ async def settle_registers(dev: Device, db_path: str | None) -> list[str]:
     job must not run on a board left in another run's state."""
     dev.bar = LedgerBar(dev.bar)
     key = board_key(dev.identity.spec, dev.identity.serial)
-    record_stage(dev, "registers", "board", key)
+    record_stage(dev, "registers", "start", key)
     stranded = await anyio.to_thread.run_sync(find_stranded, db_path, key, dev.recorder.run_id)
     notes: list[str] = []
     if stranded is not None:
@@ -31,4 +31,6 @@ async def settle_registers(dev: Device, db_path: str | None) -> list[str]:
         notes = await dev.call(put_back, dev, stranded.run_id, stranded.registers,
                                f"a {stranded.command} run; {stranded.outcome}")
     dev.extra["registers_truth"] = await dev.call(snapshot_registers, dev, "before")
+    record_stage(dev, "registers", "end", "as found" if stranded is None
+                 else f"as found, after dealing with what run {stranded.run_id} left")
     return notes

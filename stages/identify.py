@@ -1,4 +1,5 @@
-"""Stage: open the ROM_SW engine and identify the flash (JEDEC, SR1-3, SFDP, unique ID)."""
+"""Stage: open the ROM_SW engine; record the flash identity (read, confirmed, by
+stages.snapshot.read_identity); probe boards for `list`."""
 from __future__ import annotations
 
 from amdflash.stages.device import Device
@@ -18,15 +19,6 @@ def open_engine(dev: Device, options: RomSwOptions) -> RomSw:
     dev.romsw = engine
     engine.open()
     return engine
-
-
-def identify_flash(dev: Device) -> FlashIdentity:
-    assert dev.romsw is not None
-    nor = SpiNor(dev.romsw)
-    ident = nor.identify()
-    dev.nor = nor
-    record_identity(dev, ident)
-    return ident
 
 
 def record_identity(dev: Device, ident: FlashIdentity | None) -> None:

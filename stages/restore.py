@@ -149,16 +149,17 @@ def put_back(dev: Device, run_id: str, truth: dict[int, int], why: str) -> list[
     since), nor when they differ in bits amdflash never changes (something else has set
     the board up since: its values are the truth now)."""
     found = snapshot_registers(dev, "found")
+    record_stage(dev, "restore_stranded", "start", json.dumps({"run": run_id}))
     changed = [r for r in RESTORABLE if r in truth and found[r] != truth[r]]
     if not changed:
         record_stage(dev, "restore_stranded", "end", json.dumps({"run": run_id, "put_back": {}}))
         return [f"registers already as found before run {run_id} ({why}): nothing to put back"]
     foreign = [NAMES[r] for r in changed if not _ours(r, found[r], truth[r])]
     if foreign:
-        record_stage(dev, "restore_stranded", "skipped", json.dumps({"run": run_id, "changed_since": foreign}))
+        record_stage(dev, "restore_stranded", "end", json.dumps({"run": run_id, "put_back": {},
+                                                                  "changed_since": foreign}))
         return [f"warning: run {run_id} ({why}) did not put its registers back, but {', '.join(foreign)} "
                 "have been changed by something else since; taking the registers as found"]
-    record_stage(dev, "restore_stranded", "start", json.dumps({"run": run_id}))
     dev.recorder.durable()   # on record before the first write, like every run's own changes
     for r in changed:
         dev.bar.write32(r, truth[r])

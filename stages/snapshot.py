@@ -47,22 +47,25 @@ class ReadChecks:
     """What the confirmed reads of one run found (kept in dev.extra['read_checks'])."""
 
     reads: int = 1
-    disagreed: list[int] = field(default_factory=list)     # unit addresses whose reads disagreed
-    unresolved: list[int] = field(default_factory=list)
+    disagreed: list[tuple[str, int]] = field(default_factory=list)    # (purpose, address) of each read
+    unresolved: list[tuple[str, int]] = field(default_factory=list)
     noise: Noise = field(default_factory=Noise)
 
     def summary(self) -> dict[str, object]:
-        return {"reads": self.reads, "confirmed": self.reads >= 2, "disagreed_units": len(self.disagreed),
-                "unresolved_units": len(self.unresolved), "flip_rate": self.noise.rate,
+        return {"reads": self.reads, "confirmed": self.reads >= 2, "disagreed_reads": len(self.disagreed),
+                "unresolved_reads": len(self.unresolved), "flip_rate": self.noise.rate,
                 "agreeing_reads": self.noise.agreeing(self.reads)}
 
     def warning(self) -> str | None:
         if not self.disagreed:
             return None
-        first = ", ".join(f"{a:#08x}" for a in self.disagreed[:3])
-        return (f"warning: reads of this board disagreed in {len(self.disagreed)} unit(s) (first {first}); "
-                f"{len(self.unresolved)} left unresolved — an unstable cell or a noisy SPI line "
-                "(every disagreement is in the audit trail: read_disagreements)")
+        units = [a for p, a in self.disagreed if not p.startswith("identify")]
+        where = [f"{len(units)} unit(s), first at {units[0]:#08x}"] if units else []
+        if len(units) < len(self.disagreed):
+            where.append(f"{len(self.disagreed) - len(units)} identification read(s)")
+        return (f"warning: reads of this board disagreed ({'; '.join(where)}); {len(self.unresolved)} left "
+                "unresolved — an unstable cell or a noisy SPI line (each disagreement is in the audit trail: "
+                "read_disagreements)")
 
 
 def read_checks(dev: Device) -> ReadChecks:
@@ -113,9 +116,9 @@ def keep(dev: Device, result: Confirmation, purpose: str) -> bytes:
     """Record a confirmation's disagreements; return its bytes, or raise if unresolved."""
     checks = read_checks(dev)
     if result.differing or not result.resolved:
-        checks.disagreed.append(result.address)
+        checks.disagreed.append((purpose, result.address))
         if not result.resolved:
-            checks.unresolved.append(result.address)
+            checks.unresolved.append((purpose, result.address))
         dev.recorder.add("read_disagreements", address=result.address, size=result.size, purpose=purpose,
                          reads=result.reads, differing=len(result.differing), detail=result.detail(),
                          resolved=int(result.resolved), clock=dev.clock.now())

@@ -1,10 +1,11 @@
 """Runs that left a board's registers changed, and the values to put back.
 
 Every run records, before it writes anything, the board it reached (a stages row
-`registers`/`board` whose detail is the board key) and the registers as it found them
+`registers`/start whose detail is the board key) and the registers as it found them
 (snapshot "before"); a run that put them back records the snapshot "after restore". A
-later run that put back another run's registers records `restore_stranded` end (or
-skipped) naming that run.
+later run that dealt with another run's registers (put them back, found them already
+back, or found them changed by something else since) records `restore_stranded`/end
+naming that run.
 
 A board's registers are stranded when the newest run on it that took a "before" snapshot
 has neither: then its "before" values are the truth. Runs without a "before" snapshot
@@ -51,11 +52,11 @@ def find_stranded(path: str | None, key: str, current_run: str) -> StrandedRun |
 def _find(db, key: str, current_run: str) -> StrandedRun | None:  # noqa: ANN001
     conn = db.conn
     runs = [r for (r,) in conn.execute(
-        "SELECT run_id FROM stages WHERE stage = 'registers' AND event = 'board' AND detail = ? "
+        "SELECT run_id FROM stages WHERE stage = 'registers' AND event = 'start' AND detail = ? "
         "ORDER BY seq DESC", [key])]
     settled = set()
     for (detail,) in conn.execute(
-            "SELECT detail FROM stages WHERE stage = 'restore_stranded' AND event IN ('end', 'skipped')"):
+            "SELECT detail FROM stages WHERE stage = 'restore_stranded' AND event = 'end'"):
         try:
             settled.add(json.loads(detail)["run"])
         except (TypeError, ValueError, KeyError):

@@ -144,8 +144,10 @@ def test_a_dump_of_a_noisy_board_is_the_flash_and_every_disagreement_is_recorded
     first = json.loads(detail)["bytes"][0]
     assert int(first[0], 16) // 0x1000 * 0x1000 == address and sum(first[1].values()) >= 3
     report = json.loads(cli("report", run_id, "--format", "json").out)
-    assert report["reads"]["disagreed_units"] >= 512 and report["reads"]["unresolved_units"] == 0
-    assert "reads      2 agreeing" in cli("report", run_id).out
+    assert report["reads"]["by_purpose"]["dump"] == {"reads": 512, "unresolved": 0}
+    assert report["reads"]["unresolved_reads"] == 0
+    text = cli("report", run_id).out
+    assert "reads      2 agreeing reads" in text and "READS DISAGREED (" in text and "dump 512" in text
 
 
 def test_reads_1_opts_out_and_says_so(cli, make_board, db, tmp_path):
@@ -154,9 +156,10 @@ def test_reads_1_opts_out_and_says_so(cli, make_board, db, tmp_path):
     assert cli("dump", out, "--reads", "1", "--board", f"sim:{board}").code == 0
     assert out.read_bytes() != as_read(board)                 # what confirmation is for
     run_id = last_run(cli)["run_id"]
-    assert rows(db, "SELECT detail FROM stages WHERE run_id = ? AND stage = 'reads'", run_id) == [
-        ("1 read per byte: kept bytes are NOT confirmed (--reads 1)",)]
-    assert "NOT confirmed" in cli("report", run_id).out
+    assert json.loads(rows(db, "SELECT arguments FROM runs WHERE run_id = ?", run_id)[0][0])["reads"] == 1
+    report = json.loads(cli("report", run_id, "--format", "json").out)
+    assert report["summary"]["reads"]["confirmed"] is False and report["reads"]["confirmed"] is False
+    assert "reads      1 read per byte: kept bytes are NOT confirmed (--reads 1)" in cli("report", run_id).out
     assert cli("dump", out, "--reads", "0", "--board", f"sim:{board}").code == 2
 
 
@@ -174,22 +177,33 @@ def test_a_dump_whose_reads_never_agree_fails_naming_the_unit_and_writes_nothing
         assert f"reads of unit {unresolved[0][0]:#08x} (dump)" in errors[0]
 
 
-def test_read_output_and_verify_of_a_noisy_board(cli, make_board, tmp_path):
+def test_read_output_of_a_noisy_board(cli, make_board, tmp_path):
     board = make_board(transport="ideal", faults=["read-flip=1e-2"])
     out = tmp_path / "part.bin"
-    assert cli("read", 0x1F000, 0x3000, "-o", out, "--board", f"sim:{board}").code == 0
+    r = cli("read", 0x1F000, 0x3000, "-o", out, "--board", f"sim:{board}")
+    assert r.code == 0 and "disagreed" in r.out, r.err
     assert out.read_bytes() == as_read(board)[0x1F000:0x22000]
+
+
+@pytest.mark.slow
+def test_verify_of_a_noisy_board_passes_and_a_real_difference_still_fails(cli, make_board, tmp_path):
+    board = make_board(transport="ideal", faults=["read-flip=1e-3"])
     image = tmp_path / "image.bin"
     image.write_bytes(as_read(board))
     r = cli("verify", image, "--board", f"sim:{board}")
     assert r.code == 0 and "flash equals the image" in r.out, r.err
+    wrong = bytearray(as_read(board))
+    wrong[0x54321] ^= 0x10
+    image.write_bytes(wrong)
+    r = cli("verify", image, "--board", f"sim:{board}")
+    assert r.code == 1 and "verify mismatch at 0x054321" in r.err
 
 
 def test_a_flash_on_a_noisy_board_keeps_the_true_backup(cli, make_board, db, image, tmp_path):
     img = image.read_bytes()
     content = bytearray(img)
     content[0x20000:0x30000] = bytes(0x10000)
-    board = make_board(content=bytes(content), transport="ideal", faults=["read-flip=1e-3"])
+    board = make_board(content=bytes(content), transport="ideal", faults=["read-flip=1e-4"])
     r = cli("flash", image, "--yes", "--board", f"sim:{board}")
     assert r.code == 0, r.err
     assert flash_content(board) == img
@@ -204,16 +218,11 @@ def test_a_flash_on_a_noisy_board_keeps_the_true_backup(cli, make_board, db, ima
 def test_an_aperture_dump_reads_the_whole_flash_twice(cli, make_board, tmp_path):
     board = make_board()
     out = tmp_path / "dump.bin"
-    with Board(board) as b:
-        start = b.stats()["reg_reads"]
     assert cli("dump", out, "--via", "aperture", "--board", f"sim:{board}").code == 0
     with Board(board) as b:
-        twice = b.stats()["reg_reads"] - start
-    assert cli("dump", out, "--via", "aperture", "--reads", "1", "--board", f"sim:{board}").code == 0
-    with Board(board) as b:
-        once = b.stats()["reg_reads"] - start - twice
+        reads = b.stats()["reg_reads"]
     assert out.read_bytes() == flash_content(board)
-    assert twice >= 2 * 0x200000 // 4 > once >= 0x200000 // 4
+    assert 3 * 0x200000 // 4 > reads >= 2 * 0x200000 // 4      # one ROM_DATA read per dword, twice
 
 
 @pytest.mark.slow

@@ -60,6 +60,10 @@ class Case:
         with Board(self.board) as b:
             return {r: b.get32(r) for r in RESTORABLE}
 
+    def writes(self) -> float:
+        with Board(self.board) as b:
+            return b.stats()["reg_writes"]
+
     def check_finished(self, label: object) -> None:
         """The flash holds the image, the registers are as before the first run, the chain is
         intact, and the backup of the original content is one complete file (no .partial)."""
@@ -153,6 +157,7 @@ def test_a_flash_killed_in_each_phase_resumes_to_the_image(tmp_path, kill_points
         case.check_finished((phase, n))
 
 
+@pytest.mark.slow
 def test_a_flash_killed_while_erasing_and_its_resume_killed_too_finish(tmp_path, kill_points):
     """A kill during resume: the second resume puts back the registers the first flash found."""
     case = Case(tmp_path / "twice")
@@ -175,7 +180,11 @@ def test_a_flash_sigkilled_at_a_random_moment_resumes_to_the_image(tmp_path, see
     proc = subprocess.Popen([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(case.image_path),
                              "--yes", "--board", f"sim:{case.board}"], env=case.env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(random.Random(seed).uniform(0.3, 3.0))
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and case.writes() == 0:     # the run has started touching the board
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(random.Random(seed).uniform(0.0, 2.5))     # then a random moment of it (≈ 3 s long)
     proc.send_signal(signal.SIGKILL)
     code = proc.wait(timeout=600)
     if code == 0:                          # finished before the kill: nothing to resume
@@ -187,3 +196,36 @@ def test_a_flash_sigkilled_at_a_random_moment_resumes_to_the_image(tmp_path, see
         resumed = case.flash()
     assert resumed.returncode == 0, (seed, resumed.stderr)
     case.check_finished(seed)
+
+
+def test_the_backup_is_complete_before_the_first_erase_and_rebuilt_on_resume_if_lost(tmp_path, kill_points):
+    case = Case(tmp_path / "first-erase")
+    case.kill_after(kill_points["erase"][0])
+    assert case.flash().returncode == -signal.SIGKILL
+    assert (case.board / "flash.bin").read_bytes() == case.content        # nothing erased yet
+    want = hashlib.sha256(case.content).hexdigest()
+    backup = case.db.parent / "backups" / f"{want}.bin"
+    assert backup.read_bytes() == case.content
+    con = sqlite3.connect(case.db)
+    try:
+        assert con.execute("SELECT sha256 FROM backups").fetchall() == [(want,)]
+    finally:
+        con.close()
+    backup.unlink()                       # lost: the resume rebuilds it from the recorded units
+    resumed = case.resume()
+    assert resumed.returncode == 0, resumed.stderr
+    assert "rebuilt from the recorded units" in resumed.stdout
+    case.check_finished("backup rebuilt")
+
+
+@pytest.mark.slow
+def test_a_backup_lost_mid_programming_is_rebuilt_on_resume(tmp_path, kill_points):
+    case = Case(tmp_path / "lost-backup")
+    case.kill_after(kill_points["program"][len(kill_points["program"]) // 2])
+    assert case.flash().returncode == -signal.SIGKILL
+    for f in (case.db.parent / "backups").iterdir():
+        f.unlink()
+    resumed = case.resume()
+    assert resumed.returncode == 0, resumed.stderr
+    assert "rebuilt from the recorded units" in resumed.stdout
+    case.check_finished("backup rebuilt")

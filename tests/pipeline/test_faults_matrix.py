@@ -258,8 +258,9 @@ EXPECTED = {
     ("ifwi-all", "psp-error"): "failed",
 }
 
-FAST = [("dump", "read-flip=1e-2"), ("dump", "kill-after-writes"), ("verify", "usb-disconnect-after"),
-        ("flash", "read-flip=1e-4")]
+# In the quick run, one cell keeps the harness honest; test_confirmed_reads and test_restore_registers
+# have quick tests of read-flip, kills and lost links of their own.
+FAST = [("dump", "kill-after-writes")]
 
 
 def _check(tmp_path, references, command: str, fault: str) -> None:
