@@ -46,10 +46,12 @@ class UnconfirmedRead(RuntimeError):
         offset = result.unsettled[0]
         votes = result.votes.get(offset, Counter())
         seen = ", ".join(f"{v:02x}×{n}" for v, n in votes.most_common(4))
+        what = (f"the identification read {purpose.removeprefix('identify ')} at {result.address:#08x}"
+                if purpose.startswith("identify") else f"unit {result.address:#08x} ({purpose})")
         super().__init__(
-            f"reads of unit {result.address:#08x} ({purpose}) do not agree: {len(result.unsettled)} byte(s) "
+            f"reads of {what} do not agree: {len(result.unsettled)} byte(s) "
             f"unconfirmed after {result.reads} reads, first at {result.address + offset:#08x} (read {seen}); "
-            "an unstable cell or a noisy SPI line — nothing of this unit was kept")
+            "an unstable cell or a noisy SPI line — nothing of it was kept")
         self.address = result.address
         self.result = result
 
