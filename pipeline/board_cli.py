@@ -19,7 +19,7 @@ from amdflash.stages.navi31.psp import DISABLED_REASON, ERRORS, TRANSFER_TYPE_GA
 from amdflash.stages.open_transport import SPEC_GRAMMAR
 
 DEFAULT_PRESCALE = 8
-SHOWS = {"info", "read", "probe"}     # commands whose output is the point: printed even with -q
+SHOWS = {"info", "read", "probe", "restore"}     # commands whose output is the point: printed even with -q
 
 
 def number(text: str) -> int:
@@ -65,6 +65,10 @@ def engine_options(p: argparse.ArgumentParser) -> None:
                         "on hardware); or 'rx_mode' in the config")
     g.add_argument("--restore-each", action="store_true", default=None,
                    help="save/configure/restore the engine registers around every transaction, as the reference does")
+    g.add_argument("--reads", type=ranged(1, 9), metavar="N",
+                   help="agreeing reads that confirm every byte kept (dump, backup, verify; default 2, or 'reads' in "
+                        "the config); where reads disagree, more are taken and a byte needs a majority of at least "
+                        "3; 1 opts out (recorded as unconfirmed)")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -210,7 +214,7 @@ def engine(args: argparse.Namespace) -> commands.EngineOptions:
         value = getattr(args, name, None)
         return value if value is not None else configured.get(name, default)
     return commands.EngineOptions(pick("prescale", DEFAULT_PRESCALE), pick("rx_mode", "chained"),
-                                  bool(pick("restore_each", False)))
+                                  bool(pick("restore_each", False)), pick("reads", 2))
 
 
 def _require_yes(args: argparse.Namespace, what: str) -> None:
@@ -285,7 +289,8 @@ def show(args: argparse.Namespace, results: Sequence[RunOutcome]) -> int:
             output.result_json(r.report or _unrecorded(r))
         elif r.ok and (args.command in SHOWS or not quiet):
             prefix = f"[{r.board}] " if many else ""
-            for line in (probe_lines(r) if isinstance(r, ProbeResult) else r.lines):
+            # A probe's own lines are its answers in words; r.lines holds what the run said besides.
+            for line in ([*r.lines, *probe_lines(r)] if isinstance(r, ProbeResult) else r.lines):
                 output.result(prefix + line)
     for r in results:
         if r.error:

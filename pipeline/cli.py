@@ -93,8 +93,8 @@ def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
 
 
 def build_parser() -> Parser:
-    from amdflash.pipeline import (board_cli, extras_cli, fleet, image_commands, replay_command, review_commands,
-                                   sim_commands, trail_cli)
+    from amdflash.pipeline import (board_cli, extras_cli, fleet, image_commands, replay_command, restore_command,
+                                   review_commands, sim_commands, trail_cli)
 
     counter = [0]
     p = Parser(prog=PROG, description="Dump, verify and recover the SPI flash of AMD Navi31 boards (RX 7900 "
@@ -112,6 +112,7 @@ def build_parser() -> Parser:
     sim_commands.add_parser(sub)
     image_commands.add_parsers(sub)
     fleet.add_parsers(sub)
+    restore_command.add_parsers(sub)
     extras_cli.add_parsers(sub)
     for child in _subparsers(p):
         _add_globals(child, counter, root=False)

@@ -71,6 +71,8 @@ def _engine(engine: EngineOptions | None) -> EngineOptions:
     checks.prescale(engine.prescale)
     if engine.rx_mode not in ("primed", "chained"):
         raise Refusal(f"--rx-mode {engine.rx_mode!r}: primed or chained")
+    if not 1 <= engine.reads <= 9:
+        raise Refusal(f"--reads {engine.reads}: 1..9 agreeing reads")
     return engine
 
 
@@ -98,9 +100,17 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
                    reports.get(r.run_id, {}), **extra) for r in runs]
 
 
-def _reports(db: str, runs: list[RunResult]) -> dict[str, dict[str, Any]]:
+def _report(reader: Any, run_id: str) -> dict[str, Any]:
+    """A run's report object (`report --format json`), with what its confirmed reads found."""
     from amdflash.store.queries import report
+    from amdflash.store.read_checks import read_checks
 
+    rep = report(reader, run_id)
+    rep["reads"] = read_checks(reader, rep["run_id"])
+    return rep
+
+
+def _reports(db: str, runs: list[RunResult]) -> dict[str, dict[str, Any]]:
     ids = [r.run_id for r in runs if r.run_id]
     if not ids:
         return {}
@@ -109,7 +119,7 @@ def _reports(db: str, runs: list[RunResult]) -> dict[str, dict[str, Any]]:
         found = {}
         for run_id in ids:
             try:
-                found[run_id] = report(reader, run_id)
+                found[run_id] = _report(reader, run_id)
             except RunNotFound:   # killed before its first row reached the trail
                 pass
         return found
@@ -118,7 +128,8 @@ def _reports(db: str, runs: list[RunResult]) -> dict[str, dict[str, Any]]:
 
 
 def _engine_args(engine: EngineOptions) -> dict[str, Any]:
-    return {"prescale": engine.prescale, "rx_mode": engine.rx_mode, "restore_each": engine.restore_each}
+    return {"prescale": engine.prescale, "rx_mode": engine.rx_mode, "restore_each": engine.restore_each,
+            "reads": engine.reads}
 
 
 # -- board commands ------------------------------------------------------------------------------
@@ -202,17 +213,24 @@ def resume(session: Session, run_id: str | None = None, image: Path | None = Non
         raise Refusal("resume needs exactly one --board (and a RUN_ID unless the board is named)")
     plan = plan_resume(session.db_path, specs[0], run_id, image)
     a = plan.arguments
-    engine = _engine(EngineOptions(a.get("prescale", 8), a.get("rx_mode", "chained"), a.get("restore_each", False)))
+    engine = _engine(EngineOptions(a.get("prescale", 8), a.get("rx_mode", "chained"), a.get("restore_each", False),
+                                   a.get("reads", 2)))
     backups = Path(session.db_path).parent / "backups"
 
     def body(spec: BoardSpec, info: RunInfo) -> JobBody:
         info.resumes_run_id = plan.run_id
         return jobs.FlashJob(engine, plan.image, a["start_sector"], a["sector_count"], a["clear_cmp"],
-                             a.get("retries", 2), backups, plan.verified, True, plan.identity, plan.registers,
-                             unknown_chip_ok=a.get("unknown_chip_ok", False))
+                             a.get("retries", 2), backups, plan.verified, True, plan.identity, plan.lineage,
+                             session.db_path, unknown_chip_ok=a.get("unknown_chip_ok", False))
 
     return _run(session, specs, "resume", {**a, "resumes": plan.run_id}, body, FlashResult, plan.image,
                 plan.image_path)
+
+
+def restore(session: Session) -> list[RunOutcome]:
+    """Put back the registers an earlier run left changed on each board (host killed, link
+    lost) — and nothing else. Every run does this first anyway (pipeline/settle.py)."""
+    return _run(session, session.specs(), "restore", {}, lambda s, i: jobs.RestoreJob(), RunOutcome)
 
 
 def probe(session: Session) -> list[ProbeResult]:
@@ -263,12 +281,11 @@ def runs(db: str | None = None) -> list[dict[str, Any]]:
 def report(run_id: str, db: str | None = None, html: bool = False) -> tuple[dict[str, Any], str | None]:
     """One run's report (the `report --format json` object), and its HTML page if asked."""
     from amdflash.store import chain
-    from amdflash.store.queries import report as run_report
 
     reader = auditdb.open_reader(db or default_db())
     try:
         try:
-            rep = run_report(reader, run_id)
+            rep = _report(reader, run_id)
         except RunNotFound as e:
             raise Refusal(str(e)) from None
         page = None

@@ -13,6 +13,7 @@ defaults that the command line overrides:
     prescale = 4
     rx_mode = "chained"
     restore_each = false
+    reads = 2
     progress = true
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ ENV_CONFIG = "AMDFLASH_CONFIG"
 # key -> the types it accepts; what each key means is in the module docstring.
 KEYS: dict[str, tuple[type, ...]] = {
     "db": (str,), "board": (str, list), "prescale": (int,), "rx_mode": (str,), "restore_each": (bool,),
-    "progress": (bool,),
+    "reads": (int,), "progress": (bool,),
 }
 
 

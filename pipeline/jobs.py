@@ -17,19 +17,22 @@ from amdflash.pipeline import outputs
 from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.runner import RunInfo, stage
 from amdflash.stages import ifwi, part_check
+from amdflash.stages.confirm import confirm_whole
 from amdflash.stages.device import Device, Interrupted
 from amdflash.stages.erase import erase_stage
 from amdflash.stages.flash import write_policy
 from amdflash.stages.flash.planning import PlanCosts
 from amdflash.stages.flash.spinor import FlashIdentity
-from amdflash.stages.identify import identify_flash, identity_lines, open_engine
+from amdflash.stages.identify import identity_lines, open_engine, record_chip_facts
 from amdflash.stages.navi31 import aperture
 from amdflash.stages.navi31.psp import PspMailbox
 from amdflash.stages.navi31.romsw import RomSwOptions
 from amdflash.stages.plan import PlanSummary, WorkItem, plan
 from amdflash.stages.program import program_stage
-from amdflash.stages.snapshot import BackupFile, UnitRead, read_backup, read_unit
+from amdflash.stages.snapshot import (UnitRead, file_sha256, keep, partial_path, read_backup, read_checks,
+                                      read_identity, read_unit, write_backup)
 from amdflash.stages.verify import first_mismatch, record_verify, verify_stage
+from amdflash.store.originals import original_units
 
 FLASH_SIZE = 0x200000
 UNIT = 0x1000
@@ -41,18 +44,42 @@ class EngineOptions:
     prescale: int = 8
     rx_mode: str = "chained"
     restore_each: bool = False
+    reads: int = 2            # agreeing reads that confirm a kept byte (1: unconfirmed)
 
     def romsw(self) -> RomSwOptions:
         return RomSwOptions(prescale=self.prescale, rx_mode=self.rx_mode,  # type: ignore[arg-type]
                             restore_each=self.restore_each)
 
 
-async def identify(dev: Device, engine: EngineOptions) -> FlashIdentity:
+async def identify(dev: Device, engine: EngineOptions, info: RunInfo) -> FlashIdentity:
+    note_read_policy(dev, engine.reads)
     stage(dev.recorder, "identify", "start")
     await dev.call(open_engine, dev, engine.romsw())
-    ident = await dev.call(identify_flash, dev)
+    ident = await dev.call(read_identity, dev, engine.reads)
+    record_chip_facts(dev, ident)
     stage(dev.recorder, "identify", "end", f"{ident.chip.name} uid {ident.unique_id.hex()}")
+    stranded = dev.extra.get("stranded")
+    if stranded is not None and stranded.unique_id and stranded.unique_id != ident.unique_id.hex():
+        # Matched by bridge/board serial before the flash could be read: say if the flash differs.
+        warning = (f"warning: the registers put back were recorded by run {stranded.run_id} on a flash with "
+                   f"unique ID {stranded.unique_id}; this flash's is {ident.unique_id.hex()}")
+        stage(dev.recorder, "identify", "warning", warning)
+        info.output.append(warning)
     return ident
+
+
+def note_read_policy(dev: Device, reads: int) -> None:
+    """The run's arguments record --reads; the summary records what the reads found."""
+    read_checks(dev).reads = reads
+
+
+def finish_reads(dev: Device, info: RunInfo, summary: dict[str, Any]) -> dict[str, Any]:
+    """Flag the board in the output and the run summary when its reads disagreed."""
+    checks = read_checks(dev)
+    warning = checks.warning()
+    if warning:
+        info.output.append(warning)
+    return {**summary, "reads": checks.summary()}
 
 
 def describe_identity(dev: Device, ident: FlashIdentity) -> list[str]:
@@ -69,9 +96,9 @@ class InfoJob:
     engine: EngineOptions
 
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
-        ident = await identify(dev, self.engine)
+        ident = await identify(dev, self.engine, info)
         info.output += describe_identity(dev, ident)
-        return {"jedec": ident.jedec_capture.hex(), "unique_id": ident.unique_id.hex()}
+        return finish_reads(dev, info, {"jedec": ident.jedec_capture.hex(), "unique_id": ident.unique_id.hex()})
 
 
 @dataclass
@@ -82,14 +109,14 @@ class ReadJob:
     output: Path | None
 
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
-        await identify(dev, self.engine)
+        await identify(dev, self.engine, info)
         stage(dev.recorder, "read", "start", f"{self.address:#x}+{self.size:#x}")
         chunks = []
         done = 0
         for address in range(self.address, self.address + self.size, UNIT):
             dev.stop.check()
             n = min(UNIT, self.address + self.size - address)
-            chunks.append(await dev.call(read_unit, dev, address, n))
+            chunks.append(await dev.call(read_unit, dev, address, n, self.engine.reads, "read"))
             done += n
             dev.progress("read", done, self.size)
         data = b"".join(chunks)
@@ -100,7 +127,7 @@ class ReadJob:
             info.output.append(f"wrote {self.output} ({len(data):#x} bytes) sha256={sha}")
         else:
             info.output += [data[i:i + 32].hex() for i in range(0, len(data), 32)]
-        return {"result_sha256": sha if (self.address, self.size) == (0, FLASH_SIZE) else None}
+        return finish_reads(dev, info, {"result_sha256": sha if (self.address, self.size) == (0, FLASH_SIZE) else None})
 
 
 @dataclass
@@ -115,40 +142,58 @@ class DumpJob:
         outputs.claim(self.output, str(info.spec))
         if self.via == "aperture":
             return await self._aperture(dev, info)
-        await identify(dev, self.engine)
+        await identify(dev, self.engine, info)
         stage(dev.recorder, "dump", "start")
         tmp = self.output.with_name(f".{self.output.name}.partial")
         digest = hashlib.sha256()
-        with open(tmp, "wb") as f:
-            for i, address in enumerate(range(0, FLASH_SIZE, UNIT)):
-                dev.stop.check()
-                data = await dev.call(read_unit, dev, address, UNIT)
-                f.write(data)
-                digest.update(data)
-                dev.progress("dump", i + 1, FLASH_SIZE // UNIT)
+        try:
+            with open(tmp, "wb") as f:
+                for i, address in enumerate(range(0, FLASH_SIZE, UNIT)):
+                    dev.stop.check()
+                    data = await dev.call(read_unit, dev, address, UNIT, self.engine.reads, "dump")
+                    f.write(data)
+                    digest.update(data)
+                    dev.progress("dump", i + 1, FLASH_SIZE // UNIT)
+        except BaseException:
+            tmp.unlink(missing_ok=True)   # a dump is written whole or not at all
+            raise
         tmp.replace(self.output)
         sha = digest.hexdigest()
         dev.recorder.add("backups", sha256=sha, size=FLASH_SIZE, path=str(self.output.resolve()), at=None)
         stage(dev.recorder, "dump", "end", sha)
         info.output.append(f"wrote {self.output} ({FLASH_SIZE:#x} bytes via ROM_SW) sha256={sha}")
-        return {"result_sha256": sha, "path": str(self.output)}
+        return finish_reads(dev, info, {"result_sha256": sha, "path": str(self.output)})
 
     async def _aperture(self, dev: Device, info: RunInfo) -> dict[str, Any]:
+        """The aperture reads only the whole flash at once: confirmation reads it whole
+        `reads` times (and again while some unit disagrees) and votes per 4 KiB unit."""
+        note_read_policy(dev, self.engine.reads)
         stage(dev.recorder, "dump", "start", "via ROM aperture")
+        passes = 0
 
         def page_done(done: int, total: int) -> None:
-            dev.progress("aperture", done, total)
+            dev.progress(f"aperture read {passes}", done, total)
             dev.stop.check()   # a safe point: registers are restored by the driver on the way out
 
-        def run() -> aperture.ApertureDump:
-            return aperture.dump(dev.bar, page_done)
+        def whole() -> bytes:
+            nonlocal passes
+            passes += 1
+            return aperture.dump(dev.bar, page_done).data
 
-        result = await dev.call(run)
-        self.output.write_bytes(result.data)
-        dev.recorder.add("backups", sha256=result.sha256, size=FLASH_SIZE, path=str(self.output.resolve()), at=None)
-        stage(dev.recorder, "dump", "end", result.sha256)
-        info.output.append(f"wrote {self.output} ({FLASH_SIZE:#x} bytes via ROM aperture) sha256={result.sha256}")
-        return {"result_sha256": result.sha256, "path": str(self.output)}
+        def run() -> bytes:
+            if self.engine.reads <= 1:
+                return whole()
+            units = confirm_whole(whole, FLASH_SIZE, UNIT, self.engine.reads, read_checks(dev).noise)
+            return b"".join(keep(dev, unit, "aperture dump") for unit in units)
+
+        data = await dev.call(run)
+        aperture.check_raw_dump(data)
+        sha = hashlib.sha256(data).hexdigest()
+        self.output.write_bytes(data)
+        dev.recorder.add("backups", sha256=sha, size=FLASH_SIZE, path=str(self.output.resolve()), at=None)
+        stage(dev.recorder, "dump", "end", sha)
+        info.output.append(f"wrote {self.output} ({FLASH_SIZE:#x} bytes via ROM aperture) sha256={sha}")
+        return finish_reads(dev, info, {"result_sha256": sha, "path": str(self.output)})
 
 
 class VerifyMismatch(RuntimeError):
@@ -163,14 +208,14 @@ class VerifyJob:
     image: bytes
 
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
-        await identify(dev, self.engine)
+        await identify(dev, self.engine, info)
         stage(dev.recorder, "verify", "start")
         digest = hashlib.sha256()
         first = None
         bad = 0
         for i, address in enumerate(range(0, FLASH_SIZE, UNIT)):
             dev.stop.check()
-            got = await dev.call(read_unit, dev, address, UNIT)
+            got = await dev.call(read_unit, dev, address, UNIT, self.engine.reads, "verify")
             digest.update(got)
             mm = record_verify(dev, address, UNIT, got, self.image[address:address + UNIT], 1)
             if mm:
@@ -185,7 +230,7 @@ class VerifyJob:
                                  first.address)
         stage(dev.recorder, "verify", "end")
         info.output.append(f"verified {FLASH_SIZE:#x} bytes: flash equals the image, sha256={sha}")
-        return {"result_sha256": sha}
+        return finish_reads(dev, info, {"result_sha256": sha})
 
 
 # -- flashing ---------------------------------------------------------------------------------
@@ -204,7 +249,10 @@ class FlashJob:
     previously_verified: frozenset[int] = field(default_factory=frozenset)
     resuming: bool = False
     expected_identity: dict[str, str] | None = None                  # resume: must match
-    original_registers: dict[int, int] | None = None                 # resume: restore these at the end
+    # Resume: the runs from the original flash to this one, and where their record is: the
+    # original content of each unit is the first backup any of them recorded.
+    lineage: tuple[str, ...] = ()
+    db_path: str | None = None
     part_policy: part_check.PartPolicy = field(default_factory=part_check.PartPolicy)
     unknown_chip_ok: bool = False     # a part known only from its SFDP may be written from its SFDP facts
 
@@ -213,13 +261,8 @@ class FlashJob:
         return [s * UNIT for s in range(self.start_sector, self.start_sector + self.sector_count)]
 
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
-        ident = await identify(dev, self.engine)
+        ident = await identify(dev, self.engine, info)
         self._check_identity(dev, ident)
-        if self.original_registers and dev.romsw is not None:
-            # A resumed run puts back what the board held before the first (killed) run began.
-            for reg in dev.romsw.originals:
-                if reg in self.original_registers:
-                    dev.romsw.originals[reg] = self.original_registers[reg]
         if not self.resuming:   # is the image for this board? (a resumed run was checked when it began)
             decision = await dev.call(part_check.check_flash, dev, self.image, self.part_policy)
             if decision.refusal:
@@ -228,47 +271,52 @@ class FlashJob:
         addresses = self.addresses
         clock0 = dev.clock.now()
         summary = PlanSummary()
-        # A resume keeps the first run's backup as the board's pre-flash content.
-        backup = BackupFile(self.backup_dir) if self.backup_dir and not self.resuming else None
         chip = ident.chip
         erase_sizes = [e.size for e in chip.erase_types]
-        interrupted = False
-        try:
-            reads_tx, reads_rx = anyio.create_memory_object_stream[UnitRead](BUFFER)
-            work_tx, work_rx = anyio.create_memory_object_stream[WorkItem](BUFFER)
-            prog_tx, prog_rx = anyio.create_memory_object_stream(BUFFER)
-            verify_tx, verify_rx = anyio.create_memory_object_stream(BUFFER)
-            n = len(addresses)
-            results: dict[str, Any] = {}
+        n = len(addresses)
 
-            async def timed(name: str, fn, *args: Any) -> None:  # noqa: ANN001
-                # Each stage's transitions are its own: it ends when its input has run dry.
-                stage(dev.recorder, name, "start")
-                try:
-                    results[name] = await fn(*args)
-                except BaseException:
-                    stage(dev.recorder, name, "fail")
-                    raise
-                stage(dev.recorder, name, "end")
+        # The whole backup is read (confirmed), recorded and stored durably before the first
+        # erase: the board's original content survives whatever happens next.
+        stage(dev.recorder, "backup", "start")
+        units = await read_backup(dev, addresses, UNIT, self.engine.reads)
+        if len(units) < n:
+            stage(dev.recorder, "backup", "fail", f"stopped after {len(units)} of {n} units")
+            raise Interrupted(dev.stop.reason or "interrupted")
+        if self.backup_dir:
+            info.output.append(await self._store_backup(dev, units))
+        stage(dev.recorder, "backup", "end")
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(timed, "backup", read_backup, dev, addresses, UNIT, reads_tx, backup)
-                tg.start_soon(timed, "plan", plan, dev, self.image, erase_sizes, chip.page_size, reads_rx,
-                              work_tx, summary, PlanCosts.for_chip(chip))
-                tg.start_soon(timed, "erase", erase_stage, dev, work_rx, prog_tx, n)
-                tg.start_soon(timed, "program", program_stage, dev, prog_rx, verify_tx, n)
-                tg.start_soon(timed, "verify", verify_stage, dev, verify_rx, n, self.retries)
-            # Stopped means work was left undone: the erase stage stopped taking items, or the
-            # backup read stopped before the end (a stop after the last verify is no interruption).
-            interrupted = bool(results.get("erase")) or results.get("backup", n) < n
-        except BaseException:
-            if backup:
-                backup.discard()
-            raise
-        if backup:
-            sha, path = backup.finish()
-            dev.recorder.add("backups", sha256=sha, size=backup.size, path=str(path), at=None)
-        if interrupted:
+        reads_tx, reads_rx = anyio.create_memory_object_stream[UnitRead](BUFFER)
+        work_tx, work_rx = anyio.create_memory_object_stream[WorkItem](BUFFER)
+        prog_tx, prog_rx = anyio.create_memory_object_stream(BUFFER)
+        verify_tx, verify_rx = anyio.create_memory_object_stream(BUFFER)
+        results: dict[str, Any] = {}
+
+        async def timed(name: str, fn, *args: Any) -> None:  # noqa: ANN001
+            # Each stage's transitions are its own: it ends when its input has run dry.
+            stage(dev.recorder, name, "start")
+            try:
+                results[name] = await fn(*args)
+            except BaseException:
+                stage(dev.recorder, name, "fail")
+                raise
+            stage(dev.recorder, name, "end")
+
+        async def feed() -> None:
+            async with reads_tx:
+                for u in units:
+                    await reads_tx.send(u)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(feed)
+            tg.start_soon(timed, "plan", plan, dev, self.image, erase_sizes, chip.page_size, reads_rx,
+                          work_tx, summary, PlanCosts.for_chip(chip))
+            tg.start_soon(timed, "erase", erase_stage, dev, work_rx, prog_tx, n)
+            tg.start_soon(timed, "program", program_stage, dev, prog_rx, verify_tx, n)
+            tg.start_soon(timed, "verify", verify_stage, dev, verify_rx, n, self.retries, self.engine.reads)
+        # Stopped means work was left undone: the erase stage stopped taking items (a stop
+        # after the last verify is no interruption).
+        if results.get("erase"):
             raise Interrupted(dev.stop.reason or "interrupted")
         info.output += dev.extra.get("notes", [])
         changed = sorted(summary.written & self.previously_verified)
@@ -283,8 +331,34 @@ class FlashJob:
             f"(erases: {erases}); retries {results.get('verify', 0)}; "
             f"{dev.clock.now() - clock0:.2f} s on the board's clock")
         whole = self.start_sector == 0 and self.sector_count == FLASH_SIZE // UNIT
-        return {"units": counts, "erases": summary.erases,
-                "result_sha256": hashlib.sha256(self.image).hexdigest() if whole else None}
+        return finish_reads(dev, info, {
+            "units": counts, "erases": summary.erases,
+            "result_sha256": hashlib.sha256(self.image).hexdigest() if whole else None})
+
+    async def _store_backup(self, dev: Device, units: list[UnitRead]) -> str:
+        """Write the original content, fsynced, and record it; returns a line for the operator.
+
+        A fresh run's original content is what it just read. A resume's is, per unit, the
+        first backup recorded by any run of its lineage (checked against its hash), or —
+        for units no earlier run read, which nothing can have touched — what it just read;
+        an intact backup file of the lineage is kept as it is."""
+        assert self.backup_dir is not None
+        run_id = dev.recorder.run_id
+        content = [u.data for u in units]
+        if self.resuming and self.lineage:
+            recorded = await anyio.to_thread.run_sync(original_units, self.db_path, list(self.lineage),
+                                                      [u.address for u in units])
+            for rid in self.lineage:
+                partial_path(self.backup_dir, rid).unlink(missing_ok=True)
+            for sha, path in recorded.files:
+                if file_sha256(Path(path)) == sha:
+                    return f"backup of the original content: {path} (kept, verified)"
+            content = [recorded.units.get(u.address, u.data) for u in units]
+        sha, size, path = await anyio.to_thread.run_sync(write_backup, self.backup_dir, run_id, content)
+        dev.recorder.add("backups", sha256=sha, size=size, path=str(path), at=None)
+        await dev.call(dev.recorder.durable)
+        rebuilt = " (rebuilt from the recorded units)" if self.resuming else ""
+        return f"backup of the original content: {path}{rebuilt}"
 
     def _check_identity(self, dev: Device, ident: FlashIdentity) -> None:
         want = self.expected_identity
@@ -321,13 +395,20 @@ class ProbeJob:
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
         stage(dev.recorder, "probe", "start")
         result = await dev.call(PspMailbox(dev.bar).probe)
-        for name, (error, response) in result.answers.items():
-            info.output.append(f"{name:15} error={error:#x} response={response:#x}")
-        if result.gated:
-            info.output.append("update commands gated (transfer type 0xA): reset the card and do not "
-                               "initialise a driver/SOS before streaming")
+        # The answers are the result (summary); the command line says them in words.
         stage(dev.recorder, "probe", "end")
         return {"probe": {k: list(v) for k, v in result.answers.items()}}
+
+
+class RestoreJob:
+    """`amdflash restore`: the work was done before the body runs (pipeline/settle.py); it
+    only says what it found."""
+
+    async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
+        stranded = dev.extra.get("stranded")
+        if stranded is None:
+            info.output.append("no earlier run left this board's registers changed: nothing to put back")
+        return {"put_back_for": stranded.run_id if stranded else None}
 
 
 @dataclass
@@ -355,20 +436,6 @@ class IfwiAllJob:
                                f"size {it.size:#x}")
         info.output.append("IFWI stream complete after the terminal item; a hard power cycle is required")
         return {"items": [it.item for it in items]}
-
-
-def check_image(data: bytes, path: str, force: bool) -> None:
-    if len(data) != FLASH_SIZE:
-        raise Refusal(f"image {path} is {len(data):#x} bytes; a Navi31 flash image is exactly {FLASH_SIZE:#x}")
-    if data[:4] != aperture.IFWI_MAGIC and not force:
-        raise Refusal(f"image {path} does not start with the IFWI signature AA55AA55 "
-                      f"(starts {data[:4].hex()}); pass --force if you are sure")
-
-
-def check_ifwi(data: bytes, path: str) -> None:
-    problems = ifwi.check_image(data)
-    if problems:
-        raise Refusal(f"image {path}: " + "; ".join(problems))
 
 
 __all__ = ["first_mismatch"]

@@ -13,8 +13,7 @@ from amdflash.pipeline.auditdb import open_reader
 from amdflash.pipeline.checks import read_image
 from amdflash.pipeline.errors import Refusal
 from amdflash.stages.open_transport import BoardSpec
-from amdflash.store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, register_snapshot,
-                                    report, resolve_run, run_chain, runs, unit_states, writes_since)
+from amdflash.store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, report, resolve_run, run_chain, runs, unit_states, writes_since)
 
 BLANK_UIDS = ("f" * 32, "0" * 32, "")      # "": a part with no unique ID amdflash can read
 
@@ -27,7 +26,7 @@ class ResumePlan:
     image_path: str
     verified: frozenset[int] = frozenset()               # units some run of the lineage verified
     identity: dict[str, str] = field(default_factory=dict)   # unique_id, jedec_chip, bridge_serial
-    registers: dict[int, int] | None = None              # as found before the first run: put back at the end
+    lineage: tuple[str, ...] = ()        # the runs from the original flash to this one (the first backup is theirs)
 
 
 def plan_resume(db_path: str, spec: BoardSpec, run_id: str | None, image: Path | None) -> ResumePlan:
@@ -97,7 +96,7 @@ def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | N
             raise Refusal(f"run {run_id} died before identifying its board; resume it with the same "
                           f"--board {rep['board']['spec']}")
     return ResumePlan(run_id, arguments, image, str(image_file.resolve()), frozenset(verified), identity,
-                      register_snapshot(db, lineage[0], "before"))
+                      tuple(lineage))
 
 
 def _spec_writes_since(db: Any, lineage: list[str], spec: str) -> list[dict[str, Any]]:

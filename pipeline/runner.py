@@ -24,10 +24,10 @@ from amdflash import __version__
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, Refusal
 from amdflash.pipeline.logsetup import logger
 from amdflash.pipeline.progress import ProgressBoard
+from amdflash.pipeline.settle import settle_registers
 from amdflash.stages.device import Device, Interrupted, StopFlag
 from amdflash.stages.open_transport import AuditedBar, AuditFailureError, BoardSpec, BoardSpecError, open_transport
 from amdflash.stages.restore import restore_registers
-from amdflash.stages.snapshot import snapshot_registers
 from amdflash.stages.transport.base import Bar5
 from amdflash.stages.transport.discovery import NoBoardFound
 from amdflash.stages.transport.lock import BoardBusy
@@ -93,7 +93,8 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
         dev = Device(AuditedBar(bar, recorder) if registers else bar, bar.identity, recorder, stop, progress)
         stage(recorder, "open_transport", "end", bar.identity.spec)
         if registers:
-            await dev.call(snapshot_registers, dev, "before")
+            # Registers an earlier run left changed go back first; then the "before" snapshot.
+            info.output += await settle_registers(dev, getattr(writer, "path", None))
         # The run and the registers as found are on record before the first register write:
         # a host that dies at that write still leaves a run to resume and values to restore.
         await anyio.to_thread.run_sync(recorder.durable)
@@ -126,7 +127,8 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
                     stage(recorder, "restore", "end", note)
                 except Exception as e:  # noqa: BLE001
                     stage(recorder, "restore", "fail", _message(e))
-                    error = error or f"restoring registers failed: {_message(e)}"
+                    # Both count: what went wrong, and which registers it left changed.
+                    error = f"{error}; {_message(e)}" if error else _message(e)
                     status, code = "failed", EXIT_FAILED
             if dev is not None:
                 await anyio.to_thread.run_sync(dev.bar.close)

@@ -8,6 +8,7 @@ from typing import Any
 from amdflash.pipeline import commands, output
 from amdflash.pipeline.checks import writable_output
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK
+from amdflash.store.read_checks import describe as describe_reads
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
@@ -93,6 +94,9 @@ def render_text(rep: dict[str, Any]) -> str:
     ]
     if rep["resumes_run_id"]:
         lines.append(f"resumes    {rep['resumes_run_id']}")
+    reads = describe_reads(rep["reads"]) if rep.get("reads") is not None else None
+    if reads:
+        lines.append(f"reads      {reads}")
     if counts:
         lines.append("units      " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     for f in rep["verifies"]["failed"][:5]:

@@ -13,7 +13,10 @@ from amdflash.stages.device import Device
 
 
 def record_diagnostics(dev: Device) -> None:
-    transport = getattr(dev.bar, "raw", dev.bar)     # the audited wrapper keeps the transport as .raw
+    transport = dev.bar
+    # Wrappers (the register ledger, the audited BAR) keep what they wrap as .inner / .raw.
+    while hasattr(transport, "inner") or hasattr(transport, "raw"):
+        transport = getattr(transport, "inner", None) or transport.raw
     diagnostics = getattr(transport, "diagnostics", None)
     if diagnostics is None:
         return

@@ -1,4 +1,5 @@
-"""Stage: open the ROM_SW engine and identify the flash (JEDEC, status registers, SFDP, unique ID).
+"""Stage: open the ROM_SW engine; record the flash identity (read, confirmed, by
+stages.snapshot.read_identity) and the chip facts the run works with; probe boards for `list`.
 
 Opening the engine checks its fast paths on the board (navi31/fastpaths.py). Every verdict
 is recorded as a `stages` row of the run ("rom_sw" / "fast path"); one that leaves a fast
@@ -47,14 +48,8 @@ def record_finding(dev: Device, finding: Finding) -> None:
                                                  board=dev.identity.spec)
 
 
-def identify_flash(dev: Device) -> FlashIdentity:
-    assert dev.romsw is not None
-    nor = SpiNor(dev.romsw)
-    ident = nor.identify()
-    dev.nor = nor
-    record_identity(dev, ident)
+def record_chip_facts(dev: Device, ident: FlashIdentity) -> None:
     dev.recorder.add("stages", stage="identify", event="chip facts", detail=json.dumps(chip_facts(ident)), at=_now())
-    return ident
 
 
 def chip_facts(ident: FlashIdentity) -> dict[str, object]:

@@ -1,8 +1,10 @@
 """Stage: read back every written unit, compare, retry a bounded number of times.
 
-A unit counts as done only when its read-back equals the image. A mismatch is retried
-(4 KiB erase, program, read back); after the last attempt the run fails naming the first
-differing address and both byte values.
+A unit counts as done only when its read-back equals the image. The read-back is
+confirmed (stages.snapshot.read_unit): a passing verify rests on agreeing reads, and a
+mismatch is a real one, not a noisy read. A mismatch is retried (4 KiB erase, program,
+read back); after the last attempt the run fails naming the first differing address and
+both byte values.
 """
 from __future__ import annotations
 
@@ -50,11 +52,12 @@ def record_verify(dev: Device, unit_address: int, size: int, got: bytes, wanted:
     return mm
 
 
-def verify_unit(dev: Device, unit: UnitPlan, retries: int) -> int:
-    """Read back, compare, retry. Returns the attempts used; raises VerifyError at the end."""
+def verify_unit(dev: Device, unit: UnitPlan, retries: int, reads: int = 1) -> int:
+    """Read back (confirmed by `reads` agreeing reads), compare, retry. Returns the attempts
+    used; raises VerifyError at the end."""
     attempt = 1
     while True:
-        got = read_unit(dev, unit.address, unit.size)
+        got = read_unit(dev, unit.address, unit.size, reads, "verify")
         mm = record_verify(dev, unit.address, unit.size, got, unit.wanted, attempt)
         if mm is None:
             dev.recorder.add("units", address=unit.address, size=unit.size, state="verified", action=unit.label,
@@ -77,12 +80,12 @@ def verify_unit(dev: Device, unit: UnitPlan, retries: int) -> int:
 
 
 async def verify_stage(dev: Device, units: ObjectReceiveStream[UnitPlan], total_units: int,
-                       retries: int) -> int:
+                       retries: int, reads: int = 1) -> int:
     """Verify every unit that arrives; returns how many needed a retry."""
     done = retried = 0
     async with units:
         async for unit in units:
-            attempts = await dev.call(verify_unit, dev, unit, retries)
+            attempts = await dev.call(verify_unit, dev, unit, retries, reads)
             retried += attempts > 1
             done += 1
             dev.progress("verify", done, total_units)

@@ -46,6 +46,10 @@ AUDIT_TABLES: dict[str, dict[str, type]] = {
         "flash_byte": int, "image_byte": int, "clock": float,
     },
     "errors": {"run_id": str, "stage": str, "message": str, "address": int, "at": str},
+    "read_disagreements": {
+        "run_id": str, "address": int, "size": int, "purpose": str, "reads": int, "differing": int,
+        "detail": str, "resolved": int, "clock": float,
+    },
 }
 
 INDEXES = {

@@ -24,7 +24,7 @@ def test_without_q_the_result_is_on_stdout_and_the_run_on_stderr(amdflash, make_
     board = make_board(content="blank", transport="ideal")
     r = amdflash("flash", image, "--yes", "--expect-part", "SYNTH-0001", "--board", f"sim:{board}", "--no-progress")
     assert r.code == 0
-    assert r.out.startswith("part number check: expected")
+    assert "part number check: expected" in r.out
     assert r.out.splitlines()[-1].startswith("flashed 512 units:")
     [line] = r.err_lines
     assert line.startswith("run ") and line.endswith(": succeeded")

@@ -188,7 +188,7 @@ def test_driver_flashes_resumes_a_killed_flash_and_dumps(tmp_path: Path) -> None
 
     image = tmp_path / "image.bin"
     image.write_bytes(synthetic_ifwi(77))
-    board = create_board(tmp_path / "board", seed=5, faults=["kill-after-writes=3000"])
+    board = create_board(tmp_path / "board", seed=5, faults=["kill-after-writes=53000"])   # mid-programming
     target = Target("bench")
     AmdflashBoard(target, None, spec=f"sim:{board}", db=str(tmp_path / "audit.sqlite"), command=amdflash_command())
     driver = AmdflashDriver(target, None)

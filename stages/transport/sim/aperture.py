@@ -8,6 +8,9 @@ little-endian dword and, with auto-increment on, advances the address by 4.
 Variants: "raw controller unavailable" (the SMUIO ROM block reads all ones — installed by
 the ROM_SW engine model, which owns that block) and "mirrored 1 MiB aperture" (the address
 wraps at 1 MiB, so both halves of a dump are identical).
+
+Fault read-flip=P flips bits of the bytes read here as it does for ROM_SW RX: the aperture
+reads the flash over the same SPI bus.
 """
 from __future__ import annotations
 
@@ -48,6 +51,8 @@ class RomAperture:
     def _read_data(self) -> int:
         address = _ADDRESS.unpack_from(self._pointer)[0]
         raw = self.board.chip.aperture_read(address % self.window, 4)
+        if self.board.faults.read_flip:
+            raw = self.board.engine._flip(raw)   # the noisy SPI line the ROM_SW engine reads through too
         if bswap32(self.board.get32(R.ROM_CNTL)) & R.ROM_CNTL_AUTO_INCREMENT:
             _ADDRESS.pack_into(self._pointer, 0, (address + 4) & 0xFFFFFF)
         return int.from_bytes(raw, "little")

@@ -10,7 +10,8 @@ FLASH_SIZE = 0x200000
 SECTOR_SIZE = 0x1000
 
 FAULT_HELP = """\
-read-flip=P             flip one bit of an RX byte with probability P per byte (transient)
+read-flip=P             flip one bit of a byte read from the flash (ROM_SW RX or ROM aperture)
+                        with probability P per byte (transient)
 stuck-bit=ADDR[:BIT]    that flash bit stays 1 (default bit 0): programming it to 0 fails
 erase-fail=SECTOR       erasing that 4 KiB sector (by index) silently does nothing
 slow-busy=F             programs, erases and status writes take F (>= 1) times their typical time,

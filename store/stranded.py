@@ -1,0 +1,82 @@
+"""Runs that left a board's registers changed, and the values to put back.
+
+Every run records, before it writes anything, the board it reached (a stages row
+`registers`/start whose detail is the board key) and the registers as it found them
+(snapshot "before"); a run that put them back records the snapshot "after restore". A
+later run that dealt with another run's registers (put them back, found them already
+back, or found them changed by something else since) records `restore_stranded`/end
+naming that run.
+
+A board's registers are stranded when the newest run on it that took a "before" snapshot
+has neither: then its "before" values are the truth. Runs without a "before" snapshot
+changed nothing of their own (they died while putting an older run's values back) and are
+passed over, so the truth is never taken from a board that was already changed.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from amdflash.store.queries import open_readonly, register_snapshot
+
+
+@dataclass(frozen=True)
+class StrandedRun:
+    run_id: str
+    command: str
+    registers: dict[int, int]     # as the run found them, before it changed anything
+    unique_id: str | None         # of the flash, if the run got as far as identifying it
+    outcome: str                  # how the run ended, for the operator
+
+
+def board_key(spec: str, serial: str | None) -> str:
+    """What identifies a board before anything is written to it: the bridge (or emulated
+    board) serial where there is one, else the transport's own spec (PCI address)."""
+    return f"serial:{serial}" if serial else spec
+
+
+def find_stranded(path: str | None, key: str, current_run: str) -> StrandedRun | None:
+    if not path or not Path(path).exists():
+        return None
+    db = open_readonly(path)
+    try:
+        return _find(db, key, current_run)
+    except sqlite3.OperationalError:
+        return None   # not an amdflash database yet (no tables): nothing was stranded
+    finally:
+        db.conn.close()
+
+
+def _find(db, key: str, current_run: str) -> StrandedRun | None:  # noqa: ANN001
+    conn = db.conn
+    runs = [r for (r,) in conn.execute(
+        "SELECT run_id FROM stages WHERE stage = 'registers' AND event = 'start' AND detail = ? "
+        "ORDER BY seq DESC", [key])]
+    settled = set()
+    for (detail,) in conn.execute(
+            "SELECT detail FROM stages WHERE stage = 'restore_stranded' AND event = 'end'"):
+        try:
+            settled.add(json.loads(detail)["run"])
+        except (TypeError, ValueError, KeyError):
+            continue
+    for run_id in runs:
+        if run_id == current_run:
+            continue
+        before = register_snapshot(db, run_id, "before")
+        if before is None:
+            continue
+        if register_snapshot(db, run_id, "after restore") is not None or run_id in settled:
+            return None
+        command = conn.execute("SELECT command FROM runs WHERE run_id = ? ORDER BY seq LIMIT 1", [run_id]).fetchone()
+        uid = conn.execute("SELECT unique_id FROM boards WHERE run_id = ? AND unique_id IS NOT NULL "
+                           "ORDER BY seq LIMIT 1", [run_id]).fetchone()
+        status = conn.execute("SELECT status FROM run_status WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
+                              [run_id]).fetchone()
+        if status is None or status[0] == "running":
+            outcome = "it never finished: its host was killed or lost"
+        else:
+            outcome = f"it {status[0]} without putting them back"
+        return StrandedRun(run_id, command[0] if command else "?", before, uid[0] if uid else None, outcome)
+    return None
