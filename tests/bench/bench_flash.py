@@ -71,7 +71,8 @@ def make_jobs(kept_reads: int) -> list[Job]:
     synth_a, synth_b = synthetic_ifwi(101), synthetic_ifwi(202)
 
     def flash(extra: list[str] | None = None):  # noqa: ANN202
-        return lambda b, i: ["flash", str(i), "--yes", *(extra or [])]
+        # --force: random images carry no part number to match against the board's.
+        return lambda b, i: ["flash", str(i), "--yes", "--force", *(extra or [])]
 
     def ref_flash(extra: list[str] | None = None):  # noqa: ANN202
         return lambda b, i: ["romless", "flash", str(i), "--yes", *(extra or [])]
