@@ -217,7 +217,9 @@ def _report(raised: BaseException) -> int:
     from amdflash.pipeline.logsetup import logger
 
     causes = [e for e in leaves(raised) if not isinstance(e, GeneratorExit)]
-    if any(isinstance(e, KeyboardInterrupt) for e in causes):
+    if any(isinstance(e, KeyboardInterrupt) for leaf in causes for e in _chain(leaf)):
+        # Also a Ctrl-C that Python wrapped while it ran (an import building a class wraps it
+        # in "Error calling __set_name__"): the user interrupted, nothing failed.
         output.error("interrupted")
         return EXIT_INTERRUPTED
     refusals = [e for e in causes if isinstance(e, Refusal)]
@@ -233,6 +235,15 @@ def _report(raised: BaseException) -> int:
         output.error(f"internal error {type(first).__name__}: {one_line(first)} (-v shows where)")
     logger().debug("traceback", exc_info=first)
     return EXIT_FAILED
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    """`e` and the exceptions it was raised from or while handling."""
+    seen: list[BaseException] = []
+    while e is not None and not any(e is s for s in seen):
+        seen.append(e)
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return seen
 
 
 def entry() -> None:

@@ -15,6 +15,7 @@ erasing the unit.
 """
 from __future__ import annotations
 
+import atexit
 import itertools
 import multiprocessing
 import multiprocessing.connection
@@ -23,6 +24,7 @@ import signal
 import sqlite3
 import threading
 import time
+import weakref
 from typing import Any
 
 from amdflash.store import chain
@@ -51,6 +53,20 @@ def _start_method() -> str:
     # fork is cheapest and safe while this process runs a single thread (the CLI opens the
     # writer before anything else starts); otherwise forkserver avoids forking live threads.
     return "fork" if threading.active_count() == 1 else "forkserver"
+
+
+# Writers started and not yet closed. The writer process ignores SIGINT and SIGTERM (it must
+# outlive the host's Ctrl-C to write what it was handed), so if the host leaves without closing
+# one (a Ctrl-C landing between start and the caller's cleanup), multiprocessing's own exit
+# handler would wait for it forever. This handler, registered after multiprocessing's and so
+# run before it, tells each one to finish.
+_STARTED: "weakref.WeakSet[AuditWriter]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_started() -> None:
+    for writer in list(_STARTED):
+        writer.close()
 
 
 class AuditWriter:
@@ -94,6 +110,7 @@ class AuditWriter:
             args=(self.path, rows_rx, status_tx, self.group_rows, self.group_seconds, self.max_pages,
                   os.getpid(), inherited))
         self._process.start()
+        _STARTED.add(self)
         rows_rx.close()
         status_tx.close()
         self._reader = threading.Thread(target=self._read_status, args=(status_rx,), name="audit-status",
@@ -104,6 +121,7 @@ class AuditWriter:
     def close(self) -> None:
         if self._process is None:
             return
+        _STARTED.discard(self)
         try:
             with self._send_lock:
                 assert self._send is not None
@@ -111,8 +129,8 @@ class AuditWriter:
         except OSError:
             pass   # the writer is already gone; its status reader has said why
         self._process.join()
-        assert self._reader is not None
-        self._reader.join()
+        if self._reader is not None:    # None: interrupted before it was started
+            self._reader.join()
         self._send.close()
         self._process = None
 

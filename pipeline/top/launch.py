@@ -13,6 +13,20 @@ def _interrupted_while_starting(signum: int, frame: object) -> None:
     os._exit(130)
 
 
+def _unraisable(info: "sys.UnraisableHookArgs") -> None:
+    # A Ctrl-C that lands while Python runs a finaliser cannot stop the program from there:
+    # Python would print "Exception ignored in: ..." and go on as if it had not been pressed.
+    # Press it again, from outside the finaliser, without the noise.
+    if info.exc_type is not None and issubclass(info.exc_type, KeyboardInterrupt):
+        import threading
+
+        threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT), daemon=True).start()
+        return
+    sys.__unraisablehook__(info)
+
+
+sys.unraisablehook = _unraisable
+
 if signal.getsignal(signal.SIGINT) is signal.default_int_handler:   # not when started ignoring Ctrl-C
     signal.signal(signal.SIGINT, _interrupted_while_starting)
 # A Ctrl-C pressed while the interpreter started (held back by a blocked signal mask) counts now.

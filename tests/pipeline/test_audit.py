@@ -183,3 +183,22 @@ def test_a_writer_that_dies_is_noticed(tmp_path):
     with pytest.raises(writer_module.AuditFailure):
         w.barrier(timeout=5)
     w.close()
+
+
+def test_a_host_leaving_without_closing_its_writer_still_exits(tmp_path):
+    """The writer ignores SIGINT and SIGTERM (it must outlive the host's Ctrl-C); a host that
+    leaves with it open (a Ctrl-C between its start and the caller's cleanup) must not wait
+    for it forever at exit, and what it was handed is written."""
+    import subprocess
+    import sys
+    import textwrap
+
+    db = tmp_path / "audit.sqlite"
+    code = textwrap.dedent(f"""
+        from amdflash.store.writer import AuditWriter
+        writer = AuditWriter({str(db)!r}).open()
+        raise KeyboardInterrupt
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == -2 and "KeyboardInterrupt" in p.stderr     # -SIGINT: Python re-raises it
+    assert db.exists()

@@ -33,7 +33,8 @@ COMMANDS = ("dump", "verify", "flash", "resume", "ifwi-all")
 ALL_FAULTS = ("read-flip=1e-6", "read-flip=1e-4", "read-flip=1e-2", "stuck-bit", "erase-fail", "stall-after",
           "usb-disconnect-after", "kill-after-writes", "psp-error")
 FAULTS = tuple(f for f in ALL_FAULTS if f in os.environ.get("MATRIX_FAULTS", ",".join(ALL_FAULTS)).split(","))
-DAMAGED_BLOCK = 0x20000      # the flash commands must erase and program this 64 KiB block (it holds data)
+DAMAGED_BLOCK = 0x100000     # the flash commands must erase and program this 64 KiB block (it holds data)
+DAMAGED_BULK = 0xC0000       # ... and erase the first 12 blocks (three hold data) before they reach it
 TRANSIENT = {"stall-after", "usb-disconnect-after", "kill-after-writes", "psp-error"}
 
 
@@ -44,7 +45,7 @@ def image() -> bytes:
 def damaged(img: bytes) -> bytes:
     """The board content the flash commands start from: erase and program-only work."""
     out = bytearray(img)
-    out[0x0000:0x1000] = bytes(0x1000)
+    out[0:DAMAGED_BULK] = bytes(DAMAGED_BULK)
     out[DAMAGED_BLOCK:DAMAGED_BLOCK + 0x10000] = bytes(0x10000)
     out[0x1F0000:0x1F0100] = b"\xff" * 0x100
     return bytes(out)
@@ -177,12 +178,37 @@ def reference_counts(work: Path, command: str, via_usb: bool) -> dict[str, float
             "reg_writes": after["reg_writes"] - before["reg_writes"], "usb_transfers": usb}
 
 
+_FLASH_WRITES: dict[bool, tuple[float, float]] = {}
+
+
+def flash_writes(work: Path, via_usb: bool) -> tuple[float, float]:
+    """Register writes of an undisturbed flash from the damaged content: (in all, before the first
+    erase). The second is a flash of the board that already holds the image: reads, no writes.
+    (The number of status polls, and so of writes, depends a little on the host's timing.)"""
+    if via_usb not in _FLASH_WRITES:
+        counts = []
+        for start in ("flash", "verify"):         # the damaged content; the image
+            rig = Rig(work / f"flash-writes-{via_usb}-{start}", start, via_usb)
+            before = rig.counts()["reg_writes"]
+            run = rig.cli("flash", rig.image_path, "--yes", "--expect-part", "SYNTH-0001", "--board", rig.spec)
+            assert run.code == 0, run.err
+            counts.append(rig.counts()["reg_writes"] - before)
+        _FLASH_WRITES[via_usb] = (counts[0], counts[1])
+    return _FLASH_WRITES[via_usb]
+
+
 def kill_flash_half_way(rig: Rig) -> None:
-    """The resume cells start from a flash killed half-way (the host dies at a register write)."""
-    rig.fault("kill-after-writes=50000")
+    """The resume cells start from a flash killed half-way through its erases and programs (the
+    host dies at a register write): the bulk partly done, DAMAGED_BLOCK not yet begun."""
+    whole, reads = flash_writes(rig.work.parent, rig.spec.startswith("usb:"))
+    rig.fault(f"kill-after-writes={int(reads + (whole - reads) * 0.3)}")
     killed = rig.cli("flash", rig.image_path, "--yes", "--expect-part", "SYNTH-0001", "--board", rig.spec)
     assert killed.code == -signal.SIGKILL, killed.err
     rig.fault()
+    flash, img = (rig.board / "flash.bin").read_bytes(), image()
+    assert flash[:UNIT] == img[:UNIT], "the kill came before the first unit was written"
+    assert flash[DAMAGED_BLOCK:DAMAGED_BLOCK + UNIT] != img[DAMAGED_BLOCK:DAMAGED_BLOCK + UNIT], \
+        "the kill came after DAMAGED_BLOCK was written"
 
 
 def run_cell(work: Path, command: str, fault: str, reference: dict[str, float]) -> Cell:
