@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from amdflash.pipeline import commands, replay_command, review_commands, sim_commands
+from amdflash.pipeline import audit_commands, commands, replay_command, review_commands, sim_commands
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED, Refusal
 
 
@@ -16,6 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "recorded in an append-only SQLite audit trail.")
     p.add_argument("--db", metavar="PATH", help="audit database (default $AMDFLASH_DB, else "
                    "~/.local/share/amdflash/audit.sqlite)")
+    p.add_argument("--operator", metavar="NAME", help="who says they run this; recorded as claimed, beside the "
+                   "OS account the run is recorded under")
     p.add_argument("--log-json", action="store_true", help="log events as JSON lines on stderr")
     verbosity = p.add_mutually_exclusive_group()
     verbosity.add_argument("-v", "--verbose", action="store_true", help="more log output")
@@ -24,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit_sub = commands.add_parsers(sub)
     replay_command.add_parsers(sub, audit_sub)
     review_commands.add_parsers(sub, audit_sub)
+    audit_commands.add_parsers(sub, audit_sub)
     sim_commands.add_parser(sub)
     return p
 

@@ -13,12 +13,12 @@ from typing import Any, Callable
 import anyio
 
 from amdflash.pipeline import jobs
+from amdflash.pipeline.audit_commands import host_key_path, open_for_reading
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Refusal
 from amdflash.pipeline.runner import RunInfo, RunResult, exit_code, new_run_id, run_boards
 from amdflash.stages.navi31.psp import DISABLED_REASON
 from amdflash.stages.open_transport import BoardSpec, BoardSpecError, parse_spec
-from amdflash.store import chain
-from amdflash.store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, open_readonly, register_snapshot, report,
+from amdflash.store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, register_snapshot, report,
                            resolve_run, runs, unit_states, writes_since)
 from amdflash.store.writer import AuditWriter, StoreUnavailable
 
@@ -232,7 +232,7 @@ def _open_writer(args: argparse.Namespace):  # noqa: ANN202
         raise Refusal(f"audit database {path} is not writable: cannot create its directory "
                       f"({e.strerror})") from None
     try:
-        return AuditWriter(path).open()
+        return AuditWriter(path, key_path=host_key_path()).open()
     except StoreUnavailable as e:
         raise Refusal(str(e)) from None
 
@@ -278,7 +278,8 @@ def cmd_board(args: argparse.Namespace) -> int:
     backup_dir = Path(db_path(args)).parent / "backups"
 
     def make(spec: BoardSpec):  # noqa: ANN202
-        info = RunInfo(new_run_id(), spec, job, arguments or _plain_args(args), image_sha)
+        info = RunInfo(new_run_id(), spec, job, arguments or _plain_args(args), image_sha,
+                       operator_claimed=getattr(args, "operator", None))
         if job == "info":
             body = jobs.InfoJob(_engine(args))
         elif job == "read":
@@ -316,7 +317,7 @@ def cmd_board(args: argparse.Namespace) -> int:
 
 
 def _plain_args(args: argparse.Namespace) -> dict[str, Any]:
-    skip = {"func", "boards", "db", "log_json", "verbose", "quiet", "job"}
+    skip = {"func", "boards", "db", "log_json", "verbose", "quiet", "job", "operator"}
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in skip}
 
 
@@ -324,7 +325,7 @@ def _resume_plan(args: argparse.Namespace, spec: BoardSpec) -> tuple[dict[str, A
     path = db_path(args)
     if not Path(path).exists():
         raise Refusal(f"no audit database at {path}: nothing to resume")
-    db = open_readonly(path)
+    db = open_for_reading(path)
     try:
         run_id = args.run_id
         if run_id:
@@ -429,10 +430,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 # -- audit commands ------------------------------------------------------------------------------
 
 def _db_ro(args: argparse.Namespace):  # noqa: ANN202
-    path = db_path(args)
-    if not Path(path).exists():
-        raise Refusal(f"no audit database at {path}")
-    return open_readonly(path)
+    return open_for_reading(db_path(args))
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -452,7 +450,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     db = _db_ro(args)
     try:
-        rep = report(db, args.run_id)
+        rep = report(db, args.run_id, getattr(args, "key", None))
     except RunNotFound as e:
         raise Refusal(str(e)) from None
     if args.format == "json":
@@ -460,7 +458,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     elif args.format == "html":
         from amdflash.store.html import render
 
-        text = render(db, rep, chain.verify(db.conn))
+        text = render(db, rep)
     else:
         text = render_text(rep)
     if args.output:
@@ -477,10 +475,13 @@ def render_text(rep: dict[str, Any]) -> str:
     for u in rep["units"]:
         key = f"{u['action']}/{u['state']}"
         counts[key] = counts.get(key, 0) + 1
+    badge = "  [EMULATED BOARD]" if rep.get("emulated") else ""
+    claimed = f" (claims to be {rep['operator_claimed']})" if rep.get("operator_claimed") else ""
     lines = [
-        f"run        {rep['run_id']}  ({rep['command']}, {rep['status']})",
-        f"started    {rep['started']}   ended {rep['ended'] or '-'}",
-        f"operator   {rep['operator']} on {rep['host']}, amdflash {rep['tool_version']}",
+        f"run        {rep['run_id']}  ({rep['command']}, {rep['status']}){badge}",
+        f"started    {rep['started']}   ended {rep['ended'] or '-'}   clock {rep.get('clock_sync') or 'unknown'}",
+        f"operator   OS account {rep['operator']}{claimed} on {rep['host']} (machine-id {rep.get('machine_id') or '-'})",
+        f"amdflash   {rep['tool_version']}{' ' + rep['tool_revision'] if rep.get('tool_revision') else ''}",
         f"board      {b['spec']}  chip {b['chip'] or '?'}  jedec {b['jedec'] or '?'}  uid {b['unique_id'] or '?'}"
         f"{'  bridge ' + b['bridge_serial'] if b['bridge_serial'] else ''}",
         f"image      {rep['image_path'] or '-'}  sha256 {rep['image_sha256'] or '-'}",
@@ -490,6 +491,8 @@ def render_text(rep: dict[str, Any]) -> str:
     ]
     if rep["resumes_run_id"]:
         lines.append(f"resumes    {rep['resumes_run_id']}")
+    for r in rep.get("resumed_by") or []:
+        lines.append(f"resumed by {r['run_id']} ({r['status']})")
     if counts:
         lines.append("units      " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     for f in rep["verifies"]["failed"][:5]:
@@ -497,14 +500,17 @@ def render_text(rep: dict[str, Any]) -> str:
                      f"flash={f['flash_byte']:02x} image={f['image_byte']:02x}")
     if rep["error"]:
         lines.append(f"error      {rep['error']}")
+    c = rep.get("chain") or {}
+    lines.append(f"chain      {'intact' if c.get('ok') else 'BROKEN: ' + str(c.get('problem'))}; checkpoint "
+                 f"#{c.get('checkpoint')} ({c.get('sealed')}) head {c.get('head')}")
+    lines.append(f"signature  {c.get('signature')}; signed by {c.get('signed_by')}")
     return "\n".join(lines)
 
 
 def cmd_audit_verify(args: argparse.Namespace) -> int:
-    db = _db_ro(args)
-    result = chain.verify(db.conn)
-    print(result.describe())
-    return EXIT_OK if result.ok else EXIT_FAILED
+    from amdflash.pipeline.audit_commands import cmd_audit_verify as verify
+
+    return verify(args)
 
 
 __all__ = ["add_parsers", "EXIT_FAILED", "EXIT_REFUSED", "Callable"]

@@ -240,14 +240,19 @@ class FlashJob:
             results: dict[str, Any] = {}
 
             async def timed(name: str, fn, *args: Any) -> None:  # noqa: ANN001
-                # Each stage's transitions are its own: it ends when its input has run dry.
+                # Each stage's outcome is its own: it ends when its input has run dry, stops early
+                # when the operator asked, and is cancelled (not failed) when another stage failed.
                 stage(dev.recorder, name, "start")
                 try:
                     results[name] = await fn(*args)
-                except BaseException:
-                    stage(dev.recorder, name, "fail")
+                except anyio.get_cancelled_exc_class():
+                    stage(dev.recorder, name, "cancelled", "stopped: another stage failed, or the run was cancelled")
                     raise
-                stage(dev.recorder, name, "end")
+                except BaseException as e:
+                    stage(dev.recorder, name, "fail", str(e) or type(e).__name__)
+                    raise
+                stopped = results[name] is True or (name == "backup" and results[name] < n)
+                stage(dev.recorder, name, "stop" if stopped else "end")
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(timed, "backup", read_backup, dev, addresses, UNIT, reads_tx, backup)

@@ -1,20 +1,16 @@
 """Stage: open the ROM_SW engine and identify the flash (JEDEC, SR1-3, SFDP, unique ID)."""
 from __future__ import annotations
 
+import json
+
 from amdflash.stages.device import Device
 from amdflash.stages.flash.spinor import FlashIdentity, SpiNor
 from amdflash.stages.navi31.romsw import RomSw, RomSwOptions
 
 
 def open_engine(dev: Device, options: RomSwOptions) -> RomSw:
-    """Configure the engine (pads, page mirror, prescaler), recording each transaction."""
-    engine = RomSw(dev.bar, options)
-    recorder, clock = dev.recorder, dev.clock
-
-    def observe(opcode: int, address: int, address_bytes: int, tx_len: int, rx_len: int) -> None:
-        recorder.spi_transaction(opcode, address, address_bytes, tx_len, rx_len, clock.now())
-
-    engine.observer = observe
+    """Configure the engine (pads, page mirror, prescaler)."""
+    engine = RomSw(dev.bar, options)   # its transactions are recorded from its register writes
     dev.romsw = engine
     engine.open()
     return engine
@@ -32,7 +28,8 @@ def identify_flash(dev: Device) -> FlashIdentity:
 def record_identity(dev: Device, ident: FlashIdentity | None) -> None:
     idt = dev.identity
     dev.recorder.add(
-        "boards", spec=idt.spec, kind=idt.kind, bridge_serial=idt.serial, pci_address=idt.pci_address,
+        "boards", spec=idt.spec, kind=idt.kind, emulated=int(bool(idt.extra.get("emulated"))),
+        bridge_serial=idt.serial, pci_address=idt.pci_address,
         vendor_id=idt.vendor_id, device_id=idt.device_id,
         jedec=ident.jedec_capture.hex() if ident else None,
         chip=ident.chip.name if ident else None,
@@ -40,7 +37,7 @@ def record_identity(dev: Device, ident: FlashIdentity | None) -> None:
         sr1=ident.sr1 if ident else None, sr2=ident.sr2 if ident else None, sr3=ident.sr3 if ident else None,
         protection=ident.protection.describe() if ident else None,
         sfdp=(ident.sfdp.describe() if ident.sfdp else ident.sfdp_error) if ident else None,
-        detail=repr(idt.extra), at=_now())
+        detail=json.dumps(idt.extra, sort_keys=True, default=str), at=_now())
 
 
 def _now() -> str:

@@ -78,6 +78,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from amdflash.stages.transport.sim import command_log
 from amdflash.stages.transport.sim.sfdp_table import SFDP_TABLE
 
 if TYPE_CHECKING:
@@ -210,6 +211,8 @@ class Gd25Chip:
         if not out:
             return _ff(rx_len)
         op = out[0]
+        if op in command_log.LOGGED:
+            command_log.record(self.board.path, out)
         state = self._state
         if state[_BUSY_KIND]:
             now = self._clock.now()
