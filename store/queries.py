@@ -137,7 +137,7 @@ def _report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] | None)
     except ValueError:
         detail = board.get("detail")
     checked = verify_run(db.conn, run_id, keyfiles)
-    cp = checked.head
+    cp = last_checkpoint(db, run_id)
     return {
         "run_id": run_id,
         "command": run["command"],
@@ -185,11 +185,12 @@ def _report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] | None)
             "problem": checked.problem,
             "rows": checked.rows,
             "checkpoints": checked.checkpoints,
-            "checkpoint": cp.id if cp else None,
-            "sealed": cp.kind if cp else None,
-            "head": cp.head.hex() if cp and cp.head else None,
-            "checkpoint_hash": cp.hash.hex() if cp else None,
-            "signed_by": fingerprint(cp.public_key) if cp and cp.public_key else None,
+            "checkpoint": cp["id"] if cp else None,
+            "sealed": cp["kind"] if cp else None,
+            "head": cp["head"].hex() if cp and cp["head"] else None,
+            "checkpoint_hash": cp["hash"].hex() if cp else None,
+            "signed_by": fingerprint(cp["public_key"]) if cp and cp["public_key"] else None,
+            "unsealed_rows": sum(checked.unsealed.values()),
             "signature": ("verified against the given key" if checked.trusted else
                           "valid under the key recorded in the database (not checked against a trusted key)")
             if checked.ok else "not valid: " + str(checked.problem),
