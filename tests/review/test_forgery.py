@@ -90,29 +90,25 @@ def test_a_recomputed_chain_is_rejected_by_the_host_key(cli, make_board, image, 
     assert "BROKEN" in report.out
 
 
-def test_forged_signatures_fail_even_without_the_key(cli, make_board, image, db):
+def _flash_and_change(cli, make_board, image, db) -> str:  # noqa: ANN001
+    """A good two-sector flash, then one recorded value changed behind the triggers' back."""
     board = make_board(content="blank", transport="ideal")
     assert cli("flash", image, "--yes", "--sector-count", "2", "--board", f"sim:{board}").code == 0
-    run_id = json.loads(cli("runs", "--format", "json").out)[-1]["run_id"]
-    con = sqlite3.connect(db)
-    con.execute("DROP TRIGGER log_verifies_no_update")
-    con.execute("UPDATE log_verifies SET attempt = attempt + 1 WHERE seq = (SELECT max(seq) FROM log_verifies)")
-    con.commit()
-    con.close()
-    forge(db, run_id, None)                    # hashes recomputed, signatures left as they were
-    r = cli("audit", "verify")
-    assert r.code == 1 and "signature does not verify" in r.out
-
-
-def test_a_resigned_database_with_its_anchor_left_alone_is_caught_by_the_anchor(cli, make_board, image, db):
-    board = make_board(content="blank", transport="ideal")
-    assert cli("flash", image, "--yes", "--sector-count", "2", "--board", f"sim:{board}").code == 0
-    run_id = json.loads(cli("runs", "--format", "json").out)[-1]["run_id"]
     con = sqlite3.connect(db)
     con.execute("DROP TRIGGER log_units_no_update")
     con.execute("UPDATE log_units SET detail = 'x' WHERE seq = (SELECT max(seq) FROM log_units)")
     con.commit()
     con.close()
-    forge(db, run_id, Ed25519PrivateKey.generate())
+    return json.loads(cli("runs", "--format", "json").out)[-1]["run_id"]
+
+
+def test_forged_signatures_fail_even_without_the_key(cli, make_board, image, db):
+    forge(db, _flash_and_change(cli, make_board, image, db), None)   # hashes recomputed, old signatures kept
+    r = cli("audit", "verify")
+    assert r.code == 1 and "signature does not verify" in r.out
+
+
+def test_a_resigned_database_with_its_anchor_left_alone_is_caught_by_the_anchor(cli, make_board, image, db):
+    forge(db, _flash_and_change(cli, make_board, image, db), Ed25519PrivateKey.generate())
     r = cli("audit", "verify")
     assert r.code == 1 and "anchor" in r.out and "was rewritten" in r.out
