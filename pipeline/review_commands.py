@@ -114,8 +114,9 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
     scope = f"run {run_id}" if run_id else "the whole trail"
     where = f"wrote {args.output}" if args.output else "exported"
     head = f"; last checkpoint #{summary.head.id} hash {summary.head.hash.hex()}" if summary.head else ""
+    left = f"; {summary.unsealed} rows not sealed yet were left out" if summary.unsealed else ""
     print(f"{where}: {summary.rows} rows and {summary.checkpoints} signed checkpoints of {scope}, "
-          f"{args.format}{head}", file=sys.stderr)
+          f"{args.format}{head}{left}", file=sys.stderr)
     return EXIT_OK
 
 

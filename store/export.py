@@ -13,7 +13,8 @@ the record exactly as the JSONL line would). Records, in order:
                 a blob reference {"sha256": ...})
     checkpoint  a seal: every field, the hash of the checkpoint before it (prev), its hash and
                 its signature (hex)
-    end         how many rows, blobs and checkpoints the file holds
+    end         how many rows, blobs and checkpoints the file holds (and how many rows were
+                left out because no checkpoint sealed them yet)
 
 Everything needed to recompute each run's chain (store.chain) and check each signature is
 in the file, so an export verifies on its own, and one run's export is a complete record of
@@ -57,6 +58,7 @@ class ExportSummary:
     checkpoints: int = 0
     runs: list[str] = field(default_factory=list)
     head: Checkpoint | None = None
+    unsealed: int = 0        # rows recorded after their run's last checkpoint: not exported
 
 
 # -- writing ---------------------------------------------------------------------------------------
@@ -121,8 +123,14 @@ def export(conn: sqlite3.Connection, out: TextIO, fmt: str, run_ids: list[str] |
                 "SELECT id, public_key, hostname, machine_id, first_seen FROM hosts ORDER BY id"):
             writer.write({"record": "host", "id": ident, "public_key": public.hex(), "hostname": hostname,
                           "machine_id": machine, "first_seen": first_seen})
+        # Only sealed rows: what a run recorded after its last checkpoint cannot be verified yet.
+        sealed = {c.run: c.last_seq for c in all_cps if c.kind in RUN_KINDS}
+        sealed.update({c.run_id: c.last_seq for c in all_cps if c.kind in RUN_KINDS})
         seen_blobs: set[int] = set()
         for table, seq, row in _rows(conn, None if run_ids is None else [keys_of_runs[r] for r in runs], runs):
+            if seq > sealed.get(row[0], -1):
+                summary.unsealed += 1
+                continue
             values = {}
             for (column, kind), value in zip(PHYSICAL[table], row):
                 if kind == "ref" and value is not None:
@@ -139,7 +147,8 @@ def export(conn: sqlite3.Connection, out: TextIO, fmt: str, run_ids: list[str] |
             writer.write(checkpoint_record(cp, prev_of[cp.id]))
         summary.checkpoints = len(cps)
         summary.head = cps[-1] if cps else None
-        writer.write({"record": "end", "rows": summary.rows, "blobs": summary.blobs, "checkpoints": len(cps)})
+        writer.write({"record": "end", "rows": summary.rows, "blobs": summary.blobs, "checkpoints": len(cps),
+                      "unsealed_rows_left_out": summary.unsealed})
     return summary
 
 

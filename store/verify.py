@@ -65,8 +65,8 @@ class VerifyReport:
             "valid under the keys recorded in the database; pass --key PUBFILE to prove who signed"
         lines.append(f"signatures  {how}: {signers}")
         for run_id, n in self.unsealed.items():
-            lines.append(f"UNSEALED    run {run_id}: its last {n} row(s) were committed after its last checkpoint "
-                         "(its writer died before sealing them): they cannot be verified")
+            lines.append(f"unsealed    run {run_id}: its last {n} row(s) are committed but not sealed yet (the run "
+                         "is still being written, or its writer died before sealing them): not verifiable")
         if self.ended is not None:
             lines.append("run end     " + ("recorded and sealed" if self.ended else
                                            "not recorded (the run's host died, or it is still running)"))
@@ -127,6 +127,10 @@ def verify_database(conn: sqlite3.Connection, keyfiles: list[Path] | None = None
                     anchor: Path | None = None) -> VerifyReport:
     report = VerifyReport(False, "the database")
 
+    # The anchor is read before the database: an entry is appended only after its checkpoint
+    # is committed, so everything read here must be in the snapshot read next.
+    anchored = read_anchor(anchor)
+
     def body(check: KeyCheck) -> None:
         with snapshot(conn):
             checkpoints = load_checkpoints(conn)
@@ -146,7 +150,7 @@ def verify_database(conn: sqlite3.Connection, keyfiles: list[Path] | None = None
             _check_blobs(conn, "SELECT id, sha256, data FROM blobs")
             report.runs = len(runs)
             report.head = checkpoints[-1] if checkpoints else None
-        report.anchor = check_anchor(anchor, {c.id: c for c in checkpoints}, through, check.trusted)
+        report.anchor = check_anchor(anchor, anchored, {c.id: c for c in checkpoints}, through)
 
     return _checked(report, keyfiles, body)
 
@@ -294,24 +298,33 @@ def _check_blobs(conn: sqlite3.Connection, sql: str, args: tuple = ()) -> None:
             raise Broken(f"blob {ident}: its bytes do not match their SHA-256 (content changed)")
 
 
-def check_anchor(path: Path | None, checkpoints: dict[int, Checkpoint], through: int,
-                 trusted: list[bytes] | None) -> str | None:
+def read_anchor(path: Path | None) -> list[tuple[int, dict[str, Any]]] | None:
+    """(line, entry) of the anchor file; None when there is none."""
+    if path is None or not path.exists():
+        return None
+    entries = []
+    for n, text in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if text.strip():
+            try:
+                entries.append((n, json.loads(text)))
+            except ValueError:
+                entries.append((n, {}))
+    return entries
+
+
+def check_anchor(path: Path | None, entries: list[tuple[int, dict[str, Any]]] | None,
+                 checkpoints: dict[int, Checkpoint], through: int) -> str | None:
     """Every checkpoint the anchor file saw must still be in the database, unchanged."""
     if path is None:
         return None
-    if not path.exists():
+    if entries is None:
         return f"{path}: no anchor file (nothing to compare)"
-    lines = 0
     newest = 0
-    for n, text in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-        if not text.strip():
-            continue
+    for n, entry in entries:
         try:
-            entry = json.loads(text)
             ident, digest = int(entry["checkpoint"]), bytes.fromhex(entry["hash"])
         except (ValueError, KeyError, TypeError):
             raise Broken(f"anchor {path} line {n} is not an anchor entry") from None
-        lines += 1
         newest = max(newest, ident)
         if ident <= through:
             continue    # archived: the seal vouches for it
@@ -322,4 +335,4 @@ def check_anchor(path: Path | None, checkpoints: dict[int, Checkpoint], through:
         if cp.hash != digest:
             raise Broken(f"anchor {path} line {n}: checkpoint #{ident} in the database differs from the one anchored "
                          f"at {entry.get('at')}: the database was rewritten")
-    return f"{path}: {lines} entries, the newest checkpoint #{newest}, all in the database unchanged"
+    return f"{path}: {len(entries)} entries, the newest checkpoint #{newest}, all in the database unchanged"
