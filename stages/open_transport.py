@@ -67,6 +67,9 @@ DESTRUCTIVE: dict[int, int | None] = {
 }
 
 
+_COMMAND, _CNTL = R.ROM_SW_COMMAND, R.ROM_SW_CNTL
+
+
 class AuditedBar:
     """A Bar5 that records every register write before issuing it.
 
@@ -100,12 +103,14 @@ class AuditedBar:
         return self.raw.read_block(offset, size)
 
     def write32(self, offset: int, value: int) -> None:
-        self._check()
+        recorder = self.recorder
+        if recorder.failed and not self.restoring:
+            self._check()
         value &= 0xFFFFFFFF
-        self.recorder.register_write(offset, value, None, self.clock.now())
-        if offset == R.ROM_SW_COMMAND:
+        recorder.register_write(offset, value, None, self.clock.now())
+        if offset == _COMMAND:
             self._command = value
-        elif offset == R.ROM_SW_CNTL:
+        elif offset == _CNTL:
             self._before_start(value)
         self.raw.write32(offset, value)
 
