@@ -748,10 +748,13 @@ class Recorder:
     """Records of one run, buffered in order and handed to the writer in batches (register
     writes become rows through an Assembler)."""
 
-    def __init__(self, writer: "AuditWriter | NullWriter", run_id: str, batch_rows: int = 512):
+    def __init__(self, writer: "AuditWriter | NullWriter", run_id: str, batch_rows: int = 512,
+                 batch_writes: int = 512):
         self.writer = writer
         self.run_id = run_id
         self.batch_rows = batch_rows
+        self.batch_writes = batch_writes
+        self._handed = 0                        # register writes handed to the writer so far
         self._buffer: list[tuple] = []
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -793,7 +796,9 @@ class Recorder:
         with self._lock:
             self.register_writes += 1
             self._write(offset, value, data, clock)
-            if len(self._buffer) < self.batch_rows:
+            # Bound what a host that dies now takes with it: at most `batch_writes` register
+            # writes (and `batch_rows` rows) not yet handed to the writer.
+            if self.register_writes - self._handed < self.batch_writes and len(self._buffer) < self.batch_rows:
                 return
         self.flush()
 
@@ -809,6 +814,7 @@ class Recorder:
             with self._lock:
                 self._assembler.release()
                 batch, self._buffer = self._buffer, []
+                self._handed = self.register_writes
             if batch and not self.writer.failed:
                 # Once the trail is down, rows have nowhere to go; the failure itself is what
                 # counts (it stops every further hardware write), so recording never raises here.

@@ -29,6 +29,8 @@ n = 0
 while True:      # hand over rows until killed; big ones, so that the pipe fills mid-row
     n += 1
     rec.add("backup_units", address=n * 4096 % 0x200000, size=4096, data=os.urandom(4096))
+    if n == 200:
+        print("going", flush=True)
 """
 
 
@@ -51,8 +53,9 @@ def test_a_host_killed_mid_row_never_crashes_the_writer(tmp_path: Path, host_key
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     writer = int(host.stdout.readline())
     assert host.stdout.readline().strip() == "durable"
+    assert host.stdout.readline().strip() == "going"
     os.kill(writer, signal.SIGSTOP)
-    time.sleep(0.5)                  # the pipe fills; the host blocks in the middle of a row
+    time.sleep(1.0)                  # the pipe fills; the host blocks in the middle of a row
     host.kill()
     host.wait()
     os.kill(writer, signal.SIGCONT)

@@ -327,3 +327,50 @@ def test_a_run_whose_host_died(recorded: Recorded) -> None:
     assert page.category(FLASH - UNIT) == "unreached"             # the backup had not got there
     legend = text.split('<ul class="legend">', 1)[1].split("</ul>", 1)[0]
     assert "erased + programmed, verified <b>3</b>" in legend and "not verified <b>13</b>" in legend
+
+
+def test_an_interrupted_run_and_the_resume_that_finished_it(tmp_path: Path) -> None:
+    """Stopped with Ctrl-C mid-flash: its own stages say which stopped early; units only planned
+    are not drawn as touched; the run links to the resume that finished it, and back."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from amdflash.stages.transport.sim import command_log, create_board
+    from tests.pipeline.conftest import ROOT
+
+    image = bytearray(os.urandom(0x200000))
+    image[:4] = b"\xaa\x55\xaa\x55"
+    (tmp_path / "dense.bin").write_bytes(image)
+    board = create_board(tmp_path / "board", content=os.urandom(0x200000), transport="ideal", seed=4)
+    db = tmp_path / "audit.sqlite"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(db), "AMDFLASH_LOCK_DIR": str(tmp_path / "l")}
+    proc = subprocess.Popen([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(tmp_path / "dense.bin"),
+                             "--yes", "--board", f"sim:{board}"], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(command_log.read(board)) < 200:        # a few 64 KiB blocks are under way
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130, proc.stderr.read()
+    assert amdflash(db, "resume", "--yes", "--board", f"sim:{board}") == 0
+    store = open_readonly(str(db))
+    try:
+        stopped, resume = [r["run_id"] for r in store.query("SELECT run_id FROM runs ORDER BY seq")]
+        interrupted = Page(render(store, report(store, stopped)))
+        finishing = Page(render(store, report(store, resume)))
+    finally:
+        store.conn.close()
+    assert interrupted.fields["status-badge"] == "interrupted"
+    assert interrupted.stages["erase"][4] == "stopped early" and interrupted.stages["backup"][4] == "stopped early"
+    assert interrupted.stages["restore"][4] == "ended"
+    # Verified where it got to; read and planned, but stopped before any write, next; never
+    # read beyond. The whole flash was the run's range: no cell is "outside" it.
+    assert {interrupted.category(a) for a in interrupted.cells} == {"erase", "planned", "unreached"}
+    planned = next(a for a in interrupted.cells if interrupted.category(a) == "planned")
+    assert "never touched" in interrupted.cells[planned][1]
+    assert interrupted.fields["finished_by"] == resume and interrupted.fields["resumed_by"].startswith(resume)
+    assert finishing.fields["resumes_run_id"] == stopped
+    assert ("href", f"{resume}.html") in interrupted.attributes and ("href", f"{stopped}.html") in finishing.attributes
