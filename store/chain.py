@@ -1,8 +1,9 @@
 """Hash chains per run, sealed by signed checkpoints.
 
 Every physical audit row belongs to one run. A run's rows form a chain of *segments*: a
-segment is the run's rows recorded between two of its checkpoints (the writer seals every
-run it wrote to at every commit). For segment k,
+segment is the run's rows recorded between two of its checkpoints (the writer seals a run
+at least every few thousand rows and every second, at every barrier and at its end). For
+segment k,
 
     d[T]     = sha256(canonical rows of table T in the segment, in seq order)   per table T
     head[k]  = sha256(head[k-1] || d[T1] || d[T2] || ...)    tables in the order of PHYSICAL
@@ -16,22 +17,23 @@ key. Recomputing the hashes after changing a row is easy; signing them again nee
 host's private key, which never leaves the host.
 
 The canonical form is defined independently of Python, so an export can be checked with
-any language's SHA-256 (and SQLite computes it itself when verifying):
+any language's JSON and SHA-256 (and SQLite computes it itself, with json_array, when
+verifying):
 
-    row       = table "|" seq "|" field "|" field ... "\\n"      (columns in PHYSICAL order)
-    field     = "n"                             NULL
-              | "i" decimal                     INTEGER
-              | "s" byte length ":" text        TEXT (length of its UTF-8 encoding)
-              | "b" lowercase hex               BLOB
-              | "h" lowercase hex               a blob reference: the SHA-256 of the bytes
+    row        = JSON array [table, seq, field, field, ...] (columns in PHYSICAL order), compact
+                 (no spaces), non-ASCII as UTF-8, then "\\n"
+    field      = an integer, a string, null; a BLOB as ["b", lowercase hex]; a blob reference
+                 as the lowercase hex SHA-256 of the bytes it refers to
     checkpoint = "checkpoint|" field(id) "|" field(kind) "|" field(run_id) "|" field(rows) "|"
                  field(last_seq) "|" field(head) "|" field(host public key) "|" field(at) "|"
-                 field(detail) "|" field(prev)            hashed with SHA-256, then signed
+                 field(detail) "|" field(prev), where field is "n" (null), "i" decimal,
+                 "s" byte length ":" text, or "b" lowercase hex; hashed with SHA-256, then signed
 """
 from __future__ import annotations
 
 import bisect
 import hashlib
+import json
 import sqlite3
 from dataclasses import dataclass, field as dc_field
 from typing import Any, Callable, Iterable, Iterator
@@ -50,6 +52,7 @@ def run_genesis(run_id: str) -> bytes:
 # -- canonical encoding ------------------------------------------------------------------------
 
 def field(value: Any) -> bytes:
+    """A checkpoint field: n (null), i decimal, s length:text, b hex."""
     if value is None:
         return b"n"
     kind = type(value)
@@ -63,44 +66,55 @@ def field(value: Any) -> bytes:
     raise TypeError(f"cannot chain a {kind.__name__} value")
 
 
-def _ref(sha: bytes | None) -> bytes:
-    return b"n" if sha is None else b"h" + sha.hex().encode()
+def _json(value: Any) -> Any:
+    return ["b", value.hex()] if type(value) is bytes else value
 
 
-_ENCODERS: dict[str, tuple[Callable[[Any], bytes], ...]] = {
-    table: tuple(_ref if kind == "ref" else field for _, kind in columns) for table, columns in PHYSICAL.items()}
-_PREFIX = {table: table.encode() + b"|" for table in PHYSICAL}
+def _ref(sha: bytes | None) -> str | None:
+    return None if sha is None else sha.hex()
+
+
+_KINDS = {table: tuple(kind for _, kind in columns) for table, columns in PHYSICAL.items()}
 
 
 def canonical(table: str, seq: int, values: Iterable[Any]) -> bytes:
     """A physical row; a ref column's value is the referenced blob's SHA-256 (or None)."""
     if table == "log_spi":
-        return canonical_spi(seq, *values)
-    return b"%s%d|%s\n" % (_PREFIX[table], seq, b"|".join(e(v) for e, v in zip(_ENCODERS[table], values)))
+        values = tuple(values)
+        if all(type(values[i]) is int for i in (0, 1, 2, 4)) and type(values[5]) in (int, type(None)) \
+                and type(values[3]) in (bytes, type(None)):
+            return canonical_spi(seq, *values)
+    fields = [_ref(v) if kind == "ref" else _json(v) for kind, v in zip(_KINDS[table], values)]
+    for v in fields:
+        if type(v) not in _JSON_TYPES:
+            raise TypeError(f"cannot chain a {type(v).__name__} value")
+    return json.dumps([table, seq, *fields], ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+_JSON_TYPES = (int, str, list, type(None))
 
 
 def canonical_spi(seq: int, run: int, command: int, cntl: int, tx: bytes | None, clock: int, again: int | None) -> bytes:
     """`canonical` of a log_spi row, written out: it is the bulk of every trail."""
-    return b"log_spi|%d|i%d|i%d|i%d|%s|i%d|%s\n" % (
-        seq, run, command, cntl, b"n" if tx is None else b"h" + tx.hex().encode(), clock,
-        b"n" if again is None else b"i%d" % again)
+    return b'["log_spi",%d,%d,%d,%d,%s,%d,%s]\n' % (
+        seq, run, command, cntl, b"null" if tx is None else b'"%s"' % tx.hex().encode(), clock,
+        b"null" if again is None else b"%d" % again)
 
 
 def _sql_field(column: str, kind: str) -> str:
     if kind == "ref":
         # A reference to a missing blob yields no hash: the row cannot match.
-        return f"CASE WHEN p.{column} IS NULL THEN 'n' ELSE coalesce('h' || lower(hex(b_{column}.sha256)), '?') END"
-    return (f"CASE typeof(p.{column}) WHEN 'integer' THEN 'i' || p.{column} WHEN 'null' THEN 'n' "
-            f"WHEN 'text' THEN 's' || length(CAST(p.{column} AS BLOB)) || ':' || p.{column} "
-            f"WHEN 'blob' THEN 'b' || lower(hex(p.{column})) ELSE '?' || p.{column} END")
+        return f"CASE WHEN p.{column} IS NULL THEN NULL ELSE coalesce(lower(hex(b_{column}.sha256)), '?') END"
+    # Any column may hold a BLOB if someone wrote one there: JSON shows it as ["b", hex].
+    return f"CASE typeof(p.{column}) WHEN 'blob' THEN json_array('b', lower(hex(p.{column}))) ELSE p.{column} END"
 
 
 def canonical_expr(table: str) -> tuple[str, str]:
     """(SQL expression of a row's canonical text, the joins it needs), over `{table} p`."""
     columns = PHYSICAL[table]
-    parts = " || '|' || ".join(_sql_field(c, k) for c, k in columns)
+    fields = ", ".join(_sql_field(c, k) for c, k in columns)
     joins = "".join(f" LEFT JOIN blobs b_{c} ON b_{c}.id = p.{c}" for c, k in columns if k == "ref")
-    return f"'{table}|' || p.seq || '|' || {parts} || char(10)", joins
+    return f"json_array('{table}', p.seq, {fields}) || char(10)", joins
 
 
 def canonical_sql(table: str, where: str = "") -> str:

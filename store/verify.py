@@ -188,15 +188,19 @@ def check_runs(conn: sqlite3.Connection, runs: dict[str, int], chains: dict[str,
 
     SQLite builds each segment's canonical text itself (one grouped query per table over all
     segments); a run whose heads do not match is then checked again row by row, which names
-    the segment that differs."""
+    the segment that differs. Rows after a run's last checkpoint are looked for only in runs
+    that recorded no end: rows after a final checkpoint belong to no view of the run, and
+    the whole-database check counts every row of every table against the sealed spans."""
     segments: list[tuple[int, str, int, int, int]] = []   # (id, run_id, k, lo, hi)
+    tails: dict[str, int] = {}                              # run_id -> first unsealed seq
     for run_id, key in runs.items():
-        bounds = chains[run_id].bounds if run_id in chains else []
+        chain = chains.get(run_id)
         lo = key
-        for k, hi in enumerate(bounds):
+        for k, hi in enumerate(chain.bounds if chain else []):
             segments.append((len(segments) + 1, run_id, k, lo, hi))
             lo = hi + 1
-        segments.append((len(segments) + 1, run_id, len(bounds), lo, 2 ** 62))   # after the last seal
+        if chain is None or chain.checkpoints[-1].kind != "final":
+            tails[run_id] = lo
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS _segments (id INTEGER PRIMARY KEY, run INTEGER, run_id TEXT, "
                  "lo INTEGER, hi INTEGER)")
     conn.execute("DELETE FROM _segments")
@@ -205,6 +209,8 @@ def check_runs(conn: sqlite3.Connection, runs: dict[str, int], chains: dict[str,
     where = {i: (r, k) for i, r, k, _, _ in segments}
     digests: dict[tuple[str, int, str], bytes] = {}
     counts: dict[tuple[str, int], int] = {}
+    seen: dict[str, int] = {}
+    unsealed: dict[str, int] = {}
     try:
         for table in PHYSICAL:
             expr, joins = canonical_expr(table)
@@ -219,20 +225,20 @@ def check_runs(conn: sqlite3.Connection, runs: dict[str, int], chains: dict[str,
                     text = "\x00"   # a NULL canonical field: cannot match
                 digests[(run_id, k, table)] = hashlib.sha256(text.encode()).digest()
                 counts[(run_id, k)] = counts.get((run_id, k), 0) + n
+                seen[table] = seen.get(table, 0) + n
+            for run_id, lo in tails.items():
+                column, value = ("run_id", run_id) if table in PLAIN else ("run", runs[run_id])
+                n = conn.execute(f"SELECT count(*) FROM {table} WHERE seq >= ? AND +{column} = ?", (lo, value)).fetchone()[0]
+                if n:
+                    unsealed[run_id] = unsealed.get(run_id, 0) + n
+                    seen[table] = seen.get(table, 0) + n
         if len(runs) > 1:
-            _no_strays(conn)
+            _no_strays(conn, seen)
     finally:
         conn.execute("DELETE FROM _segments")
-    total, unsealed = 0, {}
+    total = 0
     for run_id, key in runs.items():
         chain = chains.get(run_id)
-        sealed = len(chain.checkpoints) if chain else 0
-        tail = counts.get((run_id, sealed), 0)
-        if tail and chain and chain.checkpoints[-1].kind == "final":
-            raise Broken(f"run {run_id}: {tail} row(s) after its final checkpoint #{chain.checkpoints[-1].id}: "
-                         "added after the run was sealed")
-        if tail:
-            unsealed[run_id] = tail
         if chain is None:
             continue
         rows = _heads(chain, digests, counts)
@@ -266,13 +272,19 @@ def _exact(conn: sqlite3.Connection, run_id: str, key: int, chain: RunChain) -> 
     return hasher.rows_fed
 
 
-def _no_strays(conn: sqlite3.Connection) -> None:
-    """Every row belongs to a run of the database."""
+def _no_strays(conn: sqlite3.Connection, seen: dict[str, int]) -> None:
+    """Every row belongs to a run of the database: each table holds no more rows than the
+    runs' spans held (and if it does, the first stray one is named)."""
     for table in PHYSICAL:
+        total = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        if total == seen.get(table, 0):
+            continue
         column, ref = ("run_id", "run_id") if table in PLAIN else ("run", "seq")
         row = conn.execute(f"SELECT seq FROM {table} WHERE {column} NOT IN (SELECT {ref} FROM runs) LIMIT 1").fetchone()
         if row:
             raise Broken(f"{table} seq {row[0]}: a row of no run in the database (its run was removed)")
+        raise Broken(f"{table}: {total - seen.get(table, 0)} row(s) outside what their runs sealed (before a run "
+                     "began, or after its final checkpoint): added after the fact")
 
 
 def _hash_before(conn: sqlite3.Connection, ident: int, through: int, base: bytes) -> bytes:

@@ -10,12 +10,13 @@ The writer outlives its host: if the host process dies, even in the middle of ha
 over a row, the writer commits every complete row it received, drops the torn one, seals
 what it committed and exits cleanly.
 
-Rows are inserted as they arrive inside an open transaction; a commit — at every unit
-boundary, every `group_rows` rows or `group_seconds`, and at every barrier — seals each
-run written to with a signed checkpoint (store.chain) in the same transaction. Commits run
+Rows are inserted as they arrive inside an open transaction, committed at every unit
+boundary, every `group_rows` rows or `group_seconds`, and at every barrier. Commits run
 with `synchronous=NORMAL` (a committed row survives the death of any process); a barrier
 also fsyncs the WAL (it survives a power loss). `Recorder.durable()` is that barrier: a
-unit's intent is made durable before anything destructive touches the unit.
+unit's intent is made durable before anything destructive touches the unit. A commit also
+seals the runs written to with signed checkpoints (store.chain) when it is a barrier, when
+a run ended, or when `seal_rows` rows or `seal_seconds` have passed since the last seal.
 """
 from __future__ import annotations
 
@@ -801,6 +802,10 @@ class Recorder:
             if self.register_writes - self._handed < self.batch_writes and len(self._buffer) < self.batch_rows:
                 return
         self.flush()
+
+    def spi_transaction(self, *args: Any) -> None:
+        """Nothing to do: transactions are recorded from their register writes. Kept so that a
+        caller still wired to the engine's observer does no harm."""
 
     def covers(self, start: int, size: int) -> bool:
         """Whether a durable unit intent covers every unit of [start, start + size)."""
