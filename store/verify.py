@@ -9,12 +9,13 @@ import contextlib
 import hashlib
 import json
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from amdflash.store import keys
+from amdflash.store import keys, schema
 from amdflash.store.chain import (GENESIS, Broken, Checkpoint, KeyCheck, RunChain, SegmentHasher, canonical_expr,
                                   check_checkpoint_chain, iter_canonical, load_checkpoints, run_genesis, segment_head)
 from amdflash.store.schema import PHYSICAL, PLAIN
@@ -201,29 +202,29 @@ def check_runs(conn: sqlite3.Connection, runs: dict[str, int], chains: dict[str,
             lo = hi + 1
         if chain is None or chain.checkpoints[-1].kind != "final":
             tails[run_id] = lo
-    conn.execute("CREATE TEMP TABLE IF NOT EXISTS _segments (id INTEGER PRIMARY KEY, run INTEGER, run_id TEXT, "
-                 "lo INTEGER, hi INTEGER)")
-    conn.execute("DELETE FROM _segments")
-    conn.executemany("INSERT INTO _segments VALUES (?, ?, ?, ?, ?)",
-                     [(i, runs[r], r, lo, hi) for i, r, _, lo, hi in segments])
+    rows = [(i, runs[r], r, lo, hi) for i, r, _, lo, hi in segments]
     where = {i: (r, k) for i, r, k, _, _ in segments}
     digests: dict[tuple[str, int, str], bytes] = {}
     counts: dict[tuple[str, int], int] = {}
     seen: dict[str, int] = {}
     unsealed: dict[str, int] = {}
+    # The bulk table's second half is hashed by a second connection in a thread of its own:
+    # SQLite builds the text without the interpreter lock, so both cores work. Its snapshot
+    # may be newer, which changes nothing in sealed spans of an append-only trail; should it
+    # differ anyway (an archive meanwhile), the run is checked again on this snapshot below.
+    path = conn.execute("PRAGMA database_list").fetchone()[2]
+    half = len(rows) // 2 if path and len(rows) >= PARALLEL_SEGMENTS else len(rows)
+    helper = _Helper(path, rows[half:]) if half < len(rows) else None
+    _load_segments(conn, rows)
     try:
         for table in PHYSICAL:
-            expr, joins = canonical_expr(table)
-            # The seq range is the way in (unary + keeps SQLite from indexing run instead).
-            on = ("p.run_id = g.run_id AND p.seq BETWEEN g.lo AND g.hi" if table in PLAIN else
-                  "p.seq BETWEEN g.lo AND g.hi AND +p.run = g.run")
-            for ident, n, text in conn.execute(
-                    f"SELECT g.id, count(*), group_concat({expr}, '') FROM _segments g CROSS JOIN {table} p ON {on}{joins} "
-                    "GROUP BY g.id"):
+            if table == BULK and helper is not None:
+                results = _grouped(conn, table, rows[half - 1][0]) + helper.result()
+            else:
+                results = _grouped(conn, table)
+            for ident, n, digest in results:
                 run_id, k = where[ident]
-                if text is None:
-                    text = "\x00"   # a NULL canonical field: cannot match
-                digests[(run_id, k, table)] = hashlib.sha256(text.encode()).digest()
+                digests[(run_id, k, table)] = digest
                 counts[(run_id, k)] = counts.get((run_id, k), 0) + n
                 seen[table] = seen.get(table, 0) + n
             for run_id, lo in tails.items():
@@ -246,6 +247,60 @@ def check_runs(conn: sqlite3.Connection, runs: dict[str, int], chains: dict[str,
             rows = _exact(conn, run_id, key, chain)
         total += rows
     return total + sum(unsealed.values()), unsealed
+
+
+BULK = "log_spi"
+PARALLEL_SEGMENTS = 64     # from this many segments on, a second thread hashes half of the bulk table
+
+
+def _load_segments(conn: sqlite3.Connection, rows: list[tuple[int, int, str, int, int]]) -> None:
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS _segments (id INTEGER PRIMARY KEY, run INTEGER, run_id TEXT, "
+                 "lo INTEGER, hi INTEGER)")
+    conn.execute("DELETE FROM _segments")
+    conn.executemany("INSERT INTO _segments VALUES (?, ?, ?, ?, ?)", rows)
+
+
+def _grouped(conn: sqlite3.Connection, table: str, last: int = 2 ** 62) -> list[tuple[int, int, bytes]]:
+    """(segment id, rows, digest of the rows' canonical text) of `table`, for every segment in
+    _segments (up to id `last`) that holds rows of it."""
+    expr, joins = canonical_expr(table)
+    # The seq range is the way in (unary + keeps SQLite from indexing run instead).
+    on = ("p.run_id = g.run_id AND p.seq BETWEEN g.lo AND g.hi" if table in PLAIN else
+          "p.seq BETWEEN g.lo AND g.hi AND +p.run = g.run")
+    out = []
+    for ident, n, text in conn.execute(f"SELECT g.id, count(*), group_concat({expr}, '') FROM _segments g "
+                                       f"CROSS JOIN {table} p ON {on}{joins} WHERE g.id <= ? GROUP BY g.id", (last,)):
+        # A NULL canonical field makes the whole text NULL: it cannot match.
+        out.append((ident, n, hashlib.sha256(text.encode() if text is not None else b"\x00").digest()))
+    return out
+
+
+class _Helper:
+    """The bulk table's rows of some segments, hashed on a connection and thread of their own."""
+
+    def __init__(self, path: str, rows: list[tuple[int, int, str, int, int]]):
+        self.done: list[tuple[int, int, bytes]] | BaseException = []
+        self.thread = threading.Thread(target=self._run, args=(path, rows), name="verify-helper", daemon=True)
+        self.thread.start()
+
+    def _run(self, path: str, rows: list[tuple[int, int, str, int, int]]) -> None:
+        try:
+            conn = schema.connect(path, readonly=True)
+            try:
+                conn.execute("BEGIN")
+                _load_segments(conn, rows)
+                self.done = _grouped(conn, BULK)
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            self.done = e
+
+    def result(self) -> list[tuple[int, int, bytes]]:
+        self.thread.join()
+        if isinstance(self.done, BaseException):
+            raise self.done
+        return self.done
 
 
 def _heads(chain: RunChain, digests: dict[tuple[str, int, str], bytes], counts: dict[tuple[str, int], int]) -> int | None:

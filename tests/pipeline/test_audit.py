@@ -77,6 +77,19 @@ def test_audit_verify_is_clean_and_names_the_tampered_span(cli, flashed):
     assert cli("audit", "verify", "--run", run_id).code == 1
 
 
+def test_the_second_verify_thread_finds_a_change_in_its_half(cli, flashed, monkeypatch):
+    from amdflash.store import verify
+
+    monkeypatch.setattr(verify, "PARALLEL_SEGMENTS", 2)     # every database is split between two threads
+    assert cli("audit", "verify").code == 0
+    con = sqlite3.connect(flashed)
+    last = con.execute("SELECT max(seq) FROM log_spi").fetchone()[0]     # in the later half of the segments
+    con.close()
+    _tamper(flashed, "UPDATE log_spi SET clock = clock + 1 WHERE seq = ?", last)
+    r = cli("audit", "verify")
+    assert r.code == 1 and "do not match checkpoint" in r.out
+
+
 def test_a_removed_row_is_found(cli, flashed):
     con = sqlite3.connect(flashed)
     seq = con.execute("SELECT seq FROM log_verifies ORDER BY seq LIMIT 1 OFFSET 3").fetchone()[0]

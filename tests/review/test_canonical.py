@@ -31,7 +31,7 @@ def _database() -> sqlite3.Connection:
     return conn
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(rows(), min_size=1, max_size=8))
 def test_python_and_sqlite_agree_on_every_value(batch):
     conn = _database()

@@ -348,7 +348,8 @@ def test_an_interrupted_run_and_the_resume_that_finished_it(tmp_path: Path) -> N
     db = tmp_path / "audit.sqlite"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(db), "AMDFLASH_LOCK_DIR": str(tmp_path / "l")}
     proc = subprocess.Popen([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(tmp_path / "dense.bin"),
-                             "--yes", "--board", f"sim:{board}"], env=env, stderr=subprocess.PIPE, text=True)
+                             "--yes", "--sector-count", "128", "--board", f"sim:{board}"], env=env,
+                            stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while len(command_log.read(board)) < 200:        # a few 64 KiB blocks are under way
         assert proc.poll() is None and time.monotonic() < deadline
@@ -367,8 +368,9 @@ def test_an_interrupted_run_and_the_resume_that_finished_it(tmp_path: Path) -> N
     assert interrupted.stages["erase"][4] == "stopped early" and interrupted.stages["backup"][4] == "stopped early"
     assert interrupted.stages["restore"][4] == "ended"
     # Verified where it got to; read and planned, but stopped before any write, next; never
-    # read beyond. The whole flash was the run's range: no cell is "outside" it.
-    assert {interrupted.category(a) for a in interrupted.cells} == {"erase", "planned", "unreached"}
+    # read beyond, up to the end of the run's range (128 units); outside it, "outside".
+    assert {interrupted.category(a) for a in interrupted.cells if a < 128 * UNIT} == {"erase", "planned", "unreached"}
+    assert {interrupted.category(a) for a in interrupted.cells if a >= 128 * UNIT} == {"none"}
     planned = next(a for a in interrupted.cells if interrupted.category(a) == "planned")
     assert "never touched" in interrupted.cells[planned][1]
     assert interrupted.fields["finished_by"] == resume and interrupted.fields["resumed_by"].startswith(resume)
