@@ -29,15 +29,23 @@ class Command:
     data: bytes
 
 
+_OPEN: dict[Path, int] = {}     # the logs this process appends to (a few at a time)
+
+
 def record(board_dir: Path, out: bytes) -> None:
-    """Append one command (the bytes the chip received: opcode, address, data)."""
+    """Append one command (the bytes the chip received: opcode, address, data). Each line
+    goes to the file with one write, so it is there even if the process dies next."""
     op = out[0]
     address, data = (int.from_bytes(out[1:4], "big"), out[4:]) if op in _ADDRESSED else (0, out[1:])
-    fd = os.open(board_dir / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, f"{op:02x} {address:06x} {data.hex()}\n".encode())
-    finally:
-        os.close(fd)
+    fd = _OPEN.get(board_dir)
+    if fd is not None and os.fstat(fd).st_nlink == 0:     # the board was removed and made again
+        os.close(_OPEN.pop(board_dir))
+        fd = None
+    if fd is None:
+        if len(_OPEN) >= 8:
+            os.close(_OPEN.pop(next(iter(_OPEN))))
+        fd = _OPEN[board_dir] = os.open(board_dir / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, f"{op:02x} {address:06x} {data.hex()}\n".encode())
 
 
 def read(board_dir: Path) -> list[Command]:
