@@ -20,7 +20,7 @@ from amdflash.stages.device import Device, Interrupted
 from amdflash.stages.erase import erase_stage
 from amdflash.stages.flash import protection as prot
 from amdflash.stages.flash.spinor import FlashIdentity
-from amdflash.stages.identify import identify_flash, open_engine
+from amdflash.stages.identify import identify_flash, open_engine, record_identity
 from amdflash.stages.navi31 import aperture
 from amdflash.stages.navi31.psp import PspMailbox
 from amdflash.stages.navi31.romsw import RomSwOptions
@@ -325,6 +325,7 @@ class FlashJob:
 @dataclass
 class ProbeJob:
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
+        record_identity(dev, None)   # the transport's identity (and whether the board is emulated)
         stage(dev.recorder, "probe", "start")
         result = await dev.call(PspMailbox(dev.bar).probe)
         for name, (error, response) in result.answers.items():
@@ -341,6 +342,7 @@ class IfwiAllJob:
     image: bytes
 
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
+        record_identity(dev, None)   # the transport's identity (and whether the board is emulated)
         stage(dev.recorder, "ifwi_all", "start")
         mailbox = PspMailbox(dev.bar)
         streamed = []

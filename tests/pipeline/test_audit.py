@@ -90,6 +90,20 @@ def test_the_second_verify_thread_finds_a_change_in_its_half(cli, flashed, monke
     assert r.code == 1 and "do not match checkpoint" in r.out
 
 
+def test_a_row_added_after_a_runs_final_seal_is_found(cli, make_board, flashed):
+    board = make_board(content="blank", transport="ideal")
+    assert cli("info", "--board", f"sim:{board}").code == 0      # a second run: the database's checks apply
+    con = sqlite3.connect(flashed)
+    key, last = con.execute("SELECT r.seq, c.last_seq FROM runs r JOIN checkpoints c ON c.run = r.seq "
+                            "AND c.kind = 'final' ORDER BY r.seq LIMIT 1").fetchone()
+    top = con.execute("SELECT seq FROM chain_head").fetchone()[0]
+    con.close()
+    _tamper(flashed, "INSERT INTO log_units (seq, run, address, size, state, action, detail, clock) "
+                     "VALUES (?, ?, 0, 4096, 'verified', 'skip', 'added', 0)", top + 1, key)
+    r = cli("audit", "verify")
+    assert r.code == 1 and "outside what their runs sealed" in r.out and last < top
+
+
 def test_a_removed_row_is_found(cli, flashed):
     con = sqlite3.connect(flashed)
     seq = con.execute("SELECT seq FROM log_verifies ORDER BY seq LIMIT 1 OFFSET 3").fetchone()[0]

@@ -167,3 +167,11 @@ def test_the_default_key_lives_beside_the_default_database(monkeypatch, tmp_path
     monkeypatch.delenv("AMDFLASH_HOST_KEY", raising=False)
     monkeypatch.setenv("AMDFLASH_DB", str(tmp_path / "somewhere" / "audit.sqlite"))
     assert host_key_path() == tmp_path / "somewhere" / "host_key.pem"
+
+
+def test_runs_that_never_identify_the_flash_still_say_the_board_is_emulated(cli, make_board, db):
+    board = make_board(transport="ideal", seed=77)
+    assert cli("probe", "--board", f"sim:{board}").code == 0
+    run = json.loads(cli("runs", "--format", "json").out)[-1]
+    assert run["command"] == "probe" and run["emulated"] == 1
+    assert json.loads(cli("report", run["run_id"], "--format", "json").out)["emulated"] is True
