@@ -336,6 +336,9 @@ def _writer_main(path: str, key_path: str, anchor: str, rows: multiprocessing.co
                 stop = True   # the host is gone (or closed): what is torn in the buffer is dropped
         elif not store.open_rows and not _alive(host_pid):
             stop = True       # belt and braces: the host is gone even if the pipe is not
+        # Commits asked for in what was read together are done once, after all of it: a writer
+        # that fell behind catches up with one commit, not one per unit. A barrier commits at once.
+        commit = False
         for message in messages:
             tag = message[0]
             if tag == "!stop":
@@ -344,8 +347,9 @@ def _writer_main(path: str, key_path: str, anchor: str, rows: multiprocessing.co
             if tag == "!barrier":
                 waiting.append(message[1])
                 settle(durable=True)
+                commit = False
             elif tag == "!commit":
-                settle(durable=False)
+                commit = True
             elif not failed:
                 try:
                     store.add(message)
@@ -353,7 +357,8 @@ def _writer_main(path: str, key_path: str, anchor: str, rows: multiprocessing.co
                     failed = f"{type(e).__name__}: {e}"
                     _tell(status, ("failed", failed))
                     store.abandon()
-        if store.open_rows and (store.open_rows >= group_rows or time.monotonic() - store.opened >= group_seconds):
+        if commit or store.open_rows and (store.open_rows >= group_rows
+                                          or time.monotonic() - store.opened >= group_seconds):
             settle(durable=False)
     settle(durable=True)
     _tell(status, ("closed", None))
@@ -636,7 +641,7 @@ class ChainWriter:
         except FileNotFoundError:
             return   # checkpointed into the database file, which SQLite synced
         try:
-            os.fsync(fd)
+            os.fdatasync(fd)
         finally:
             os.close(fd)
 
