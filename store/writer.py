@@ -11,7 +11,8 @@ over a row, the writer commits every complete row it received, drops the torn on
 what it committed and exits cleanly.
 
 Rows are inserted as they arrive inside an open transaction, committed at every unit
-boundary, every `group_rows` rows or `group_seconds`, and at every barrier. Commits run
+boundary (boundaries read together share one commit), every `group_rows` rows or
+`group_seconds`, and at every barrier. Commits run
 with `synchronous=NORMAL` (a committed row survives the death of any process); a barrier
 also fsyncs the WAL (it survives a power loss). `Recorder.durable()` is that barrier: a
 unit's intent is made durable before anything destructive touches the unit. A commit also
