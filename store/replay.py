@@ -35,8 +35,9 @@ from typing import Any
 
 import sqlite_utils
 
-from amdflash.store.queries import (RunNotFound, iter_register_writes, register_snapshot, register_write_order,
-                           resolve_run, run_seq_range)
+from amdflash.store.queries import (RunNotFound, counts, iter_register_writes, register_snapshot,
+                                    register_write_order, resolve_run)
+from amdflash.store.verify import snapshot
 
 FLASH_SIZE = 0x200000
 UNIT = 0x1000
@@ -112,6 +113,12 @@ class _Verify:
 def replay(db: sqlite_utils.Database, run_id: str, until: int | None = None,
            image: bytes | None = None, workdir: str | None = None) -> ReplayResult:
     """Replay RUN_ID; `image`, when it is the run's image, pins bytes the record only hashes."""
+    with snapshot(db.conn):
+        return _replay(db, run_id, until, image, workdir)
+
+
+def _replay(db: sqlite_utils.Database, run_id: str, until: int | None, image: bytes | None,
+            workdir: str | None) -> ReplayResult:
     try:
         run_id = resolve_run(db, run_id)
     except RunNotFound as e:
@@ -155,9 +162,7 @@ def _start(db: sqlite_utils.Database, run_id: str, command: str, until: int | No
 
 
 def _count_writes(db: sqlite_utils.Database, run_id: str) -> int:
-    first, last = run_seq_range(db, run_id)
-    return db.conn.execute("SELECT count(*) FROM register_writes WHERE seq BETWEEN ? AND ? AND run_id = ?",
-                           [first, last, run_id]).fetchone()[0]
+    return counts(db.conn, run_id)[0]
 
 
 def build_board(path: Path, backup: dict[int, bytes], status: tuple[int, int, int],

@@ -108,21 +108,20 @@ def _mid_erase_seq(db: Path, run_id: str) -> int:
 
 
 def power_loss_copy(src: Path, dst: Path, last_seq: int) -> None:
-    """The database as a host that died after committing row `last_seq` leaves it: a chain prefix."""
-    from amdflash.store.schema import AUDIT_TABLES
+    """The database as a host that lost power after committing row `last_seq` leaves it: every
+    row up to it, the checkpoints sealed by then; rows after the last of those are unsealed."""
+    from amdflash.store.schema import PHYSICAL, add_triggers, drop_triggers
 
     source, copy = sqlite3.connect(src), sqlite3.connect(dst)
     source.backup(copy)
     source.close()
-    head = None
-    for table in AUDIT_TABLES:
-        copy.execute(f"DROP TRIGGER {table}_no_delete")
+    drop_triggers(copy)
+    for table in PHYSICAL:
         copy.execute(f"DELETE FROM {table} WHERE seq > ?", [last_seq])
-        copy.execute(f"CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table} "
-                     f"BEGIN SELECT RAISE(ABORT, 'audit rows are append-only ({table})'); END")
-        row = copy.execute(f"SELECT hash FROM {table} WHERE seq = ?", [last_seq]).fetchone()
-        head = row[0] if row else head
-    copy.execute("UPDATE chain_head SET seq = ?, hash = ? WHERE id = 1", [last_seq, head])
+    copy.execute("DELETE FROM checkpoints WHERE last_seq > ?", [last_seq])
+    copy.execute("UPDATE chain_head SET seq = ?, checkpoint = (SELECT max(id) FROM checkpoints), "
+                 "hash = (SELECT hash FROM checkpoints ORDER BY id DESC LIMIT 1) WHERE id = 1", [last_seq])
+    add_triggers(copy)
     copy.commit()
     copy.close()
 
