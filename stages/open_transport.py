@@ -108,7 +108,9 @@ class AuditedBar:
         self.clock = bar.clock
         self.identity: BoardIdentity = bar.identity
         self.restoring = False   # set by the restore stage: its writes go out regardless
-        self._command = 0        # the last ROM_SW_COMMAND written: the opcode a CNTL write starts
+        # ROM_SW_COMMAND as last written: the opcode a CNTL write starts (None: not written yet
+        # by this run, read from the board when first needed).
+        self._command: int | None = None
 
     def _check(self) -> None:
         if self.recorder.failed and not self.restoring:
@@ -133,27 +135,42 @@ class AuditedBar:
             self._before_start(value)
         self.raw.write32(offset, value)
 
-    def _before_start(self, cntl: int) -> None:
+    def _before_start(self, cntl: int | None) -> None:
+        """Gate the transaction a CNTL write starts (`cntl` None: the write did not carry the
+        whole control word, so the span is not known: only its own durable row will do)."""
+        if self._command is None:
+            self._command = int.from_bytes(self.raw.read_block(_COMMAND, 4), "little")
         opcode = self._command & 0xFF
         if opcode not in DESTRUCTIVE:
             return
         span = DESTRUCTIVE[opcode]
-        address_bytes = (cntl >> 16) & 3
-        address = (self._command >> (8 + 8 * (3 - address_bytes))) & (0xFFFFFF >> (8 * (3 - address_bytes)))
-        if span == 0:
-            span = cntl & 0xFFFF
-        if span is None or not self.recorder.covers(address - address % span if span > 0x1000 else address, span):
+        covered = False
+        if cntl is not None and span is not None:
+            address_bytes = (cntl >> 16) & 3
+            address = (self._command >> (8 + 8 * (3 - address_bytes))) & (0xFFFFFF >> (8 * (3 - address_bytes)))
+            if span == 0:
+                span = cntl & 0xFFFF
+            covered = self.recorder.covers(address - address % span if span > 0x1000 else address, span)
+        if not covered:
             self.recorder.durable()
             self._check()
 
     def write_block(self, offset: int, data: bytes) -> None:
         self._check()
         self.recorder.register_write(offset, None, bytes(data), self.clock.now())
-        if offset <= _COMMAND < offset + len(data):
+        end = offset + len(data)
+        if offset < _CNTL + 4 and _CNTL < end:
+            # A block that reaches ROM_SW_CNTL starts a transaction when that dword lands: the
+            # lowest of the engine's registers, so before anything else the block writes there.
+            whole = offset <= _CNTL and _CNTL + 4 <= end
+            self._before_start(int.from_bytes(data[_CNTL - offset:_CNTL - offset + 4], "little") if whole else None)
+        if offset < _COMMAND + 4 and _COMMAND < end:
             # A streamed write that carries ROM_SW_COMMAND (with STATUS and the TX data): the
             # opcode the next CNTL write starts is in it, and the durability gate needs it.
-            at = _COMMAND - offset
-            self._command = int.from_bytes(data[at:at + 4], "little")
+            word = bytearray((self._command or 0).to_bytes(4, "little"))
+            for i in range(max(offset, _COMMAND), min(end, _COMMAND + 4)):
+                word[i - _COMMAND] = data[i - offset]
+            self._command = int.from_bytes(word, "little")
         self.raw.write_block(offset, data)
 
     def close(self) -> None:

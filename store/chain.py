@@ -81,8 +81,7 @@ def canonical(table: str, seq: int, values: Iterable[Any]) -> bytes:
     """A physical row; a ref column's value is the referenced blob's SHA-256 (or None)."""
     if table == "log_spi":
         values = tuple(values)
-        if all(type(values[i]) is int for i in (0, 1, 2, 4)) and type(values[5]) in (int, type(None)) \
-                and type(values[3]) in (bytes, type(None)):
+        if _plain_spi(values):
             return canonical_spi(seq, *values)
     fields = [_ref(v) if kind == "ref" else _json(v) for kind, v in zip(_KINDS[table], values)]
     for v in fields:
@@ -94,11 +93,29 @@ def canonical(table: str, seq: int, values: Iterable[Any]) -> bytes:
 _JSON_TYPES = (int, str, list, type(None))
 
 
-def canonical_spi(seq: int, run: int, command: int, cntl: int, tx: bytes | None, clock: int, again: int | None) -> bytes:
+def _plain_spi(values: tuple) -> bool:
+    """Whether `canonical_spi` writes this log_spi row exactly as json.dumps would."""
+    run, command, cntl, tx, data, reserved, shape, clock, lead, again = values
+    return (type(run) is int and type(cntl) is int and type(clock) is int
+            and all(type(v) in (int, type(None)) for v in (command, reserved, lead, again))
+            and all(type(v) in (bytes, type(None)) for v in (tx, data))
+            and (shape is None or (type(shape) is str and shape.isascii() and shape.isalpha())))
+
+
+def _opt(value: int | None) -> bytes:
+    return b"null" if value is None else b"%d" % value
+
+
+def _opt_ref(sha: bytes | None) -> bytes:
+    return b"null" if sha is None else b'"%s"' % sha.hex().encode()
+
+
+def canonical_spi(seq: int, run: int, command: int | None, cntl: int, tx: bytes | None, data: bytes | None,
+                  reserved: int | None, shape: str | None, clock: int, lead: int | None, again: int | None) -> bytes:
     """`canonical` of a log_spi row, written out: it is the bulk of every trail."""
-    return b'["log_spi",%d,%d,%d,%d,%s,%d,%s]\n' % (
-        seq, run, command, cntl, b"null" if tx is None else b'"%s"' % tx.hex().encode(), clock,
-        b"null" if again is None else b"%d" % again)
+    return b'["log_spi",%d,%d,%s,%d,%s,%s,%s,%s,%d,%s,%s]\n' % (
+        seq, run, _opt(command), cntl, _opt_ref(tx), _opt_ref(data), _opt(reserved),
+        b"null" if shape is None else b'"%s"' % shape.encode(), clock, _opt(lead), _opt(again))
 
 
 def _sql_field(column: str, kind: str) -> str:

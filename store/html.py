@@ -443,7 +443,7 @@ _ERASE_SPAN = {0x20: 0x1000, 0x52: 0x8000, 0xD8: 0x10000, 0x60: FLASH_SIZE, 0xC7
 
 def _touches(t: dict[str, Any], lo: int, hi: int) -> bool:
     """Whether a transaction reads, programs or erases any byte of [lo, hi)."""
-    if not t["address_bytes"]:
+    if not t["address_bytes"] or t["address"] is None:
         return t["opcode"] in (0x60, 0xC7)
     size = _ERASE_SPAN.get(t["opcode"])
     start = t["address"] - t["address"] % size if size else t["address"]
@@ -451,16 +451,23 @@ def _touches(t: dict[str, Any], lo: int, hi: int) -> bool:
     return start < hi and lo < end
 
 
+# How the failure section names each shape letter (store.schema.SHAPE_LETTERS).
+_LETTER_WORDS = {"S": "STATUS←0", "s": "STATUS←0 (block)", "C": "COMMAND", "c": "COMMAND (block)",
+                 "H": "STATUS+COMMAND (one block)", "B": "STATUS+COMMAND+DATA (one block)", "D": "DATA",
+                 "N": "CNTL (starts it)", "n": "CNTL (block, starts it)"}
+
+
 def _transaction_row(t: dict[str, Any]) -> str:
     op = t["opcode"]
-    address = f"{t['address']:#08x}" if t["address_bytes"] else "—"
+    address = f"{t['address']:#08x}" if t["address_bytes"] and t["address"] is not None else "—"
     data = f"send {t['tx_len']} bytes" if t["tx_len"] else f"receive {t['rx_len']} bytes" if t["rx_len"] else "—"
-    writes = 4 if t["tx_len"] else 3
-    return (f"<tr class=\"txn\" data-n=\"{t['n']}\" data-opcode=\"{op:#04x}\"><td class=\"num\">{t['n']}</td>"
+    writes = ", ".join(_LETTER_WORDS.get(c, c) for c in t.get("writes") or "") or "recorded as plain register writes"
+    name = f"{op:02X}h {escape(OPCODES.get(op, '?'))}" if op is not None else "? (COMMAND not on record)"
+    return (f"<tr class=\"txn\" data-n=\"{t['n']}\" data-opcode=\"{'' if op is None else f'{op:#04x}'}\">"
+            f"<td class=\"num\">{t['n']}</td>"
             f"<td class=\"num\">{t['seq']}</td><td class=\"num\">{t['clock']:.6f}</td>"
-            f"<td class=\"mono\">{op:02X}h {escape(OPCODES.get(op, '?'))}</td><td class=\"mono\">{address}</td>"
-            f"<td>{data}</td><td class=\"muted\">STATUS←0, COMMAND, {'DATA, ' if writes == 4 else ''}CNTL "
-            f"(starts it)</td></tr>")
+            f"<td class=\"mono\">{name}</td><td class=\"mono\">{address}</td>"
+            f"<td>{data}</td><td class=\"muted\">{escape(writes)}</td></tr>")
 
 
 def decode_write(offset: int, value: int | None, data: bytes | None) -> tuple[str, str, str]:

@@ -6,6 +6,7 @@ meanwhile is invisible to it, so what it reports is one consistent state of the 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any, Iterator
@@ -204,7 +205,7 @@ def counts(conn: sqlite3.Connection, run_id: str) -> tuple[int, int]:
         return 0, 0
     key, first, last = span
     writes, transactions = conn.execute(
-        "SELECT coalesce(sum((3 + (tx IS NOT NULL)) * (1 + (again IS NOT NULL))), 0), "
+        f"SELECT coalesce(sum(length(coalesce(shape, '{schema.DEFAULT_SHAPE}'))), 0), "
         "coalesce(sum(1 + (again IS NOT NULL)), 0) FROM log_spi WHERE seq BETWEEN ? AND ? AND run = ?",
         (first, last, key)).fetchone()
     raw = conn.execute("SELECT count(*) FROM log_writes WHERE seq BETWEEN ? AND ? AND run = ?",
@@ -263,9 +264,16 @@ def register_write_order(db: sqlite_utils.Database, run_id: str) -> Iterator[tup
 
 def transactions_between(db: sqlite_utils.Database, run_id: str, after: int, before: int) -> list[dict[str, Any]]:
     """The run's ROM_SW transactions recorded with seq in (after, before), decoded."""
-    return [dict(r) for r in db.query(
-        "SELECT seq, n, opcode, address, address_bytes, tx_len, rx_len, clock FROM spi_transactions "
-        "WHERE run_id = ? AND seq > ? AND seq < ? ORDER BY seq, n", [run_id, after, before])]
+    rows = [dict(r) for r in db.query(
+        "SELECT t.seq, t.n, t.opcode, t.address, t.address_bytes, t.tx_len, t.rx_len, t.clock, "
+        f"coalesce(s.shape, '{schema.DEFAULT_SHAPE}') AS shape FROM spi_transactions t JOIN log_spi s ON s.seq = t.seq "
+        "WHERE t.run_id = ? AND t.seq > ? AND t.seq < ? ORDER BY t.seq, t.n", [run_id, after, before])]
+    for i, row in enumerate(rows):
+        # A row shared by a repeated transaction: each transaction's own writes.
+        parts = re.findall(r"[^Nn]*[Nn]", row["shape"]) or [row["shape"]]
+        repeat = i and rows[i - 1]["seq"] == row["seq"]
+        row["writes"] = parts[min(1, len(parts) - 1)] if repeat else parts[0]
+    return rows
 
 
 def writes_since(db: sqlite_utils.Database, run_id: str, unique_id: str, lineage: list[str]) -> list[dict[str, Any]]:

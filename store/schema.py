@@ -6,15 +6,20 @@ verifies, errors, read_disagreements — with the columns listed in `LOGICAL`. S
 are stored as they are shown (small, text-only). The others are views that decode compact
 *physical* tables:
 
-* `log_spi`: one row per ROM_SW transaction. A transaction is always the same register
-  writes — ROM_SW_STATUS←0, ROM_SW_COMMAND←command, the TX data block if any, then
-  ROM_SW_CNTL←cntl, which starts it — so the row keeps the two words, a reference to the TX
-  data and the transport clock at its first write; `register_writes` and
+* `log_spi`: one row per ROM_SW transaction — a write to ROM_SW_CNTL starts one — with the
+  register writes that set it up since the transaction before it. The row keeps COMMAND and
+  CNTL as the engine held them when it started, the TX bytes it sent (a reference into
+  `blobs`), the transport clock of its start, and the *shape* of its writes: one letter per
+  write, in issue order (`SHAPE_LETTERS`; NULL is the common `SCN`: STATUS←0, COMMAND←command,
+  CNTL←cntl). A block write stays one letter however many registers it covers (`B`: STATUS,
+  COMMAND, the reserved dword and window data in one streamed write), and window data loaded
+  ahead for a later transaction (a preload) stays in the row of the writes it came with (`data`,
+  the bytes written, is then not this transaction's `tx`). `register_writes` and
   `spi_transactions` re-create every write and every transaction from it. A transaction
-  repeated at once (the RX quirk's priming read, a status poll) shares its row: `again` is
-  the repeat's clock offset.
+  repeated at once with no data (the RX quirk's chained read, a status poll) shares its row:
+  its writes follow in the shape and `again` is its start's clock offset.
 * `log_writes`: every other register write, one row each (engine set-up and restore, PSP
-  mailbox, aperture).
+  mailbox, aperture, and any write to the ROM_SW block that no shape letter describes).
 * `blobs`: content-addressed bytes (TX data, backed-up units): stored once however many
   runs wrote or read the same content, found by an index on the first 8 bytes of their
   SHA-256.
@@ -111,8 +116,13 @@ def _physical_columns(t: Table) -> tuple[tuple[str, str], ...]:
 
 
 PHYSICAL: dict[str, tuple[tuple[str, str], ...]] = {t.physical: _physical_columns(t) for t in LOGICAL.values()}
-PHYSICAL["log_spi"] = (("run", "int"), ("command", "int"), ("cntl", "int"), ("tx", "ref"), ("clock", "int"),
-                       ("again", "int"))
+# log_spi: command and cntl as the engine held them at the start (command NULL if this run
+# never saw it: written before the run); tx the TX bytes sent (NULL: none, or not known); data
+# the bytes a D or B write put in the window; reserved the dword a B write put between COMMAND
+# and the window; shape the writes (NULL: DEFAULT_SHAPE); clock the start (µs), lead how long
+# before it the row's first write was issued (NULL: 0), again the start of the repeat.
+PHYSICAL["log_spi"] = (("run", "int"), ("command", "int"), ("cntl", "int"), ("tx", "ref"), ("data", "ref"),
+                       ("reserved", "int"), ("shape", "text"), ("clock", "int"), ("lead", "int"), ("again", "int"))
 PHYSICAL["log_writes"] = (("run", "int"), ("offset", "int"), ("value", "int"), ("data", "ref"), ("clock", "int"))
 
 # Tables whose rows carry run_id text rather than a run key.
@@ -124,6 +134,22 @@ _SQL_TYPES = {"int": "INTEGER", "text": "TEXT", "blob": "BLOB", "ref": "INTEGER"
 # (not imported from the drivers) so the store needs nothing above it.
 ROM_SW_CNTL, ROM_SW_STATUS, ROM_SW_COMMAND, ROM_SW_DATA = 0x5A3A0, 0x5A3A4, 0x5A3A8, 0x5A3B0
 ROM_SW_RETURN_DATA_ENABLE = 0x80000
+
+# The shape of a transaction's writes, one letter per write (a `log_spi` row's `shape`):
+SHAPE_LETTERS = {
+    "S": "ROM_SW_STATUS ← 0 (a register write)",
+    "s": "ROM_SW_STATUS ← 0 (a 4-byte block write)",
+    "C": "ROM_SW_COMMAND ← command (a register write)",
+    "c": "ROM_SW_COMMAND ← command (a 4-byte block write)",
+    "H": "ROM_SW_STATUS, ROM_SW_COMMAND ← 0, command (one 8-byte block write)",
+    "B": "ROM_SW_STATUS, ROM_SW_COMMAND, reserved, window ← 0, command, reserved, data (one block write)",
+    "D": "the data window ← data (one block write)",
+    "N": "ROM_SW_CNTL ← cntl (a register write: starts the transaction)",
+    "n": "ROM_SW_CNTL ← cntl (a 4-byte block write: starts the transaction)",
+}
+DEFAULT_SHAPE = "SCN"
+MAX_SHAPE = 32                 # letters in one row (a longer run of writes goes to log_writes)
+STARTS = ("N", "n")            # the letters that start a transaction
 
 # The other tables: not audit rows of a run, but what makes them verifiable.
 _SUPPORT = """
@@ -179,9 +205,17 @@ RUN_END_SQL = ("coalesce((SELECT c.last_seq FROM checkpoints c WHERE c.run = r.s
                "(SELECT h.seq FROM chain_head h WHERE h.id = 1))")
 _SPAN = "JOIN {table} s ON s.seq BETWEEN r.seq AND " + RUN_END_SQL + " AND s.run = r.seq"
 
+def _le32(column: str) -> str:
+    """SQL: the 4 little-endian bytes of an integer column (SQLite 3.40 has no unhex)."""
+    parts = " || ".join(f"(SELECT b FROM _byte WHERE i = ({column} >> {8 * k}) & 255)" for k in range(4))
+    return f"CAST({parts} AS BLOB)"
+
+
+_SHAPE = f"coalesce(s.shape, '{DEFAULT_SHAPE}')"
+
 _VIEWS = f"""
-CREATE TABLE IF NOT EXISTS _shape (has_tx INTEGER, k INTEGER, offset INTEGER, PRIMARY KEY (has_tx, k));
 CREATE TABLE IF NOT EXISTS _repeat (i INTEGER PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS _byte (i INTEGER PRIMARY KEY, b BLOB NOT NULL);
 CREATE VIEW spi_transactions AS
 SELECT s.seq, r.run_id, row_number() OVER (PARTITION BY r.run_id ORDER BY s.seq, rep.i) AS n,
        s.command & 255 AS opcode,
@@ -195,26 +229,34 @@ FROM runs r {_SPAN.format(table="log_spi")}
 JOIN _repeat rep ON rep.i = 0 OR (rep.i = 1 AND s.again IS NOT NULL);
 
 CREATE VIEW register_writes AS
-SELECT seq, run_id, row_number() OVER (PARTITION BY run_id ORDER BY seq, sub) AS n, offset, value, data, clock
+SELECT seq, run_id, row_number() OVER (PARTITION BY run_id ORDER BY seq, sub) AS n,
+       CASE WHEN w IN ('S', 's', 'H', 'B') THEN {ROM_SW_STATUS} WHEN w IN ('C', 'c') THEN {ROM_SW_COMMAND}
+            WHEN w = 'D' THEN {ROM_SW_DATA} WHEN w IN ('N', 'n') THEN {ROM_SW_CNTL} ELSE offset END AS offset,
+       CASE w WHEN 'S' THEN 0 WHEN 'C' THEN command WHEN 'N' THEN cntl WHEN '' THEN value END AS value,
+       CASE w WHEN 's' THEN x'00000000' WHEN 'c' THEN {_le32("command")} WHEN 'n' THEN {_le32("cntl")}
+              WHEN 'H' THEN CAST(x'00000000' || {_le32("command")} AS BLOB)
+              WHEN 'B' THEN CAST(x'00000000' || {_le32("command")} || {_le32("reserved")} || data AS BLOB)
+              WHEN 'D' THEN data WHEN '' THEN data END AS data,
+       clock
 FROM (
-  SELECT s.seq, r.run_id, rep.i * 4 + k.k AS sub, k.offset,
-         CASE k.offset WHEN {ROM_SW_STATUS} THEN 0 WHEN {ROM_SW_COMMAND} THEN s.command
-                       WHEN {ROM_SW_CNTL} THEN s.cntl END AS value,
-         CASE WHEN k.offset = {ROM_SW_DATA} THEN b.data END AS data,
-         (s.clock + rep.i * coalesce(s.again, 0)) / 1e6 AS clock
-  FROM runs r {_SPAN.format(table="log_spi")}
-  JOIN _repeat rep ON rep.i = 0 OR (rep.i = 1 AND s.again IS NOT NULL)
-  JOIN _shape k ON k.has_tx = (s.tx IS NOT NULL)
-  LEFT JOIN blobs b ON b.id = s.tx
+  SELECT seq, run_id, sub, w, command, cntl, reserved, data, NULL AS offset, NULL AS value,
+         (start + nth * coalesce(again, 0) - CASE WHEN w IN ('N', 'n') THEN 0 ELSE coalesce(lead, 0) END) / 1e6
+             AS clock
+  FROM (
+    SELECT s.seq, r.run_id, k.i AS sub, substr({_SHAPE}, k.i + 1, 1) AS w,
+           k.i - length(replace(replace(substr({_SHAPE}, 1, k.i), 'N', ''), 'n', '')) AS nth,
+           s.command, s.cntl, s.reserved, b.data, s.clock AS start, s.lead, s.again
+    FROM runs r {_SPAN.format(table="log_spi")}
+    JOIN _repeat k ON k.i < length({_SHAPE})
+    LEFT JOIN blobs b ON b.id = s.data
+  )
   UNION ALL
-  SELECT s.seq, r.run_id, 0, s.offset, s.value, b.data, s.clock / 1e6
+  SELECT s.seq, r.run_id, 0, '', NULL, NULL, NULL, b.data, s.offset, s.value, s.clock / 1e6
   FROM runs r {_SPAN.format(table="log_writes")}
   LEFT JOIN blobs b ON b.id = s.data
 );
 """
-
-_SHAPE_ROWS = [(0, 0, ROM_SW_STATUS), (0, 1, ROM_SW_COMMAND), (0, 2, ROM_SW_CNTL),
-               (1, 0, ROM_SW_STATUS), (1, 1, ROM_SW_COMMAND), (1, 2, ROM_SW_DATA), (1, 3, ROM_SW_CNTL)]
+HELPERS = ("_repeat", "_byte")     # constant tables the views decode with
 
 
 def create(conn: sqlite3.Connection) -> None:
@@ -233,13 +275,13 @@ def create(conn: sqlite3.Connection) -> None:
             conn.execute(_logical_view(t))
     for statement in _split(_VIEWS):
         conn.execute(statement)
-    conn.executemany("INSERT INTO _shape VALUES (?, ?, ?)", _SHAPE_ROWS)
-    conn.executemany("INSERT INTO _repeat VALUES (?)", [(0,), (1,)])
+    conn.executemany("INSERT INTO _repeat VALUES (?)", [(i,) for i in range(MAX_SHAPE)])
+    conn.executemany("INSERT INTO _byte VALUES (?, ?)", [(i, bytes((i,))) for i in range(256)])
     add_triggers(conn)
 
 
 def add_triggers(conn: sqlite3.Connection) -> None:
-    for table in (*PHYSICAL, *APPEND_ONLY):
+    for table in (*PHYSICAL, *APPEND_ONLY, *HELPERS):
         for op in ("UPDATE", "DELETE"):
             conn.execute(f"CREATE TRIGGER {table}_no_{op.lower()} BEFORE {op} ON {table} "
                          f"BEGIN SELECT RAISE(ABORT, 'audit rows are append-only ({table})'); END")
@@ -247,7 +289,7 @@ def add_triggers(conn: sqlite3.Connection) -> None:
 
 def drop_triggers(conn: sqlite3.Connection) -> None:
     """Only for `audit archive`, inside its transaction, which re-adds them before it commits."""
-    for table in (*PHYSICAL, *APPEND_ONLY):
+    for table in (*PHYSICAL, *APPEND_ONLY, *HELPERS):
         for op in ("update", "delete"):
             conn.execute(f"DROP TRIGGER IF EXISTS {table}_no_{op}")
 

@@ -40,10 +40,20 @@ from pathlib import Path
 from typing import Any
 
 from amdflash.store import chain, keys
-from amdflash.store.schema import (LOGICAL, PHYSICAL, PLAIN, ROM_SW_CNTL, ROM_SW_COMMAND, ROM_SW_DATA,
-                                   ROM_SW_STATUS, SCHEMA_VERSION, TERMINAL, SchemaError, connect, create, version)
+from amdflash.store.schema import (DEFAULT_SHAPE, LOGICAL, MAX_SHAPE, PHYSICAL, PLAIN, ROM_SW_CNTL, ROM_SW_COMMAND,
+                                   ROM_SW_DATA, ROM_SW_RETURN_DATA_ENABLE, ROM_SW_STATUS, SCHEMA_VERSION, TERMINAL,
+                                   SchemaError, connect, create, version)
 
 UNIT = 0x1000
+
+# The ROM_SW engine's registers as one block: CNTL, STATUS, COMMAND, a reserved dword, then
+# the 256-byte data window.
+_WINDOW = 0x100
+_ENGINE, _ENGINE_END = ROM_SW_CNTL, ROM_SW_DATA + _WINDOW
+_ENGINE_SIZE = _ENGINE_END - _ENGINE
+_CNTL_END = ROM_SW_CNTL + 4
+_COMMAND_AT, _DATA_AT = ROM_SW_COMMAND - _ENGINE, ROM_SW_DATA - _ENGINE
+_ZERO = bytes(4)
 
 
 class AuditFailure(RuntimeError):
@@ -505,11 +515,19 @@ class ChainWriter:
         else:
             self.seq = max(self.seq, seq)
         if table == "spi":
-            tx = message[4]
-            ref, sha = self._blob(tx) if tx is not None else (None, None)
+            # ("spi", run_id, command, cntl, tx, data, reserved, shape, clock, lead, again)
+            tx, data = message[4], message[5]
+            tx_ref, tx_sha = self._blob(tx) if tx is not None else (None, None)
+            if data is None:
+                data_ref, data_sha = None, None
+            elif data == tx:
+                data_ref, data_sha = tx_ref, tx_sha
+            else:
+                data_ref, data_sha = self._blob(data)
             run = self._run(run_id)
-            values = (run.key, message[2], message[3], ref, message[5], message[6])
-            self._append("log_spi", run, seq, values, (run.key, message[2], message[3], sha, message[5], message[6]))
+            rest = message[6:]
+            self._append("log_spi", run, seq, (run.key, message[2], message[3], tx_ref, data_ref, *rest),
+                         (run.key, message[2], message[3], tx_sha, data_sha, *rest))
             return
         if table == "write":
             data = message[4]
@@ -686,49 +704,150 @@ def sign_and_insert(conn: sqlite3.Connection, signer: Signer, cp: chain.Checkpoi
 # -- producers -------------------------------------------------------------------------------------
 
 class Assembler:
-    """Turns register writes into rows: the four writes of one ROM_SW transaction become one
-    `log_spi` row when the transaction starts (its ROM_SW_CNTL write), a transaction repeated
-    at once joins the row of the first, anything else is a `log_writes` row.
+    """Turns register writes into rows, from the ROM_SW engine's registers as the board sees
+    them, whatever shape the writes take.
+
+    It follows COMMAND, CNTL and the data window through every register write and every
+    block write that overlaps them. A write to ROM_SW_CNTL starts a transaction: then one
+    `log_spi` row records it — COMMAND and CNTL as the engine held them, the TX bytes it
+    sends (from the window), the clock of its start — together with the writes that set it
+    up since the transaction before it, as shape letters (store.schema.SHAPE_LETTERS), so
+    that the `register_writes` view re-creates exactly those writes, in order. A
+    transaction repeated at once with no data joins the row of the first. A write that no
+    letter describes (outside the engine, or not what the row's values re-create) is a
+    `log_writes` row of its own, and so is every write before it since the last transaction.
 
     `emit(row, seq)` receives each row in order with the seq of its first write (when the
-    writes came with one: a migration keeps the seqs an older trail gave them)."""
+    writes came with one: a migration keeps the seqs an older trail gave them).
+    `started(command, cntl, clock)` is told of every transaction as it starts."""
 
-    def __init__(self, run_id: str, emit: Any) -> None:
+    def __init__(self, run_id: str, emit: Any, started: Any = None) -> None:
         self.run_id = run_id
         self.emit = emit
-        self.group: list[tuple[int, int | None, bytes | None, float, int | None]] = []
-        self.held: list[Any] | None = None       # the last transaction row, while it may repeat
+        self.started = started
+        self.regs = bytearray(_ENGINE_SIZE)        # the engine's block, CNTL to the end of the window ...
+        self.known = bytearray(_ENGINE_SIZE)       # ... and which of its bytes this trail knows (1)
+        self.pending: list[tuple[int, int | None, bytes | None, float, int | None]] = []
+        self.held: list[Any] | None = None         # the last transaction row, while it may repeat
         self.held_seq: int | None = None
 
-    def write(self, offset: int, value: int | None, data: bytes | None, clock: float, seq: int | None = None) -> None:
-        group = self.group
-        w = (offset, value, data, clock, seq)
-        if offset == ROM_SW_STATUS and value == 0:
-            if group:
-                self._raw(group)
-            self.group = [w]
-        elif offset == ROM_SW_COMMAND and value is not None and len(group) == 1:
-            group.append(w)
-        elif offset == ROM_SW_DATA and value is None and len(group) == 2:
-            group.append(w)
-        elif offset == ROM_SW_CNTL and value is not None and len(group) in (2, 3):
-            self._transaction(group[1][1], value, group[2][2] if len(group) == 3 else None, group[0][3], group[0][4])
-            self.group = []
-        else:
-            self._raw(group)
-            self._raw([w])
-            self.group = []
+    def know(self, offset: int, value: int) -> None:
+        """A register value read from the board (a snapshot): what a later row may rely on."""
+        if _ENGINE <= offset and offset + 4 <= _ENGINE_END:
+            at = offset - _ENGINE
+            self.regs[at:at + 4] = (value & 0xFFFFFFFF).to_bytes(4, "little")
+            self.known[at:at + 4] = b"\x01\x01\x01\x01"
 
-    def _transaction(self, command: int, cntl: int, tx: bytes | None, clock: float, seq: int | None) -> None:
+    def write(self, offset: int, value: int | None, data: bytes | None, clock: float, seq: int | None = None) -> None:
+        w = (offset, value, data, clock, seq)
+        size = 4 if value is not None else len(data or b"")
+        if offset >= _ENGINE_END or offset + size <= _ENGINE:
+            self._raw(self.pending)          # not the engine's: order is kept, raw
+            self.pending = []
+            self._raw([w])
+            return
+        if offset < _CNTL_END and offset + size > ROM_SW_CNTL:
+            self._start(w)
+            return
+        self._apply(offset, value, data)
+        pending = self.pending
+        pending.append(w)
+        if len(pending) >= MAX_SHAPE:        # more than one row could describe: the oldest is raw
+            self._raw(pending[:1])
+            del pending[0]
+
+    def _apply(self, offset: int, value: int | None, data: bytes | None) -> None:
+        raw = (value & 0xFFFFFFFF).to_bytes(4, "little") if value is not None else bytes(data or b"")
+        lo, hi = max(offset, _ENGINE), min(offset + len(raw), _ENGINE_END)
+        if lo < hi:
+            self.regs[lo - _ENGINE:hi - _ENGINE] = raw[lo - offset:hi - offset]
+            self.known[lo - _ENGINE:hi - _ENGINE] = b"\x01" * (hi - lo)
+
+    def _dword(self, at: int) -> int | None:
+        if self.known[at:at + 4] != b"\x01\x01\x01\x01":
+            return None
+        return int.from_bytes(self.regs[at:at + 4], "little")
+
+    def _start(self, w: tuple) -> None:
+        """A write that reaches ROM_SW_CNTL: the transaction it starts, and the writes before it."""
+        offset, value, data, clock, seq = w
+        if value is not None and offset == ROM_SW_CNTL:
+            letter = "N"
+        elif value is None and offset == ROM_SW_CNTL and len(data or b"") == 4:
+            letter = "n"
+        else:
+            letter = ""          # a block that reaches CNTL and more: recorded raw, the transaction too
+        command = self._dword(_COMMAND_AT)
+        if letter:
+            self._apply(offset, value, data)
+        else:
+            self._apply(offset, None, bytes(data or b"")[:_CNTL_END - offset])
+        cntl = self._dword(0) or 0
+        tx = None
+        if not cntl & ROM_SW_RETURN_DATA_ENABLE and cntl & 0xFFFF:
+            span = (min(cntl & 0xFFFF, _WINDOW) + 3) & ~3
+            if self.known[_DATA_AT:_DATA_AT + span].count(0) == 0:
+                tx = bytes(self.regs[_DATA_AT:_DATA_AT + span])
+        kept, data_written, reserved, shape = self._shape(command) if letter else (0, None, None, "")
+        pending = self.pending
+        raw, kept = pending[:len(pending) - kept], pending[len(pending) - kept:]
+        self.pending = []
+        if not letter:
+            raw = raw + kept + [w]
+            kept = []
+            self._apply(offset, None, data)         # the rest of the block lands after the start
+        shape += letter
+        start = micros(clock)
+        first = kept[0] if kept else w
+        lead = start - micros(first[3])
+        self._raw(raw)
+        if cntl & ROM_SW_RETURN_DATA_ENABLE:       # the capture lands in the window when it ends
+            self.known[_DATA_AT:] = bytes(_WINDOW)
+        if self.started is not None:
+            self.started(command, cntl, clock)
         held = self.held
-        at = micros(clock)
-        if held is not None and held[6] is None and tx is None and held[4] is None \
-                and held[2] == command and held[3] == cntl:
-            held[6] = at - held[5]     # the same transaction again at once: one row
+        if not raw and held is not None and held[10] is None and held[4] is None and held[5] is None \
+                and held[6] is None and tx is None and data_written is None and reserved is None \
+                and held[2] == command and held[3] == cntl and len(held[7]) + len(shape) <= MAX_SHAPE:
+            held[7] += shape                       # the same transaction again at once: one row
+            held[10] = start - held[8]
             return
         self.release()
-        self.held = ["spi", self.run_id, command, cntl, None if tx is None else bytes(tx), at, None]
-        self.held_seq = seq
+        self.held = ["spi", self.run_id, command, cntl, tx, data_written, reserved, shape, start, lead or None, None]
+        self.held_seq = first[4]
+
+    def _shape(self, command: int | None) -> tuple[int, bytes | None, int | None, str]:
+        """How many of the pending writes (the last ones) shape letters describe, with the
+        row's data and reserved dword they need: (count, data, reserved, letters)."""
+        word = command.to_bytes(4, "little") if command is not None else None
+        data: bytes | None = None
+        reserved: int | None = None
+        letters: list[str] = []
+        for offset, value, block, _, _ in reversed(self.pending):
+            letter = None
+            if value is not None:
+                if offset == ROM_SW_STATUS and value == 0:
+                    letter = "S"
+                elif offset == ROM_SW_COMMAND and value == command:
+                    letter = "C"
+            elif block is not None:
+                if offset == ROM_SW_STATUS and block == _ZERO:
+                    letter = "s"
+                elif offset == ROM_SW_STATUS and word is not None and len(block) == 8 and block[4:] == word \
+                        and block[:4] == _ZERO:
+                    letter = "H"
+                elif offset == ROM_SW_STATUS and word is not None and len(block) >= 12 and block[:4] == _ZERO \
+                        and block[4:8] == word and (data is None or block[12:] == data) \
+                        and (reserved is None or int.from_bytes(block[8:12], "little") == reserved):
+                    letter, data, reserved = "B", bytes(block[12:]), int.from_bytes(block[8:12], "little")
+                elif offset == ROM_SW_COMMAND and word is not None and block == word:
+                    letter = "c"
+                elif offset == ROM_SW_DATA and (data is None or block == data):
+                    letter, data = "D", bytes(block)
+            if letter is None:
+                break
+            letters.append(letter)
+        return len(letters), data, reserved, "".join(reversed(letters))
 
     def _raw(self, writes: list) -> None:
         if not writes:
@@ -739,14 +858,17 @@ class Assembler:
 
     def release(self) -> None:
         """Hand on the held transaction row: something else comes after it."""
-        if self.held is not None:
-            self.emit(tuple(self.held), self.held_seq)
+        held = self.held
+        if held is not None:
+            if held[7] == DEFAULT_SHAPE:
+                held[7] = None
+            self.emit(tuple(held), self.held_seq)
             self.held = None
 
     def finish(self) -> None:
-        """The end of the writes: a transaction never started is recorded write by write."""
-        self._raw(self.group)
-        self.group = []
+        """The end of the writes: writes after the last transaction are recorded one by one."""
+        self._raw(self.pending)
+        self.pending = []
         self.release()
 
 
@@ -765,8 +887,11 @@ class Recorder:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self.register_writes = 0
-        self._assembler = Assembler(run_id, lambda row, seq: self._buffer.append(row))
+        self._assembler = Assembler(run_id, lambda row, seq: self._buffer.append(row), self._started)
         self._write = self._assembler.write
+        # Told of every ROM_SW transaction as it starts: (opcode, address, address_bytes,
+        # tx_len, rx_len, clock); the opcode is None when COMMAND is not known to the trail.
+        self.on_transaction: Any = None
         self._intents: set[int] = set()         # units with a recorded intent, not yet durable
         self._authorised: set[int] = set()      # units whose intent is durable
 
@@ -781,6 +906,9 @@ class Recorder:
         with self._lock:
             self._assembler.release()     # a transaction repeats "at once" only if nothing came between
             self._buffer.append(record)
+            if table == "register_snapshots" and row.get("registers"):
+                for offset, value in json.loads(row["registers"]).items():
+                    self._assembler.know(int(offset, 16), int(value))
             if table == "units":
                 state = row.get("state")
                 if state == "intent":
@@ -808,9 +936,16 @@ class Recorder:
                 return
         self.flush()
 
-    def spi_transaction(self, *args: Any) -> None:
-        """Nothing to do: transactions are recorded from their register writes. Kept so that a
-        caller still wired to the engine's observer does no harm."""
+    def _started(self, command: int | None, cntl: int, clock: float) -> None:
+        tap = self.on_transaction
+        if tap is not None:
+            size, rx = cntl & 0xFFFF, bool(cntl & ROM_SW_RETURN_DATA_ENABLE)
+            sent = (cntl >> 16) & 3          # address bytes sent after the opcode (as the view decodes them)
+            opcode = address = None
+            if command is not None:
+                opcode = command & 0xFF
+                address = (command >> (8 + 8 * (3 - sent))) & (0xFFFFFF >> (8 * (3 - sent)))
+            tap(opcode, address, (cntl >> 16) & 7, 0 if rx else size, size if rx else 0, clock)
 
     def covers(self, start: int, size: int) -> bool:
         """Whether a durable unit intent covers every unit of [start, start + size)."""

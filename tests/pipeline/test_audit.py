@@ -12,6 +12,7 @@ from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.sim import Board
 from amdflash.stages.transport.sim.synth import PART_KEY
 from amdflash.store import writer as writer_module
+from amdflash.store.schema import PHYSICAL
 from tests.pipeline.conftest import flash_content
 from tests.pipeline.trail_check import uncovered_commands
 
@@ -150,24 +151,52 @@ def test_a_database_replaced_whole_by_an_older_copy_is_found_by_the_anchor(cli, 
     assert cli("audit", "verify", "--anchor", tmp_path / "nothing").code == 2
 
 
+def _pages_up_to(db, seq: int, work) -> int:  # noqa: ANN001
+    """The pages a database holding only the rows of `db` up to `seq` (and the blobs they
+    use) takes: where a database that may grow to that size fills up."""
+    cut = work / "cut.sqlite"
+    con = sqlite3.connect(db)
+    con.execute(f"VACUUM INTO '{cut}'")
+    con.close()
+    con = sqlite3.connect(cut)
+    for (trigger,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+        con.execute(f"DROP TRIGGER {trigger}")
+    for table in PHYSICAL:
+        con.execute(f"DELETE FROM {table} WHERE seq > ?", [seq])
+    used = " UNION ".join(f"SELECT {c} FROM {t}" for t, columns in PHYSICAL.items() for c, k in columns if k == "ref")
+    con.execute(f"DELETE FROM blobs WHERE id NOT IN ({used})")
+    con.commit()
+    con.execute("VACUUM")
+    pages = con.execute("PRAGMA page_count").fetchone()[0]
+    con.close()
+    return pages
+
+
 def test_audit_failure_mid_job_stops_hardware_writes_and_restores_registers(cli, make_board, image, db,
-                                                                            monkeypatch):
+                                                                            monkeypatch, tmp_path):
     """The database fills up mid-job (SQLite max_page_count): the job fails, nothing more is
     written to the board but the register restore, and everything destructive the board
     received is on record."""
     import amdflash.pipeline.commands as commands
 
+    # Where the database must fill up to stop the job halfway through programming: from a
+    # twin run, as big as its trail up to then.
+    twin = make_board(content="blank", transport="ideal")
+    reference = tmp_path / "reference.sqlite"
+    assert cli("--db", reference, "flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{twin}").code == 0
+    con = sqlite3.connect(reference)
+    (start,), (end,) = con.execute("SELECT seq FROM stages WHERE stage = 'program' AND event IN ('start', 'end') "
+                                   "ORDER BY seq").fetchall()
+    con.close()
+    limit = _pages_up_to(reference, (start + end) // 2, tmp_path)
+
     board = make_board(content="blank", transport="ideal")
     with Board(board) as b:
         before = {r: b.get32(r) for r in (R.GPIOPAD_MASK, R.PAGE_MIRROR_CNTL, R.ROM_CNTL)}
-    writer_module.AuditWriter(str(db)).open().close()          # the schema exists
-    con = sqlite3.connect(db)
-    pages = con.execute("PRAGMA page_count").fetchone()[0]
-    con.close()
     writers = []
 
     def small_writer(args):  # noqa: ANN001
-        w = writer_module.AuditWriter(str(db), max_pages=pages + 24).open()   # full mid-flash
+        w = writer_module.AuditWriter(str(db), max_pages=limit).open()   # full mid-flash
         writers.append(w)
         return w
 

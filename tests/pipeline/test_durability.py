@@ -5,6 +5,7 @@ row, or a durable intent of its unit."""
 from __future__ import annotations
 
 import json
+import struct
 import os
 import random
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.sim import command_log
 from tests.pipeline.conftest import ROOT
 from tests.pipeline.trail_check import uncovered_commands
@@ -155,7 +157,12 @@ def test_a_status_register_write_is_on_record_before_it_reaches_the_board(cli, m
     con = sqlite3.connect(db)
     wrsr = con.execute("SELECT max(w.n) FROM register_writes w JOIN spi_transactions t ON t.seq = w.seq "
                        "AND t.run_id = w.run_id WHERE w.run_id = ? AND t.opcode = 1", [run]).fetchone()[0]
+    # The default driver streams it: STATUS, COMMAND, the reserved dword and the new status
+    # bytes in one block write, then CNTL. The gate must see the opcode in that block.
+    (shape,) = con.execute("SELECT s.shape FROM log_spi s JOIN spi_transactions t ON t.seq = s.seq "
+                           "WHERE t.run_id = ? AND t.opcode = 1", [run]).fetchall()
     con.close()
+    assert shape == ("BN",)
     board = make_board(content="synthetic", transport="ideal", cmp=True, seed=3,
                        faults=[f"kill-after-writes={wrsr + 1}"])
     p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "--db", str(db), "flash", str(image),
@@ -165,3 +172,79 @@ def test_a_status_register_write_is_on_record_before_it_reaches_the_board(cli, m
     _writer_gone(db)
     assert [c.opcode for c in command_log.read(board)] == [0x01]    # the WRSR reached the chip, nothing after it
     _check(cli, db, board)
+
+
+class _Recorder:
+    """What the gate asks of the trail, and when."""
+
+    failed = None
+
+    def __init__(self, events: list[str]):
+        self.events = events
+
+    def register_write(self, offset, value, data, clock):  # noqa: ANN001
+        self.events.append(f"record {offset:#x}")
+
+    def covers(self, start: int, size: int) -> bool:
+        return False
+
+    def durable(self) -> None:
+        self.events.append("durable")
+
+
+class _Raw:
+    def __init__(self, events: list[str]):
+        from amdflash.stages.transport.sim.clock import SimClock  # noqa: F401 - only its interface is used
+
+        self.events = events
+        self.clock = type("Clock", (), {"now": staticmethod(lambda: 0.0)})()
+        self.identity = None
+
+    def write32(self, offset: int, value: int) -> None:
+        self.events.append(f"write {offset:#x}")
+
+    def write_block(self, offset: int, data: bytes) -> None:
+        self.events.append(f"block {offset:#x}")
+
+    def read_block(self, offset: int, size: int) -> bytes:
+        self.events.append(f"read {offset:#x}")
+        return bytes(size)
+
+
+def _gated(*writes) -> list[str]:  # noqa: ANN002
+    from amdflash.stages.open_transport import AuditedBar
+
+    events: list[str] = []
+    bar = AuditedBar(_Raw(events), _Recorder(events))
+    for write in writes:
+        write(bar)
+    return events
+
+
+def _streamed(opcode: int, tx: bytes):  # noqa: ANN202
+    """STATUS, COMMAND, the reserved dword and TX data in one block write, as the driver streams them."""
+    return lambda bar: bar.write_block(R.ROM_SW_STATUS, struct.pack("<III", 0, opcode, 0) + tx)
+
+
+def test_a_streamed_command_is_gated_at_its_cntl_write():
+    """A status-register write whose COMMAND came in a streamed block: its CNTL write reaches the
+    board only after its own row is durable; a harmless command is not held up."""
+    cntl = lambda bar: bar.write32(R.ROM_SW_CNTL, 2)  # noqa: E731
+    events = _gated(lambda bar: bar.write32(R.ROM_SW_COMMAND, 0x06), _streamed(0x01, b"\x00\x02\x00\x00"), cntl)
+    assert events[-3:] == [f"record {R.ROM_SW_CNTL:#x}", "durable", f"write {R.ROM_SW_CNTL:#x}"]
+    events = _gated(lambda bar: bar.write32(R.ROM_SW_COMMAND, 0x01), _streamed(0x06, b""), cntl)
+    assert "durable" not in events
+
+
+def test_a_cntl_write_sent_as_a_block_is_gated_too():
+    """The validated sequence sends every register as a one-dword stream: a CNTL write that is a
+    block write starts the transaction all the same, and is gated all the same."""
+    events = _gated(lambda bar: bar.write_block(R.ROM_SW_COMMAND, struct.pack("<I", 0x20 | 0x1000 << 8)),
+                    lambda bar: bar.write_block(R.ROM_SW_CNTL, struct.pack("<I", 3 << 16)))
+    assert events[-3:] == [f"record {R.ROM_SW_CNTL:#x}", "durable", f"block {R.ROM_SW_CNTL:#x}"]
+
+
+def test_a_command_the_run_never_wrote_is_read_before_the_gate_decides():
+    """A CNTL = 0 clear before any COMMAND write re-sends whatever COMMAND held: the gate reads it."""
+    events = _gated(lambda bar: bar.write32(R.ROM_SW_CNTL, 0))
+    assert events == [f"record {R.ROM_SW_CNTL:#x}", f"read {R.ROM_SW_COMMAND:#x}", f"write {R.ROM_SW_CNTL:#x}"]

@@ -20,6 +20,8 @@ UNIT = 0x1000
 ERASED_BLOCK = 0x100000      # a 64 KiB block that needs an erase (board holds zeros there)
 PROGRAM_UNIT = 0x21000       # a unit that needs only programming (board holds 0xFF there)
 STUCK_UNIT = 0x22000         # the unit whose stuck bit fails verify
+STUCK_WORK = 0x30000         # the stuck board differs from the image from here to its end: work the
+                             # stages still have queued when the stuck unit fails
 PROTECTED_UNIT = 0x3000      # the unit the sector-range run on a BP-protected board erases
 
 
@@ -68,6 +70,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
     clean[PROGRAM_UNIT:PROGRAM_UNIT + UNIT] = b"\xff" * UNIT
     stuck = bytearray(image_bytes)
     stuck[STUCK_UNIT:STUCK_UNIT + UNIT] = bytes(UNIT)
+    stuck[STUCK_WORK:] = bytes(len(stuck) - STUCK_WORK)
     stuck_address = next(a for a in range(STUCK_UNIT, STUCK_UNIT + UNIT) if not image_bytes[a] & 1)
     protected = bytearray(image_bytes)
     protected[PROTECTED_UNIT:PROTECTED_UNIT + UNIT] = bytes(UNIT)

@@ -11,7 +11,7 @@ import pytest
 
 from amdflash.store.html import decode_write, render
 from amdflash.store.queries import open_readonly, report
-from tests.review.conftest import (ERASED_BLOCK, PROGRAM_UNIT, PROTECTED_UNIT, STUCK_UNIT, UNIT, Recorded, amdflash,
+from tests.review.conftest import (ERASED_BLOCK, PROGRAM_UNIT, PROTECTED_UNIT, STUCK_UNIT, STUCK_WORK, UNIT, Recorded, amdflash,
                                    board_config)
 
 FLASH = 0x200000
@@ -150,8 +150,17 @@ def test_failed_cell_and_verify_rows_of_a_stuck_bit_run(recorded: Recorded, page
     assert page.category(STUCK_UNIT) == "failed"
     assert f"{recorded.stuck_address:#08x}" in page.cells[STUCK_UNIT][1]
     assert all(page.category(a) == "skip" for a in range(0, STUCK_UNIT, UNIT))
-    assert page.category(FLASH - UNIT) == "unreached"       # in range, never reached: the run stopped at the failure
-    assert "never got to it" in page.cells[FLASH - UNIT][1]
+    # After the failure: the stages had more work queued (the board differs from the image from
+    # STUCK_WORK on). What was erased but never verified is hatched, what was only planned is
+    # "planned, never touched", and what the planner never got to — read into the backup, like
+    # every unit, before the first erase — is "in the run's range, not reached": never "outside".
+    after = [page.category(a) for a in range(STUCK_WORK, FLASH, UNIT)]
+    assert set(after) <= {"erase unverified", "planned", "unreached"} and "planned" in after
+    assert after[-1] == "unreached" and "never got to it" in page.cells[FLASH - UNIT][1]
+    assert after == sorted(after, key=["erase unverified", "planned", "unreached"].index)   # in that order
+    assert all(page.category(a) == "skip" for a in range(STUCK_UNIT + UNIT, STUCK_WORK, UNIT))
+    planned = next(a for a in range(STUCK_WORK, FLASH, UNIT) if page.category(a) == "planned")
+    assert "never touched" in page.cells[planned][1]
     want = [f"{recorded.stuck_address:#08x}", f"0x{recorded.image_bytes[recorded.stuck_address] | 1:02x}",
             f"0x{recorded.image_bytes[recorded.stuck_address]:02x}"]
     assert page.failed_verifies == [
@@ -185,8 +194,13 @@ def test_the_failing_units_last_attempt(recorded: Recorded, pages) -> None:  # n
     assert ops[0] == "06h WREN" and rows[erase][2] == f"{STUCK_UNIT:#08x}" and erase < ops.index("02h PP")
     programs = [int(a, 16) for _, op, a in rows if op == "02h PP"]
     assert programs and all(STUCK_UNIT <= a < STUCK_UNIT + UNIT for a in programs)
-    reads = [int(a, 16) for _, op, a in rows if op == "03h READ"]
-    assert reads[-1] == STUCK_UNIT + UNIT - 0x100 and min(reads) == STUCK_UNIT     # the read-back, to its last chunk
+    # The read-back, every chunk of the unit (confirmed: read twice); chained reads end with the
+    # read of the chunk after the unit, whose transaction brings the last chunk's capture in.
+    last_program = max(i for i, op in enumerate(ops) if op == "02h PP")
+    assert "03h READ" not in ops[:last_program]
+    reads = [int(a, 16) for _, op, a in rows[last_program:] if op == "03h READ"]
+    chunks = range(STUCK_UNIT, STUCK_UNIT + UNIT, 0x100)
+    assert all(reads.count(a) >= 2 for a in chunks) and set(reads) <= {*chunks, STUCK_UNIT + UNIT}
 
 
 def test_a_clean_run_has_no_error_section_rows(pages) -> None:  # noqa: ANN001
@@ -200,8 +214,11 @@ def test_stage_timeline(pages) -> None:  # noqa: ANN001
         assert clean.stages[name][4] == "ended", name
     _, stuck = pages["stuck"]
     assert stuck.stages["verify"][4] == "failed" and stuck.stages["restore"][4] == "ended"
-    # The stages still running when verify failed were stopped by it: their outcome says so.
-    assert {stuck.stages[s][4] for s in ("backup", "plan", "erase", "program")} == {"cancelled"}
+    # The backup is complete before the first erase: it ended. The stages still running when
+    # verify failed (they had work queued up to the end of the flash) were stopped by it, and
+    # their outcome says so.
+    assert stuck.stages["backup"][4] == "ended"
+    assert {stuck.stages[s][4] for s in ("plan", "erase", "program")} == {"cancelled"}
 
 
 def test_protected_units_and_units_outside_the_run(pages) -> None:  # noqa: ANN001
@@ -324,7 +341,21 @@ def test_a_run_whose_host_died(recorded: Recorded) -> None:
     assert block[:3] == ["erase"] * 3 and block[3] == "erase unverified"
     assert "programmed" in page.cells[ERASED_BLOCK + 3 * UNIT][1]
     assert set(block[4:]) == {"erase unverified"}                 # erased, not yet programmed
-    assert page.category(FLASH - UNIT) == "unreached"             # the backup had not got there
+    # Every unit was read into the backup before the first erase; the planner, which needs no
+    # board, runs ahead of the writes: a unit it had found equal by the power loss is "already
+    # equal" (verified by the confirmed read), one it had not got to is "not reached" — in the
+    # run's range either way, never "outside".
+    con = sqlite3.connect(recorded.killed_db)
+    run = recorded.runs["clean"]
+    backed_up = {a for (a,) in con.execute("SELECT address FROM backup_units WHERE run_id = ?", [run])}
+    states = dict(con.execute("SELECT address, state FROM units WHERE run_id = ? ORDER BY seq", [run]).fetchall())
+    con.close()
+    assert backed_up == set(range(0, FLASH, UNIT)) and "none" not in {page.category(a) for a in page.cells}
+    for a in range(ERASED_BLOCK + 0x10000, FLASH, UNIT):
+        if a in states:
+            assert states[a] == "verified" and page.category(a) == "skip" and "already equal" in page.cells[a][1]
+        else:
+            assert page.category(a) == "unreached" and "never got to it" in page.cells[a][1]
     legend = text.split('<ul class="legend">', 1)[1].split("</ul>", 1)[0]
     assert "erased + programmed, verified <b>3</b>" in legend and "not verified <b>13</b>" in legend
 
@@ -365,11 +396,15 @@ def test_an_interrupted_run_and_the_resume_that_finished_it(tmp_path: Path) -> N
     finally:
         store.conn.close()
     assert interrupted.fields["status-badge"] == "interrupted"
-    assert interrupted.stages["erase"][4] == "stopped early" and interrupted.stages["backup"][4] == "stopped early"
+    # The backup was complete before the first erase; the erase stage stopped taking work.
+    assert interrupted.stages["erase"][4] == "stopped early" and interrupted.stages["backup"][4] == "ended"
     assert interrupted.stages["restore"][4] == "ended"
-    # Verified where it got to; read and planned, but stopped before any write, next; never
-    # read beyond, up to the end of the run's range (128 units); outside it, "outside".
-    assert {interrupted.category(a) for a in interrupted.cells if a < 128 * UNIT} == {"erase", "planned", "unreached"}
+    # Verified where it got to; planned, but stopped before any write, next; beyond what the
+    # planner had got to (if it had not reached the end of the run's range, 128 units), "not
+    # reached"; outside the range, "outside".
+    order = ["erase", "planned", "unreached"]
+    in_range = [interrupted.category(a) for a in range(0, 128 * UNIT, UNIT)]
+    assert set(in_range) - {"unreached"} == {"erase", "planned"} and in_range == sorted(in_range, key=order.index)
     assert {interrupted.category(a) for a in interrupted.cells if a >= 128 * UNIT} == {"none"}
     planned = next(a for a in interrupted.cells if interrupted.category(a) == "planned")
     assert "never touched" in interrupted.cells[planned][1]
