@@ -15,12 +15,18 @@ Facts of the silicon that shape every transaction:
 * The transaction runs for its SPI time after the CNTL write reaches the board, while the
   host goes on. Until its done bit has been seen, nothing may touch COMMAND, CNTL or the
   data window: on hardware that spoils the transaction. So every transaction ends with a
-  read that shows STATUS bit 0 set, before anything else is sent. The driver waits the SPI
-  time it can compute (1 µs + 8 clocks a byte at 100 MHz / (prescale + 1), with a margin)
-  before that read, less the measured time a read takes to reach the board — correctness
-  never rests on that estimate: a read that still finds the transaction running says so
-  (STATUS comes first in it), and the driver waits, takes the spoiled data again and stops
-  sending reads early on this board.
+  read that shows STATUS bit 0 set, before anything else is sent. When that read also
+  fetches the window (STATUS first), it is sent no earlier than a bound of the
+  transaction's end built from safe bounds only: the CNTL write reached the board no later
+  than its call returned (the time is taken then), a read reaches the board no earlier
+  than it is sent, and the SPI time is at most 1 µs + 8 clocks a byte at
+  100 MHz / (prescale + 1), with a margin for the engine's clock. A slower link or a
+  delayed host only makes that read later, never early. The link's latency is never
+  credited: a latency measured at open is no bound (the host may be delayed while it is
+  measured, the link may be faster later). A read that still finds the transaction
+  running (the engine slower than its bound) says so, since STATUS comes first in it: the
+  driver waits for the done bit, takes the spoiled data again and, on this board, reads
+  STATUS on its own before the window from then on.
 * The RX quirk: the data window holds the capture of the *preceding* RX transaction.
   Primed reads issue each transaction twice and keep the second result (the validated
   behaviour). Chained reads let each transaction deliver its predecessor's capture, and a
@@ -46,7 +52,7 @@ from amdflash.stages.transport.base import Bar5
 MAX_DATA = R.ROM_SW_DATA_SIZE
 _STATUS_TO_WINDOW = R.ROM_SW_DATA - R.ROM_SW_STATUS  # 12 bytes: STATUS, COMMAND, reserved
 _RESERVED = R.ROM_SW_COMMAND + 4                     # the dword between COMMAND and the window
-_WRDI, _READ, _RDSR = 0x04, 0x03, 0x05
+_WRDI, _READ = 0x04, 0x03
 
 SPI_REFCLK_HZ = 100e6
 SPI_OVERHEAD = 1e-6           # per transaction, besides the clocks (an assumption)
@@ -66,8 +72,9 @@ class RomSwTimeout(RomSwError, TimeoutError):
     pass
 
 
-class _ObservedEarly(Exception):
-    """The observing read found the transaction still running: what it read is void."""
+class _FoundRunning(Exception):
+    """A read of STATUS and the window found the transaction still running: what it read is
+    void, and on hardware the transaction is spoiled."""
 
 
 @dataclass(frozen=True)
@@ -89,8 +96,7 @@ class RomSwOptions:
     def wanted(self) -> FastPaths:
         if self.fast is not None:
             return self.fast
-        # early_observe > 0 asks the self-check to measure the credit.
-        return FastPaths(chained=self.rx_mode == "chained", early_observe=1.0)
+        return FastPaths(chained=self.rx_mode == "chained")
 
 
 @dataclass(frozen=True)
@@ -117,14 +123,15 @@ class RomSw:
         self._engine_answers = True   # false after a timeout: nothing more may be started
         self.transactions = 0
         self.completions = 0          # transactions whose done bit this driver has seen
+        self.found_running = 0        # reads of STATUS and window that found one still running
         self.last_end = 0.0           # latest time the last transaction's SPI time can end
+        self._unobserved: float | None = None   # deadline of a transaction whose end is unseen
         # Told of every transaction started: (opcode, address, address_bytes, tx_len, rx_len).
         self.observer: Callable[[int, int, int, int, int], None] | None = None
         self._pending: Request | None = None  # a read whose capture waits in the capture buffer
         self._command: int | None = None      # ROM_SW_COMMAND as last written
         self._window: bytes | None = None     # what the data window holds, when this driver knows
         self._reserved = 0
-        self.done_at_once = False             # what the last probe found
 
     # -- lifetime -------------------------------------------------------------------------
     def open(self) -> "RomSw":
@@ -191,6 +198,10 @@ class RomSw:
                              "the ROM_SW engine is not usable on this board")
 
     def _restore(self, values: dict[int, int], disable_writes: bool) -> None:
+        try:
+            self._settle()
+        except Exception:  # noqa: BLE001 - the engine is marked silent; the restore goes on
+            pass
         if disable_writes and self._engine_answers:
             # Leave the chip write-disabled: the last CNTL write is a bare WRDI.
             try:
@@ -275,8 +286,8 @@ class RomSw:
         """One RX transaction returning the window as is (the *previous* capture)."""
         try:
             return self._transaction(opcode, address, address_bytes, b"", count, deliver=count)
-        except _ObservedEarly:
-            self._give_up_early_observe()
+        except _FoundRunning:
+            self._give_up_combined_read()
             raise RomSwError("the window was read before the transaction ended; read again") from None
 
     def _deliver(self, request: Request, previous: Request | None, start_after: float | None = None) -> bytes:
@@ -287,8 +298,8 @@ class RomSw:
             try:
                 return self._transaction(request.opcode, request.address, request.address_bytes, b"",
                                          max(2, request.count), deliver=deliver, start_after=start_after)
-            except _ObservedEarly:
-                self._give_up_early_observe()
+            except _FoundRunning:
+                self._give_up_combined_read()
                 if previous is not None:
                     # Both captures may be spoiled: take the previous one again first.
                     self._transaction(previous.opcode, previous.address, previous.address_bytes, b"",
@@ -296,8 +307,7 @@ class RomSw:
         raise RomSwError("reads keep finding ROM_SW transactions still running; check the transport")
 
     def _transaction(self, opcode: int, address: int, address_bytes: int, tx: bytes, rx_count: int,
-                     deliver: int = 0, preload: bytes | None = None, start_after: float | None = None,
-                     at_once: bool = False) -> bytes:
+                     deliver: int = 0, preload: bytes | None = None, start_after: float | None = None) -> bytes:
         if not self._open:
             raise RomSwError("ROM_SW engine used before open()")
         if not self._engine_answers:
@@ -306,15 +316,13 @@ class RomSw:
             self._configure()
             try:
                 self._check_status_clears()
-                return self._run(opcode, address, address_bytes, tx, rx_count, deliver, preload, start_after,
-                                 at_once)
+                return self._run(opcode, address, address_bytes, tx, rx_count, deliver, preload, start_after)
             finally:
                 self._restore(self.saved, disable_writes=False)
-        return self._run(opcode, address, address_bytes, tx, rx_count, deliver, preload, start_after, at_once)
+        return self._run(opcode, address, address_bytes, tx, rx_count, deliver, preload, start_after)
 
     def _run(self, opcode: int, address: int, address_bytes: int, tx: bytes, rx_count: int,
-             deliver: int = 0, preload: bytes | None = None, start_after: float | None = None,
-             at_once: bool = False) -> bytes:
+             deliver: int = 0, preload: bytes | None = None, start_after: float | None = None) -> bytes:
         if tx and rx_count:
             raise ValueError("ROM_SW cannot send and receive data in one transaction")
         if not 0 <= address_bytes <= 3:
@@ -323,6 +331,7 @@ class RomSw:
         if count > MAX_DATA or len(preload or b"") > MAX_DATA:
             raise ValueError(f"ROM_SW transfers at most {MAX_DATA} data bytes, not {count}")
         self._pending = None
+        self._settle()
         fast = self.fast
         if not fast.no_cntl_clears:
             self._clear()
@@ -340,21 +349,16 @@ class RomSw:
         clock = self.bar.clock
         if start_after is not None:
             clock.sleep(start_after - clock.now())
+        self._unobserved = clock.now() + self.options.timeout   # before the write: it may not return
         self._w32(R.ROM_SW_CNTL, control)
+        # Taken after the write has returned: the transaction started no later than this.
         sent = clock.now()
+        self._unobserved = sent + self.options.timeout
         wire = 1 + address_bytes + count
         self.last_end = sent + self.spi_estimate(wire)
         self.transactions += 1
         if self.observer:
             self.observer(opcode, address, address_bytes, len(tx), rx_count)
-        if at_once:
-            # A probe: read STATUS the moment the CNTL write has returned (allowed while the
-            # transaction runs), then wait for the end as usual.
-            status = int.from_bytes(self.bar.read_block(R.ROM_SW_STATUS, 4), "little")
-            self.done_at_once = bool(status & R.ROM_SW_DONE)
-            if self.done_at_once:
-                self.completions += 1
-                return b""
         return self._observe(sent, wire, deliver)
 
     def _load(self, command: int, data: bytes) -> None:
@@ -375,7 +379,9 @@ class RomSw:
 
     def _clear(self) -> None:
         """The reference client's CNTL = 0 clear: an opcode-only transaction of whatever
-        COMMAND holds (or nothing, if CNTL writes start nothing). Waited for, bounded."""
+        COMMAND holds (or nothing, if CNTL writes start nothing). Waited for, bounded: a
+        one-byte transaction is over long before CLEAR_BOUND after the write returned, so
+        if no done bit shows by then, the write started nothing."""
         clock = self.bar.clock
         self._w32(R.ROM_SW_STATUS, 0)
         self._w32(R.ROM_SW_CNTL, 0)
@@ -385,28 +391,44 @@ class RomSw:
         self._check_status_clears()
 
     def _observe(self, sent: float, wire: int, deliver: int) -> bytes:
-        """Wait for the transaction to end and see its done bit; return `deliver` window bytes."""
+        """Wait for the transaction to end and see its done bit; return `deliver` window bytes.
+
+        `sent`: the time taken when the CNTL write had returned. The first read goes out
+        when the transaction must have ended (see the module docstring): reading the window
+        with STATUS, in one read, is then reading it after the end.
+        """
         clock, fast = self.bar.clock, self.fast
         deadline = sent + self.options.timeout
-        clock.sleep(sent + self.spi_estimate(wire) - fast.early_observe - clock.now())
+        clock.sleep(sent + self.spi_estimate(wire) - clock.now())
         span = (deliver + 3) & ~3
         if deliver and fast.combined_read:
             block = self.bar.read_block(R.ROM_SW_STATUS, _STATUS_TO_WINDOW + span)
             status = int.from_bytes(block[:4], "little")
             if status & R.ROM_SW_DONE:
-                self.completions += 1
+                self._seen_done()
                 return block[_STATUS_TO_WINDOW:_STATUS_TO_WINDOW + deliver]
+            self.found_running += 1
             self._await_done(deadline)
-            raise _ObservedEarly
+            raise _FoundRunning
         self._await_done(deadline)
         return self.bar.read_block(R.ROM_SW_DATA, span)[:deliver] if deliver else b""
+
+    def _settle(self) -> None:
+        """See the end of a transaction left unobserved (an exception between its CNTL write
+        and its done bit, such as Ctrl-C in a wait) before anything touches the engine."""
+        if self._unobserved is not None and self._engine_answers:
+            self._await_done(self._unobserved)
+
+    def _seen_done(self) -> None:
+        self.completions += 1
+        self._unobserved = None
 
     def _await_done(self, deadline: float) -> None:
         clock = self.bar.clock
         while True:
             status = self._r32(R.ROM_SW_STATUS)
             if status & R.ROM_SW_DONE:
-                self.completions += 1
+                self._seen_done()
                 return
             if clock.now() >= deadline:
                 self._engine_answers = False
@@ -420,17 +442,15 @@ class RomSw:
         t = SPI_OVERHEAD + 8 * wire_bytes * (self.options.prescale + 1) / SPI_REFCLK_HZ
         return t * SPI_MARGIN + SPI_SLACK if margin else t
 
-    def _give_up_early_observe(self) -> None:
-        if self.fast.early_observe:
-            self.fast = replace(self.fast, early_observe=0.0)
-            self._found(Finding("early observe", False, "a read found a transaction still running: "
-                                                        "reads now wait the whole SPI time on this board"))
+    def _give_up_combined_read(self) -> None:
+        self.give_up("combined_read", "a read of STATUS and the window found a transaction still running "
+                                      "after its SPI time's bound: STATUS is now read on its own first")
 
     def give_up(self, name: str, detail: str) -> None:
         """Turn a fast path off for the rest of this board's job (found wanting at run time)."""
         if getattr(self.fast, name):
             self.fast = replace(self.fast, **{name: False})
-            self._found(Finding(name.replace("_", " "), False, detail))
+            self._found(Finding(fastpaths.label(name), False, detail))
 
     def _found(self, finding: Finding) -> None:
         self.findings.append(finding)
@@ -444,12 +464,6 @@ class RomSw:
         self._window = None
         window = self.bar.read_block(R.ROM_SW_DATA, (len(pattern) + 3) & ~3)
         return _window_bytes(window)[:len(pattern)]       # back in wire order (the swap is its own inverse)
-
-    def probe_done_at_once(self, rx_bytes: int) -> bool:
-        """Start a status read of `rx_bytes` and read STATUS the moment its CNTL write has
-        returned: whether the transaction was already done when that read reached the board."""
-        self._transaction(_RDSR, 0, 0, b"", max(1, rx_bytes), at_once=True)
-        return self.done_at_once
 
 
 def _following(request: Request) -> Request | None:

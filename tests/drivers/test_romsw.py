@@ -176,3 +176,31 @@ def test_a_write_between_two_reads_drops_the_kept_capture(open_board):
     o.ops.clear()
     assert o.nor.read(0x5000, 0x100) == b"\xff" * 0x100            # read again, not the old capture
     assert [op for op, *_ in o.ops][:2] == [0x03, 0x03] and o.ops[0][1] == 0x5000
+
+
+@pytest.mark.parametrize("then", ["close", "read again"])
+def test_an_exception_while_a_transaction_runs_waits_for_its_end_before_touching_the_engine(open_board, then):
+    """Interrupted between a CNTL write and the done bit (here: the transaction observer
+    raising, as Ctrl-C could): the strict board fails any later access to COMMAND, CNTL or
+    the window before the transaction's end, so the next transaction — or close()'s
+    restore — must see that end first."""
+    image = bytes(range(256)) * 0x2000
+    o = open_board(content=image)
+    before = registers(o.board)
+    o.engine.open()
+
+    def interrupted(*_: object) -> None:
+        o.engine.observer = None
+        raise KeyboardInterrupt
+
+    o.engine.observer = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        o.engine.read(0x03, 0x1000, 3, 0x100)                   # 188 µs of SPI time, still running
+    if then == "close":
+        o.engine.close()
+        assert registers(o.board) == before
+    else:
+        assert o.engine.read(0x03, 0x2000, 3, 0x100) == image[0x2000:0x2100]
+    stats = o.board.stats()
+    assert stats["protocol_violations"] == 0 and stats["unobserved_completions"] == 0
+    assert o.engine.completions == o.engine.transactions

@@ -30,6 +30,21 @@ def test_a_read_in_a_long_chain_costs_what_the_rules_leave():
     assert transport_floor(dump_ops()) == pytest.approx(8192 * per_read, rel=2e-4)
 
 
+def test_the_observed_floor_sends_no_read_before_the_end_it_observes():
+    """The same read when the host cannot count on the link's latency: the streamed read is
+    sent when the SPI time has passed since CNTL returned, 100 µs later than above."""
+    per_read = 300 * US + SPI_READ + 200 * US + 268 / 1.8e6
+    one_more = transport_floor(read_ops(101), credit_latency=False) - transport_floor(read_ops(100), credit_latency=False)
+    assert one_more == pytest.approx(per_read, rel=1e-9)
+    assert per_read == pytest.approx(837.1 * US, abs=0.1 * US)
+    # Page programs: the write enable's CNTL goes out when the chip is free, not 100 µs before,
+    # and its STATUS read when its SPI time (1.72 µs) has passed, not at once.
+    page = transport_floor(program_ops(11), credit_latency=False) - transport_floor(program_ops(10), credit_latency=False)
+    write_enable_spi = 1 * US + 8 * 9 / 100e6
+    assert page - (transport_floor(program_ops(11)) - transport_floor(program_ops(10))) == \
+        pytest.approx(100 * US + write_enable_spi, rel=1e-9)
+
+
 def test_a_page_program_in_a_run_costs_its_busy_time_and_the_unavoidable_round_trip():
     """Busy (500 µs) and SPI time (188.2 µs) plus, from the write enable landing at the busy
     end to the program landing: the write enable's STATUS read (200 µs), STATUS and COMMAND
@@ -72,6 +87,9 @@ def test_the_driver_comes_close_to_the_floor_but_never_below_it(make_board):
             flashed = bar.clock.now() - t
     finally:
         bar.close()
-    dump_floor = transport_floor(read_ops(0x40000 // 0x100))
-    assert dump_floor <= dump <= 1.03 * dump_floor
-    assert transport_floor(flash_ops(current, image, 64, 16)) <= flashed
+    # The driver never counts on the link's latency: its yardstick is the observed floor.
+    dump_ops_ = read_ops(0x40000 // 0x100)
+    assert transport_floor(dump_ops_) < transport_floor(dump_ops_, credit_latency=False) <= dump
+    assert dump <= 1.03 * transport_floor(dump_ops_, credit_latency=False)
+    ops = flash_ops(current, image, 64, 16)
+    assert transport_floor(ops) < transport_floor(ops, credit_latency=False) <= flashed

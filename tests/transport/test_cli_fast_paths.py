@@ -43,7 +43,8 @@ def test_a_run_records_each_fast_path_verdict_and_the_boards_diagnostics(cli, ma
     assert code == 0, err
     verdicts = [d for (d,) in rows(tmp_path, "SELECT detail FROM stages WHERE stage = 'rom_sw' AND event = 'fast path'")]
     assert any(d.startswith("chained RX: ok") for d in verdicts)
-    assert any(d.startswith("early observe: ok") for d in verdicts)
+    assert any(d.startswith("status and window in one read: ok") for d in verdicts)
+    assert not any("early observe" in d for d in verdicts)
     (diag,) = rows(tmp_path, "SELECT detail FROM stages WHERE stage = 'transport' AND event = 'diagnostics'")
     assert diag == ("protocol violations 0, unobserved completions 0",)
 
@@ -51,13 +52,14 @@ def test_a_run_records_each_fast_path_verdict_and_the_boards_diagnostics(cli, ma
 def test_reads_sent_too_early_are_recorded_with_the_run(cli, make_board, tmp_path, monkeypatch):
     """A lenient board counts what the driver did wrong; the run records the count and the
     driver's giving up the fast path that caused it. A strict board fails the run instead."""
-    from amdflash.stages.navi31 import fastpaths
+    from amdflash.stages.navi31.romsw import RomSw
 
-    monkeypatch.setattr(fastpaths, "_measure_landing", lambda engine: (150e-6, "forced too high"))
+    real = RomSw.spi_estimate     # a bound of the SPI time four times too short
+    monkeypatch.setattr(RomSw, "spi_estimate", lambda self, wire, margin=True: real(self, wire, margin) / 4)
     lenient = make_board(strict=False)
     code, _, err = cli("read", "0", "0x1000", "--board", f"sim:{lenient}")
     assert code == 0, err
-    assert "early observe off for this board" in err
+    assert "status and window in one read off for this board" in err
     diag = rows(tmp_path, "SELECT detail FROM stages WHERE stage = 'transport' AND event = 'diagnostics'")[-1][0]
     assert diag.startswith("protocol violations ") and not diag.startswith("protocol violations 0")
     strict = make_board()

@@ -25,6 +25,14 @@ Both are computations over the job's ROM_SW transactions, never measurements:
   transaction than it has reads, and reads of one job form one chain. Busy waits cost
   nothing but the wait: a driver that knew the exact busy time would poll no status.
 
+The transport floor counts on the link's latency: an observing read sent that long before
+the transaction's end lands just after it, a CNTL write sent that long before the chip is
+free lands just then. No driver can know that latency on a real link (it varies, and a
+host may be delayed at any moment), so a driver that never lets an access touch a
+transaction in flight sends the read no earlier than the end itself, by its own clock (and
+CNTL no earlier than the chip is free). `transport_floor(..., credit_latency=False)` is the
+least time under that rule too: the **observed floor**, the one such a driver can reach.
+
 A job is a list of `Op`s; `read_ops`, `program_ops` and `flash_ops` build the usual ones.
 """
 from __future__ import annotations
@@ -81,21 +89,27 @@ def physical_floor(ops: Iterable[Op], prescale: int = DEFAULT_PRESCALE) -> float
     return sum(spi_seconds(op.wire, prescale) + op.busy for op in ops if op.physical)
 
 
-def transport_floor(ops: Sequence[Op], profile: CostProfile = ASM24, prescale: int = DEFAULT_PRESCALE) -> float:
-    """The least time for `ops` over `profile` (see the module docstring), in seconds."""
+def transport_floor(ops: Sequence[Op], profile: CostProfile = ASM24, prescale: int = DEFAULT_PRESCALE,
+                    credit_latency: bool = True) -> float:
+    """The least time for `ops` over `profile` (see the module docstring), in seconds;
+    `credit_latency=False`: the observed floor (nothing sent before the moment it waits for)."""
     host = 0.0          # when the host may start its next access
     chip_free = 0.0     # when the flash has finished its last busy period
+    waits_for = 0.0     # when the host may send the next CNTL write (the chip free by its clock)
     cntl = profile.tlp_write32()
     for op in ops:
         host += _loads(op, profile)
-        issue = max(host, chip_free - cntl.lands)
-        landed = issue + cntl.lands
-        host = issue + cntl.total
-        end = landed + spi_seconds(op.wire, prescale)
+        issue = max(host, (chip_free - cntl.lands) if credit_latency else waits_for)
+        returned = issue + cntl.total
+        spi = spi_seconds(op.wire, prescale)
+        end = issue + cntl.lands + spi
         observe = (profile.stream_read(STATUS_TO_WINDOW + op.delivers) if op.delivers
                    else profile.tlp_read32())
-        host = max(host, end - observe.lands) + observe.total
+        # Without the latency: the read waits for the end the host can be sure of, counted
+        # from the CNTL write's return.
+        host = max(returned, (end - observe.lands) if credit_latency else (returned + spi)) + observe.total
         chip_free = end + op.busy
+        waits_for = returned + spi + op.busy
     return max(host, chip_free)
 
 
