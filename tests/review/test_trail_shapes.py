@@ -21,7 +21,7 @@ from amdflash.stages.navi31.fastpaths import VALIDATED, FastPaths
 from amdflash.stages.transport.sim import Board, create_board
 
 SECTORS = 20
-ALL = FastPaths(early_observe=1.0)
+ALL = FastPaths()
 
 
 @pytest.fixture
