@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import shutil
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +26,6 @@ from amdflash.store.chain import Checkpoint, load_checkpoints
 from amdflash.store.export import export, verify_export
 from amdflash.store.verify import RUN_KINDS, _base
 from amdflash.store.writer import ChainWriter, Signer, default_anchor, now_iso, sign_and_insert
-
 
 
 class ArchiveRefused(RuntimeError):
@@ -101,7 +101,7 @@ def archive(db_path: str, key_path: Path, before: dt.datetime, out: Path, move_b
                          os.path.getsize(db_path))
 
 
-def _archivable(conn, before: dt.datetime) -> dict[str, int]:  # noqa: ANN001
+def _archivable(conn: sqlite3.Connection, before: dt.datetime) -> dict[str, int]:
     """run_id -> key of every run whose whole resume lineage is done before `before`."""
     runs = {r: (key, parent) for key, r, parent in conn.execute("SELECT seq, run_id, resumes_run_id FROM runs")}
     ended: dict[str, str] = {}
@@ -133,7 +133,7 @@ def _archivable(conn, before: dt.datetime) -> dict[str, int]:  # noqa: ANN001
     return out
 
 
-def _prefix(conn, checkpoints: list[Checkpoint], runs: dict[str, int]) -> tuple[int, set[str]]:  # noqa: ANN001
+def _prefix(conn: sqlite3.Connection, checkpoints: list[Checkpoint], runs: dict[str, int]) -> tuple[int, set[str]]:
     """The largest K such that checkpoints up to K seal archivable runs only and no run sealed
     there has a checkpoint (or an unsealed row) after K; and those runs."""
     through = _base(checkpoints)[0]
@@ -150,7 +150,7 @@ def _prefix(conn, checkpoints: list[Checkpoint], runs: dict[str, int]) -> tuple[
         k = min(c.id for c in checkpoints if c.run_id == late[0].run_id) - 1
 
 
-def _write(conn, out: Path, runs: list[str], k: int) -> "_Written":  # noqa: ANN001
+def _write(conn: sqlite3.Connection, out: Path, runs: list[str], k: int) -> _Written:
     partial = out.with_name(out.name + ".partial")
     with open(partial, "w", encoding="utf-8", newline="") as f:
         export(conn, f, "jsonl", runs, scope="archive", through=k)
@@ -170,7 +170,7 @@ class _Written:
     sha256: str
 
 
-def _backups(conn, runs: set[str], out: Path) -> list[str]:  # noqa: ANN001
+def _backups(conn: sqlite3.Connection, runs: set[str], out: Path) -> list[str]:
     """Backup images of the archived runs that no remaining run refers to."""
     marks = ",".join("?" * len(runs))
     theirs = {p for (p,) in conn.execute(f"SELECT path FROM backups WHERE run_id IN ({marks})", list(runs))}
@@ -178,7 +178,7 @@ def _backups(conn, runs: set[str], out: Path) -> list[str]:  # noqa: ANN001
     return sorted(p for p in theirs - kept if p and Path(p).is_file())
 
 
-def _prune(conn, runs: set[str], k: int) -> int:  # noqa: ANN001
+def _prune(conn: sqlite3.Connection, runs: set[str], k: int) -> int:
     """Delete the archived runs' rows, checkpoints up to K and blobs nobody refers to any more."""
     schema.drop_triggers(conn)
     marks = ",".join("?" * len(runs))

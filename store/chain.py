@@ -35,8 +35,10 @@ import bisect
 import hashlib
 import json
 import sqlite3
-from dataclasses import dataclass, field as dc_field
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from typing import Any
 
 from amdflash.store.schema import PHYSICAL, PLAIN
 
@@ -83,7 +85,7 @@ def canonical(table: str, seq: int, values: Iterable[Any]) -> bytes:
         values = tuple(values)
         if _plain_spi(values):
             return canonical_spi(seq, *values)
-    fields = [_ref(v) if kind == "ref" else _json(v) for kind, v in zip(_KINDS[table], values)]
+    fields = [_ref(v) if kind == "ref" else _json(v) for kind, v in zip(_KINDS[table], values, strict=True)]
     for v in fields:
         if type(v) not in _JSON_TYPES:
             raise TypeError(f"cannot chain a {type(v).__name__} value")
@@ -261,7 +263,7 @@ class SegmentHasher:
                              f"({rows} rows found, {cp.rows} sealed): a row there was changed, added or removed")
 
 
-def check_checkpoint_chain(checkpoints: list[Checkpoint], base: bytes, keys: "KeyCheck") -> None:
+def check_checkpoint_chain(checkpoints: list[Checkpoint], base: bytes, keys: KeyCheck) -> None:
     """Each checkpoint's hash from its fields and the one before it; each signature."""
     prev = base
     for cp in checkpoints:

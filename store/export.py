@@ -27,13 +27,23 @@ import hashlib
 import heapq
 import json
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, TextIO
+from typing import Any, TextIO
 
 from amdflash.store import keys
-from amdflash.store.chain import (GENESIS, Broken, Checkpoint, KeyCheck, RunChain, SegmentHasher, canonical,
-                                  check_checkpoint_chain, load_checkpoints)
+from amdflash.store.chain import (
+    GENESIS,
+    Broken,
+    Checkpoint,
+    KeyCheck,
+    RunChain,
+    SegmentHasher,
+    canonical,
+    check_checkpoint_chain,
+    load_checkpoints,
+)
 from amdflash.store.schema import PHYSICAL, PLAIN, RUN_END_SQL, SCHEMA_VERSION
 from amdflash.store.verify import RUN_KINDS, _base, snapshot
 
@@ -132,7 +142,7 @@ def export(conn: sqlite3.Connection, out: TextIO, fmt: str, run_ids: list[str] |
                 summary.unsealed += 1
                 continue
             values = {}
-            for (column, kind), value in zip(PHYSICAL[table], row):
+            for (column, kind), value in zip(PHYSICAL[table], row, strict=True):
                 if kind == "ref" and value is not None:
                     sha, data = conn.execute("SELECT sha256, data FROM blobs WHERE id = ?", (value,)).fetchone()
                     if value not in seen_blobs:
@@ -162,7 +172,7 @@ def _rows(conn: sqlite3.Connection, keys_: list[int] | None, run_ids: list[str])
                 yield row[0], table, row[1:]
             return
         queries = []
-        for key, run_id in zip(keys_, run_ids):
+        for key, run_id in zip(keys_, run_ids, strict=True):
             if table in PLAIN:
                 queries.append(conn.execute(f"SELECT seq, {columns} FROM {table} WHERE run_id = ? ORDER BY seq",
                                             (run_id,)))
@@ -287,13 +297,13 @@ def verify_export(path: Path, keyfiles: list[Path] | None = None) -> ExportRepor
                 blobs.add(bytes.fromhex(r["sha256"]))
             elif kind == "row":
                 table, seq = r.get("table"), r.get("seq")
-                if table not in PHYSICAL or type(seq) is not int:
+                if not isinstance(table, str) or table not in PHYSICAL or type(seq) is not int:
                     raise Broken(f"line {line}: a row of unknown table {table!r}")
                 values = r.get("values") or {}
                 if set(values) != {c for c, _ in PHYSICAL[table]}:
                     raise Broken(f"line {line} ({table} seq {seq}): columns do not match the schema")
                 vals = tuple(_value(line, c, k, values[c]) for c, k in PHYSICAL[table])
-                for (c, k), v in zip(PHYSICAL[table], vals):
+                for (c, k), v in zip(PHYSICAL[table], vals, strict=True):
                     if k == "ref" and v is not None and v not in blobs:
                         raise Broken(f"line {line} ({table} seq {seq}): column {c} refers to bytes not in the file")
                 run = vals[0]

@@ -10,12 +10,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from html import escape
-from typing import Any, Iterable
+from typing import Any
 
 import sqlite_utils
-
 from amdflash.stages.flash import protection as prot
 from amdflash.stages.navi31 import regs as R
 from amdflash.store.queries import transactions_between, unit_states
@@ -161,7 +161,8 @@ def _value(value: Any) -> str:
 
 
 def _run_link(run_id: str | None) -> _Html | None:
-    """Another run, linked to its report file by the name `amdflash report RUN_ID --format html -o RUN_ID.html` gives."""
+    """Another run, linked to its report file by the name that
+    `amdflash report RUN_ID --format html -o RUN_ID.html` gives."""
     if not run_id:
         return None
     return _Html(f"<a class=\"mono\" href=\"{escape(run_id)}.html\">{escape(run_id)}</a>")
@@ -328,7 +329,8 @@ def _stage_row(s: _Stage, t0: dt.datetime, span: float) -> str:
     return (f"<tr data-stage=\"{escape(s.name)}\"><th>{escape(s.name)}</th><td class=\"num\">{_seconds(start)}</td>"
             f"<td class=\"num\">{end}</td><td class=\"num\">{duration}</td><td class=\"{kind}\">{escape(s.outcome)}"
             f"</td><td class=\"track\"><div class=\"bar {kind}\" style=\"left:{left:.2f}%;"
-            f"width:{min(width, 100 - left):.2f}%\"></div></td><td class=\"detail\">{escape(s.detail + extra)}</td></tr>")
+            f"width:{min(width, 100 - left):.2f}%\"></div></td>"
+            f"<td class=\"detail\">{escape(s.detail + extra)}</td></tr>")
 
 
 def _time(text: str | None) -> dt.datetime | None:
@@ -514,7 +516,7 @@ def _chain(c: dict[str, Any]) -> str:
              f"BROKEN: {c['problem']}")
     sealed = {"final": "its final checkpoint (the run's end is sealed)",
               "commit": "its last checkpoint (the run recorded no end)",
-              "migrated": "the checkpoint sealed when its database was upgraded"}.get(c.get("sealed"), "—")
+              "migrated": "the checkpoint sealed when its database was upgraded"}.get(str(c.get("sealed")), "—")
     rows = [("chain", "chain", state),
             ("checkpoint", "sealed by", f"checkpoint #{c['checkpoint']}: {sealed}" if c.get("checkpoint") else None),
             ("chain_head", "chain head", c.get("head")),
@@ -534,7 +536,7 @@ def _ok_attr(key: str, c: dict[str, Any]) -> str:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 CSS = """
@@ -552,20 +554,23 @@ td.num { text-align: right; white-space: nowrap; }
 .badge { border-radius: 10px; padding: 2px 10px; font-weight: 600; color: #fff; background: var(--muted); }
 .badge.ok { background: #2f8f4e; } .badge.bad { background: var(--failed); } .badge.warn { background: #c77b12; }
 .badge.emulated { background: #6b4fbb; }
-p.ok, td.ok { color: #2f8f4e; } p.warn { color: #c77b12; font-weight: 600; } p.bad, td.bad { color: var(--failed); font-weight: 600; } td.open { color: #c77b12; }
+p.ok, td.ok { color: #2f8f4e; } p.warn { color: #c77b12; font-weight: 600; }
+p.bad, td.bad { color: var(--failed); font-weight: 600; } td.open { color: #c77b12; }
 table { border-collapse: collapse; }
 table.kv th { text-align: left; font-weight: 500; color: var(--muted); padding: 2px 16px 2px 0; vertical-align: top;
               white-space: nowrap; }
 table.kv td { padding: 2px 0; word-break: break-all; }
 table.stages { width: 100%; }
 table.grid { min-width: 50%; }
-table.grid th, table.stages th { text-align: left; font-weight: 600; border-bottom: 1px solid var(--line); padding: 4px 8px; }
+table.grid th, table.stages th { text-align: left; font-weight: 600; border-bottom: 1px solid var(--line);
+  padding: 4px 8px; }
 table.grid td, table.stages td { border-bottom: 1px solid #eef0f3; padding: 3px 8px; }
 table.stages tbody th { font-weight: 500; padding: 3px 8px; }
 td.track { position: relative; width: 45%; min-width: 260px; }
 table.stages td:nth-child(5) { white-space: nowrap; }
 td.track .bar { position: absolute; top: 6px; bottom: 6px; border-radius: 3px; }
-td.track::before { content: ""; position: absolute; left: 8px; right: 8px; top: 50%; border-top: 1px dashed var(--line); }
+td.track::before { content: ""; position: absolute; left: 8px; right: 8px; top: 50%;
+  border-top: 1px dashed var(--line); }
 .bar.ok { background: #5aa36f; } .bar.bad { background: var(--failed); }
 .bar.open { background: repeating-linear-gradient(45deg, #e4a13a 0 4px, #f6dcae 4px 8px); }
 .bar.cancelled, .bar.stopped { background: repeating-linear-gradient(45deg, #8c93a0 0 4px, #dfe2e7 4px 8px); }

@@ -19,7 +19,8 @@ import json
 import sqlite3
 import struct
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from amdflash.store import schema
 from amdflash.store.writer import Assembler, ChainWriter, Signer, default_anchor, now_iso, sign_and_insert
@@ -143,7 +144,7 @@ def _copy(conn: sqlite3.Connection, writer: ChainWriter) -> None:
         columns = V1_TABLES[table]
         logical = schema.LOGICAL[table]
         for row in conn.execute(f"SELECT seq, {', '.join(columns)} FROM v1_{table} ORDER BY seq").fetchall():
-            values = dict(zip(columns, row[1:]))
+            values = dict(zip(columns, row[1:], strict=True))
             if table == "boards":
                 values["detail"], values["emulated"] = _detail_json(values["detail"])
             if table == "backup_units":

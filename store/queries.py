@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import sqlite_utils
-
 from amdflash.store import schema
 from amdflash.store.verify import snapshot
-
 
 
 class RunNotFound(LookupError):

@@ -34,9 +34,14 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
-
-from amdflash.store.queries import (RunNotFound, counts, iter_register_writes, register_snapshot,
-                                    register_write_order, resolve_run)
+from amdflash.store.queries import (
+    RunNotFound,
+    counts,
+    iter_register_writes,
+    register_snapshot,
+    register_write_order,
+    resolve_run,
+)
 from amdflash.store.verify import snapshot
 
 FLASH_SIZE = 0x200000
@@ -166,7 +171,7 @@ def _count_writes(db: sqlite_utils.Database, run_id: str) -> int:
 
 
 def build_board(path: Path, backup: dict[int, bytes], status: tuple[int, int, int],
-                registers: dict[int, int], notes: list[str]):  # noqa: ANN201 - a sim Board
+                registers: dict[int, int], notes: list[str]):  # -> a sim Board
     """A fresh emulated board (ideal profile) holding the run's starting state."""
     from amdflash.stages.transport.sim import Board, create_board
 
@@ -181,7 +186,7 @@ def build_board(path: Path, backup: dict[int, bytes], status: tuple[int, int, in
     return board
 
 
-def _set_status(board, status: tuple[int, int, int], notes: list[str]) -> None:  # noqa: ANN001
+def _set_status(board, status: tuple[int, int, int], notes: list[str]) -> None:
     """Give the chip the identified SR1/SR2/SR3 the way a host would: WREN + status writes.
 
     Going through the chip's own commands (rather than its private state layout) applies
@@ -202,7 +207,7 @@ def _set_status(board, status: tuple[int, int, int], notes: list[str]) -> None: 
 
 
 class _Replayer:
-    def __init__(self, db: sqlite_utils.Database, run_id: str, board, backup: dict[int, bytes],  # noqa: ANN001
+    def __init__(self, db: sqlite_utils.Database, run_id: str, board, backup: dict[int, bytes],
                  image: bytes | None, result: ReplayResult):
         self.db, self.run_id, self.board = db, run_id, board
         self.backup, self.image, self.result = backup, image, result
@@ -278,6 +283,7 @@ class _Replayer:
                 result.verifies_matching += 1
                 return
             at = _first_difference(got, recorded)
+            assert at is not None          # the two differ
             self._diverged(v, "skipped unit changed during the replay", v.address + at, recorded[at], got[at])
             return
         if hashlib.sha256(got).hexdigest() == v.actual_sha256:

@@ -11,13 +11,26 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from amdflash.store import keys, schema
-from amdflash.store.chain import (GENESIS, Broken, Checkpoint, KeyCheck, RunChain, SegmentHasher, canonical_expr,
-                                  check_checkpoint_chain, iter_canonical, load_checkpoints, run_genesis, segment_head)
+from amdflash.store.chain import (
+    GENESIS,
+    Broken,
+    Checkpoint,
+    KeyCheck,
+    RunChain,
+    SegmentHasher,
+    canonical_expr,
+    check_checkpoint_chain,
+    iter_canonical,
+    load_checkpoints,
+    run_genesis,
+    segment_head,
+)
 from amdflash.store.schema import PHYSICAL, PLAIN
 
 RUN_KINDS = ("commit", "final", "migrated")
@@ -183,7 +196,8 @@ def verify_run(conn: sqlite3.Connection, run_id: str, keyfiles: list[Path] | Non
     return _checked(report, keyfiles, body)
 
 
-def check_runs(conn: sqlite3.Connection, runs: dict[str, int], chains: dict[str, RunChain]) -> tuple[int, dict[str, int]]:
+def check_runs(conn: sqlite3.Connection, runs: dict[str, int],
+               chains: dict[str, RunChain]) -> tuple[int, dict[str, int]]:
     """Recompute the heads of `runs` (run_id -> key) from their rows and compare them with
     their checkpoints (`chains`). Returns (rows checked, unsealed rows by run).
 
@@ -229,7 +243,8 @@ def check_runs(conn: sqlite3.Connection, runs: dict[str, int], chains: dict[str,
                 seen[table] = seen.get(table, 0) + n
             for run_id, lo in tails.items():
                 column, value = ("run_id", run_id) if table in PLAIN else ("run", runs[run_id])
-                n = conn.execute(f"SELECT count(*) FROM {table} WHERE seq >= ? AND +{column} = ?", (lo, value)).fetchone()[0]
+                n = conn.execute(f"SELECT count(*) FROM {table} WHERE seq >= ? AND +{column} = ?",
+                                 (lo, value)).fetchone()[0]
                 if n:
                     unsealed[run_id] = unsealed.get(run_id, 0) + n
                     seen[table] = seen.get(table, 0) + n
@@ -242,10 +257,10 @@ def check_runs(conn: sqlite3.Connection, runs: dict[str, int], chains: dict[str,
         chain = chains.get(run_id)
         if chain is None:
             continue
-        rows = _heads(chain, digests, counts)
-        if rows is None:
-            rows = _exact(conn, run_id, key, chain)
-        total += rows
+        checked = _heads(chain, digests, counts)
+        if checked is None:
+            checked = _exact(conn, run_id, key, chain)
+        total += checked
     return total + sum(unsealed.values()), unsealed
 
 
@@ -293,7 +308,7 @@ class _Helper:
                 conn.execute("COMMIT")
             finally:
                 conn.close()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
+        except BaseException as e:  # handed to the caller
             self.done = e
 
     def result(self) -> list[tuple[int, int, bytes]]:
@@ -303,7 +318,8 @@ class _Helper:
         return self.done
 
 
-def _heads(chain: RunChain, digests: dict[tuple[str, int, str], bytes], counts: dict[tuple[str, int], int]) -> int | None:
+def _heads(chain: RunChain, digests: dict[tuple[str, int, str], bytes],
+           counts: dict[tuple[str, int], int]) -> int | None:
     """The rows of the run if every head matches its checkpoint, else None."""
     head, rows = run_genesis(chain.run_id), 0
     for k, cp in enumerate(chain.checkpoints):

@@ -40,9 +40,23 @@ from pathlib import Path
 from typing import Any
 
 from amdflash.store import chain, keys
-from amdflash.store.schema import (DEFAULT_SHAPE, LOGICAL, MAX_SHAPE, PHYSICAL, PLAIN, ROM_SW_CNTL, ROM_SW_COMMAND,
-                                   ROM_SW_DATA, ROM_SW_RETURN_DATA_ENABLE, ROM_SW_STATUS, SCHEMA_VERSION, TERMINAL,
-                                   SchemaError, connect, create, version)
+from amdflash.store.schema import (
+    DEFAULT_SHAPE,
+    LOGICAL,
+    MAX_SHAPE,
+    PHYSICAL,
+    ROM_SW_CNTL,
+    ROM_SW_COMMAND,
+    ROM_SW_DATA,
+    ROM_SW_RETURN_DATA_ENABLE,
+    ROM_SW_STATUS,
+    SCHEMA_VERSION,
+    TERMINAL,
+    SchemaError,
+    connect,
+    create,
+    version,
+)
 
 UNIT = 0x1000
 
@@ -64,8 +78,16 @@ class StoreUnavailable(RuntimeError):
     """The database cannot be opened or written: refuse before touching a board."""
 
 
+def _row_id(cursor: sqlite3.Cursor) -> int:
+    """The rowid the INSERT just run on `cursor` gave its row."""
+    rowid = cursor.lastrowid
+    if rowid is None:
+        raise SchemaError("an INSERT reported no row id")
+    return rowid
+
+
 def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
 def micros(seconds: float) -> int:
@@ -164,7 +186,7 @@ class AuditWriter:
         self._reader: threading.Thread | None = None
 
     # -- lifetime -------------------------------------------------------------------------
-    def open(self) -> "AuditWriter":
+    def open(self) -> AuditWriter:
         """Create or migrate the schema, load (or create) the host key, prove the database
         writable (else StoreUnavailable), then start the writer process."""
         try:
@@ -176,7 +198,7 @@ class AuditWriter:
         except SchemaError as e:
             raise StoreUnavailable(str(e)) from None
         method = _start_method()
-        ctx = multiprocessing.get_context(method)
+        ctx = multiprocessing.get_context("fork") if method == "fork" else multiprocessing.get_context("forkserver")
         rows_r, rows_w = os.pipe()
         _widen(rows_w)
         rows_rx = multiprocessing.connection.Connection(rows_r, writable=False)
@@ -309,7 +331,7 @@ def _writer_main(path: str, key_path: str, anchor: str, rows: multiprocessing.co
     failed: str | None = None
     try:
         store = ChainWriter(connect(path), Signer.load(Path(key_path)), Path(anchor), max_pages)
-    except Exception as e:  # noqa: BLE001 - tell the host why, then stop
+    except Exception as e:  # tell the host why, then stop
         _tell(status, ("failed", f"{type(e).__name__}: {e}"))
         _tell(status, ("closed", None))
         return
@@ -322,7 +344,7 @@ def _writer_main(path: str, key_path: str, anchor: str, rows: multiprocessing.co
         if not failed:
             try:
                 store.commit(durable)
-            except Exception as e:  # noqa: BLE001 - any failure stops the job, with its reason
+            except Exception as e:  # any failure stops the job, with its reason
                 failed = f"{type(e).__name__}: {e}"
                 _tell(status, ("failed", failed))
         for ident in waiting:
@@ -363,7 +385,7 @@ def _writer_main(path: str, key_path: str, anchor: str, rows: multiprocessing.co
             elif not failed:
                 try:
                     store.add(message)
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     failed = f"{type(e).__name__}: {e}"
                     _tell(status, ("failed", failed))
                     store.abandon()
@@ -401,7 +423,7 @@ class Signer:
         self.public = keys.public_bytes(key)
 
     @classmethod
-    def load(cls, path: Path) -> "Signer":
+    def load(cls, path: Path) -> Signer:
         return cls(keys.load_or_create(path), path)
 
     def sign(self, message: bytes) -> bytes:
@@ -414,7 +436,7 @@ class Signer:
             return row[0]
         cur = conn.execute("INSERT INTO hosts (public_key, hostname, machine_id, first_seen) VALUES (?, ?, ?, ?)",
                            (self.public, socket.gethostname(), machine_id(), now_iso()))
-        return cur.lastrowid
+        return _row_id(cur)
 
 
 def machine_id() -> str | None:
@@ -537,7 +559,7 @@ class ChainWriter:
             self._append("log_writes", run, seq, values, (run.key, message[2], message[3], sha, message[5]))
             return
         physical, plain, converters, data_columns = self._converters[table]
-        stored = [conv(v) if conv else v for conv, v in zip(converters, message[2:])]
+        stored: list[Any] = [conv(v) if conv else v for conv, v in zip(converters, message[2:], strict=True)]
         chained = list(stored)
         for i in data_columns:
             if stored[i] is not None:
@@ -593,8 +615,8 @@ class ChainWriter:
             return known, sha
         row = self.conn.execute("SELECT id FROM blobs WHERE substr(sha256, 1, 8) = ? AND sha256 = ?",
                                 (sha[:8], sha)).fetchone()
-        ident = row[0] if row else self.conn.execute("INSERT INTO blobs (sha256, data) VALUES (?, ?)",
-                                                     (sha, data)).lastrowid
+        ident = row[0] if row else _row_id(self.conn.execute("INSERT INTO blobs (sha256, data) VALUES (?, ?)",
+                                                             (sha, data)))
         self.blob_ids[sha] = ident
         return ident, sha
 
@@ -788,9 +810,9 @@ class Assembler:
             span = (min(cntl & 0xFFFF, _WINDOW) + 3) & ~3
             if self.known[_DATA_AT:_DATA_AT + span].count(0) == 0:
                 tx = bytes(self.regs[_DATA_AT:_DATA_AT + span])
-        kept, data_written, reserved, shape = self._shape(command) if letter else (0, None, None, "")
+        described, data_written, reserved, shape = self._shape(command) if letter else (0, None, None, "")
         pending = self.pending
-        raw, kept = pending[:len(pending) - kept], pending[len(pending) - kept:]
+        raw, kept = pending[:len(pending) - described], pending[len(pending) - described:]
         self.pending = []
         if not letter:
             raw = raw + kept + [w]
@@ -876,7 +898,7 @@ class Recorder:
     """Records of one run, buffered in order and handed to the writer in batches (register
     writes become rows through an Assembler)."""
 
-    def __init__(self, writer: "AuditWriter | NullWriter", run_id: str, batch_rows: int = 512,
+    def __init__(self, writer: AuditWriter | NullWriter, run_id: str, batch_rows: int = 512,
                  batch_writes: int = 512):
         self.writer = writer
         self.run_id = run_id
@@ -986,7 +1008,7 @@ class NullWriter:
     failed: str | None = None
     rows_written = 0
 
-    def open(self) -> "NullWriter":
+    def open(self) -> NullWriter:
         return self
 
     def close(self) -> None:
