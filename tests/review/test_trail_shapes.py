@@ -7,9 +7,11 @@ the board received, in order (offsets, values, one block write as one block), an
 address and lengths it started with."""
 from __future__ import annotations
 
+import itertools
+import json
 import random
 import sqlite3
-from dataclasses import replace
+from dataclasses import astuple, fields, replace
 from pathlib import Path
 
 import pytest
@@ -46,7 +48,7 @@ def seen(monkeypatch) -> dict[str, list]:
     return log
 
 
-def _flash(tmp_path: Path, monkeypatch, wanted: FastPaths | None, *extra: str) -> tuple[Path, str]:
+def _flash(tmp_path: Path, monkeypatch, wanted: FastPaths | None, *extra: str, sectors: int = SECTORS) -> tuple[Path, str]:
     monkeypatch.setenv("AMDFLASH_LOCK_DIR", str(tmp_path / "locks"))
     if wanted is not None:
         monkeypatch.setattr(romsw.RomSwOptions, "wanted", lambda self: wanted)
@@ -56,7 +58,7 @@ def _flash(tmp_path: Path, monkeypatch, wanted: FastPaths | None, *extra: str) -
     image = tmp_path / "image.bin"
     image.write_bytes(b"\xaa\x55\xaa\x55" + rng.randbytes(0x200000 - 4))
     db = tmp_path / "audit.sqlite"
-    code = main(["-q", "--db", str(db), "flash", str(image), "--yes", "--force", "--sector-count", str(SECTORS),
+    code = main(["-q", "--db", str(db), "flash", str(image), "--yes", "--force", "--sector-count", str(sectors),
                  *extra, "--board", f"sim:{board}"])
     assert code == 0
     con = sqlite3.connect(db)
@@ -101,9 +103,29 @@ DRIVERS = {
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
-def test_the_trail_re_creates_every_write_and_transaction_the_board_received(driver, tmp_path, monkeypatch, seen):
+def test_the_trail_re_creates_every_write_and_transaction_the_board_received(driver, tmp_path, monkeypatch, seen, capsys):
     wanted, extra = DRIVERS[driver]
     db, run_id = _flash(tmp_path, monkeypatch, wanted, *extra)
+    _check_trail(db, run_id, seen, extra)
+    _check_replay(db, run_id, seen, tmp_path / "image.bin", capsys)
+
+
+# Every combination of the fast paths; those with an odd number on also restore around each transaction.
+COMBINATIONS = [FastPaths(*flags) for flags in itertools.product((False, True), repeat=len(fields(FastPaths)))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(COMBINATIONS)),
+                         ids=["".join("1" if v else "0" for v in astuple(f)) for f in COMBINATIONS])
+def test_every_fast_path_combination_is_re_created(index, tmp_path, monkeypatch, seen, capsys):
+    wanted = COMBINATIONS[index]
+    extra = ("--restore-each",) if bin(index).count("1") % 2 else ()      # half of them, any flag either way
+    db, run_id = _flash(tmp_path, monkeypatch, wanted, *extra, sectors=2)
+    _check_trail(db, run_id, seen, extra)
+    _check_replay(db, run_id, seen, tmp_path / "image.bin", capsys)
+
+
+def _check_trail(db: Path, run_id: str, seen: dict[str, list], extra: tuple[str, ...]) -> None:
     writes, starts, rows = _trail(db, run_id)
     # Every write the board received (all of the run's, through the audited transport), exactly
     # and in order.
@@ -119,6 +141,19 @@ def test_the_trail_re_creates_every_write_and_transaction_the_board_received(dri
     assert rows["log_spi"] <= len(starts)
     if "--restore-each" not in extra:
         assert rows["log_writes"] <= 40, rows
+
+
+def _check_replay(db: Path, run_id: str, seen: dict[str, list], image: Path, capsys) -> None:  # noqa: ANN001
+    """`amdflash replay` sends the replay board exactly the writes the run's board received, in
+    order, and every recorded outcome comes out the same."""
+    received = list(seen["writes"])
+    capsys.readouterr()
+    code = main(["--db", str(db), "replay", run_id, "--image", str(image), "--format", "json"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and result["identical"], result
+    assert seen["writes"][len(received):] == received
+    assert result["writes_applied"] == result["writes_total"] == len(received)
+    assert result["verifies_checked"] == result["verifies_matching"] > 0
 
 
 def _commands(writes: list[tuple[int, bytes]]) -> list[int]:
