@@ -41,7 +41,7 @@ def build(work: Path, flashes: int) -> Path:
         board = create_board(work / "boards" / f"b{n}", content=random.Random(1000 + n).randbytes(SIZE),
                              transport="ideal", seed=n)
         subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(image), "--yes",
-                        "--board", f"sim:{board}"], check=True, env=env, stdout=subprocess.DEVNULL,
+                        "--force", "--board", f"sim:{board}"], check=True, env=env, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
         for f in board.iterdir():        # the board itself is not needed any more
             f.unlink()
