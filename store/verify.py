@@ -31,7 +31,7 @@ from amdflash.store.chain import (
     run_genesis,
     segment_head,
 )
-from amdflash.store.schema import PHYSICAL, PLAIN
+from amdflash.store.schema import PHYSICAL, PLAIN, RUN_END_SQL
 
 RUN_KINDS = ("commit", "final", "migrated")
 
@@ -184,11 +184,14 @@ def verify_run(conn: sqlite3.Connection, run_id: str, keyfiles: list[Path] | Non
                 check_checkpoint_chain([cp], _hash_before(conn, cp.id, through, base), check)
             chains = {run_id: RunChain(run_id, checkpoints)} if checkpoints else {}
             report.rows, report.unsealed = check_runs(conn, {run_id: row[0]}, chains)
+            # The bytes its rows refer to: the run's rows lie between its runs row and its end
+            # (the bulk tables carry no run index), so this reads that span, not the rest.
+            end = conn.execute(f"SELECT {RUN_END_SQL} FROM runs r WHERE r.seq = ?", (row[0],)).fetchone()[0]
             for table, columns in PHYSICAL.items():
                 for c, kind in columns:
                     if kind == "ref":
                         _check_blobs(conn, f"SELECT b.id, b.sha256, b.data FROM {table} p JOIN blobs b ON b.id = p.{c} "
-                                           "WHERE p.seq >= ? AND p.run = ?", (row[0], row[0]))
+                                           "WHERE p.seq BETWEEN ? AND ? AND p.run = ?", (row[0], end, row[0]))
             report.runs = 1
             report.checkpoints, report.head = len(checkpoints), checkpoints[-1] if checkpoints else None
             report.ended = bool(checkpoints) and checkpoints[-1].kind == "final"

@@ -286,3 +286,50 @@ def test_a_writer_that_dies_is_noticed(tmp_path):
     with pytest.raises(writer_module.AuditFailure):
         w.barrier(timeout=5)
     w.close()
+
+
+def _vm_steps(db, run_id: str) -> dict[str, int]:  # noqa: ANN001
+    """Thousands of SQLite virtual-machine steps each per-run read takes (report, its HTML
+    page, verify --run): the work they do, whatever the machine's load."""
+    from amdflash.store.html import render
+    from amdflash.store.queries import open_readonly, report
+    from amdflash.store.verify import verify_run
+
+    reader = open_readonly(str(db))
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    reader.conn.set_progress_handler(count, 1000)
+    out = {}
+    try:
+        for name, read in (("report", lambda: report(reader, run_id)),
+                           ("html", lambda: render(reader, report(reader, run_id))),
+                           ("verify --run", lambda: verify_run(reader.conn, run_id))):
+            steps = 0
+            read()
+            out[name] = steps
+    finally:
+        reader.conn.close()
+    return out
+
+
+def test_reading_one_run_costs_that_run_whatever_was_recorded_after_it(cli, make_board, image, db):
+    """report, its HTML page and verify --run read only the run's own rows and bytes: their
+    work does not grow as later runs, many times its size, are recorded after it."""
+    def flash(sectors: int) -> None:
+        board = make_board(content=bytes(range(256)) * (0x200000 // 256), transport="ideal")
+        assert cli("flash", image, "--yes", "--expect-part", PART_KEY, "--sector-count", sectors,
+                   "--board", f"sim:{board}").code == 0
+
+    flash(8)
+    run_id = json.loads(cli("runs", "--format", "json").out)[0]["run_id"]
+    before = _vm_steps(db, run_id)
+    for _ in range(2):
+        flash(64)
+    after = _vm_steps(db, run_id)
+    for name, steps in before.items():
+        assert after[name] <= steps * 1.05 + 5, (name, before, after)
