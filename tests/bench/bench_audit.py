@@ -87,7 +87,8 @@ def main(repeats: int = 5, profiles: tuple[str, ...] = ("ideal",)) -> None:
               f"(medians); per pair {', '.join(f'{r:.2f}' for r in pairs)}")
     first, later = growth[0], growth[1:]
     print(f"first full flash: {sum(first[0].values())} rows, {first[1] / 1e6:.2f} MB "
-          f"(of which its 4 MiB of backed-up and programmed content, stored once)")
+          f"(of which its 4 MiB of backed-up and programmed content, stored once: "
+          f"{(first[1] - 2 * SIZE) / 1e6:.2f} MB without it)")
     if later:
         rows = statistics.median(sum(g.values()) for g, _ in later)
         size = statistics.median(b for _, b in later)

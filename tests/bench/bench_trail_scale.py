@@ -105,6 +105,34 @@ def main(flashes: int = 100, where: str | None = None) -> None:
     wall, out = timed(work, "audit", "verify", repeats=1)
     first = out.splitlines()[0]
     print(f"  {'audit verify (whole database)':44} {wall:6.2f} s: {rows / wall / 1e3:.0f}k rows/s\n    {first}")
+    in_process(db, run, rows)
+
+
+def in_process(db: Path, run: str, rows: int, repeats: int = 3) -> None:
+    """The same reads as library calls in one process: what they cost without Python start-up
+    and the CLI's imports (median of `repeats`; the database's pages warm after the first)."""
+    from amdflash.pipeline import commands
+    from amdflash.store.verify import verify_database, verify_run
+
+    def median(call, repeats: int = repeats) -> float:  # noqa: ANN001
+        walls = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            call()
+            walls.append(time.perf_counter() - start)
+        return statistics.median(walls)
+
+    print(f"in one process (median of {repeats}):")
+    print(f"  {'report RUN (text and json: the same object)':44} "
+          f"{median(lambda: commands.report(run, str(db))):6.2f} s")
+    print(f"  {'report RUN --format html':44} {median(lambda: commands.report(run, str(db), html=True)):6.2f} s")
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        print(f"  {'verify_run':44} {median(lambda: verify_run(con, run)):6.2f} s")
+        wall = median(lambda: verify_database(con), repeats=1)
+        print(f"  {'verify_database (whole database)':44} {wall:6.2f} s: {rows / wall / 1e3:.0f}k rows/s")
+    finally:
+        con.close()
 
 
 if __name__ == "__main__":
