@@ -114,7 +114,7 @@ def in_process(db: Path, run: str, rows: int, repeats: int = 3) -> None:
     from amdflash.pipeline import commands
     from amdflash.store.verify import verify_database, verify_run
 
-    def median(call, repeats: int = repeats) -> float:  # noqa: ANN001
+    def median(call, repeats: int = repeats) -> float:
         walls = []
         for _ in range(repeats):
             start = time.perf_counter()
