@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import sqlite3
 import statistics
 import subprocess
@@ -35,6 +36,13 @@ def _rows(db: Path) -> dict[str, int]:
         return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables}
     finally:
         con.close()
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of every finished child process so far (their own children,
+    such as the audit writer, included once waited for)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _bytes(db: Path) -> int:
@@ -60,6 +68,7 @@ def main(repeats: int = 5, profiles: tuple[str, ...] = ("ideal",)) -> None:
     env = {**os.environ, "AMDFLASH_DB": str(db), "AMDFLASH_HOST_KEY": str(work / "host_key.pem"),
            "PYTHONPATH": os.getcwd()}
     walls: dict[tuple[str, str], list[float]] = {}
+    cpus: dict[tuple[str, str], list[float]] = {}      # CPU seconds of the command and its writer
     growth: list[tuple[dict[str, int], int]] = []
     n = 0
     for i in range(repeats):
@@ -69,11 +78,13 @@ def main(repeats: int = 5, profiles: tuple[str, ...] = ("ideal",)) -> None:
                 board = create_board(work / f"b{n}", content=current, transport=profile, seed=n)
                 entry = "tests.bench.null_store" if audit == "null" else "amdflash.pipeline.cli"
                 before = (_rows(db), _bytes(db)) if audit == "audit" and db.exists() else ({}, 0)
+                cpu = _children_cpu()
                 start = time.perf_counter()
                 subprocess.run([sys.executable, "-m", entry, "-q", "flash", str(work / "image.bin"), "--yes",
                                 "--force", "--board", f"sim:{board}"], check=True, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 walls.setdefault((profile, audit), []).append(time.perf_counter() - start)
+                cpus.setdefault((profile, audit), []).append(_children_cpu() - cpu)
                 if audit == "audit":
                     after = _rows(db)
                     growth.append(({t: after[t] - before[0].get(t, 0) for t in after}, _bytes(db) - before[1]))
@@ -82,9 +93,13 @@ def main(repeats: int = 5, profiles: tuple[str, ...] = ("ideal",)) -> None:
         print(f"{profile:8} {audit:6} {statistics.median(values):16.2f}   {', '.join(f'{v:.2f}' for v in values)}")
     for profile in profiles:
         on, off = walls[(profile, "audit")], walls[(profile, "null")]
-        pairs = [a / b for a, b in zip(on, off)]
+        pairs = [a / b for a, b in zip(on, off, strict=True)]
         print(f"{profile}: audit on / null store wall ratio {statistics.median(on) / statistics.median(off):.2f} "
               f"(medians); per pair {', '.join(f'{r:.2f}' for r in pairs)}")
+        con, coff = cpus[(profile, "audit")], cpus[(profile, "null")]
+        print(f"{profile}: CPU seconds (user + system, the command and its audit writer) audit "
+              f"{statistics.median(con):.2f}, null {statistics.median(coff):.2f}: ratio "
+              f"{statistics.median(con) / statistics.median(coff):.2f} (medians)")
     first, later = growth[0], growth[1:]
     print(f"first full flash: {sum(first[0].values())} rows, {first[1] / 1e6:.2f} MB "
           f"(of which its 4 MiB of backed-up and programmed content, stored once: "
