@@ -88,8 +88,10 @@ def open_writer(path_text: str) -> AuditWriter:
         if not os.access(path, os.R_OK | os.W_OK):
             raise Refusal(f"audit database {path} is not writable: permission denied")
         _check_existing(path)
+    from amdflash.pipeline.audit_commands import host_key_path
+
     try:
-        writer = AuditWriter(str(path)).open()
+        writer = AuditWriter(str(path), key_path=host_key_path()).open()
     except StoreUnavailable as e:
         raise Refusal(str(e)) from None
     try:
@@ -112,6 +114,6 @@ def open_reader(path_text: str) -> sqlite_utils.Database:
         # An empty file: the first run on this host is creating the schema right now (it does so
         # in one transaction, so a reader sees nothing or everything), or it never got that far.
         raise Refusal(f"no audit trail in {path} yet: no run has been recorded there")
-    from amdflash.store.queries import open_readonly
+    from amdflash.pipeline.audit_commands import open_for_reading
 
-    return open_readonly(str(path))
+    return open_for_reading(str(path))      # a database of an older amdflash is migrated first

@@ -204,7 +204,8 @@ def session(args: argparse.Namespace) -> commands.Session:
     if isinstance(boards, str):
         boards = [boards]
     return commands.Session(tuple(boards), commands.db_path(args), bool(getattr(args, "unbind_driver", False)),
-                            progress=not args.no_progress and configured.get("progress", True))
+                            progress=not args.no_progress and configured.get("progress", True),
+                            operator=getattr(args, "operator", None))
 
 
 def engine(args: argparse.Namespace) -> commands.EngineOptions:

@@ -68,6 +68,8 @@ def _add_globals(p: argparse.ArgumentParser, counter: list[int], root: bool) -> 
     g.add_argument("--db", metavar="PATH", default=d(None),
                    help="audit database (default $AMDFLASH_DB, else 'db' in the config file, else "
                         "$XDG_DATA_HOME/amdflash/audit.sqlite)")
+    g.add_argument("--operator", metavar="NAME", default=d(None),
+                   help="who says they run this; recorded as claimed, beside the OS account the run is recorded under")
     g.add_argument("--config", metavar="FILE", default=d(None),
                    help="config file (default $AMDFLASH_CONFIG, else $XDG_CONFIG_HOME/amdflash/config.toml)")
     g.add_argument("--log-json", action="store_true", default=d(False),
@@ -93,8 +95,8 @@ def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
 
 
 def build_parser() -> Parser:
-    from amdflash.pipeline import (board_cli, extras_cli, fleet, image_commands, replay_command, restore_command,
-                                   review_commands, sim_commands, trail_cli)
+    from amdflash.pipeline import (audit_commands, board_cli, extras_cli, fleet, image_commands, replay_command,
+                                   restore_command, review_commands, sim_commands, trail_cli)
 
     counter = [0]
     p = Parser(prog=PROG, description="Dump, verify and recover the SPI flash of AMD Navi31 boards (RX 7900 "
@@ -109,6 +111,7 @@ def build_parser() -> Parser:
     audit_sub = trail_cli.add_parsers(sub)
     replay_command.add_parsers(sub, audit_sub)
     review_commands.add_parsers(sub, audit_sub)
+    audit_commands.add_parsers(sub, audit_sub)
     sim_commands.add_parser(sub)
     image_commands.add_parsers(sub)
     fleet.add_parsers(sub)

@@ -46,6 +46,7 @@ class Session:
     db: str | None = None
     unbind_driver: bool = False      # pci boards: unbind a bound kernel driver instead of refusing
     progress: bool = False           # show progress on stderr (the CLI's default; off for the API)
+    operator: str | None = None      # who says they run this (recorded as claimed, beside the OS account)
 
     @property
     def db_path(self) -> str:
@@ -88,7 +89,8 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
     image_sha = hashlib.sha256(image).hexdigest() if image is not None else None
 
     def make(spec: BoardSpec) -> tuple[JobBody, RunInfo]:
-        info = RunInfo(new_run_id(), spec, command, dict(arguments), image_sha)
+        info = RunInfo(new_run_id(), spec, command, dict(arguments), image_sha,
+                       operator_claimed=session.operator)
         return amdgpu_jobs.for_command(command, body(spec, info), image, flash_options), info
 
     try:
@@ -100,12 +102,13 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
                    reports.get(r.run_id, {}), **extra) for r in runs]
 
 
-def _report(reader: Any, run_id: str) -> dict[str, Any]:
-    """A run's report object (`report --format json`), with what its confirmed reads found."""
+def _report(reader: Any, run_id: str, keys: Sequence[Path] | None = None) -> dict[str, Any]:
+    """A run's report object (`report --format json`), with what its confirmed reads found;
+    its signatures checked against `keys` (trusted public key files) when given."""
     from amdflash.store.queries import report
     from amdflash.store.read_checks import read_checks
 
-    rep = report(reader, run_id)
+    rep = report(reader, run_id, keys)
     rep["reads"] = read_checks(reader, rep["run_id"])
     return rep
 
@@ -278,32 +281,50 @@ def runs(db: str | None = None) -> list[dict[str, Any]]:
         reader.conn.close()
 
 
-def report(run_id: str, db: str | None = None, html: bool = False) -> tuple[dict[str, Any], str | None]:
-    """One run's report (the `report --format json` object), and its HTML page if asked."""
-    from amdflash.store import chain
+def report(run_id: str, db: str | None = None, html: bool = False,
+           keys: Sequence[Path] | None = None) -> tuple[dict[str, Any], str | None]:
+    """One run's report (the `report --format json` object), and its HTML page if asked.
+    `keys`: trusted public key files the run's signatures must be by."""
+    from amdflash.store.keys import KeyError_
 
     reader = auditdb.open_reader(db or default_db())
     try:
         try:
-            rep = _report(reader, run_id)
-        except RunNotFound as e:
+            rep = _report(reader, run_id, keys)
+        except (RunNotFound, KeyError_) as e:
             raise Refusal(str(e)) from None
         page = None
         if html:
             from amdflash.store.html import render
 
-            page = render(reader, rep, chain.verify(reader.conn))
+            page = render(reader, rep)
         return rep, page
     finally:
         reader.conn.close()
 
 
-def audit_verify(db: str | None = None) -> Any:
-    """Recompute the hash chain; the result says whether it holds and, if not, where it breaks."""
-    from amdflash.store import chain
+def audit_verify(db: str | None = None, run: str | None = None, keys: Sequence[Path] | None = None,
+                 anchor: Path | None = None) -> Any:
+    """Recompute the chains and check every checkpoint (of the database, or of one run); the
+    result says whether it holds and, if not, what breaks it first. `keys`: the trusted public
+    keys every signature must be by; `anchor`: the anchor file (default beside the database)."""
+    from amdflash.store.keys import KeyError_
+    from amdflash.store.queries import resolve_run
+    from amdflash.store.verify import verify_database, verify_run
+    from amdflash.store.writer import default_anchor
 
-    reader = auditdb.open_reader(db or default_db())
+    path = db or default_db()
+    if anchor is not None and not anchor.exists():
+        raise Refusal(f"no anchor file at {anchor}")
+    reader = auditdb.open_reader(path)
     try:
-        return chain.verify(reader.conn)
+        if run:
+            try:
+                return verify_run(reader.conn, resolve_run(reader, run), keys)
+            except RunNotFound as e:
+                raise Refusal(str(e)) from None
+        return verify_database(reader.conn, keys, anchor or default_anchor(path))
+    except KeyError_ as e:
+        raise Refusal(str(e)) from None
     finally:
         reader.conn.close()

@@ -26,7 +26,9 @@ class TappedRecorder:
         self._taps = taps
         # The bulk rows (hundreds of thousands per flash) go straight through unless shown.
         self.register_write = self._register_write if trace else recorder.register_write
-        self.spi_transaction = self._spi_transaction if trace else recorder.spi_transaction
+        if trace:
+            # Transactions are assembled from the register writes: the recorder says when one starts.
+            recorder.on_transaction = self._spi_transaction
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._recorder, name)
@@ -52,10 +54,10 @@ class TappedRecorder:
         row.update({"value": f"{value:#010x}"} if value is not None else {"bytes": len(data or b"")})
         self._show("register_writes", row)
 
-    def _spi_transaction(self, opcode: int, address: int, address_bytes: int, tx_len: int, rx_len: int,
-                         clock: float) -> None:
-        self._recorder.spi_transaction(opcode, address, address_bytes, tx_len, rx_len, clock)
-        row = {"opcode": f"{opcode:#04x}", "address": f"{address:#08x}" if address_bytes else None,
+    def _spi_transaction(self, opcode: int | None, address: int | None, address_bytes: int, tx_len: int,
+                         rx_len: int, clock: float) -> None:
+        row = {"opcode": f"{opcode:#04x}" if opcode is not None else None,
+               "address": f"{address:#08x}" if address_bytes and address is not None else None,
                "tx": tx_len, "rx": rx_len, "clock": round(clock, 6)}
         self._show("spi_transactions", row)
 

@@ -23,7 +23,7 @@ from amdflash.stages.erase import erase_stage
 from amdflash.stages.flash import write_policy
 from amdflash.stages.flash.planning import PlanCosts
 from amdflash.stages.flash.spinor import FlashIdentity
-from amdflash.stages.identify import identity_lines, open_engine, record_chip_facts
+from amdflash.stages.identify import identity_lines, open_engine, record_chip_facts, record_identity
 from amdflash.stages.navi31 import aperture
 from amdflash.stages.navi31.psp import PspMailbox
 from amdflash.stages.navi31.romsw import RomSwOptions
@@ -293,14 +293,18 @@ class FlashJob:
         results: dict[str, Any] = {}
 
         async def timed(name: str, fn, *args: Any) -> None:  # noqa: ANN001
-            # Each stage's transitions are its own: it ends when its input has run dry.
+            # Each stage's outcome is its own: it ends when its input has run dry, stops early
+            # when the operator asked, and is cancelled (not failed) when another stage failed.
             stage(dev.recorder, name, "start")
             try:
                 results[name] = await fn(*args)
-            except BaseException:
-                stage(dev.recorder, name, "fail")
+            except anyio.get_cancelled_exc_class():
+                stage(dev.recorder, name, "cancelled", "stopped: another stage failed, or the run was cancelled")
                 raise
-            stage(dev.recorder, name, "end")
+            except BaseException as e:
+                stage(dev.recorder, name, "fail", str(e) or type(e).__name__)
+                raise
+            stage(dev.recorder, name, "stop" if results[name] is True else "end")
 
         async def feed() -> None:
             async with reads_tx:
@@ -393,6 +397,7 @@ class FlashJob:
 @dataclass
 class ProbeJob:
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
+        record_identity(dev, None)   # the transport's identity (and whether the board is emulated)
         stage(dev.recorder, "probe", "start")
         result = await dev.call(PspMailbox(dev.bar).probe)
         # The answers are the result (summary); the command line says them in words.
@@ -416,6 +421,7 @@ class IfwiAllJob:
     image: bytes
 
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
+        record_identity(dev, None)   # the transport's identity (and whether the board is emulated)
         stage(dev.recorder, "ifwi_all", "start")
         mailbox = PspMailbox(dev.bar)
         streamed = []

@@ -54,14 +54,12 @@ def _positive(text: str) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from amdflash.pipeline.audit_commands import open_for_reading
     from amdflash.pipeline.commands import db_path
-    from amdflash.store.queries import RunNotFound, open_readonly, resolve_run
+    from amdflash.store.queries import RunNotFound, resolve_run
     from amdflash.store.replay import ReplayRefused, replay
 
-    path = db_path(args)
-    if not Path(path).exists():
-        raise Refusal(f"no audit database at {path}")
-    db = open_readonly(path)
+    db = open_for_reading(db_path(args))
     try:
         try:
             run_id = resolve_run(db, args.run_id)

@@ -36,12 +36,13 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
     p.set_defaults(func=cmd_demo)
 
     p = audit_sub.add_parser(
-        "export", help="export audit rows with their chain hashes (JSONL or CSV) for archiving",
-        description="Write every audit row (or one run's rows) in seq order with its table, seq, all columns "
-                    "(blobs hex-encoded) and its chain hashes (prev_hash, hash), ending with the chain head. "
-                    "The file can be checked later, without the database: 'amdflash audit verify --export FILE'. "
-                    "Read-only.")
-    p.add_argument("--run", metavar="RUN_ID", help="only this run's rows (a unique prefix is enough): a partial chain")
+        "export", help="export audit rows with their signed checkpoints (JSONL or CSV) for archiving",
+        description="Write every audit row (or one run's rows) in seq order with its table, seq and all columns, "
+                    "the bytes they refer to, and the signed checkpoints that seal them, with the signing hosts' "
+                    "public keys. The file can be checked later on its own, without the database: "
+                    "'amdflash audit verify --export FILE [--key PUBFILE]'; one run's export is that run's "
+                    "complete record. Read-only.")
+    p.add_argument("--run", metavar="RUN_ID", help="only this run (a unique prefix is enough)")
     p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", help="default jsonl")
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE (default stdout)")
     p.set_defaults(func=cmd_audit_export)
@@ -49,8 +50,8 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
     p = audit_sub.add_parser(
         "datasette-metadata", help="write datasette metadata (canned queries, descriptions) for the audit DB",
         description="Write the metadata that makes 'datasette AUDIT.sqlite -m FILE' a browsable audit: "
-                    "runs by status, failed units with their last register writes, one board's history, "
-                    "the chain head, and a description of every table and column. datasette is optional: "
+                    "runs by status, failed units with the transactions of their last attempt, one board's "
+                    "history, each run's seals, and a description of every table and column. datasette is optional: "
                     "pip install 'amdflash[datasette]'.")
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE (default stdout)")
     p.add_argument("--name", help="the database name datasette will use: the audit DB's file name without "
@@ -73,12 +74,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- audit export / verify --export --------------------------------------------------------------
 
 def _open_db(args: argparse.Namespace):  # noqa: ANN202
-    from amdflash.store.queries import open_readonly
+    from amdflash.pipeline.audit_commands import open_for_reading
 
-    path = db_path(args)
-    if not Path(path).exists():
-        raise Refusal(f"no audit database at {path}")
-    return open_readonly(path)
+    return open_for_reading(db_path(args))
 
 
 def cmd_audit_export(args: argparse.Namespace) -> int:
@@ -95,7 +93,7 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
                 raise Refusal(str(e)) from None
         if args.output is None:
             try:
-                summary = export(db.conn, sys.stdout, args.format, run_id)
+                summary = export(db.conn, sys.stdout, args.format, [run_id] if run_id else None)
                 sys.stdout.flush()
             except BrokenPipeError:
                 # The reader stopped early (| head): no traceback, and none again at exit.
@@ -106,7 +104,7 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
             partial = args.output.with_name(args.output.name + ".partial")
             try:
                 with open(partial, "w", encoding="utf-8", newline="") as f:
-                    summary = export(db.conn, f, args.format, run_id)
+                    summary = export(db.conn, f, args.format, [run_id] if run_id else None)
                 os.replace(partial, args.output)
             except BaseException:
                 partial.unlink(missing_ok=True)
@@ -114,19 +112,24 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
     finally:
         db.conn.close()
     scope = f"run {run_id}" if run_id else "the whole trail"
-    span = f"seq {summary.first_seq}..{summary.last_seq}" if summary.rows else "no rows"
     where = f"wrote {args.output}" if args.output else "exported"
-    print(f"{where}: {summary.rows} rows of {scope} ({span}), {args.format}; chain head seq {summary.head_seq} "
-          f"hash {summary.head_hash}", file=sys.stderr)
+    head = f"; last checkpoint #{summary.head.id} hash {summary.head.hash.hex()}" if summary.head else ""
+    left = f"; {summary.unsealed} rows not sealed yet were left out" if summary.unsealed else ""
+    print(f"{where}: {summary.rows} rows and {summary.checkpoints} signed checkpoints of {scope}, "
+          f"{args.format}{head}{left}", file=sys.stderr)
     return EXIT_OK
 
 
-def cmd_verify_export(path: Path) -> int:
+def cmd_verify_export(path: Path, keyfiles: list[Path] | None = None) -> int:
     from amdflash.store.export import verify_export
+    from amdflash.store.keys import KeyError_
 
     if not path.is_file():
         raise Refusal(f"no export file at {path}")
-    report = verify_export(path)
+    try:
+        report = verify_export(path, keyfiles)
+    except KeyError_ as e:
+        raise Refusal(str(e)) from None
     print(report.describe())
     return EXIT_OK if report.ok else EXIT_FAILED
 
@@ -134,14 +137,14 @@ def cmd_verify_export(path: Path) -> int:
 def _add_verify_export(verify: argparse.ArgumentParser) -> None:
     """`audit verify --export FILE`: the same command, pointed at an exported file instead of the DB."""
     verify.add_argument("--export", type=Path, metavar="FILE",
-                        help="verify an exported file (JSONL or CSV from 'audit export') instead of the database; "
-                             "exit 1 naming the first record that does not match")
+                        help="verify an exported or archived file (JSONL or CSV from 'audit export' or 'audit "
+                             "archive') instead of the database; exit 1 naming the first record that does not match")
     database_verify: Callable[[argparse.Namespace], int] = verify.get_default("func")
 
     def verify_either(args: argparse.Namespace) -> int:
         if args.export is None:
             return database_verify(args)
-        return cmd_verify_export(args.export)
+        return cmd_verify_export(args.export, getattr(args, "key", None))
 
     verify.set_defaults(func=verify_either)
 

@@ -9,22 +9,19 @@ runs).
 from __future__ import annotations
 
 import datetime as dt
-import getpass
 import json
-import os
 import signal
-import socket
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 import anyio
 
-from amdflash import __version__
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, Refusal
 from amdflash.pipeline.logsetup import logger
 from amdflash.pipeline.progress import ProgressBoard
 from amdflash.pipeline.settle import settle_registers
+from amdflash.pipeline.run_facts import host_facts
 from amdflash.stages.device import Device, Interrupted, StopFlag
 from amdflash.stages.open_transport import AuditedBar, AuditFailureError, BoardSpec, BoardSpecError, open_transport
 from amdflash.stages.restore import restore_registers
@@ -32,8 +29,6 @@ from amdflash.stages.transport.base import Bar5
 from amdflash.stages.transport.discovery import NoBoardFound
 from amdflash.stages.transport.lock import BoardBusy
 from amdflash.store.writer import AuditFailure, Recorder
-
-TOOL_VERSION = __version__
 
 JobBody = Callable[[Device, "RunInfo"], Awaitable[dict[str, Any]]]
 
@@ -53,6 +48,7 @@ class RunInfo:
     image_sha256: str | None = None
     resumes_run_id: str | None = None
     output: list[str] = field(default_factory=list)   # lines to print when the run ends
+    operator_claimed: str | None = None                # --operator NAME: recorded as claimed, beside the OS account
 
 
 @dataclass
@@ -74,10 +70,12 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
                     image_path: str | None) -> RunResult:
     recorder = ui.observe(Recorder(writer, info.run_id), str(info.spec), info.run_id)
     log = logger(run_id=info.run_id, board=str(info.spec))
+    facts = host_facts()
     recorder.add("runs", command=info.command, arguments=json.dumps(info.arguments, sort_keys=True),
-                 operator=_operator(), host=socket.gethostname(), tool_version=TOOL_VERSION,
-                 image_path=image_path, image_sha256=info.image_sha256, board_spec=str(info.spec),
-                 resumes_run_id=info.resumes_run_id, at=now_iso())
+                 operator=facts.operator, operator_claimed=info.operator_claimed, host=facts.host,
+                 machine_id=facts.machine_id, tool_version=facts.tool_version, tool_revision=facts.tool_revision,
+                 clock_sync=facts.clock_sync, image_path=image_path, image_sha256=info.image_sha256,
+                 board_spec=str(info.spec), resumes_run_id=info.resumes_run_id, at=now_iso())
     recorder.add("run_status", status="running", detail=None, at=now_iso())
     log.debug("run started", command=info.command)
     progress = ui.reporter(str(info.spec), info.run_id)
@@ -173,13 +171,6 @@ def primary_error(raised: BaseException) -> BaseException:
 
 def stage(recorder: Recorder, name: str, event: str, detail: str | None = None) -> None:
     recorder.add("stages", stage=name, event=event, detail=detail, at=now_iso())
-
-
-def _operator() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry in some containers
-        return str(os.getuid())
 
 
 def _message(e: BaseException) -> str:

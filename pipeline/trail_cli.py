@@ -58,7 +58,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     if args.output is not None:
         writable_output(args.output, "report")
-    rep, page = commands.report(args.run_id, commands.db_path(args), html=args.format == "html")
+    rep, page = commands.report(args.run_id, commands.db_path(args), html=args.format == "html", keys=args.key)
     if args.format == "json":
         import json
 
@@ -81,10 +81,13 @@ def render_text(rep: dict[str, Any]) -> str:
     for u in rep["units"]:
         key = f"{u['action']}/{u['state']}"
         counts[key] = counts.get(key, 0) + 1
+    badge = "  [EMULATED BOARD]" if rep.get("emulated") else ""
+    claimed = f" (claims to be {rep['operator_claimed']})" if rep.get("operator_claimed") else ""
     lines = [
-        f"run        {rep['run_id']}  ({rep['command']}, {rep['status']})",
-        f"started    {rep['started']}   ended {rep['ended'] or '-'}",
-        f"operator   {rep['operator']} on {rep['host']}, amdflash {rep['tool_version']}",
+        f"run        {rep['run_id']}  ({rep['command']}, {rep['status']}){badge}",
+        f"started    {rep['started']}   ended {rep['ended'] or '-'}   clock {rep.get('clock_sync') or 'unknown'}",
+        f"operator   OS account {rep['operator']}{claimed} on {rep['host']} (machine-id {rep.get('machine_id') or '-'})",
+        f"amdflash   {rep['tool_version']}{' ' + rep['tool_revision'] if rep.get('tool_revision') else ''}",
         f"board      {b['spec']}  chip {b['chip'] or '?'}  jedec {b['jedec'] or '?'}  uid {b['unique_id'] or '?'}"
         f"{'  bridge ' + b['bridge_serial'] if b['bridge_serial'] else ''}",
         f"image      {rep['image_path'] or '-'}  sha256 {rep['image_sha256'] or '-'}",
@@ -94,6 +97,8 @@ def render_text(rep: dict[str, Any]) -> str:
     ]
     if rep["resumes_run_id"]:
         lines.append(f"resumes    {rep['resumes_run_id']}")
+    for r in rep.get("resumed_by") or []:
+        lines.append(f"resumed by {r['run_id']} ({r['status']})")
     reads = describe_reads(rep["reads"]) if rep.get("reads") is not None else None
     if reads:
         lines.append(f"reads      {reads}")
@@ -106,10 +111,14 @@ def render_text(rep: dict[str, Any]) -> str:
         lines.append(f"note       {rep['summary']['note']}")
     if rep["error"]:
         lines.append(f"error      {rep['error']}")
+    c = rep.get("chain") or {}
+    lines.append(f"chain      {'intact' if c.get('ok') else 'BROKEN: ' + str(c.get('problem'))}; checkpoint "
+                 f"#{c.get('checkpoint')} ({c.get('sealed')}) head {c.get('head')}")
+    lines.append(f"signature  {c.get('signature')}; signed by {c.get('signed_by')}")
     return "\n".join(lines)
 
 
 def cmd_audit_verify(args: argparse.Namespace) -> int:
-    result = commands.audit_verify(commands.db_path(args))
+    result = commands.audit_verify(commands.db_path(args), args.run, args.key, args.anchor)
     output.result(result.describe())
     return EXIT_OK if result.ok else EXIT_FAILED

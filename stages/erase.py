@@ -5,6 +5,7 @@ trail shows the unit as begun but not verified, and `resume` redoes it.
 """
 from __future__ import annotations
 
+import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 from amdflash.stages.device import Device
@@ -12,12 +13,14 @@ from amdflash.stages.flash.planning import Erase, UnitPlan
 from amdflash.stages.plan import WorkItem
 
 
-def record_intent(dev: Device, units: list[UnitPlan], erase: Erase | None, detail: str = "") -> None:
+def record_intent(dev: Device, units: list[UnitPlan], erase: Erase | None, detail: str = "",
+                  durable: bool = True) -> None:
     what = f"erase {erase.size // 1024}K@{erase.address:#08x}" if erase else "program without erase"
     for u in units:
         dev.recorder.add("units", address=u.address, size=u.size, state="intent", action=u.label,
                          wanted_sha256=None, detail=(detail + " " + what).strip(), clock=dev.clock.now())
-    dev.recorder.durable()
+    if durable:
+        dev.recorder.durable()
 
 
 def erase_now(dev: Device, erase: Erase) -> None:
@@ -35,7 +38,9 @@ async def erase_stage(dev: Device, work: ObjectReceiveStream[WorkItem], out: Obj
             if stopped or dev.stop:
                 stopped = True   # a safe point: nothing of this item was touched; drain the rest
                 continue
-            await dev.call(record_intent, dev, item.units, item.erase)
+            # The barrier waits outside the board's slot: other stages use the board meanwhile.
+            record_intent(dev, item.units, item.erase, durable=False)
+            await anyio.to_thread.run_sync(dev.recorder.durable)
             if item.erase is not None:
                 await dev.call(erase_now, dev, item.erase)
                 for u in item.units:

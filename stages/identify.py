@@ -22,14 +22,8 @@ from amdflash.stages.navi31.romsw import RomSw, RomSwOptions
 
 def open_engine(dev: Device, options: RomSwOptions) -> RomSw:
     """Configure the engine (pads, page mirror, prescaler) and check its fast paths,
-    recording each transaction and each verdict."""
+    recording each verdict (its transactions are recorded from its register writes)."""
     engine = RomSw(dev.bar, options)
-    recorder, clock = dev.recorder, dev.clock
-
-    def observe(opcode: int, address: int, address_bytes: int, tx_len: int, rx_len: int) -> None:
-        recorder.spi_transaction(opcode, address, address_bytes, tx_len, rx_len, clock.now())
-
-    engine.observer = observe
     dev.romsw = engine
     engine.open()
     for finding in engine.findings:
@@ -94,7 +88,8 @@ def identity_lines(ident: FlashIdentity) -> list[str]:
 def record_identity(dev: Device, ident: FlashIdentity | None) -> None:
     idt = dev.identity
     dev.recorder.add(
-        "boards", spec=idt.spec, kind=idt.kind, bridge_serial=idt.serial, pci_address=idt.pci_address,
+        "boards", spec=idt.spec, kind=idt.kind, emulated=int(bool(idt.extra.get("emulated"))),
+        bridge_serial=idt.serial, pci_address=idt.pci_address,
         vendor_id=idt.vendor_id, device_id=idt.device_id,
         jedec=ident.jedec_capture.hex() if ident else None,
         chip=ident.chip.name if ident else None,
@@ -102,7 +97,7 @@ def record_identity(dev: Device, ident: FlashIdentity | None) -> None:
         sr1=ident.sr1 if ident else None, sr2=_named(ident, "SR2"), sr3=_named(ident, "SR3"),
         protection=ident.protection.describe() if ident else None,
         sfdp=(ident.sfdp.describe() if ident.sfdp else ident.sfdp_error) if ident else None,
-        detail=repr(idt.extra), at=_now())
+        detail=json.dumps(idt.extra, sort_keys=True, default=str), at=_now())
 
 
 def _named(ident: FlashIdentity | None, name: str) -> int | None:

@@ -5,6 +5,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.base import Bar5, BoardIdentity
 from amdflash.stages.transport.lock import BoardLock, sim_key
 
@@ -76,8 +77,26 @@ def open_transport(spec: BoardSpec, announce=print) -> tuple[Bar5, BoardLock]:  
     return discovery.open_spec(spec, announce)
 
 
+# The standard SPI NOR opcodes that change the flash or its status registers, with the
+# span they change: a size, 0 for a page program (its TX length), None for status and
+# security-register writes, which no unit intent covers.
+DESTRUCTIVE: dict[int, int | None] = {
+    0x02: 0, 0x20: 0x1000, 0x52: 0x8000, 0xD8: 0x10000, 0x60: 0x200000, 0xC7: 0x200000,
+    0x01: None, 0x31: None, 0x11: None, 0x42: None, 0x44: None,
+}
+
+
+_COMMAND, _CNTL = R.ROM_SW_COMMAND, R.ROM_SW_CNTL
+
+
 class AuditedBar:
     """A Bar5 that records every register write before issuing it.
+
+    Nothing destructive reaches the flash before it is durable in the audit trail: a ROM_SW
+    transaction that erases, programs or writes a status register starts (its ROM_SW_CNTL
+    write) only once a durable unit intent covers its whole span — the stages make each
+    unit's intent durable before its first erase or program — or, if none does, once the
+    transaction's own row and every row before it are committed and fsynced here.
 
     If the audit trail has failed, no further write reaches the hardware; the job then
     fails and restores registers through the raw transport.
@@ -89,6 +108,9 @@ class AuditedBar:
         self.clock = bar.clock
         self.identity: BoardIdentity = bar.identity
         self.restoring = False   # set by the restore stage: its writes go out regardless
+        # ROM_SW_COMMAND as last written: the opcode a CNTL write starts (None: not written yet
+        # by this run, read from the board when first needed).
+        self._command: int | None = None
 
     def _check(self) -> None:
         if self.recorder.failed and not self.restoring:
@@ -102,13 +124,53 @@ class AuditedBar:
         return self.raw.read_block(offset, size)
 
     def write32(self, offset: int, value: int) -> None:
-        self._check()
-        self.recorder.register_write(offset, value & 0xFFFFFFFF, None, self.clock.now())
+        recorder = self.recorder
+        if recorder.failed and not self.restoring:
+            self._check()
+        value &= 0xFFFFFFFF
+        recorder.register_write(offset, value, None, self.clock.now())
+        if offset == _COMMAND:
+            self._command = value
+        elif offset == _CNTL:
+            self._before_start(value)
         self.raw.write32(offset, value)
+
+    def _before_start(self, cntl: int | None) -> None:
+        """Gate the transaction a CNTL write starts (`cntl` None: the write did not carry the
+        whole control word, so the span is not known: only its own durable row will do)."""
+        if self._command is None:
+            self._command = int.from_bytes(self.raw.read_block(_COMMAND, 4), "little")
+        opcode = self._command & 0xFF
+        if opcode not in DESTRUCTIVE:
+            return
+        span = DESTRUCTIVE[opcode]
+        covered = False
+        if cntl is not None and span is not None:
+            address_bytes = (cntl >> 16) & 3
+            address = (self._command >> (8 + 8 * (3 - address_bytes))) & (0xFFFFFF >> (8 * (3 - address_bytes)))
+            if span == 0:
+                span = cntl & 0xFFFF
+            covered = self.recorder.covers(address - address % span if span > 0x1000 else address, span)
+        if not covered:
+            self.recorder.durable()
+            self._check()
 
     def write_block(self, offset: int, data: bytes) -> None:
         self._check()
         self.recorder.register_write(offset, None, bytes(data), self.clock.now())
+        end = offset + len(data)
+        if offset < _CNTL + 4 and _CNTL < end:
+            # A block that reaches ROM_SW_CNTL starts a transaction when that dword lands: the
+            # lowest of the engine's registers, so before anything else the block writes there.
+            whole = offset <= _CNTL and _CNTL + 4 <= end
+            self._before_start(int.from_bytes(data[_CNTL - offset:_CNTL - offset + 4], "little") if whole else None)
+        if offset < _COMMAND + 4 and _COMMAND < end:
+            # A streamed write that carries ROM_SW_COMMAND (with STATUS and the TX data): the
+            # opcode the next CNTL write starts is in it, and the durability gate needs it.
+            word = bytearray((self._command or 0).to_bytes(4, "little"))
+            for i in range(max(offset, _COMMAND), min(end, _COMMAND + 4)):
+                word[i - _COMMAND] = data[i - offset]
+            self._command = int.from_bytes(word, "little")
         self.raw.write_block(offset, data)
 
     def close(self) -> None:

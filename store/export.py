@@ -1,45 +1,55 @@
-"""Compliance export of the audit trail, and verification of an exported file.
+"""Exports of the audit trail (one run, the whole database, or an archive), and their
+verification without the database.
 
-An export is a stream of records, one per audit row in seq order, each carrying its table,
-seq, every column and both chain hashes (`prev_hash`, `hash`), so that any row can be
-checked on its own with `chain.link` long after the database is gone. The last record is
-the chain head at export time (table `chain_head`, with `run_id` naming the exported run or
-null for the whole trail, and `rows` counting the audit rows written): a file that lost its
-end, or rows from its middle, no longer matches it.
+An export is a stream of records, one JSON object per line (JSONL); the CSV form has the
+same records, one per row, in the columns `record, table, seq, json` (the JSON cell holding
+the record exactly as the JSONL line would). Records, in order:
 
-Values are reconstructed exactly as SQLite returned them (int, float, str, None, bytes),
-because the hash covers their Python repr:
+    header      format, version, scope (run | database | archive), the runs it holds, and
+                the checkpoint chain's starting point (checkpoint id and hash)
+    host        a signing host: id, Ed25519 public key (hex), hostname, machine-id
+    blob        content-addressed bytes: sha256 and data (hex), before the first row using them
+    row         a physical audit row: table, seq, values by column (a blob is {"hex": ...},
+                a blob reference {"sha256": ...})
+    checkpoint  a seal: every field, the hash of the checkpoint before it (prev), its hash and
+                its signature (hex)
+    end         how many rows, blobs and checkpoints the file holds (and how many rows were
+                left out because no checkpoint sealed them yet)
 
-* JSONL: one JSON object per line; a blob is `{"hex": "..."}` (no other value is an object).
-* CSV: columns `table, seq, prev_hash, hash, types, rows` then every audit column by name;
-  `types` gives, in the table's schema column order, one letter per value (i int, f float,
-  s str, b bytes, n null), because a CSV cell alone cannot tell None from "" or 5 from "5".
-  A blob cell reads `hex:...`; a float is written as its repr, which reads back exactly.
+Everything needed to recompute each run's chain (store.chain) and check each signature is
+in the file, so an export verifies on its own, and one run's export is a complete record of
+that run: its rows and every checkpoint that sealed them.
 """
 from __future__ import annotations
 
 import csv
+import hashlib
 import heapq
 import json
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, TextIO
+from typing import Any, TextIO
 
-from amdflash.store.chain import link
-from amdflash.store.schema import AUDIT_TABLES, GENESIS
+from amdflash.store import keys
+from amdflash.store.chain import (
+    GENESIS,
+    Broken,
+    Checkpoint,
+    KeyCheck,
+    RunChain,
+    SegmentHasher,
+    canonical,
+    check_checkpoint_chain,
+    load_checkpoints,
+)
+from amdflash.store.schema import PHYSICAL, PLAIN, RUN_END_SQL, SCHEMA_VERSION
+from amdflash.store.verify import RUN_KINDS, _base, snapshot
 
 FORMATS = ("jsonl", "csv")
-HEAD = "chain_head"
-JSON_BLOB_KEY = "hex"
-CSV_BLOB_PREFIX = "hex:"
-CSV_FIXED = ("table", "seq", "prev_hash", "hash", "types", "rows")
-TERMINAL = ("succeeded", "failed", "interrupted", "refused")
-
-_COLUMNS: dict[str, tuple[str, ...]] = {t: tuple(cols) for t, cols in AUDIT_TABLES.items()}
-# Every audit column once, in first-seen schema order: the CSV's value columns.
-CSV_VALUE_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys(c for cols in _COLUMNS.values() for c in cols))
-_TYPE_LETTERS = {int: "i", float: "f", str: "s", bytes: "b", type(None): "n"}
+FORMAT_NAME = "amdflash-audit-export"
+CSV_COLUMNS = ("record", "table", "seq", "json")
 
 
 class ExportFormatError(ValueError):
@@ -52,406 +62,314 @@ class ExportFormatError(ValueError):
 
 
 @dataclass
-class Record:
-    """One audit row (or the chain head record) as exported."""
-
-    table: str
-    seq: int
-    hash: str
-    prev_hash: str | None = None
-    values: dict[str, Any] = field(default_factory=dict)
-    run_id: str | None = None     # chain head record: the exported run, None for the whole trail
-    rows: int | None = None       # chain head record: audit rows in the export
-    line: int = 0
-
-    @property
-    def where(self) -> str:
-        return f"line {self.line} ({self.table} seq {self.seq})"
-
-
-# -- reading the database --------------------------------------------------------------------
-
-@dataclass
 class ExportSummary:
-    rows: int
-    first_seq: int | None
-    last_seq: int | None
-    head_seq: int
-    head_hash: str
-    run_id: str | None
+    rows: int = 0
+    blobs: int = 0
+    checkpoints: int = 0
+    runs: list[str] = field(default_factory=list)
+    head: Checkpoint | None = None
+    unsealed: int = 0        # rows recorded after their run's last checkpoint: not exported
 
 
-def _hash_at(conn: sqlite3.Connection, seq: int) -> str:
-    if seq < 1:
-        return GENESIS
-    for table in _COLUMNS:
-        row = conn.execute(f"SELECT hash FROM {table} WHERE seq = ?", (seq,)).fetchone()
-        if row:
-            return row[0]
-    raise RuntimeError(f"no audit row has seq {seq}: the chain is broken there ('amdflash audit verify')")
-
-
-def run_seq_range(conn: sqlite3.Connection, run_id: str, head_seq: int) -> tuple[int, int]:
-    """The seq span holding a run's rows: from its runs row to its final status row.
-
-    Rows of concurrent runs interleave inside the span, so callers still filter by run_id;
-    the span only spares a scan of the whole bulk tables, which carry no run_id index.
-    """
-    row = conn.execute("SELECT seq FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-    if row is None:
-        raise LookupError(f"no run {run_id!r} in the audit database")
-    last = conn.execute("SELECT seq, status FROM run_status WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
-                        (run_id,)).fetchone()
-    # A run that never recorded its outcome (the host died) may have rows up to the head.
-    end = last[0] if last and last[1] in TERMINAL else head_seq
-    return row[0], end
-
-
-def _rows_between(conn: sqlite3.Connection, lo: int, hi: int) -> Iterator[tuple[int, str, sqlite3.Row]]:
-    def table_rows(table: str) -> Iterator[tuple[int, str, sqlite3.Row]]:
-        cur = conn.execute(f"SELECT * FROM {table} WHERE seq BETWEEN ? AND ? ORDER BY seq", (lo, hi))
-        for r in cur:
-            yield r["seq"], table, r
-
-    return heapq.merge(*(table_rows(t) for t in _COLUMNS), key=lambda x: x[0])
-
-
-def iter_records(conn: sqlite3.Connection, run_id: str | None = None) -> Iterator[Record]:
-    """Audit rows in seq order with their prev_hash, then the chain head record.
-
-    Runs inside one read transaction, so the head matches the rows even while a writer
-    appends (WAL readers see a snapshot).
-    """
-    conn.row_factory = sqlite3.Row
-    conn.execute("BEGIN")
-    try:
-        head_seq, head_hash = conn.execute("SELECT seq, hash FROM chain_head WHERE id = 1").fetchone()
-        lo, hi = run_seq_range(conn, run_id, head_seq) if run_id else (1, head_seq)
-        prev = _hash_at(conn, lo - 1)
-        count = 0
-        for seq, table, row in _rows_between(conn, lo, hi):
-            if run_id is None or row["run_id"] == run_id:
-                count += 1
-                yield Record(table, seq, row["hash"], prev, {c: row[c] for c in _COLUMNS[table]})
-            prev = row["hash"]
-        yield Record(HEAD, head_seq, head_hash, run_id=run_id, rows=count)
-    finally:
-        conn.execute("COMMIT")
-        conn.row_factory = None
-
-
-# -- writing ---------------------------------------------------------------------------------
+# -- writing ---------------------------------------------------------------------------------------
 
 def _json_value(value: Any) -> Any:
-    return {JSON_BLOB_KEY: bytes(value).hex()} if isinstance(value, (bytes, bytearray, memoryview)) else value
+    return {"hex": bytes(value).hex()} if isinstance(value, (bytes, bytearray, memoryview)) else value
 
 
-def _csv_cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return CSV_BLOB_PREFIX + bytes(value).hex()
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
+def checkpoint_record(cp: Checkpoint, prev: bytes) -> dict[str, Any]:
+    return {"record": "checkpoint", "id": cp.id, "kind": cp.kind, "run_id": cp.run_id, "rows": cp.rows,
+            "last_seq": cp.last_seq, "head": cp.head.hex() if cp.head else None, "public_key": cp.public_key.hex(),
+            "at": cp.at, "detail": cp.detail, "prev": prev.hex(), "hash": cp.hash.hex(), "sig": cp.sig.hex()}
 
 
-def _type_letters(values: dict[str, Any]) -> str:
-    try:
-        return "".join(_TYPE_LETTERS[type(v)] for v in values.values())
-    except KeyError as e:
-        raise TypeError(f"cannot export a value of type {e.args[0].__name__}") from None
-
-
-class _JsonlWriter:
-    def __init__(self, out: TextIO):
+class _Out:
+    def __init__(self, out: TextIO, fmt: str):
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown export format {fmt!r} (one of {', '.join(FORMATS)})")
         self.out = out
+        self.csv = csv.writer(out, lineterminator="\n") if fmt == "csv" else None
+        if self.csv:
+            self.csv.writerow(CSV_COLUMNS)
 
-    def write(self, r: Record) -> None:
-        if r.table == HEAD:
-            obj: dict[str, Any] = {"table": HEAD, "seq": r.seq, "hash": r.hash, "run_id": r.run_id, "rows": r.rows}
+    def write(self, record: dict[str, Any]) -> None:
+        text = json.dumps(record, separators=(",", ":"))
+        if self.csv:
+            self.csv.writerow([record["record"], record.get("table", ""), record.get("seq", ""), text])
         else:
-            obj = {"table": r.table, "seq": r.seq, "prev_hash": r.prev_hash, "hash": r.hash,
-                   **{k: _json_value(v) for k, v in r.values.items()}}
-        self.out.write(json.dumps(obj, separators=(",", ":")) + "\n")
+            self.out.write(text + "\n")
 
 
-class _CsvWriter:
-    def __init__(self, out: TextIO):
-        self.writer = csv.writer(out, lineterminator="\n")
-        self.writer.writerow(CSV_FIXED + CSV_VALUE_COLUMNS)
+def export(conn: sqlite3.Connection, out: TextIO, fmt: str, run_ids: list[str] | None = None,
+           scope: str | None = None, through: int | None = None) -> ExportSummary:
+    """Write the trail, or the runs `run_ids`, to `out` (a text stream opened with newline='').
 
-    def write(self, r: Record) -> None:
-        if r.table == HEAD:
-            cells = {"run_id": r.run_id or ""}
-            fixed = [HEAD, str(r.seq), "", r.hash, "", str(r.rows)]
+    scope "archive": the runs and the checkpoints from the database's start up to `through`
+    (store.archive makes sure those are exactly the archived runs' checkpoints)."""
+    writer = _Out(out, fmt)
+    summary = ExportSummary()
+    with snapshot(conn):
+        all_cps = load_checkpoints(conn)
+        base_id, base_hash, _ = _base(all_cps)
+        prev_of = {}
+        prev = base_hash
+        for cp in all_cps:
+            prev_of[cp.id] = prev
+            prev = cp.hash
+        if scope == "archive":
+            cps = [c for c in all_cps if c.id <= (through or 0)]
+        elif run_ids is None:
+            cps = all_cps
         else:
-            cells = {k: _csv_cell(v) for k, v in r.values.items()}
-            fixed = [r.table, str(r.seq), r.prev_hash or "", r.hash, _type_letters(r.values), ""]
-        self.writer.writerow(fixed + [cells.get(c, "") for c in CSV_VALUE_COLUMNS])
+            wanted = set(run_ids)
+            cps = [c for c in all_cps if c.run_id in wanted and c.kind in RUN_KINDS]
+        scope = scope or ("database" if run_ids is None else "run")
+        keys_of_runs = {r[1]: r[0] for r in conn.execute("SELECT seq, run_id FROM runs")}
+        runs = list(keys_of_runs) if run_ids is None else run_ids
+        summary.runs = runs
+        writer.write({"record": "header", "format": FORMAT_NAME, "version": SCHEMA_VERSION, "scope": scope,
+                      "runs": runs, "base": {"checkpoint": base_id, "hash": base_hash.hex()}})
+        for ident, public, hostname, machine, first_seen in conn.execute(
+                "SELECT id, public_key, hostname, machine_id, first_seen FROM hosts ORDER BY id"):
+            writer.write({"record": "host", "id": ident, "public_key": public.hex(), "hostname": hostname,
+                          "machine_id": machine, "first_seen": first_seen})
+        # Only sealed rows: what a run recorded after its last checkpoint cannot be verified yet.
+        sealed = {c.run: c.last_seq for c in all_cps if c.kind in RUN_KINDS}
+        sealed.update({c.run_id: c.last_seq for c in all_cps if c.kind in RUN_KINDS})
+        seen_blobs: set[int] = set()
+        for table, seq, row in _rows(conn, None if run_ids is None else [keys_of_runs[r] for r in runs], runs):
+            if seq > sealed.get(row[0], -1):
+                summary.unsealed += 1
+                continue
+            values = {}
+            for (column, kind), value in zip(PHYSICAL[table], row, strict=True):
+                if kind == "ref" and value is not None:
+                    sha, data = conn.execute("SELECT sha256, data FROM blobs WHERE id = ?", (value,)).fetchone()
+                    if value not in seen_blobs:
+                        seen_blobs.add(value)
+                        writer.write({"record": "blob", "sha256": sha.hex(), "data": bytes(data).hex()})
+                        summary.blobs += 1
+                    value = {"sha256": sha.hex()}
+                values[column] = _json_value(value)
+            writer.write({"record": "row", "table": table, "seq": seq, "values": values})
+            summary.rows += 1
+        for cp in cps:
+            writer.write(checkpoint_record(cp, prev_of[cp.id]))
+        summary.checkpoints = len(cps)
+        summary.head = cps[-1] if cps else None
+        writer.write({"record": "end", "rows": summary.rows, "blobs": summary.blobs, "checkpoints": len(cps),
+                      "unsealed_rows_left_out": summary.unsealed})
+    return summary
 
 
-def export(conn: sqlite3.Connection, out: TextIO, fmt: str, run_id: str | None = None) -> ExportSummary:
-    """Write the trail (or one run's rows) to `out`; the text stream must use newline=''."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown export format {fmt!r} (one of {', '.join(FORMATS)})")
-    writer = _JsonlWriter(out) if fmt == "jsonl" else _CsvWriter(out)
-    first = last = None
-    for r in iter_records(conn, run_id):
-        writer.write(r)
-        if r.table == HEAD:
-            return ExportSummary(r.rows or 0, first, last, r.seq, r.hash, run_id)
-        first = r.seq if first is None else first
-        last = r.seq
-    raise AssertionError("iter_records ends with the chain head record")
+def _rows(conn: sqlite3.Connection, keys_: list[int] | None, run_ids: list[str]) -> Iterator[tuple[str, int, tuple]]:
+    """Physical rows in seq order: all of them, or those of the runs `keys_` (each found by
+    its seq span, which costs that run)."""
+    def table_rows(table: str) -> Iterator[tuple[int, str, tuple]]:
+        columns = ", ".join(c for c, _ in PHYSICAL[table])
+        if keys_ is None:
+            for row in conn.execute(f"SELECT seq, {columns} FROM {table} ORDER BY seq"):
+                yield row[0], table, row[1:]
+            return
+        queries = []
+        for key, run_id in zip(keys_, run_ids, strict=True):
+            if table in PLAIN:
+                queries.append(conn.execute(f"SELECT seq, {columns} FROM {table} WHERE run_id = ? ORDER BY seq",
+                                            (run_id,)))
+            else:
+                last = conn.execute(f"SELECT {RUN_END_SQL} FROM runs r WHERE r.seq = ?", (key,)).fetchone()[0]
+                queries.append(conn.execute(f"SELECT seq, {columns} FROM {table} WHERE seq BETWEEN ? AND ? "
+                                            "AND +run = ? ORDER BY seq", (key, last, key)))
+        for row in heapq.merge(*queries, key=lambda r: r[0]):
+            yield row[0], table, row[1:]
+
+    for seq, table, row in heapq.merge(*(table_rows(t) for t in PHYSICAL), key=lambda x: x[0]):
+        yield table, seq, row
 
 
-# -- reading an export -----------------------------------------------------------------------
+# -- reading ---------------------------------------------------------------------------------------
 
 def _sniff(path: Path) -> str:
     with open(path, encoding="utf-8", newline="") as f:
         start = f.read(64).lstrip("\ufeff \t\r\n")
     if start.startswith("{"):
         return "jsonl"
-    if start.startswith(",".join(CSV_FIXED[:2])):
+    if start.startswith(",".join(CSV_COLUMNS)):
         return "csv"
     raise ExportFormatError(1, "neither an amdflash JSONL export (a JSON object per line) nor a CSV export "
-                               f"(header starting '{','.join(CSV_FIXED)}')")
+                               f"(header '{','.join(CSV_COLUMNS)}')")
 
 
-def _json_decode(line: int, column: str, value: Any) -> Any:
-    if value is None or type(value) in (int, float, str):
-        return value
-    if isinstance(value, dict) and set(value) == {JSON_BLOB_KEY} and isinstance(value[JSON_BLOB_KEY], str):
-        try:
-            return bytes.fromhex(value[JSON_BLOB_KEY])
-        except ValueError:
-            raise ExportFormatError(line, f"column {column}: blob is not hex") from None
-    raise ExportFormatError(line, f"column {column}: {type(value).__name__} is not an audit value")
-
-
-def _str_field(line: int, obj: dict[str, Any], key: str, optional: bool = False) -> str | None:
-    value = obj.get(key)
-    if value is None and optional:
-        return None
-    if not isinstance(value, str):
-        raise ExportFormatError(line, f"{key!r} is missing or not a string")
-    return value
-
-
-def _int_field(line: int, value: Any, key: str) -> int:
-    if type(value) is int:
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value, 10)
-        except ValueError:
-            pass
-    raise ExportFormatError(line, f"{key!r} is missing or not an integer")
-
-
-def _read_jsonl(f: Iterable[str]) -> Iterator[Record]:
-    for n, text in enumerate(f, 1):
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ExportFormatError(n, f"not valid JSON ({e.msg})") from None
-        if not isinstance(obj, dict):
-            raise ExportFormatError(n, "not a JSON object")
-        table = _str_field(n, obj, "table")
-        seq = _int_field(n, obj.get("seq"), "seq")
-        digest = _str_field(n, obj, "hash")
-        if table == HEAD:
-            rows = obj.get("rows")
-            yield Record(HEAD, seq, digest, run_id=_str_field(n, obj, "run_id", optional=True),
-                         rows=_int_field(n, rows, "rows"), line=n)
-            continue
-        values = {k: _json_decode(n, k, v) for k, v in obj.items() if k not in ("table", "seq", "prev_hash", "hash")}
-        yield Record(table, seq, digest, _str_field(n, obj, "prev_hash"), values, line=n)
-
-
-def _csv_decode(line: int, column: str, letter: str, cell: str) -> Any:
-    try:
-        if letter == "n":
-            if cell:
-                raise ValueError("null with a value")
-            return None
-        if letter == "i":
-            return int(cell)
-        if letter == "f":
-            return float(cell)
-        if letter == "s":
-            return cell
-        if letter == "b" and cell.startswith(CSV_BLOB_PREFIX):
-            return bytes.fromhex(cell[len(CSV_BLOB_PREFIX):])
-    except ValueError:
-        pass
-    raise ExportFormatError(line, f"column {column}: {cell[:40]!r} is not a value of type {letter!r}")
-
-
-def _read_csv(f: Iterable[str]) -> Iterator[Record]:
-    reader = csv.reader(f)
-    header = next(reader, None)
-    if header is None or tuple(header[:len(CSV_FIXED)]) != CSV_FIXED:
-        raise ExportFormatError(1, f"CSV header must start with {','.join(CSV_FIXED)}")
-    names = header[len(CSV_FIXED):]
-    for cells in reader:
-        n = reader.line_num
-        if len(cells) != len(header):
-            raise ExportFormatError(n, f"{len(cells)} cells, the header has {len(header)}")
-        table, seq_text, prev, digest, types, rows = cells[:len(CSV_FIXED)]
-        by_name = dict(zip(names, cells[len(CSV_FIXED):]))
-        seq = _int_field(n, seq_text, "seq")
-        if table == HEAD:
-            yield Record(HEAD, seq, digest, run_id=by_name.get("run_id") or None, rows=_int_field(n, rows, "rows"),
-                         line=n)
-            continue
-        columns = _COLUMNS.get(table)
-        if columns is None:
-            raise ExportFormatError(n, f"unknown table {table!r}")
-        if len(types) != len(columns):
-            raise ExportFormatError(n, f"types {types!r} has {len(types)} letters; {table} has {len(columns)} columns")
-        stray = [c for c, v in by_name.items() if v and c not in columns]
-        if stray:
-            raise ExportFormatError(n, f"values in columns that {table} does not have: {', '.join(stray)}")
-        missing = [c for c in columns if c not in by_name]
-        if missing:
-            raise ExportFormatError(n, f"the header lacks columns of {table}: {', '.join(missing)}")
-        values = {c: _csv_decode(n, c, t, by_name[c]) for c, t in zip(columns, types)}
-        yield Record(table, seq, digest, prev, values, line=n)
-
-
-def read_export(path: Path) -> Iterator[Record]:
-    """The records of an exported file (JSONL or CSV, told apart by content)."""
+def read_export(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line, record) of an exported file (JSONL or CSV, told apart by content)."""
     fmt = _sniff(path)
     with open(path, encoding="utf-8", newline="") as f:
-        yield from (_read_jsonl(f) if fmt == "jsonl" else _read_csv(f))
+        if fmt == "jsonl":
+            lines: Iterator[tuple[int, str]] = ((n, text) for n, text in enumerate(f, 1) if text.strip())
+        else:
+            reader = csv.reader(f)
+            next(reader, None)
+            lines = ((reader.line_num, cells[-1] if cells else "") for cells in reader)
+        for n, text in lines:
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ExportFormatError(n, f"not valid JSON ({e.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("record"), str):
+                raise ExportFormatError(n, "not an export record")
+            yield n, record
 
 
-# -- verification ----------------------------------------------------------------------------
+# -- verification ----------------------------------------------------------------------------------
 
 @dataclass
 class ExportReport:
     ok: bool
-    rows: int
-    partial: bool = False
-    run_id: str | None = None
-    first_seq: int | None = None
-    last_seq: int | None = None
-    head_seq: int | None = None
-    head_hash: str | None = None
+    scope: str = "?"
+    rows: int = 0
+    runs: list[str] = field(default_factory=list)
+    checkpoints: int = 0
+    head: dict[str, Any] | None = None
+    signers: dict[str, int] = field(default_factory=dict)
+    trusted: bool = False
     first_bad: str | None = None
 
     def describe(self) -> str:
         if not self.ok:
             return f"export BROKEN at {self.first_bad} (checked {self.rows} rows before it)"
-        head = f"chain head at export: seq {self.head_seq} hash {self.head_hash}"
-        if not self.partial:
-            span = f", seq 1..{self.last_seq}" if self.rows else ""
-            return f"export intact: complete chain of {self.rows} rows{span}, ending at the chain head\n{head}"
-        span = f"seq {self.first_seq}..{self.last_seq}" if self.rows else "no rows"
-        return (f"export intact as a PARTIAL chain: {self.rows} rows of run {self.run_id} ({span}).\n"
-                "Each row's hash was recomputed from its content and its recorded prev_hash, and rows adjacent "
-                "in seq were linked to each other; the rows of other runs between them are not in this file, "
-                "so the chain across those gaps can only be checked against the full trail "
-                "('amdflash audit verify', or a full export).\n" + head)
+        runs = ", ".join(self.runs) if len(self.runs) <= 4 else f"{len(self.runs)} runs"
+        lines = [f"export intact: {self.scope} export of {runs}: {self.rows} rows, {self.checkpoints} signed "
+                 "checkpoints, every run's chain complete"]
+        if self.head:
+            lines.append(f"chain head at export: checkpoint #{self.head['id']} hash {self.head['hash']}")
+        how = "verified against the given --key" if self.trusted else \
+            "valid under the keys the export carries; pass --key PUBFILE to prove who signed"
+        lines.append(f"signatures: {how}: " + ", ".join(f"{k} ({n})" for k, n in self.signers.items()))
+        return "\n".join(lines)
 
 
-class _Broken(Exception):
-    def __init__(self, where: str, reason: str):
-        super().__init__(f"{where}: {reason}")
+def _value(line: int, column: str, kind: str, value: Any) -> Any:
+    if value is None or (kind in ("int",) and type(value) is int) or (kind == "text" and type(value) is str):
+        return value
+    if kind == "blob" and isinstance(value, dict) and set(value) == {"hex"}:
+        return bytes.fromhex(value["hex"])
+    if kind == "ref" and isinstance(value, dict) and set(value) == {"sha256"}:
+        return bytes.fromhex(value["sha256"])
+    raise ExportFormatError(line, f"column {column}: {str(value)[:40]!r} is not a {kind} value")
 
 
-def _values(r: Record) -> tuple[Any, ...]:
-    columns = _COLUMNS.get(r.table)
-    if columns is None:
-        raise _Broken(r.where, f"unknown table {r.table!r}")
-    if set(r.values) != set(columns):
-        extra, missing = set(r.values) - set(columns), set(columns) - set(r.values)
-        raise _Broken(r.where, "columns do not match the schema"
-                      + (f"; unknown: {', '.join(sorted(extra))}" if extra else "")
-                      + (f"; missing: {', '.join(sorted(missing))}" if missing else ""))
-    return tuple(r.values[c] for c in columns)
-
-
-def _last_record(path: Path) -> Record:
-    """The file's final record, read from its tail: the export's scope is needed up front."""
-    truncated = _Broken("end of file", "the last record is not the chain_head record: "
-                                       "the export is truncated or incomplete")
-    with open(path, "rb") as f:
-        header = f.readline()
-        f.seek(0, 2)
-        f.seek(max(0, f.tell() - 65536))
-        lines = [line for line in f.read().splitlines() if line.strip()]
-    if not lines:
-        raise truncated
-    text = lines[-1].decode("utf-8", "replace")
-    source = [text] if header.lstrip().startswith(b"{") else [header.decode("utf-8", "replace"), text]
+def _checkpoint(line: int, r: dict[str, Any]) -> tuple[Checkpoint, bytes]:
     try:
-        record = next((_read_jsonl if len(source) == 1 else _read_csv)(iter(source)), None)
-    except ExportFormatError:
-        raise truncated from None
-    if record is None or record.table != HEAD:
-        raise truncated
-    return record
+        cp = Checkpoint(r["id"], r["kind"], r["run_id"], r["rows"], r["last_seq"],
+                        bytes.fromhex(r["head"]) if r["head"] else None, bytes.fromhex(r["public_key"]), r["at"],
+                        r["detail"], bytes.fromhex(r["hash"]), bytes.fromhex(r["sig"]))
+        return cp, bytes.fromhex(r["prev"])
+    except (KeyError, TypeError, ValueError):
+        raise ExportFormatError(line, "a checkpoint record without all its fields") from None
 
 
-def verify_export(path: Path) -> ExportReport:
-    """Recompute every exported row's hash; name the first record that does not match.
-
-    A whole-trail export must be the complete chain from genesis to the head it records;
-    a single-run export is a partial chain: each row is checked against its own prev_hash,
-    rows adjacent in seq against each other, and every row must belong to the run.
-    """
-    checked = 0
-    prev: Record | None = None
-    first: Record | None = None
-    head: Record | None = None
+def verify_export(path: Path, keyfiles: list[Path] | None = None) -> ExportReport:
+    """Recompute every run's chain from the exported rows, check every checkpoint's hash and
+    signature; name the first record that does not match."""
+    report = ExportReport(False)
+    check = KeyCheck([keys.read_public(p) for p in keyfiles] if keyfiles else None)
+    report.trusted = check.trusted is not None
+    rows: list[tuple[str, int, Any, bytes]] = []
+    checkpoints: list[tuple[int, Checkpoint, bytes]] = []
+    blobs: set[bytes] = set()
+    header: dict[str, Any] | None = None
+    end: dict[str, Any] | None = None
     try:
-        _sniff(path)
-        scope = _last_record(path).run_id
-        for r in read_export(path):
-            if head is not None:
-                raise _Broken(r.where, "a record after the chain_head record")
-            if r.table == HEAD:
-                head = r
-                continue
-            values = _values(r)
-            if r.prev_hash is None or link(r.prev_hash, r.table, r.seq, values) != r.hash:
-                raise _Broken(r.where, "stored hash does not match its content and prev_hash")
-            if scope is not None and r.values["run_id"] != scope:
-                raise _Broken(r.where, f"a row of run {r.values['run_id']!r} in the export of run {scope}")
-            if prev is None:
-                first = r
-                if r.seq == 1 and r.prev_hash != GENESIS:
-                    raise _Broken(r.where, "the first row of the chain does not start from the genesis hash")
-                if scope is None and r.seq != 1:
-                    raise _Broken(r.where, f"rows seq 1..{r.seq - 1} are missing")
-            elif r.seq <= prev.seq:
-                raise _Broken(r.where, f"out of order: follows seq {prev.seq}")
-            elif r.seq == prev.seq + 1 and r.prev_hash != prev.hash:
-                raise _Broken(r.where, f"prev_hash is not the hash of the row before it (seq {prev.seq})")
-            elif r.seq > prev.seq + 1 and scope is None:
-                raise _Broken(r.where, f"rows seq {prev.seq + 1}..{r.seq - 1} are missing")
-            prev = r
-            checked += 1
-        assert head is not None  # _last_record found it
-        if head.rows != checked:
-            raise _Broken(head.where, f"the export records {head.rows} rows but holds {checked}")
-        last = (prev.seq, prev.hash) if prev else (0, GENESIS)
-        if scope is None and last != (head.seq, head.hash):
-            raise _Broken(head.where, f"the last row (seq {last[0]}) is not the recorded chain head: "
-                                      "rows are missing from the end")
+        for line, r in read_export(path):
+            kind = r["record"]
+            if end is not None:
+                raise Broken(f"line {line}: a record after the end record")
+            if header is None and kind != "header":
+                raise Broken(f"line {line}: the file does not start with a header record")
+            if kind == "header":
+                if header is not None or r.get("format") != FORMAT_NAME:
+                    raise Broken(f"line {line}: not an {FORMAT_NAME} header")
+                header = r
+            elif kind == "blob":
+                data = bytes.fromhex(r["data"])
+                if hashlib.sha256(data).hexdigest() != r["sha256"]:
+                    raise Broken(f"line {line}: blob bytes do not match their sha256")
+                blobs.add(bytes.fromhex(r["sha256"]))
+            elif kind == "row":
+                table, seq = r.get("table"), r.get("seq")
+                if not isinstance(table, str) or table not in PHYSICAL or type(seq) is not int:
+                    raise Broken(f"line {line}: a row of unknown table {table!r}")
+                values = r.get("values") or {}
+                if set(values) != {c for c, _ in PHYSICAL[table]}:
+                    raise Broken(f"line {line} ({table} seq {seq}): columns do not match the schema")
+                vals = tuple(_value(line, c, k, values[c]) for c, k in PHYSICAL[table])
+                for (c, k), v in zip(PHYSICAL[table], vals, strict=True):
+                    if k == "ref" and v is not None and v not in blobs:
+                        raise Broken(f"line {line} ({table} seq {seq}): column {c} refers to bytes not in the file")
+                run = vals[0]
+                rows.append((table, seq, run, canonical(table, seq, vals)))
+            elif kind == "checkpoint":
+                cp, prev = _checkpoint(line, r)
+                checkpoints.append((line, cp, prev))
+            elif kind == "end":
+                end = r
+        if header is None or end is None:
+            raise Broken("end of file: no end record: the export is truncated or incomplete")
+        if (end.get("rows"), end.get("checkpoints")) != (len(rows), len(checkpoints)):
+            raise Broken(f"end record: it counts {end.get('rows')} rows and {end.get('checkpoints')} checkpoints, "
+                         f"the file holds {len(rows)} and {len(checkpoints)}")
+        report.scope, report.runs = header["scope"], list(header.get("runs") or [])
+        _check_export_checkpoints(header, checkpoints, check)
+        by_run: dict[str, list[Checkpoint]] = {}
+        for _, cp, _ in checkpoints:
+            if cp.kind in RUN_KINDS and cp.run_id:
+                by_run.setdefault(cp.run_id, []).append(cp)
+        missing = [r for r in report.runs if r not in by_run]
+        if missing:
+            raise Broken(f"run {missing[0]}: no checkpoint in the file")
+        # Run keys: a run's rows carry the seq of its runs row (or its run_id, in plain tables).
+        chains: dict[Any, RunChain] = {}
+        run_keys = {seq: run for table, seq, run, _ in rows if table == "runs"}
+        for seq, run_id in run_keys.items():
+            if run_id in by_run:
+                chains[seq] = chains[run_id] = RunChain(run_id, by_run[run_id])
+        hasher = SegmentHasher(chains)
+        hasher.feed_many((table, seq, run, text) for table, seq, run, text in rows)
+        if set(by_run) - set(chains):
+            raise Broken(f"run {sorted(set(by_run) - set(chains))[0]}: checkpoints but no runs row in the file")
+        for run_id in by_run:
+            hasher.check(chains[run_id])
+        report.rows, report.checkpoints = len(rows), len(checkpoints)
+        report.head = {"id": checkpoints[-1][1].id, "hash": checkpoints[-1][1].hash.hex()} if checkpoints else None
+        report.ok = True
     except ExportFormatError as e:
-        return ExportReport(False, checked, first_bad=f"line {e.line}: {e.reason}")
+        report.first_bad = f"line {e.line}: {e.reason}"
     except UnicodeDecodeError as e:
-        return ExportReport(False, checked, first_bad=f"byte {e.start}: the file is not UTF-8 text")
-    except csv.Error as e:
-        return ExportReport(False, checked, first_bad=f"record after {checked} rows: unreadable CSV ({e})")
-    except _Broken as e:
-        return ExportReport(False, checked, first_bad=str(e))
-    return ExportReport(True, checked, partial=scope is not None, run_id=scope,
-                        first_seq=first.seq if first else None, last_seq=prev.seq if prev else None,
-                        head_seq=head.seq, head_hash=head.hash)
+        report.first_bad = f"byte {e.start}: the file is not UTF-8 text"
+    except (csv.Error, KeyError, ValueError) as e:
+        report.first_bad = f"a record that cannot be read ({e})"
+    except Broken as e:
+        report.first_bad = str(e)
+    report.signers = {keys.fingerprint(k): n for k, n in check.signers.items()}
+    return report
+
+
+def _check_export_checkpoints(header: dict[str, Any], checkpoints: list[tuple[int, Checkpoint, bytes]],
+                              check: KeyCheck) -> None:
+    """Each checkpoint's hash and signature; for a database or archive export, also that they
+    form one unbroken chain from the header's starting point."""
+    contiguous = header["scope"] in ("database", "archive")
+    expected_prev = bytes.fromhex(header["base"]["hash"])
+    expected_id = header["base"]["checkpoint"] + 1
+    for line, cp, prev in checkpoints:
+        if contiguous and (cp.id != expected_id or prev != expected_prev):
+            raise Broken(f"line {line}: checkpoint #{cp.id} does not follow checkpoint #{expected_id - 1}: "
+                         "checkpoints are missing or out of order")
+        try:
+            check_checkpoint_chain([cp], prev, check)
+        except Broken as e:
+            raise Broken(f"line {line}: {e}") from None
+        expected_prev, expected_id = cp.hash, cp.id + 1
+
+
+__all__ = ["GENESIS", "export", "verify_export", "read_export"]

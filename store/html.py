@@ -10,32 +10,34 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from html import escape
-from typing import Any, Iterable
+from typing import Any
 
 import sqlite_utils
-
 from amdflash.stages.flash import protection as prot
 from amdflash.stages.navi31 import regs as R
-from amdflash.store.chain import ChainReport
-from amdflash.store.queries import register_writes_before, unit_states
+from amdflash.store.queries import transactions_between, unit_states
 
 FLASH_SIZE = 0x200000
 UNIT = 0x1000
 CELLS_PER_ROW = 32            # two 64 KiB blocks per row: 16 rows for the 2 MiB
 BLOCK_CELLS = 16
-WRITES_BEFORE_ERROR = 32
+TRANSACTIONS_BEFORE_ERROR = 32
 
 # Map categories: (css class, legend text). Written units are drawn solid once verified
-# and hatched before (class "unverified"), so "verified" reads across the three actions.
+# and hatched when touched but not verified (class "unverified"), so "verified" reads
+# across the three actions; a unit only planned was never touched.
 CATEGORIES = (
     ("skip", "skipped — already equal"),
     ("program", "programmed without erase, verified"),
     ("erase", "erased + programmed, verified"),
     ("failed", "verify failed"),
+    ("planned", "planned, never touched"),
+    ("unreached", "in the run's range, not reached"),
     ("protected", "protected (block protection)"),
-    ("none", "not part of the run"),
+    ("none", "outside the run's range"),
 )
 _ACTION_CLASS = {"skip": "skip", "program": "program", "erase+program": "erase"}
 
@@ -53,7 +55,8 @@ OPCODES = {
 }
 
 
-def render(db: sqlite_utils.Database, rep: dict[str, Any], chain: ChainReport) -> str:
+def render(db: sqlite_utils.Database, rep: dict[str, Any]) -> str:
+    """The page of one run, from its report (store.queries.report, which checked its chain)."""
     run_id = rep["run_id"]
     body = [
         _header(rep),
@@ -62,7 +65,7 @@ def render(db: sqlite_utils.Database, rep: dict[str, Any], chain: ChainReport) -
         _timeline(rep),
         _verifies(rep),
         _first_error(db, rep),
-        _chain(chain),
+        _chain(rep["chain"]),
     ]
     return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>amdflash run {escape(run_id)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
@@ -78,7 +81,14 @@ def _header(rep: dict[str, Any]) -> str:
     status = str(rep["status"])
     return (f"<header><h1>Run <span class=\"mono\">{escape(rep['run_id'])}</span></h1>"
             f"<span class=\"badge {escape(_status_class(status))}\" data-field=\"status-badge\">"
-            f"{escape(status)}</span> <span class=\"muted\">{escape(str(rep['command']))}</span></header>")
+            f"{escape(status)}</span>{_emulated_badge(rep)} <span class=\"muted\">{escape(str(rep['command']))}</span>"
+            "</header>")
+
+
+def _emulated_badge(rep: dict[str, Any]) -> str:
+    if not rep.get("emulated"):
+        return ""
+    return " <span class=\"badge emulated\" data-field=\"emulated-badge\">emulated board</span>"
 
 
 def _status_class(status: str) -> str:
@@ -96,10 +106,19 @@ def _identity(rep: dict[str, Any]) -> str:
         ("status", "status", rep["status"]),
         ("started", "started", rep["started"]),
         ("ended", "ended", rep["ended"]),
-        ("resumes_run_id", "resumed from", rep["resumes_run_id"]),
-        ("operator", "operator", rep["operator"]),
+        ("resumes_run_id", "resumed from", _run_link(rep["resumes_run_id"])),
+        ("resumed_by", "resumed by", _Html(", ".join(f"{_run_link(r['run_id'])} ({escape(r['status'])})"
+                                                     for r in rep.get("resumed_by") or [])) or None),
+        ("finished_by", "finished by", _run_link(rep.get("finished_by"))),
+        ("operator", "operator (OS account)", rep["operator"]),
+        ("operator_claimed", "operator (claimed, --operator)", rep.get("operator_claimed")),
         ("host", "host", rep["host"]),
+        ("machine_id", "machine-id", rep.get("machine_id")),
+        ("clock_sync", "system clock", rep.get("clock_sync")),
         ("tool_version", "amdflash version", rep["tool_version"]),
+        ("tool_revision", "amdflash revision", rep.get("tool_revision")),
+        ("emulated", "board", "emulated (a synthetic board, not hardware)" if rep.get("emulated") else
+         "hardware" if rep.get("emulated") is False else None),
         ("board_spec", "board spec", b["spec"]),
         ("jedec", "JEDEC capture", b["jedec"]),
         ("chip", "chip", b["chip"]),
@@ -116,6 +135,7 @@ def _identity(rep: dict[str, Any]) -> str:
         ("register_writes", "register writes", rep["register_writes"]),
         ("spi_transactions", "SPI transactions", rep["spi_transactions"]),
         ("backups", "backup", "; ".join(f"{x['sha256']} {x['path']}" for x in rep["backups"]) or None),
+        ("board_detail", "transport detail", json.dumps(b.get("detail"), sort_keys=True) if b.get("detail") else None),
         ("error", "error", rep["error"]),
     ]
     cells = "".join(
@@ -126,14 +146,26 @@ def _identity(rep: dict[str, Any]) -> str:
 
 
 _MONO = {"run_id", "jedec", "unique_id", "bridge_serial", "status_registers", "image_sha256", "result_sha256",
-         "backups", "arguments", "image_path", "board_spec"}
+         "backups", "arguments", "image_path", "board_spec", "machine_id", "tool_revision", "board_detail"}
 _MONO_ATTR = ' class="mono"'
+
+
+class _Html(str):
+    """Markup made here, not recorded text: not escaped again."""
 
 
 def _value(value: Any) -> str:
     if value is None or value == "":
         return "<span class=\"muted\">—</span>"
-    return escape(str(value))
+    return value if isinstance(value, _Html) else escape(str(value))
+
+
+def _run_link(run_id: str | None) -> _Html | None:
+    """Another run, linked to its report file by the name that
+    `amdflash report RUN_ID --format html -o RUN_ID.html` gives."""
+    if not run_id:
+        return None
+    return _Html(f"<a class=\"mono\" href=\"{escape(run_id)}.html\">{escape(run_id)}</a>")
 
 
 @dataclass(frozen=True)
@@ -162,24 +194,41 @@ def _protection(rep: dict[str, Any]) -> _Range | None:
 
 # -- sector map -------------------------------------------------------------------------------
 
-def _cell(address: int, unit: dict[str, Any] | None, protected: _Range | None) -> tuple[str, str]:
+def _cell(address: int, unit: dict[str, Any] | None, protected: _Range | None,
+          in_range: bool) -> tuple[str, str]:
     """(css classes, tooltip) of the 4 KiB unit at `address`."""
     span = f"{address:#08x}–{address + UNIT - 1:#08x}"
     if unit is None:
         if protected and protected.covers(address):
             return "protected", f"{span} · protected · not written"
-        return "none", f"{span} · not part of the run"
+        if in_range:
+            return "unreached", f"{span} · in the run's range · the run never got to it"
+        return "none", f"{span} · outside the run's range"
     action, state = unit["action"], unit["state"]
     detail = f" · {unit['detail']}" if unit.get("detail") else ""
     tip = f"{span} · {action} · {state}{detail}"
     if state == "failed":
         return "failed", tip
     category = _ACTION_CLASS.get(action, "none")
-    return (category if state == "verified" else f"{category} unverified"), tip
+    if state == "verified":
+        return category, tip
+    if not unit.get("intended"):
+        return "planned", tip + " · never touched"
+    return f"{category} unverified", tip
+
+
+def _run_range(rep: dict[str, Any]) -> range:
+    """The units a flash (or resume) run was asked to write."""
+    args = rep.get("arguments") or {}
+    if rep["command"] not in ("flash", "resume") or "start_sector" not in args:
+        return range(0)
+    start = int(args["start_sector"]) * UNIT
+    return range(start, start + int(args.get("sector_count") or FLASH_SIZE // UNIT) * UNIT, UNIT)
 
 
 def _sector_map(rep: dict[str, Any], units: dict[int, dict[str, Any]]) -> str:
     protected = _protection(rep)
+    in_range = _run_range(rep)
     by_cell: dict[int, dict[str, Any]] = {}
     for u in units.values():
         for a in range(u["address"], u["address"] + (u["size"] or UNIT), UNIT):
@@ -191,14 +240,16 @@ def _sector_map(rep: dict[str, Any], units: dict[int, dict[str, Any]]) -> str:
         for block in range(row, row + CELLS_PER_ROW * UNIT, BLOCK_CELLS * UNIT):
             cells = []
             for address in range(block, block + BLOCK_CELLS * UNIT, UNIT):
-                classes, tip = _cell(address, by_cell.get(address), protected)
+                classes, tip = _cell(address, by_cell.get(address), protected, address in in_range)
                 counts[classes] = counts.get(classes, 0) + 1
                 cells.append(f"<div class=\"cell {classes}\" data-address=\"{address:#08x}\" "
                              f"title=\"{escape(tip)}\"></div>")
             blocks.append(f"<div class=\"block\">{''.join(cells)}</div>")
         rows.append(f"<div class=\"maprow\"><span class=\"addr\">{row:#08x}</span>{''.join(blocks)}</div>")
+    scope = (f"The run's range: {in_range[0]:#08x}–{in_range[-1] + UNIT - 1:#08x}." if in_range else
+             "This run wrote no flash range.")
     return (f"<section id=\"sector-map\"><h2>Sector map</h2><p class=\"muted\">One cell per 4 KiB erase unit "
-            f"(512 cells), 64 KiB blocks grouped; hover a cell for its address, action and state.</p>"
+            f"(512 cells), 64 KiB blocks grouped; hover a cell for its address, action and state. {scope}</p>"
             f"{_legend(counts)}<div class=\"map\">{''.join(rows)}</div></section>")
 
 
@@ -206,8 +257,8 @@ def _legend(counts: dict[str, int]) -> str:
     items = [f"<li><span class=\"cell {c}\"></span>{escape(text)} <b>{counts.get(c, 0)}</b></li>"
              for c, text in CATEGORIES]
     unverified = sum(n for classes, n in counts.items() if "unverified" in classes.split())
-    items.insert(3, f"<li><span class=\"cell erase unverified\"></span>hatched: planned or written, not verified "
-                    f"<b>{unverified}</b></li>")
+    items.insert(3, f"<li><span class=\"cell erase unverified\"></span>hatched: touched (erased or programmed), "
+                    f"not verified <b>{unverified}</b></li>")
     return f"<ul class=\"legend\">{''.join(items)}</ul>"
 
 
@@ -223,6 +274,11 @@ class _Stage:
     events: int = 0
 
 
+# A stage's own last event -> its outcome. A stage that stopped because another failed says
+# so ("cancelled"); one that stopped early at an operator's request says "stopped".
+_OUTCOMES = {"end": "ended", "fail": "failed", "cancelled": "cancelled", "stop": "stopped early"}
+
+
 def _stages(rows: Iterable[dict[str, Any]]) -> list[_Stage]:
     stages: dict[str, _Stage] = {}
     for r in rows:
@@ -230,8 +286,8 @@ def _stages(rows: Iterable[dict[str, Any]]) -> list[_Stage]:
         at = _time(r["at"])
         if r["event"] == "start":
             s.start = s.start or at
-        elif r["event"] in ("end", "fail"):
-            s.end, s.outcome = at or s.end, "failed" if r["event"] == "fail" else "ended"
+        elif r["event"] in _OUTCOMES:
+            s.end, s.outcome = at or s.end, _OUTCOMES[r["event"]]
         else:
             s.events += 1
         if r["detail"] and (r["event"] != "start" or not s.detail):
@@ -268,12 +324,13 @@ def _stage_row(s: _Stage, t0: dt.datetime, span: float) -> str:
         end, duration = _seconds(s.end - t0), _seconds(s.end - t0 - start)
     else:
         width, end, duration = 100.0, "—", "—"    # open: drawn to the edge of the axis
-    kind = {"ended": "ok", "failed": "bad"}.get(s.outcome, "open")
+    kind = {"ended": "ok", "failed": "bad", "cancelled": "cancelled", "stopped early": "stopped"}.get(s.outcome, "open")
     extra = f" · {s.events} events" if s.events else ""
     return (f"<tr data-stage=\"{escape(s.name)}\"><th>{escape(s.name)}</th><td class=\"num\">{_seconds(start)}</td>"
             f"<td class=\"num\">{end}</td><td class=\"num\">{duration}</td><td class=\"{kind}\">{escape(s.outcome)}"
             f"</td><td class=\"track\"><div class=\"bar {kind}\" style=\"left:{left:.2f}%;"
-            f"width:{min(width, 100 - left):.2f}%\"></div></td><td class=\"detail\">{escape(s.detail + extra)}</td></tr>")
+            f"width:{min(width, 100 - left):.2f}%\"></div></td>"
+            f"<td class=\"detail\">{escape(s.detail + extra)}</td></tr>")
 
 
 def _time(text: str | None) -> dt.datetime | None:
@@ -346,23 +403,73 @@ def _first_error(db: sqlite_utils.Database, rep: dict[str, Any]) -> str:
     if event is None:
         return "<section id=\"first-error\"><h2>First error</h2><p class=\"ok\">no error recorded</p></section>"
     seq, text = event
-    writes = register_writes_before(db, rep["run_id"], seq, WRITES_BEFORE_ERROR)
-    rows = "".join(_write_row(w) for w in writes) or "<tr><td colspan=\"7\" class=\"muted\">none</td></tr>"
+    title, transactions = _attempt(db, rep, seq)
+    rows = "".join(_transaction_row(t) for t in transactions) or \
+        "<tr><td colspan=\"7\" class=\"muted\">none on record</td></tr>"
     run_error = (f"<p>The run ended: <span data-field=\"run-error\">{escape(rep['error'])}</span></p>"
                  if rep["error"] else "")
     return (f"<section id=\"first-error\"><h2>First error</h2><p class=\"bad\" data-field=\"first-error\" "
             f"data-seq=\"{seq}\">{escape(text)} <span class=\"muted\">(audit seq {seq})</span></p>{run_error}"
-            f"<h3>The last {len(writes)} register writes before it</h3><table class=\"grid writes\"><thead><tr>"
-            f"<th>n</th><th>seq</th><th>clock (s)</th><th>offset</th><th>register</th><th>written</th>"
-            f"<th>meaning</th></tr></thead><tbody>{rows}</tbody></table></section>")
+            f"<h3 data-field=\"attempt\">{escape(title)}</h3><table class=\"grid writes\"><thead><tr>"
+            f"<th>n</th><th>seq</th><th>clock (s)</th><th>command</th><th>address</th><th>data</th>"
+            f"<th>register writes</th></tr></thead><tbody>{rows}</tbody></table></section>")
 
 
-def _write_row(w: dict[str, Any]) -> str:
-    name, written, meaning = decode_write(w["offset"], w["value"], w["data"])
-    return (f"<tr class=\"write\" data-n=\"{w['n']}\"><td class=\"num\">{w['n']}</td><td class=\"num\">{w['seq']}"
-            f"</td><td class=\"num\">{w['clock']:.6f}</td><td class=\"mono\">{w['offset']:#07x}</td>"
-            f"<td class=\"mono\">{escape(name)}</td><td class=\"mono\">{escape(written)}</td>"
-            f"<td>{escape(meaning)}</td></tr>")
+def _attempt(db: sqlite_utils.Database, rep: dict[str, Any], seq: int) -> tuple[str, list[dict[str, Any]]]:
+    """The ROM_SW transactions that explain the failure at `seq`.
+
+    A unit that failed verification: its last attempt — from its last intent (the erase of
+    a retry, or of its block) to the failure — keeping the transactions on the unit (erase,
+    page programs, the read-back) and, for a retry, which runs alone, everything. Any other
+    failure: the run's last transactions before it."""
+    run_id = rep["run_id"]
+    failed = list(db.query("SELECT seq, address, size FROM units WHERE run_id = ? AND state = 'failed' AND seq >= ? "
+                           "ORDER BY seq LIMIT 1", [run_id, seq]))
+    if failed:
+        unit = failed[0]
+        start = list(db.query("SELECT seq, detail FROM units WHERE run_id = ? AND address = ? AND state = 'intent' "
+                              "AND seq < ? ORDER BY seq DESC LIMIT 1", [run_id, unit["address"], unit["seq"]]))
+        if start:
+            retry = (start[0]["detail"] or "").startswith("retry")
+            lo, hi = unit["address"], unit["address"] + (unit["size"] or UNIT)
+            rows = [t for t in transactions_between(db, run_id, start[0]["seq"], unit["seq"] + 1)
+                    if retry or _touches(t, lo, hi)]
+            what = "retry" if retry else "attempt (its erase, page programs and read-back)"
+            return (f"The last {what} of unit {lo:#08x}: {len(rows)} ROM_SW transactions", rows)
+    rows = transactions_between(db, run_id, 0, seq)[-TRANSACTIONS_BEFORE_ERROR:]
+    return f"The last {len(rows)} ROM_SW transactions before it", rows
+
+
+_ERASE_SPAN = {0x20: 0x1000, 0x52: 0x8000, 0xD8: 0x10000, 0x60: FLASH_SIZE, 0xC7: FLASH_SIZE}
+
+
+def _touches(t: dict[str, Any], lo: int, hi: int) -> bool:
+    """Whether a transaction reads, programs or erases any byte of [lo, hi)."""
+    if not t["address_bytes"] or t["address"] is None:
+        return t["opcode"] in (0x60, 0xC7)
+    size = _ERASE_SPAN.get(t["opcode"])
+    start = t["address"] - t["address"] % size if size else t["address"]
+    end = start + (size or max(t["tx_len"], t["rx_len"], 1))
+    return start < hi and lo < end
+
+
+# How the failure section names each shape letter (store.schema.SHAPE_LETTERS).
+_LETTER_WORDS = {"S": "STATUS←0", "s": "STATUS←0 (block)", "C": "COMMAND", "c": "COMMAND (block)",
+                 "H": "STATUS+COMMAND (one block)", "B": "STATUS+COMMAND+DATA (one block)", "D": "DATA",
+                 "N": "CNTL (starts it)", "n": "CNTL (block, starts it)"}
+
+
+def _transaction_row(t: dict[str, Any]) -> str:
+    op = t["opcode"]
+    address = f"{t['address']:#08x}" if t["address_bytes"] and t["address"] is not None else "—"
+    data = f"send {t['tx_len']} bytes" if t["tx_len"] else f"receive {t['rx_len']} bytes" if t["rx_len"] else "—"
+    writes = ", ".join(_LETTER_WORDS.get(c, c) for c in t.get("writes") or "") or "recorded as plain register writes"
+    name = f"{op:02X}h {escape(OPCODES.get(op, '?'))}" if op is not None else "? (COMMAND not on record)"
+    return (f"<tr class=\"txn\" data-n=\"{t['n']}\" data-opcode=\"{'' if op is None else f'{op:#04x}'}\">"
+            f"<td class=\"num\">{t['n']}</td>"
+            f"<td class=\"num\">{t['seq']}</td><td class=\"num\">{t['clock']:.6f}</td>"
+            f"<td class=\"mono\">{name}</td><td class=\"mono\">{address}</td>"
+            f"<td>{data}</td><td class=\"muted\">{escape(writes)}</td></tr>")
 
 
 def decode_write(offset: int, value: int | None, data: bytes | None) -> tuple[str, str, str]:
@@ -403,15 +510,33 @@ def _meaning(offset: int, value: int) -> str:
 
 # -- audit chain ------------------------------------------------------------------------------
 
-def _chain(chain: ChainReport) -> str:
-    kind = "ok" if chain.ok else "bad"
-    return (f"<section id=\"chain\"><h2>Audit chain</h2><p class=\"{kind}\" data-field=\"chain\" "
-            f"data-ok=\"{'true' if chain.ok else 'false'}\">{escape(chain.describe())}</p><p class=\"muted\">"
-            f"Recomputed over every audit row of the database when this report was made.</p></section>")
+def _chain(c: dict[str, Any]) -> str:
+    kind = "ok" if c["ok"] else "bad"
+    state = ("intact: this run's rows match every checkpoint that sealed them" if c["ok"] else
+             f"BROKEN: {c['problem']}")
+    sealed = {"final": "its final checkpoint (the run's end is sealed)",
+              "commit": "its last checkpoint (the run recorded no end)",
+              "migrated": "the checkpoint sealed when its database was upgraded"}.get(str(c.get("sealed")), "—")
+    rows = [("chain", "chain", state),
+            ("checkpoint", "sealed by", f"checkpoint #{c['checkpoint']}: {sealed}" if c.get("checkpoint") else None),
+            ("chain_head", "chain head", c.get("head")),
+            ("checkpoint_hash", "checkpoint hash", c.get("checkpoint_hash")),
+            ("signed_by", "signed by", c.get("signed_by")),
+            ("signature", "signature", c.get("signature"))]
+    cells = "".join(f"<tr><th>{escape(label)}</th><td data-field=\"{key}\" class=\"mono\"{_ok_attr(key, c)}>"
+                    f"{_value(value)}</td></tr>" for key, label, value in rows)
+    return (f"<section id=\"chain\"><h2>Audit chain</h2><table class=\"kv {kind}\">{cells}</table>"
+            f"<p class=\"muted\">This run's rows ({c.get('rows')}) and its {c.get('checkpoints')} checkpoints were "
+            f"checked when this report was made. 'amdflash audit verify --run RUN_ID --key PUBFILE' checks the "
+            f"signatures against the host's public key.</p></section>")
+
+
+def _ok_attr(key: str, c: dict[str, Any]) -> str:
+    return f" data-ok=\"{'true' if c['ok'] else 'false'}\"" if key == "chain" else ""
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 CSS = """
@@ -428,22 +553,28 @@ td.num { text-align: right; white-space: nowrap; }
 .muted { color: var(--muted); }
 .badge { border-radius: 10px; padding: 2px 10px; font-weight: 600; color: #fff; background: var(--muted); }
 .badge.ok { background: #2f8f4e; } .badge.bad { background: var(--failed); } .badge.warn { background: #c77b12; }
-p.ok, td.ok { color: #2f8f4e; } p.warn { color: #c77b12; font-weight: 600; } p.bad, td.bad { color: var(--failed); font-weight: 600; } td.open { color: #c77b12; }
+.badge.emulated { background: #6b4fbb; }
+p.ok, td.ok { color: #2f8f4e; } p.warn { color: #c77b12; font-weight: 600; }
+p.bad, td.bad { color: var(--failed); font-weight: 600; } td.open { color: #c77b12; }
 table { border-collapse: collapse; }
 table.kv th { text-align: left; font-weight: 500; color: var(--muted); padding: 2px 16px 2px 0; vertical-align: top;
               white-space: nowrap; }
 table.kv td { padding: 2px 0; word-break: break-all; }
 table.stages { width: 100%; }
 table.grid { min-width: 50%; }
-table.grid th, table.stages th { text-align: left; font-weight: 600; border-bottom: 1px solid var(--line); padding: 4px 8px; }
+table.grid th, table.stages th { text-align: left; font-weight: 600; border-bottom: 1px solid var(--line);
+  padding: 4px 8px; }
 table.grid td, table.stages td { border-bottom: 1px solid #eef0f3; padding: 3px 8px; }
 table.stages tbody th { font-weight: 500; padding: 3px 8px; }
 td.track { position: relative; width: 45%; min-width: 260px; }
 table.stages td:nth-child(5) { white-space: nowrap; }
 td.track .bar { position: absolute; top: 6px; bottom: 6px; border-radius: 3px; }
-td.track::before { content: ""; position: absolute; left: 8px; right: 8px; top: 50%; border-top: 1px dashed var(--line); }
+td.track::before { content: ""; position: absolute; left: 8px; right: 8px; top: 50%;
+  border-top: 1px dashed var(--line); }
 .bar.ok { background: #5aa36f; } .bar.bad { background: var(--failed); }
 .bar.open { background: repeating-linear-gradient(45deg, #e4a13a 0 4px, #f6dcae 4px 8px); }
+.bar.cancelled, .bar.stopped { background: repeating-linear-gradient(45deg, #8c93a0 0 4px, #dfe2e7 4px 8px); }
+td.cancelled, td.stopped { color: var(--muted); font-style: italic; }
 td.detail { color: var(--muted); font-size: 12.5px; }
 .legend { list-style: none; padding: 0; margin: 4px 0 12px; display: flex; flex-wrap: wrap; gap: 6px 18px; }
 .legend li { display: flex; align-items: center; gap: 6px; }
@@ -460,10 +591,21 @@ td.detail { color: var(--muted); font-size: 12.5px; }
 .cell.failed { background: var(--failed); border-color: #7d1010; }
 .cell.protected { background: repeating-linear-gradient(135deg, var(--protected) 0 3px, #8c93a0 3px 6px); }
 .cell.none { background: var(--none); border-color: var(--line); }
+.cell.planned { background: #fff; border: 2px dotted var(--ink); }
+.cell.unreached { background: #eef0f3; border: 1px dashed var(--muted); }
 .cell.program.unverified { background: repeating-linear-gradient(45deg, var(--program) 0 3px, #fff 3px 6px); }
 .cell.erase.unverified { background: repeating-linear-gradient(45deg, var(--erase) 0 3px, #fff 3px 6px); }
 .cell.skip.unverified { background: repeating-linear-gradient(45deg, var(--skip) 0 3px, #fff 3px 6px); }
 .cell:hover { outline: 2px solid var(--ink); }
 table.writes td { font-size: 12.5px; }
 footer { color: var(--muted); font-size: 12px; margin-top: 18px; }
+@media print {
+  body { background: #fff; margin: 0; max-width: none; font-size: 11px; }
+  section { border: none; padding: 6px 0; margin: 6px 0; break-inside: avoid; }
+  section#sector-map, section#first-error { break-before: page; }
+  * { -webkit-print-color-adjust: exact; print-color-adjust: exact; }
+  .cell:hover { outline: none; }
+  a { color: inherit; text-decoration: none; }
+  table.kv td, td.detail { word-break: break-all; }
+}
 """

@@ -1,11 +1,20 @@
-"""Read side of the audit trail: run listings and the per-run report."""
+"""Read side of the audit trail: run listings and the per-run report.
+
+Every reader runs inside one read transaction (`verify.snapshot`): a writer appending
+meanwhile is invisible to it, so what it reports is one consistent state of the trail.
+"""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
-from typing import Any, Iterator
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import sqlite_utils
+from amdflash.store import schema
+from amdflash.store.verify import snapshot
 
 
 class RunNotFound(LookupError):
@@ -13,7 +22,15 @@ class RunNotFound(LookupError):
 
 
 def open_readonly(path: str) -> sqlite_utils.Database:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
+    """The database, read-only; SchemaError unless it is an amdflash database of this version."""
+    conn = schema.connect(path, readonly=True)
+    found = schema.version(conn)
+    if found != schema.SCHEMA_VERSION:
+        conn.close()
+        if found is None:
+            raise schema.SchemaError(f"{path} is not an amdflash audit database")
+        raise schema.SchemaError(f"audit database {path} has schema version {found}; this amdflash reads "
+                                 f"{schema.SCHEMA_VERSION}")
     return sqlite_utils.Database(conn)
 
 
@@ -23,8 +40,8 @@ def _last_status(db: sqlite_utils.Database, run_id: str) -> dict[str, Any]:
 
 
 def resolve_run(db: sqlite_utils.Database, run_id: str) -> str:
-    rows = [r["run_id"] for r in db.query("SELECT run_id FROM runs WHERE run_id LIKE ? ORDER BY seq",
-                                          [run_id + "%"])]
+    rows = [r["run_id"] for r in db.query("SELECT run_id FROM runs WHERE substr(run_id, 1, ?) = ? ORDER BY seq",
+                                          [len(run_id), run_id])]
     if not rows:
         raise RunNotFound(f"no run {run_id!r} in the audit database")
     if len(rows) > 1 and run_id not in rows:
@@ -33,15 +50,14 @@ def resolve_run(db: sqlite_utils.Database, run_id: str) -> str:
 
 
 def runs(db: sqlite_utils.Database) -> list[dict[str, Any]]:
-    out = []
-    for r in db.query("""
-        SELECT r.run_id, r.command, r.board_spec, r.at AS started, r.image_sha256, r.resumes_run_id,
-               (SELECT status FROM run_status s WHERE s.run_id = r.run_id ORDER BY seq DESC LIMIT 1) AS status,
-               (SELECT at FROM run_status s WHERE s.run_id = r.run_id ORDER BY seq DESC LIMIT 1) AS updated,
-               (SELECT unique_id FROM boards b WHERE b.run_id = r.run_id ORDER BY seq LIMIT 1) AS unique_id
-        FROM runs r ORDER BY r.seq"""):
-        out.append(dict(r))
-    return out
+    with snapshot(db.conn):
+        return [dict(r) for r in db.query("""
+            SELECT r.run_id, r.command, r.board_spec, r.at AS started, r.image_sha256, r.resumes_run_id,
+                   (SELECT status FROM run_status s WHERE s.run_id = r.run_id ORDER BY seq DESC LIMIT 1) AS status,
+                   (SELECT at FROM run_status s WHERE s.run_id = r.run_id ORDER BY seq DESC LIMIT 1) AS updated,
+                   (SELECT unique_id FROM boards b WHERE b.run_id = r.run_id ORDER BY seq LIMIT 1) AS unique_id,
+                   (SELECT emulated FROM boards b WHERE b.run_id = r.run_id ORDER BY seq LIMIT 1) AS emulated
+            FROM runs r ORDER BY r.seq""")]
 
 
 def latest_unfinished(db: sqlite_utils.Database, board_spec: str) -> str | None:
@@ -55,11 +71,12 @@ def latest_unfinished(db: sqlite_utils.Database, board_spec: str) -> str | None:
 def unit_states(db: sqlite_utils.Database, run_id: str) -> dict[int, dict[str, Any]]:
     """The latest state row of every unit of the run."""
     states: dict[int, dict[str, Any]] = {}
-    for u in db.query("SELECT address, size, state, action, detail FROM units WHERE run_id = ? ORDER BY seq",
+    for u in db.query("SELECT seq, address, size, state, action, detail FROM units WHERE run_id = ? ORDER BY seq",
                       [run_id]):
         prev = states.get(u["address"])
         action = u["action"] if u["state"] != "verified" or not prev else prev["action"]
-        states[u["address"]] = {**u, "action": action}
+        intended = (prev or {}).get("intended", False) or u["state"] not in ("planned", "verified")
+        states[u["address"]] = {**u, "action": action, "intended": intended}
     return states
 
 
@@ -74,21 +91,39 @@ def run_chain(db: sqlite_utils.Database, run_id: str) -> list[str]:
         chain.append(parent)
 
 
-def report(db: sqlite_utils.Database, run_id: str) -> dict[str, Any]:
-    run_id = resolve_run(db, run_id)
+def resumed_by(db: sqlite_utils.Database, run_id: str) -> list[dict[str, Any]]:
+    """The runs that resumed this one, with their status."""
+    return [{"run_id": r["run_id"], "status": _last_status(db, r["run_id"]).get("status", "running")}
+            for r in db.query("SELECT run_id FROM runs WHERE resumes_run_id = ? ORDER BY seq", [run_id])]
+
+
+def last_checkpoint(db: sqlite_utils.Database, run_id: str) -> dict[str, Any] | None:
+    rows = list(db.query(
+        "SELECT c.id, c.kind, c.rows, c.last_seq, c.head, c.hash, c.at, h.public_key FROM checkpoints c "
+        "JOIN runs r ON r.seq = c.run LEFT JOIN hosts h ON h.id = c.host WHERE r.run_id = ? "
+        "ORDER BY c.id DESC LIMIT 1", [run_id]))
+    return rows[0] if rows else None
+
+
+def report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] | None = None) -> dict[str, Any]:
+    """Everything a reviewer needs about one run, including its chain checked (O(the run))."""
+    with snapshot(db.conn):
+        return _report(db, resolve_run(db, run_id), keyfiles)
+
+
+def _report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] | None) -> dict[str, Any]:
+    from amdflash.store.keys import fingerprint
+    from amdflash.store.verify import verify_run
+
     run = next(db.query("SELECT * FROM runs WHERE run_id = ?", [run_id]))
     status = _last_status(db, run_id)
     boards = list(db.query("SELECT * FROM boards WHERE run_id = ? ORDER BY seq", [run_id]))
-    board = boards[0] if boards else {}
-    first, last = run_seq_range(db, run_id)   # the bulk tables have no run_id index
-    count = next(db.query("SELECT count(*) AS n FROM register_writes WHERE seq BETWEEN ? AND ? AND run_id = ?",
-                          [first, last, run_id]))["n"]
-    spi = next(db.query("SELECT count(*) AS n FROM spi_transactions WHERE seq BETWEEN ? AND ? AND run_id = ?",
-                        [first, last, run_id]))["n"]
+    board = next((b for b in reversed(boards) if b.get("chip")), boards[0] if boards else {})
+    writes, transactions = counts(db.conn, run_id)
     units = [{"address": u["address"], "size": u["size"], "action": u["action"], "state": u["state"]}
              for u in sorted(unit_states(db, run_id).values(), key=lambda u: u["address"])]
     errors = list(db.query("SELECT stage, message, address, at FROM errors WHERE run_id = ? ORDER BY seq", [run_id]))
-    stages = list(db.query("SELECT stage, event, detail, at FROM stages WHERE run_id = ? ORDER BY seq", [run_id]))
+    stages = list(db.query("SELECT seq, stage, event, detail, at FROM stages WHERE run_id = ? ORDER BY seq", [run_id]))
     verifies = next(db.query(
         "SELECT count(*) AS total, sum(ok) AS ok FROM verifies WHERE run_id = ?", [run_id]))
     failed_verifies = list(db.query(
@@ -96,19 +131,33 @@ def report(db: sqlite_utils.Database, run_id: str) -> dict[str, Any]:
         "WHERE run_id = ? AND ok = 0 ORDER BY seq", [run_id]))
     backups = list(db.query("SELECT sha256, size, path FROM backups WHERE run_id = ? ORDER BY seq", [run_id]))
     summary = json.loads(status["summary"]) if status.get("summary") else {}
+    try:
+        detail = json.loads(board["detail"]) if board.get("detail") else None
+    except ValueError:
+        detail = board.get("detail")
+    checked = verify_run(db.conn, run_id, keyfiles)
+    cp = last_checkpoint(db, run_id)
     return {
         "run_id": run_id,
         "command": run["command"],
         "arguments": json.loads(run["arguments"] or "{}"),
         "status": status.get("status", "running"),
+        "emulated": bool(board.get("emulated")) if board else None,
         "started": run["at"],
         "ended": status.get("at") if status.get("status") != "running" else None,
         "operator": run["operator"],
+        "operator_claimed": run["operator_claimed"],
         "host": run["host"],
+        "machine_id": run["machine_id"],
         "tool_version": run["tool_version"],
+        "tool_revision": run["tool_revision"],
+        "clock_sync": run["clock_sync"],
         "resumes_run_id": run["resumes_run_id"],
+        "resumed_by": resumed_by(db, run_id),
+        "finished_by": finished_by(db, run_id),
         "board": {
             "spec": run["board_spec"],
+            "emulated": bool(board.get("emulated")) if board else None,
             "jedec": board.get("jedec"),
             "chip": board.get("chip"),
             "unique_id": board.get("unique_id"),
@@ -116,20 +165,60 @@ def report(db: sqlite_utils.Database, run_id: str) -> dict[str, Any]:
             "pci_address": board.get("pci_address"),
             "sr1": board.get("sr1"), "sr2": board.get("sr2"), "sr3": board.get("sr3"),
             "protection": board.get("protection"),
+            "detail": detail,
         },
         "image_path": run["image_path"],
         "image_sha256": run["image_sha256"],
         "result_sha256": status.get("result_sha256"),
         "units": units,
-        "register_writes": count,
-        "spi_transactions": spi,
+        "register_writes": writes,
+        "spi_transactions": transactions,
         "verifies": {"total": verifies["total"] or 0, "ok": verifies["ok"] or 0, "failed": failed_verifies},
         "backups": backups,
         "stages": stages,
         "errors": errors,
         "error": status.get("detail") if status.get("status") != "succeeded" else None,
         "summary": summary,
+        "chain": {
+            "ok": checked.ok,
+            "problem": checked.problem,
+            "rows": checked.rows,
+            "checkpoints": checked.checkpoints,
+            "checkpoint": cp["id"] if cp else None,
+            "sealed": cp["kind"] if cp else None,
+            "head": cp["head"].hex() if cp and cp["head"] else None,
+            "checkpoint_hash": cp["hash"].hex() if cp else None,
+            "signed_by": fingerprint(cp["public_key"]) if cp and cp["public_key"] else None,
+            "unsealed_rows": sum(checked.unsealed.values()),
+            "signature": ("verified against the given key" if checked.trusted else
+                          "valid under the key recorded in the database (not checked against a trusted key)")
+            if checked.ok else "not valid: " + str(checked.problem),
+        },
     }
+
+
+def counts(conn: sqlite3.Connection, run_id: str) -> tuple[int, int]:
+    """(register writes, SPI transactions) of a run, counted from the compact rows."""
+    span = _span(conn, run_id)
+    if span is None:
+        return 0, 0
+    key, first, last = span
+    writes, transactions = conn.execute(
+        f"SELECT coalesce(sum(length(coalesce(shape, '{schema.DEFAULT_SHAPE}'))), 0), "
+        "coalesce(sum(1 + (again IS NOT NULL)), 0) FROM log_spi WHERE seq BETWEEN ? AND ? AND run = ?",
+        (first, last, key)).fetchone()
+    raw = conn.execute("SELECT count(*) FROM log_writes WHERE seq BETWEEN ? AND ? AND run = ?",
+                       (first, last, key)).fetchone()[0]
+    return writes + raw, transactions
+
+
+def _span(conn: sqlite3.Connection, run_id: str) -> tuple[int, int, int] | None:
+    """(run key, first seq, last seq) of a run's rows: from its runs row to its final checkpoint
+    (or the last row recorded, for a run that recorded no end)."""
+    row = conn.execute(f"SELECT r.seq, {schema.RUN_END_SQL} FROM runs r WHERE r.run_id = ?", (run_id,)).fetchone()
+    if row is None:
+        return None
+    return row[0], row[0], row[1]
 
 
 def register_snapshot(db: sqlite_utils.Database, run_id: str, label: str) -> dict[int, int] | None:
@@ -156,56 +245,34 @@ def finished_by(db: sqlite_utils.Database, run_id: str) -> str | None:
     return None
 
 
-# -- a run's bulk rows, by seq range ---------------------------------------------------------
-# register_writes and spi_transactions carry no run_id index (store/schema.py): a run's rows
-# are found by walking the seq primary key between the run's first and last rows, which
-# stays cheap however many other runs the database holds.
-
-def run_seq_range(db: sqlite_utils.Database, run_id: str) -> tuple[int, int]:
-    """(first, last) seq that can hold rows of this run.
-
-    A run that never recorded its final status (killed host) may have rows up to the chain
-    head; rows of other runs inside the range are told apart by run_id.
-    """
-    first = next(db.query("SELECT min(seq) AS s FROM runs WHERE run_id = ?", [run_id]))["s"]
-    if first is None:
-        raise RunNotFound(f"no run {run_id!r} in the audit database")
-    status = _last_status(db, run_id)
-    if status and status.get("status") != "running":
-        return first, status["seq"]
-    # chain_head is updated in the transaction that inserts rows: it is the last seq there is.
-    head = list(db.query("SELECT seq FROM chain_head WHERE id = 1"))
-    return first, max(status.get("seq", first), head[0]["seq"] if head else 2 ** 62)
-
-
-def register_writes_before(db: sqlite_utils.Database, run_id: str, seq: int, limit: int = 32) -> list[dict[str, Any]]:
-    """The run's last `limit` register writes recorded before `seq`, oldest first."""
-    first, last = run_seq_range(db, run_id)
-    rows = db.conn.execute(
-        "SELECT seq, n, offset, value, data, clock FROM register_writes "
-        "WHERE seq BETWEEN ? AND ? AND run_id = ? ORDER BY seq DESC LIMIT ?",
-        [first, min(seq - 1, last), run_id, limit]).fetchall()
-    keys = ("seq", "n", "offset", "value", "data", "clock")
-    return [dict(zip(keys, r)) for r in reversed(rows)]
-
+# -- a run's register writes and transactions ---------------------------------------------------
 
 def iter_register_writes(db: sqlite_utils.Database, run_id: str,
                          until: int | None = None) -> Iterator[tuple[int, int, int, int | None, bytes | None]]:
     """(seq, n, offset, value, data) of the run's register writes in issue order (n)."""
-    first, last = run_seq_range(db, run_id)
-    cursor = db.conn.execute(
-        "SELECT seq, n, offset, value, data FROM register_writes "
-        "WHERE seq BETWEEN ? AND ? AND run_id = ? AND n <= ? ORDER BY n",
-        [first, last, run_id, until if until is not None else 2 ** 62])
-    yield from cursor
+    yield from db.conn.execute(
+        "SELECT seq, n, offset, value, data FROM register_writes WHERE run_id = ? AND n <= ? ORDER BY n",
+        [run_id, until if until is not None else 2 ** 62])
 
 
 def register_write_order(db: sqlite_utils.Database, run_id: str) -> Iterator[tuple[int, int]]:
-    """(seq, n) of the run's register writes in seq order: how they interleave with other rows."""
-    first, last = run_seq_range(db, run_id)
-    yield from db.conn.execute(
-        "SELECT seq, n FROM register_writes WHERE seq BETWEEN ? AND ? AND run_id = ? ORDER BY seq",
-        [first, last, run_id])
+    """(seq, n) of the run's register writes in seq order: how they interleave with other rows.
+    The writes of one ROM_SW transaction share the seq of its row."""
+    yield from db.conn.execute("SELECT seq, n FROM register_writes WHERE run_id = ? ORDER BY seq, n", [run_id])
+
+
+def transactions_between(db: sqlite_utils.Database, run_id: str, after: int, before: int) -> list[dict[str, Any]]:
+    """The run's ROM_SW transactions recorded with seq in (after, before), decoded."""
+    rows = [dict(r) for r in db.query(
+        "SELECT t.seq, t.n, t.opcode, t.address, t.address_bytes, t.tx_len, t.rx_len, t.clock, "
+        f"coalesce(s.shape, '{schema.DEFAULT_SHAPE}') AS shape FROM spi_transactions t JOIN log_spi s ON s.seq = t.seq "
+        "WHERE t.run_id = ? AND t.seq > ? AND t.seq < ? ORDER BY t.seq, t.n", [run_id, after, before])]
+    for i, row in enumerate(rows):
+        # A row shared by a repeated transaction: each transaction's own writes.
+        parts = re.findall(r"[^Nn]*[Nn]", row["shape"]) or [row["shape"]]
+        repeat = i and rows[i - 1]["seq"] == row["seq"]
+        row["writes"] = parts[min(1, len(parts) - 1)] if repeat else parts[0]
+    return rows
 
 
 def writes_since(db: sqlite_utils.Database, run_id: str, unique_id: str, lineage: list[str]) -> list[dict[str, Any]]:

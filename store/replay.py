@@ -34,9 +34,15 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
-
-from amdflash.store.queries import (RunNotFound, iter_register_writes, register_snapshot, register_write_order,
-                           resolve_run, run_seq_range)
+from amdflash.store.queries import (
+    RunNotFound,
+    counts,
+    iter_register_writes,
+    register_snapshot,
+    register_write_order,
+    resolve_run,
+)
+from amdflash.store.verify import snapshot
 
 FLASH_SIZE = 0x200000
 UNIT = 0x1000
@@ -112,6 +118,12 @@ class _Verify:
 def replay(db: sqlite_utils.Database, run_id: str, until: int | None = None,
            image: bytes | None = None, workdir: str | None = None) -> ReplayResult:
     """Replay RUN_ID; `image`, when it is the run's image, pins bytes the record only hashes."""
+    with snapshot(db.conn):
+        return _replay(db, run_id, until, image, workdir)
+
+
+def _replay(db: sqlite_utils.Database, run_id: str, until: int | None, image: bytes | None,
+            workdir: str | None) -> ReplayResult:
     try:
         run_id = resolve_run(db, run_id)
     except RunNotFound as e:
@@ -155,13 +167,11 @@ def _start(db: sqlite_utils.Database, run_id: str, command: str, until: int | No
 
 
 def _count_writes(db: sqlite_utils.Database, run_id: str) -> int:
-    first, last = run_seq_range(db, run_id)
-    return db.conn.execute("SELECT count(*) FROM register_writes WHERE seq BETWEEN ? AND ? AND run_id = ?",
-                           [first, last, run_id]).fetchone()[0]
+    return counts(db.conn, run_id)[0]
 
 
 def build_board(path: Path, backup: dict[int, bytes], status: tuple[int, int, int],
-                registers: dict[int, int], notes: list[str]):  # noqa: ANN201 - a sim Board
+                registers: dict[int, int], notes: list[str]):  # -> a sim Board
     """A fresh emulated board (ideal profile) holding the run's starting state."""
     from amdflash.stages.transport.sim import Board, create_board
 
@@ -176,7 +186,7 @@ def build_board(path: Path, backup: dict[int, bytes], status: tuple[int, int, in
     return board
 
 
-def _set_status(board, status: tuple[int, int, int], notes: list[str]) -> None:  # noqa: ANN001
+def _set_status(board, status: tuple[int, int, int], notes: list[str]) -> None:
     """Give the chip the identified SR1/SR2/SR3 the way a host would: WREN + status writes.
 
     Going through the chip's own commands (rather than its private state layout) applies
@@ -197,7 +207,7 @@ def _set_status(board, status: tuple[int, int, int], notes: list[str]) -> None: 
 
 
 class _Replayer:
-    def __init__(self, db: sqlite_utils.Database, run_id: str, board, backup: dict[int, bytes],  # noqa: ANN001
+    def __init__(self, db: sqlite_utils.Database, run_id: str, board, backup: dict[int, bytes],
                  image: bytes | None, result: ReplayResult):
         self.db, self.run_id, self.board = db, run_id, board
         self.backup, self.image, self.result = backup, image, result
@@ -273,6 +283,7 @@ class _Replayer:
                 result.verifies_matching += 1
                 return
             at = _first_difference(got, recorded)
+            assert at is not None          # the two differ
             self._diverged(v, "skipped unit changed during the replay", v.address + at, recorded[at], got[at])
             return
         if hashlib.sha256(got).hexdigest() == v.actual_sha256:

@@ -19,6 +19,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+import sqlite_utils
 from amdflash.store.queries import open_readonly, register_snapshot
 
 
@@ -49,7 +50,7 @@ def find_stranded(path: str | None, key: str, current_run: str) -> StrandedRun |
         db.conn.close()
 
 
-def _find(db, key: str, current_run: str) -> StrandedRun | None:  # noqa: ANN001
+def _find(db: sqlite_utils.Database, key: str, current_run: str) -> StrandedRun | None:
     conn = db.conn
     runs = [r for (r,) in conn.execute(
         "SELECT run_id FROM stages WHERE stage = 'registers' AND event = 'start' AND detail = ? "

@@ -1,12 +1,26 @@
 """Shared fixtures: emulated boards in temporary directories."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
 from amdflash.stages.transport.sim import Board, create_board
+
+
+@pytest.fixture(scope="session", autouse=True)
+def host_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The audit trail's signing key for the whole session: never the user's own."""
+    path = tmp_path_factory.mktemp("host-key") / "host_key.pem"
+    previous = os.environ.get("AMDFLASH_HOST_KEY")
+    os.environ["AMDFLASH_HOST_KEY"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("AMDFLASH_HOST_KEY", None)
+    else:
+        os.environ["AMDFLASH_HOST_KEY"] = previous
 
 
 @pytest.fixture

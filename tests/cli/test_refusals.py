@@ -90,18 +90,19 @@ def test_a_foreign_sqlite_database_is_refused_and_left_as_it_was(amdflash, make_
 
 
 def test_the_store_itself_never_adds_tables_to_a_foreign_database(tmp_path):
-    from amdflash.store.schema import SchemaError, connect, ensure
+    from amdflash.store.schema import SchemaError
+    from amdflash.store.writer import prepare
 
     foreign = tmp_path / "other.db"
     con = sqlite3.connect(foreign)
     con.execute("CREATE TABLE t (x)")
     con.commit()
     con.close()
-    conn = connect(str(foreign))
-    with pytest.raises(SchemaError, match="not an amdflash audit database"):
-        ensure(conn)
-    assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")] == ["t"]
-    conn.close()
+    with pytest.raises(SchemaError, match="another application"):
+        prepare(str(foreign), tmp_path / "key.pem")
+    con = sqlite3.connect(foreign)
+    assert [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")] == ["t"]
+    con.close()
 
 
 READ_ONLY_MOUNT = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'

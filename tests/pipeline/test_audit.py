@@ -1,7 +1,8 @@
-"""The audit trail: append-only, hash-chained, tamper-evident; failures stop the hardware."""
+"""The audit trail: append-only, chained per run, sealed and signed; failures stop the hardware."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 
@@ -11,7 +12,9 @@ from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.sim import Board
 from amdflash.stages.transport.sim.synth import PART_KEY
 from amdflash.store import writer as writer_module
+from amdflash.store.schema import PHYSICAL
 from tests.pipeline.conftest import flash_content
+from tests.pipeline.trail_check import uncovered_commands
 
 
 @pytest.fixture
@@ -27,6 +30,8 @@ def test_every_write_and_verify_is_recorded(cli, flashed):
     con = sqlite3.connect(flashed)
     n = con.execute("SELECT count(*), min(n), max(n) FROM register_writes WHERE run_id = ?", [run["run_id"]]).fetchone()
     assert n[0] == rep["register_writes"] == n[2] and n[1] == 1
+    t = con.execute("SELECT count(*), min(n), max(n) FROM spi_transactions WHERE run_id = ?", [run["run_id"]]).fetchone()
+    assert t[0] == rep["spi_transactions"] == t[2] and t[1] == 1
     assert con.execute("SELECT count(*) FROM verifies WHERE run_id = ?", [run["run_id"]]).fetchone()[0] >= 512
     stages = [r[0] for r in con.execute("SELECT DISTINCT stage FROM stages WHERE run_id = ?", [run["run_id"]])]
     for s in ("open_transport", "identify", "backup", "plan", "erase", "program", "verify", "restore"):
@@ -38,63 +43,160 @@ def test_every_write_and_verify_is_recorded(cli, flashed):
     assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == sha and Path(path).name == f"{sha}.bin"
 
 
-def test_triggers_refuse_update_and_delete(flashed):
+def test_triggers_refuse_update_and_delete_and_views_are_read_only(flashed):
     con = sqlite3.connect(flashed)
-    for sql in ("UPDATE register_writes SET value = 0 WHERE seq = 10", "DELETE FROM units WHERE seq > 0",
-                "UPDATE runs SET command = 'x'"):
+    for sql in ("UPDATE log_spi SET command = 0 WHERE seq = (SELECT min(seq) FROM log_spi)", "DELETE FROM log_units WHERE seq > 0",
+                "UPDATE runs SET command = 'x'", "DELETE FROM checkpoints", "UPDATE blobs SET data = x'00'"):
         with pytest.raises(sqlite3.IntegrityError, match="append-only"):
             con.execute(sql)
+    with pytest.raises(sqlite3.OperationalError, match="view"):
+        con.execute("UPDATE register_writes SET value = 0 WHERE seq = 10")
 
 
-def test_audit_verify_is_clean_and_names_the_first_tampered_row(cli, flashed):
-    r = cli("audit", "verify")
-    assert r.code == 0 and "intact" in r.out
-    con = sqlite3.connect(flashed)
-    seq = con.execute("SELECT seq FROM register_writes WHERE value IS NOT NULL ORDER BY seq LIMIT 1 OFFSET 100").fetchone()[0]
-    con.execute("DROP TRIGGER register_writes_no_update")
-    con.execute("UPDATE register_writes SET value = value + 1 WHERE seq = ?", [seq])
+def _tamper(db, sql: str, *args) -> None:  # noqa: ANN001
+    """Change the database the way someone with write access to the file could."""
+    con = sqlite3.connect(db)
+    for (trigger,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+        con.execute(f"DROP TRIGGER {trigger}")
+    con.execute(sql, args)
     con.commit()
+    con.close()
+
+
+def test_audit_verify_is_clean_and_names_the_tampered_span(cli, flashed):
     r = cli("audit", "verify")
-    assert r.code == 1 and f"register_writes seq {seq}" in r.out
+    assert r.code == 0 and "intact" in r.out and "UNSEALED" not in r.out
+    con = sqlite3.connect(flashed)
+    seq = con.execute("SELECT seq FROM log_spi ORDER BY seq LIMIT 1 OFFSET 1000").fetchone()[0]
+    run_id = con.execute("SELECT run_id FROM runs").fetchone()[0]
+    bounds = [b for (b,) in con.execute("SELECT last_seq FROM checkpoints WHERE run_id = ? ORDER BY id", [run_id])]
+    con.close()
+    _tamper(flashed, "UPDATE log_spi SET command = command + 256 WHERE seq = ?", seq)
+    r = cli("audit", "verify")
+    assert r.code == 1 and f"run {run_id}" in r.out
+    lo, hi = map(int, re.search(r"rows seq (\d+)\.\.(\d+) do not match", r.out).groups())
+    assert lo <= seq <= hi and hi in bounds and (lo - 1 in bounds or lo == bounds[0] or lo < bounds[0])
+    assert cli("audit", "verify", "--run", run_id).code == 1
+
+
+def test_the_second_verify_thread_finds_a_change_in_its_half(cli, flashed, monkeypatch):
+    from amdflash.store import verify
+
+    monkeypatch.setattr(verify, "PARALLEL_SEGMENTS", 2)     # every database is split between two threads
+    assert cli("audit", "verify").code == 0
+    con = sqlite3.connect(flashed)
+    last = con.execute("SELECT max(seq) FROM log_spi").fetchone()[0]     # in the later half of the segments
+    con.close()
+    _tamper(flashed, "UPDATE log_spi SET clock = clock + 1 WHERE seq = ?", last)
+    r = cli("audit", "verify")
+    assert r.code == 1 and "do not match checkpoint" in r.out
+
+
+def test_a_row_added_after_a_runs_final_seal_is_found(cli, make_board, flashed):
+    board = make_board(content="blank", transport="ideal")
+    assert cli("info", "--board", f"sim:{board}").code == 0      # a second run: the database's checks apply
+    con = sqlite3.connect(flashed)
+    key, last = con.execute("SELECT r.seq, c.last_seq FROM runs r JOIN checkpoints c ON c.run = r.seq "
+                            "AND c.kind = 'final' ORDER BY r.seq LIMIT 1").fetchone()
+    top = con.execute("SELECT seq FROM chain_head").fetchone()[0]
+    con.close()
+    _tamper(flashed, "INSERT INTO log_units (seq, run, address, size, state, action, detail, clock) "
+                     "VALUES (?, ?, 0, 4096, 'verified', 'skip', 'added', 0)", top + 1, key)
+    r = cli("audit", "verify")
+    assert r.code == 1 and "outside what their runs sealed" in r.out and last < top
 
 
 def test_a_removed_row_is_found(cli, flashed):
     con = sqlite3.connect(flashed)
-    seq = con.execute("SELECT seq FROM verifies ORDER BY seq LIMIT 1 OFFSET 3").fetchone()[0]
-    con.execute("DROP TRIGGER verifies_no_delete")
-    con.execute("DELETE FROM verifies WHERE seq = ?", [seq])
-    con.commit()
+    seq = con.execute("SELECT seq FROM log_verifies ORDER BY seq LIMIT 1 OFFSET 3").fetchone()[0]
+    con.close()
+    _tamper(flashed, "DELETE FROM log_verifies WHERE seq = ?", seq)
     r = cli("audit", "verify")
-    assert r.code == 1 and f"expected seq {seq}" in r.out
+    assert r.code == 1 and "do not match checkpoint" in r.out and "rows found" in r.out
 
 
-def test_truncating_the_tail_is_found(cli, flashed):
+def test_truncating_the_tail_is_found_in_the_database_and_by_the_anchor(cli, flashed, tmp_path):
     con = sqlite3.connect(flashed)
-    last = con.execute("SELECT max(seq) FROM run_status").fetchone()[0]
-    con.execute("DROP TRIGGER run_status_no_delete")
-    con.execute("DELETE FROM run_status WHERE seq = ?", [last])
-    con.commit()
+    last = con.execute("SELECT max(id) FROM checkpoints").fetchone()[0]
+    con.close()
+    # Remove the last checkpoint and everything it sealed, and fix up chain_head: the database
+    # alone still shows it (the head names a checkpoint that is gone) ...
+    _tamper(flashed, "DELETE FROM checkpoints WHERE id = ?", last)
     r = cli("audit", "verify")
     assert r.code == 1 and "chain head" in r.out
+    # ... and when the head is made to agree too, the anchor file beside the database does.
+    _tamper(flashed, "UPDATE chain_head SET checkpoint = ?, hash = (SELECT hash FROM checkpoints WHERE id = ?)",
+            last - 1, last - 1)
+    r = cli("audit", "verify")
+    assert r.code == 1
+    assert "a row of run" in r.out or "after its last checkpoint" in r.out or f"checkpoint #{last}" in r.out
+
+
+def test_a_database_replaced_whole_by_an_older_copy_is_found_by_the_anchor(cli, make_board, image, db, tmp_path):
+    import shutil
+
+    board = make_board(content="blank", transport="ideal")
+    assert cli("info", "--board", f"sim:{board}").code == 0
+    older = tmp_path / "older.sqlite"
+    con = sqlite3.connect(db)
+    con.execute(f"VACUUM INTO '{older}'")
+    con.close()
+    assert cli("flash", image, "--yes", "--force", "--sector-count", "4", "--board", f"sim:{board}").code == 0
+    assert cli("audit", "verify").code == 0
+    for suffix in ("-wal", "-shm"):
+        (db.parent / (db.name + suffix)).unlink(missing_ok=True)
+    shutil.copy(older, db)
+    r = cli("audit", "verify")
+    assert r.code == 1 and "anchor" in r.out and "does not have" in r.out
+    assert cli("audit", "verify", "--anchor", tmp_path / "nothing").code == 2
+
+
+def _pages_up_to(db, seq: int, work) -> int:  # noqa: ANN001
+    """The pages a database holding only the rows of `db` up to `seq` (and the blobs they
+    use) takes: where a database that may grow to that size fills up."""
+    cut = work / "cut.sqlite"
+    con = sqlite3.connect(db)
+    con.execute(f"VACUUM INTO '{cut}'")
+    con.close()
+    con = sqlite3.connect(cut)
+    for (trigger,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+        con.execute(f"DROP TRIGGER {trigger}")
+    for table in PHYSICAL:
+        con.execute(f"DELETE FROM {table} WHERE seq > ?", [seq])
+    used = " UNION ".join(f"SELECT {c} FROM {t}" for t, columns in PHYSICAL.items() for c, k in columns if k == "ref")
+    con.execute(f"DELETE FROM blobs WHERE id NOT IN ({used})")
+    con.commit()
+    con.execute("VACUUM")
+    pages = con.execute("PRAGMA page_count").fetchone()[0]
+    con.close()
+    return pages
 
 
 def test_audit_failure_mid_job_stops_hardware_writes_and_restores_registers(cli, make_board, image, db,
-                                                                            monkeypatch):
+                                                                            monkeypatch, tmp_path):
     """The database fills up mid-job (SQLite max_page_count): the job fails, nothing more is
-    written to the board but the register restore."""
+    written to the board but the register restore, and everything destructive the board
+    received is on record."""
     import amdflash.pipeline.commands as commands
+
+    # Where the database must fill up to stop the job halfway through programming: from a
+    # twin run, as big as its trail up to then.
+    twin = make_board(content="blank", transport="ideal")
+    reference = tmp_path / "reference.sqlite"
+    assert cli("--db", reference, "flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{twin}").code == 0
+    con = sqlite3.connect(reference)
+    (start,), (end,) = con.execute("SELECT seq FROM stages WHERE stage = 'program' AND event IN ('start', 'end') "
+                                   "ORDER BY seq").fetchall()
+    con.close()
+    limit = _pages_up_to(reference, (start + end) // 2, tmp_path)
 
     board = make_board(content="blank", transport="ideal")
     with Board(board) as b:
         before = {r: b.get32(r) for r in (R.GPIOPAD_MASK, R.PAGE_MIRROR_CNTL, R.ROM_CNTL)}
-    writer_module.AuditWriter(str(db)).open().close()          # the schema exists
-    con = sqlite3.connect(db)
-    pages = con.execute("PRAGMA page_count").fetchone()[0]
-    con.close()
     writers = []
 
     def small_writer(args):  # noqa: ANN001
-        w = writer_module.AuditWriter(str(db), max_pages=pages + 4).open()   # room for the run row only
+        w = writer_module.AuditWriter(str(db), max_pages=limit).open()   # full mid-flash
         writers.append(w)
         return w
 
@@ -111,7 +213,8 @@ def test_audit_failure_mid_job_stops_hardware_writes_and_restores_registers(cli,
     r = cli("flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}")
     assert r.code == 1
     assert "audit" in r.err and "full" in r.err
-    assert flash_content(board) == b"\xff" * 0x200000
+    assert flash_content(board) not in (image.read_bytes(), b"\xff" * 0x200000)   # stopped mid-flash
+    assert uncovered_commands(db, board) == []
     with Board(board) as b:
         assert {r: b.get32(r) for r in before} == before
     # Once the failure was known only the restore reached the board: at most the closing
@@ -202,3 +305,50 @@ def test_a_host_leaving_without_closing_its_writer_still_exits(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == -2 and "KeyboardInterrupt" in p.stderr     # -SIGINT: Python re-raises it
     assert db.exists()
+
+
+def _vm_steps(db, run_id: str) -> dict[str, int]:  # noqa: ANN001
+    """Thousands of SQLite virtual-machine steps each per-run read takes (report, its HTML
+    page, verify --run): the work they do, whatever the machine's load."""
+    from amdflash.store.html import render
+    from amdflash.store.queries import open_readonly, report
+    from amdflash.store.verify import verify_run
+
+    reader = open_readonly(str(db))
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    reader.conn.set_progress_handler(count, 1000)
+    out = {}
+    try:
+        for name, read in (("report", lambda: report(reader, run_id)),
+                           ("html", lambda: render(reader, report(reader, run_id))),
+                           ("verify --run", lambda: verify_run(reader.conn, run_id))):
+            steps = 0
+            read()
+            out[name] = steps
+    finally:
+        reader.conn.close()
+    return out
+
+
+def test_reading_one_run_costs_that_run_whatever_was_recorded_after_it(cli, make_board, image, db):
+    """report, its HTML page and verify --run read only the run's own rows and bytes: their
+    work does not grow as later runs, many times its size, are recorded after it."""
+    def flash(sectors: int) -> None:
+        board = make_board(content=bytes(range(256)) * (0x200000 // 256), transport="ideal")
+        assert cli("flash", image, "--yes", "--expect-part", PART_KEY, "--sector-count", sectors,
+                   "--board", f"sim:{board}").code == 0
+
+    flash(8)
+    run_id = json.loads(cli("runs", "--format", "json").out)[0]["run_id"]
+    before = _vm_steps(db, run_id)
+    for _ in range(2):
+        flash(64)
+    after = _vm_steps(db, run_id)
+    for name, steps in before.items():
+        assert after[name] <= steps * 1.05 + 5, (name, before, after)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from amdflash.stages.navi31.regs import ROM_SW_CNTL
 from amdflash.stages.restore import RESTORABLE
 from amdflash.stages.transport.sim import Board, create_board
 from tests.pipeline.test_faults_matrix import damaged, image
@@ -81,47 +82,49 @@ class Case:
 def phase_of_writes(db: Path) -> dict[str, list[int]]:
     """Register write numbers (n) of the newest run, by the phase they belong to.
 
-    Each SPI transaction owns the writes recorded since the previous one. A write enable
-    (and the status read that checks it) belongs to the operation it enables; other status
-    reads are the busy polls of the operation before them."""
+    Each SPI transaction owns the writes issued since the previous one, up to its own
+    ROM_SW_CNTL write, which starts it (the k-th write that reaches CNTL starts the k-th
+    transaction). A write enable (and the status read that checks it) belongs to the
+    operation it enables; other status reads are the busy polls of the operation before them."""
     con = sqlite3.connect(db)
     try:
         run_id = con.execute("SELECT run_id FROM runs ORDER BY seq DESC LIMIT 1").fetchone()[0]
         stages = {(s, e): seq for s, e, seq in con.execute(
             "SELECT stage, event, min(seq) FROM stages WHERE run_id = ? GROUP BY stage, event", [run_id])}
-        events = sorted([(seq, "w", n) for seq, n in con.execute(
-            "SELECT seq, n FROM register_writes WHERE run_id = ?", [run_id])] +
-            [(seq, "t", op) for seq, op in con.execute(
-                "SELECT seq, opcode FROM spi_transactions WHERE run_id = ?", [run_id])])
+        writes = con.execute("SELECT seq, n, offset, coalesce(length(data), 4) FROM register_writes "
+                             "WHERE run_id = ? ORDER BY n", [run_id]).fetchall()
+        transactions = iter(con.execute("SELECT seq, opcode FROM spi_transactions WHERE run_id = ? ORDER BY n",
+                                        [run_id]).fetchall())
     finally:
         con.close()
     out: dict[str, list[int]] = {p: [] for p in PHASES}
-    writes: list[int] = []
+    owned: list[int] = []
     enabling: list[int] = []
     last: str | None = None
-    for seq, kind, value in events:
+    for seq, n, offset, size in writes:
         if seq > stages["restore", "start"]:
-            if kind == "w":
-                out["restore"].append(value)
-        elif kind == "w":
-            writes.append(value)
+            out["restore"].append(n)
+            continue
+        owned.append(n)
+        if not offset <= ROM_SW_CNTL < offset + size:
+            continue
+        started, value = next(transactions)
+        if value == WREN or (value in STATUS and enabling):
+            enabling += owned
+        elif value in STATUS:
+            if last:
+                out[last] += owned
         else:
-            if value == WREN or (value in STATUS and enabling):
-                enabling += writes
-            elif value in STATUS:
-                if last:
-                    out[last] += writes
+            if stages["backup", "start"] < started < stages["backup", "end"]:
+                last = "backup"
+            elif started > stages["backup", "end"]:
+                last = "erase" if value in ERASES else "program" if value == PROGRAM else "verify"
             else:
-                if stages["backup", "start"] < seq < stages["backup", "end"]:
-                    last = "backup"
-                elif seq > stages["backup", "end"]:
-                    last = "erase" if value in ERASES else "program" if value == PROGRAM else "verify"
-                else:
-                    last = None           # identification
-                if last:
-                    out[last] += enabling + writes
-                enabling = []
-            writes = []
+                last = None           # identification
+            if last:
+                out[last] += enabling + owned
+            enabling = []
+        owned = []
     return out
 
 

@@ -20,6 +20,8 @@ UNIT = 0x1000
 ERASED_BLOCK = 0x100000      # a 64 KiB block that needs an erase (board holds zeros there)
 PROGRAM_UNIT = 0x21000       # a unit that needs only programming (board holds 0xFF there)
 STUCK_UNIT = 0x22000         # the unit whose stuck bit fails verify
+STUCK_WORK = 0x30000         # the stuck board differs from the image from here to its end: work the
+                             # stages still have queued when the stuck unit fails
 PROTECTED_UNIT = 0x3000      # the unit the sector-range run on a BP-protected board erases
 
 
@@ -68,6 +70,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
     clean[PROGRAM_UNIT:PROGRAM_UNIT + UNIT] = b"\xff" * UNIT
     stuck = bytearray(image_bytes)
     stuck[STUCK_UNIT:STUCK_UNIT + UNIT] = bytes(UNIT)
+    stuck[STUCK_WORK:] = bytes(len(stuck) - STUCK_WORK)
     stuck_address = next(a for a in range(STUCK_UNIT, STUCK_UNIT + UNIT) if not image_bytes[a] & 1)
     protected = bytearray(image_bytes)
     protected[PROTECTED_UNIT:PROTECTED_UNIT + UNIT] = bytes(UNIT)
@@ -108,21 +111,20 @@ def _mid_erase_seq(db: Path, run_id: str) -> int:
 
 
 def power_loss_copy(src: Path, dst: Path, last_seq: int) -> None:
-    """The database as a host that died after committing row `last_seq` leaves it: a chain prefix."""
-    from amdflash.store.schema import AUDIT_TABLES
+    """The database as a host that lost power after committing row `last_seq` leaves it: every
+    row up to it, the checkpoints sealed by then; rows after the last of those are unsealed."""
+    from amdflash.store.schema import PHYSICAL, add_triggers, drop_triggers
 
     source, copy = sqlite3.connect(src), sqlite3.connect(dst)
     source.backup(copy)
     source.close()
-    head = None
-    for table in AUDIT_TABLES:
-        copy.execute(f"DROP TRIGGER {table}_no_delete")
+    drop_triggers(copy)
+    for table in PHYSICAL:
         copy.execute(f"DELETE FROM {table} WHERE seq > ?", [last_seq])
-        copy.execute(f"CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table} "
-                     f"BEGIN SELECT RAISE(ABORT, 'audit rows are append-only ({table})'); END")
-        row = copy.execute(f"SELECT hash FROM {table} WHERE seq = ?", [last_seq]).fetchone()
-        head = row[0] if row else head
-    copy.execute("UPDATE chain_head SET seq = ?, hash = ? WHERE id = 1", [last_seq, head])
+    copy.execute("DELETE FROM checkpoints WHERE last_seq > ?", [last_seq])
+    copy.execute("UPDATE chain_head SET seq = ?, checkpoint = (SELECT max(id) FROM checkpoints), "
+                 "hash = (SELECT hash FROM checkpoints ORDER BY id DESC LIMIT 1) WHERE id = 1", [last_seq])
+    add_triggers(copy)
     copy.commit()
     copy.close()
 

@@ -11,8 +11,7 @@ import pytest
 from amdflash.pipeline.cli import main
 from amdflash.stages.transport.sim import create_board
 from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
-from amdflash.store.chain import verify
-from amdflash.store.schema import AUDIT_TABLES
+from amdflash.store.schema import DECODED, LOGICAL, PHYSICAL
 
 ROOT = Path(__file__).resolve().parents[2]
 METADATA = ROOT / "store" / "datasette_metadata.json"
@@ -67,40 +66,41 @@ def query(db: Path, name: str, **params: str) -> list[dict]:
         conn.close()
 
 
-def test_every_table_and_column_is_described():
+def test_every_table_and_column_is_described(trail):
     tables = metadata()["databases"]["audit"]["tables"]
-    assert set(tables) == set(AUDIT_TABLES) | {"meta", "chain_head"}
-    for table, columns in AUDIT_TABLES.items():
-        assert tables[table]["description"]
-        assert set(tables[table]["columns"]) == {"seq", *columns, "hash"}, table
-        assert all(tables[table]["columns"].values())
+    conn = sqlite3.connect(trail["db"])
+    in_db = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
+                                              "AND name NOT LIKE 'sqlite_%'")}
+    assert set(tables) == in_db
+    assert set(LOGICAL) | set(DECODED) | set(PHYSICAL) <= in_db
+    for table in in_db:
+        columns = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        assert tables[table]["description"], table
+        assert set(tables[table]["columns"]) == columns, table
+        assert all(tables[table]["columns"].values()), table
+    conn.close()
 
 
 def test_runs_by_status_gives_the_latest_status_failed_first(trail):
     rows = query(trail["db"], "runs_by_status")
     assert [(r["run_id"], r["status"]) for r in rows] == [(trail["bad"], "failed"), (trail["good"], "succeeded")]
-    assert "verify failed at" in rows[0]["detail"]
+    assert "verify failed at" in rows[0]["detail"] and {r["emulated"] for r in rows} == {1}
     assert [r["run_id"] for r in query(trail["db"], "runs_by_status", status="succeeded")] == [trail["good"]]
     assert query(trail["db"], "runs_by_status", status="interrupted") == []
 
 
-def test_failed_unit_of_a_stuck_bit_run_appears_with_its_last_register_writes(trail):
+def test_failed_unit_of_a_stuck_bit_run_appears_with_its_last_attempt(trail):
     rows = query(trail["db"], "failed_units")
     assert rows and {r["run_id"] for r in rows} == {trail["bad"]}
     assert {r["unit"] for r in rows} == {f"{trail['failed_unit']:#08x}"}
     assert "flash=" in rows[0]["failure"] and "image=" in rows[0]["failure"]
-    assert 1 < len(rows) <= 32
-    seqs = [r["write_seq"] for r in rows]
+    seqs = [r["transaction_seq"] for r in rows]
     assert seqs == sorted(seqs) and all(s < rows[0]["failed_seq"] for s in seqs)
-    conn = sqlite3.connect(trail["db"])
-    owners = {run for (run,) in conn.execute(
-        f"SELECT run_id FROM register_writes WHERE seq IN ({','.join('?' * len(seqs))})", seqs)}
-    # The writes are the run's last 32 before the failure: none of that run lies between them and it.
-    later = conn.execute("SELECT count(*) FROM register_writes WHERE run_id = ? AND seq > ? AND seq < ?",
-                         (trail["bad"], seqs[-1], rows[0]["failed_seq"])).fetchone()[0]
-    conn.close()
-    assert owners == {trail["bad"]} and later == 0
-    assert "ROM_SW_COMMAND" in {r["register"] for r in rows}
+    commands = [r["command"] for r in rows]
+    # The last retry: erase the unit, program it, read it back.
+    assert "SE 4K" in commands and "PP" in commands and commands[-1] == "READ"
+    assert {r["address"] for r in rows if r["command"] in ("SE 4K", "PP")} <= {
+        f"{a:#08x}" for a in range(trail["failed_unit"], trail["failed_unit"] + UNIT, 0x100)}
     assert query(trail["db"], "failed_units", run_id=trail["good"]) == []
 
 
@@ -113,15 +113,15 @@ def test_board_history_by_unique_id_or_spec(trail):
     assert query(trail["db"], "board_history") == []
 
 
-def test_chain_head_and_counts_match_the_chain(trail):
-    rows = {r["source"]: r for r in query(trail["db"], "chain_head_and_counts")}
+def test_seals_name_each_runs_last_checkpoint(trail):
+    rows = {r["run_id"]: r for r in query(trail["db"], "seals")}
     conn = sqlite3.connect(trail["db"])
-    for table in AUDIT_TABLES:
-        assert rows[table]["row_count"] == conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0], table
-    chain = verify(conn)
+    for run_id in (trail["good"], trail["bad"]):
+        last = conn.execute("SELECT id, rows, hex(head) FROM checkpoints WHERE run_id = ? ORDER BY id DESC LIMIT 1",
+                            [run_id]).fetchone()
+        assert (rows[run_id]["checkpoint"], rows[run_id]["rows"], rows[run_id]["head"]) == last
+        assert rows[run_id]["kind"] == "final" and rows[run_id]["checkpoints"] >= 1
     conn.close()
-    assert rows["chain_head"]["last_seq"] == rows["all audit tables"]["row_count"] == chain.head_seq
-    assert rows["chain_head"]["hash"] == chain.head_hash
 
 
 def test_metadata_command_names_the_database_by_its_file_stem(tmp_path, capsys):

@@ -11,7 +11,7 @@ from amdflash.pipeline.cli import main
 from amdflash.pipeline.demo import DEFAULT_SEED, MARKER, prepare_dir
 from amdflash.pipeline.errors import Refusal
 from amdflash.stages.transport.sim.synth import damage, synthetic_ifwi
-from amdflash.store.chain import verify
+from amdflash.store.verify import verify_database
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_demo_recovers_the_board_into_its_own_directory(env, tmp_path, capsys):
     runs = conn.execute("""SELECT r.command, r.run_id, (SELECT status FROM run_status s WHERE s.run_id = r.run_id
                            ORDER BY seq DESC LIMIT 1) FROM runs r ORDER BY r.seq""").fetchall()
     flash = conn.execute("SELECT arguments FROM runs WHERE command = 'flash'").fetchone()[0]
-    assert verify(conn).ok
+    assert verify_database(conn).ok
     conn.close()
     assert [(c, s) for c, _, s in runs] == [("info", "succeeded"), ("dump", "succeeded"),
                                             ("flash", "succeeded"), ("verify", "succeeded")]

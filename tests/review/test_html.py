@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import sqlite3
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
-from amdflash.store import chain
 from amdflash.store.html import decode_write, render
 from amdflash.store.queries import open_readonly, report
-from tests.review.conftest import (ERASED_BLOCK, PROGRAM_UNIT, PROTECTED_UNIT, STUCK_UNIT, UNIT, Recorded, amdflash,
+from tests.review.conftest import (ERASED_BLOCK, PROGRAM_UNIT, PROTECTED_UNIT, STUCK_UNIT, STUCK_WORK, UNIT, Recorded, amdflash,
                                    board_config)
 
 FLASH = 0x200000
@@ -79,12 +79,10 @@ class Page(HTMLParser):
         return " ".join(sorted(classes))
 
 
-def html_of(recorded: Recorded, scenario: str, chain_report: chain.ChainReport | None = None,
-            path: Path | None = None) -> str:
+def html_of(recorded: Recorded, scenario: str, path: Path | None = None) -> str:
     db = open_readonly(str(path or recorded.db))
     try:
-        rep = report(db, recorded.runs[scenario])
-        return render(db, rep, chain_report or chain.verify(db.conn))
+        return render(db, report(db, recorded.runs[scenario]))
     finally:
         db.conn.close()
 
@@ -141,9 +139,10 @@ def test_legend_names_every_category_with_its_count(pages) -> None:  # noqa: ANN
     items = [li.split("</span>", 1)[1] for li in legend.split("<li>")[1:]]
     assert items == ["skipped — already equal <b>495</b></li>", "programmed without erase, verified <b>1</b></li>",
                      "erased + programmed, verified <b>16</b></li>",
-                     "hatched: planned or written, not verified <b>0</b></li>",
-                     "verify failed <b>0</b></li>", "protected (block protection) <b>0</b></li>",
-                     "not part of the run <b>0</b></li>"]
+                     "hatched: touched (erased or programmed), not verified <b>0</b></li>",
+                     "verify failed <b>0</b></li>", "planned, never touched <b>0</b></li>",
+                     "in the run&#x27;s range, not reached <b>0</b></li>", "protected (block protection) <b>0</b></li>",
+                     "outside the run&#x27;s range <b>0</b></li>"]
 
 
 def test_failed_cell_and_verify_rows_of_a_stuck_bit_run(recorded: Recorded, pages) -> None:  # noqa: ANN001
@@ -151,8 +150,17 @@ def test_failed_cell_and_verify_rows_of_a_stuck_bit_run(recorded: Recorded, page
     assert page.category(STUCK_UNIT) == "failed"
     assert f"{recorded.stuck_address:#08x}" in page.cells[STUCK_UNIT][1]
     assert all(page.category(a) == "skip" for a in range(0, STUCK_UNIT, UNIT))
-    # The whole backup is read before the first erase: the last unit was planned (already equal) before the failure.
-    assert page.category(FLASH - UNIT) == "skip"
+    # After the failure: the stages had more work queued (the board differs from the image from
+    # STUCK_WORK on). What was erased but never verified is hatched, what was only planned is
+    # "planned, never touched", and what the planner never got to — read into the backup, like
+    # every unit, before the first erase — is "in the run's range, not reached": never "outside".
+    after = [page.category(a) for a in range(STUCK_WORK, FLASH, UNIT)]
+    assert set(after) <= {"erase unverified", "planned", "unreached"} and "planned" in after
+    assert after[-1] == "unreached" and "never got to it" in page.cells[FLASH - UNIT][1]
+    assert after == sorted(after, key=["erase unverified", "planned", "unreached"].index)   # in that order
+    assert all(page.category(a) == "skip" for a in range(STUCK_UNIT + UNIT, STUCK_WORK, UNIT))
+    planned = next(a for a in range(STUCK_WORK, FLASH, UNIT) if page.category(a) == "planned")
+    assert "never touched" in page.cells[planned][1]
     want = [f"{recorded.stuck_address:#08x}", f"0x{recorded.image_bytes[recorded.stuck_address] | 1:02x}",
             f"0x{recorded.image_bytes[recorded.stuck_address]:02x}"]
     assert page.failed_verifies == [
@@ -161,26 +169,38 @@ def test_failed_cell_and_verify_rows_of_a_stuck_bit_run(recorded: Recorded, page
     assert page.fields["status-badge"] == "failed"
 
 
-def test_register_writes_before_the_first_error(recorded: Recorded, pages) -> None:  # noqa: ANN001
+def test_the_failing_units_last_attempt(recorded: Recorded, pages) -> None:  # noqa: ANN001
+    """Not the last writes before the first mismatch, but the whole last retry of the unit that
+    failed: its erase, its page programs and the read-back that found the stuck bit."""
     _, page = pages["stuck"]
     con = sqlite3.connect(recorded.db)
     run = recorded.runs["stuck"]
     first_bad = con.execute("SELECT min(seq) FROM verifies WHERE run_id = ? AND ok = 0", [run]).fetchone()[0]
-    expected = con.execute("SELECT n, seq FROM register_writes WHERE run_id = ? AND seq < ? ORDER BY seq DESC "
-                           "LIMIT 32", [run, first_bad]).fetchall()[::-1]
+    failed = con.execute("SELECT seq FROM units WHERE run_id = ? AND state = 'failed'", [run]).fetchone()[0]
+    retry = con.execute("SELECT seq, detail FROM units WHERE run_id = ? AND state = 'intent' AND address = ? "
+                        "ORDER BY seq DESC LIMIT 1", [run, STUCK_UNIT]).fetchone()
+    expected = con.execute("SELECT n, opcode, address FROM spi_transactions WHERE run_id = ? AND seq > ? AND seq < ? "
+                           "ORDER BY seq, n", [run, retry[0], failed]).fetchall()
     con.close()
+    assert retry[1].startswith("retry 2:")
     assert page.field_attrs["first-error"]["data-seq"] == str(first_bad)
     assert f"unit {STUCK_UNIT:#08x}" in page.fields["first-error"]
     assert f"{recorded.stuck_address:#08x}" in page.fields["first-error"]
-    assert [(int(r[0]), int(r[1])) for r in page.writes] == expected and len(expected) == 32
-    names = {r[4] for r in page.writes}
-    assert {"ROM_SW_COMMAND", "ROM_SW_CNTL", "ROM_SW_STATUS"} <= names
-    # The read-back that found the mismatch: READs of the unit's last pages (a chained read
-    # ends with the read of the chunk after the unit, which brings the last one in).
-    commands = [r for r in page.writes if r[4] == "ROM_SW_COMMAND"]
-    assert all("03h READ" in r[6] for r in commands)
-    assert commands[-2][6].endswith(f"{STUCK_UNIT + UNIT - 0x100:#08x}")
-    assert commands[-1][6].endswith(f"{STUCK_UNIT + UNIT:#08x}")
+    assert page.fields["attempt"].startswith(f"The last retry of unit {STUCK_UNIT:#08x}")
+    rows = [(int(r[0]), r[3], r[4]) for r in page.writes]
+    assert rows == [(n, r[3], r[4]) for (n, _, _), r in zip(expected, page.writes)] and len(rows) == len(expected)
+    ops = [r[1] for r in rows]
+    erase = ops.index("20h SE 4K")
+    assert ops[0] == "06h WREN" and rows[erase][2] == f"{STUCK_UNIT:#08x}" and erase < ops.index("02h PP")
+    programs = [int(a, 16) for _, op, a in rows if op == "02h PP"]
+    assert programs and all(STUCK_UNIT <= a < STUCK_UNIT + UNIT for a in programs)
+    # The read-back, every chunk of the unit (confirmed: read twice); chained reads end with the
+    # read of the chunk after the unit, whose transaction brings the last chunk's capture in.
+    last_program = max(i for i, op in enumerate(ops) if op == "02h PP")
+    assert "03h READ" not in ops[:last_program]
+    reads = [int(a, 16) for _, op, a in rows[last_program:] if op == "03h READ"]
+    chunks = range(STUCK_UNIT, STUCK_UNIT + UNIT, 0x100)
+    assert all(reads.count(a) >= 2 for a in chunks) and set(reads) <= {*chunks, STUCK_UNIT + UNIT}
 
 
 def test_a_clean_run_has_no_error_section_rows(pages) -> None:  # noqa: ANN001
@@ -194,6 +214,11 @@ def test_stage_timeline(pages) -> None:  # noqa: ANN001
         assert clean.stages[name][4] == "ended", name
     _, stuck = pages["stuck"]
     assert stuck.stages["verify"][4] == "failed" and stuck.stages["restore"][4] == "ended"
+    # The backup is complete before the first erase: it ended. The stages still running when
+    # verify failed (they had work queued up to the end of the flash) were stopped by it, and
+    # their outcome says so.
+    assert stuck.stages["backup"][4] == "ended"
+    assert {stuck.stages[s][4] for s in ("plan", "erase", "program")} == {"cancelled"}
 
 
 def test_protected_units_and_units_outside_the_run(pages) -> None:  # noqa: ANN001
@@ -215,23 +240,68 @@ def test_recorded_text_is_escaped(recorded: Recorded, pages) -> None:  # noqa: A
 
 def test_chain_status_intact_and_broken(recorded: Recorded, pages, tmp_path: Path) -> None:  # noqa: ANN001
     _, page = pages["clean"]
-    assert page.field_attrs["chain"]["data-ok"] == "true" and page.fields["chain"].startswith("audit chain intact")
+    assert page.field_attrs["chain"]["data-ok"] == "true" and page.fields["chain"].startswith("intact")
+    con = sqlite3.connect(recorded.db)
+    head, digest = con.execute("SELECT head, hash FROM checkpoints WHERE run_id = ? ORDER BY id DESC LIMIT 1",
+                               [recorded.runs["clean"]]).fetchone()
+    con.close()
+    assert page.fields["chain_head"] == head.hex() and page.fields["checkpoint_hash"] == digest.hex()
+    assert "final checkpoint" in page.fields["checkpoint"] and page.fields["signed_by"].startswith("SHA256:")
+    assert "not checked against a trusted key" in page.fields["signature"]
     # A tampered copy of the database: the page must say the chain is broken, and where.
     copy = tmp_path / "tampered.sqlite"
     src = sqlite3.connect(recorded.db)
     dst = sqlite3.connect(copy)
     src.backup(dst)
     src.close()
-    seq = dst.execute("SELECT seq FROM register_writes ORDER BY seq LIMIT 1 OFFSET 50").fetchone()[0]
-    dst.execute("DROP TRIGGER register_writes_no_update")
-    dst.execute("UPDATE register_writes SET value = 0 WHERE seq = ?", [seq])
+    seq = dst.execute("SELECT seq FROM log_spi WHERE run = (SELECT seq FROM runs WHERE run_id = ?) "
+                      "ORDER BY seq LIMIT 1 OFFSET 50", [recorded.runs["clean"]]).fetchone()[0]
+    dst.execute("DROP TRIGGER log_spi_no_update")
+    dst.execute("UPDATE log_spi SET command = 0 WHERE seq = ?", [seq])
     dst.commit()
     dst.close()
     db = open_readonly(str(copy))
-    broken = Page(render(db, report(db, recorded.runs["clean"]), chain.verify(db.conn)))
+    broken = Page(render(db, report(db, recorded.runs["clean"])))
     db.conn.close()
     assert broken.field_attrs["chain"]["data-ok"] == "false"
-    assert "BROKEN" in broken.fields["chain"] and f"register_writes seq {seq}" in broken.fields["chain"]
+    assert "BROKEN" in broken.fields["chain"] and "do not match checkpoint" in broken.fields["chain"]
+    assert broken.fields["signature"].startswith("not valid")
+
+
+def test_a_trusted_key_is_checked_when_given(recorded: Recorded, tmp_path: Path) -> None:
+    from amdflash.pipeline.audit_commands import host_key_path
+    from amdflash.store import keys
+
+    good = tmp_path / "host.pub"
+    good.write_text(keys.public_line(keys.public_bytes(keys.load_private(host_key_path()))))
+    other = tmp_path / "other.pub"
+    other.write_text(keys.public_line(bytes(range(32))))
+    db = open_readonly(str(recorded.db))
+    try:
+        ok = Page(render(db, report(db, recorded.runs["clean"], [good])))
+        bad = Page(render(db, report(db, recorded.runs["clean"], [other])))
+    finally:
+        db.conn.close()
+    assert ok.fields["signature"] == "verified against the given key"
+    assert bad.field_attrs["chain"]["data-ok"] == "false" and "not a given --key" in bad.fields["chain"]
+
+
+def test_emulated_badge_and_facts(recorded: Recorded, pages) -> None:  # noqa: ANN001
+    import os
+    import pwd
+
+    _, page = pages["clean"]
+    assert page.fields["emulated-badge"] == "emulated board"
+    assert page.fields["emulated"].startswith("emulated")
+    assert page.fields["operator"] == pwd.getpwuid(os.getuid()).pw_name
+    assert page.fields["clock_sync"] and page.fields["host"]
+    assert '"emulated": true' in page.fields["board_detail"]
+
+
+def test_print_stylesheet(pages) -> None:  # noqa: ANN001
+    text, _ = pages["clean"]
+    style = text.split("<style>", 1)[1].split("</style>", 1)[0]
+    assert "@media print" in style and "print-color-adjust: exact" in style and "break-inside: avoid" in style
 
 
 @pytest.mark.parametrize("scenario", ["clean", "stuck", "protected"])
@@ -240,7 +310,9 @@ def test_self_contained(pages, scenario: str) -> None:  # noqa: ANN001
     lowered = text.lower()
     for needle in ("http", "src=", "@import", "url(", "<script", "<link", "<img", "<iframe"):
         assert needle not in lowered, needle
-    assert not {name for name, _ in page.attributes} & {"src", "href", "srcset", "action"}
+    assert not {name for name, _ in page.attributes} & {"src", "srcset", "action"}
+    # The only links are to other runs' reports, by their file names: nothing is fetched.
+    assert all(re.fullmatch(r"[0-9T]+-[0-9a-f]{8}\.html", v) for k, v in page.attributes if k == "href")
     assert page.tags.count("style") == 1
 
 
@@ -263,11 +335,79 @@ def test_a_run_whose_host_died(recorded: Recorded) -> None:
     assert page.stages["verify"][2:5] == ["—", "—", "no end recorded"]
     assert "stages without an end run off its right edge" in text
     assert page.field_attrs["chain"]["data-ok"] == "true"
+    assert "the run recorded no end" in page.fields["checkpoint"]
     # Power was lost while the 64 KiB block was being programmed: 3 units verified, the 4th programmed.
     block = [page.category(ERASED_BLOCK + i * UNIT) for i in range(16)]
     assert block[:3] == ["erase"] * 3 and block[3] == "erase unverified"
     assert "programmed" in page.cells[ERASED_BLOCK + 3 * UNIT][1]
     assert set(block[4:]) == {"erase unverified"}                 # erased, not yet programmed
-    assert page.category(FLASH - UNIT) == "skip"                  # the backup was complete before the first erase
+    # Every unit was read into the backup before the first erase; the planner, which needs no
+    # board, runs ahead of the writes: a unit it had found equal by the power loss is "already
+    # equal" (verified by the confirmed read), one it had not got to is "not reached" — in the
+    # run's range either way, never "outside".
+    con = sqlite3.connect(recorded.killed_db)
+    run = recorded.runs["clean"]
+    backed_up = {a for (a,) in con.execute("SELECT address FROM backup_units WHERE run_id = ?", [run])}
+    states = dict(con.execute("SELECT address, state FROM units WHERE run_id = ? ORDER BY seq", [run]).fetchall())
+    con.close()
+    assert backed_up == set(range(0, FLASH, UNIT)) and "none" not in {page.category(a) for a in page.cells}
+    for a in range(ERASED_BLOCK + 0x10000, FLASH, UNIT):
+        if a in states:
+            assert states[a] == "verified" and page.category(a) == "skip" and "already equal" in page.cells[a][1]
+        else:
+            assert page.category(a) == "unreached" and "never got to it" in page.cells[a][1]
     legend = text.split('<ul class="legend">', 1)[1].split("</ul>", 1)[0]
     assert "erased + programmed, verified <b>3</b>" in legend and "not verified <b>13</b>" in legend
+
+
+def test_an_interrupted_run_and_the_resume_that_finished_it(tmp_path: Path) -> None:
+    """Stopped with Ctrl-C mid-flash: its own stages say which stopped early; units only planned
+    are not drawn as touched; the run links to the resume that finished it, and back."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from amdflash.stages.transport.sim import command_log, create_board
+    from tests.pipeline.conftest import ROOT
+
+    image = bytearray(os.urandom(0x200000))
+    image[:4] = b"\xaa\x55\xaa\x55"
+    (tmp_path / "dense.bin").write_bytes(image)
+    board = create_board(tmp_path / "board", content=os.urandom(0x200000), transport="ideal", seed=4)
+    db = tmp_path / "audit.sqlite"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(db), "AMDFLASH_LOCK_DIR": str(tmp_path / "l")}
+    proc = subprocess.Popen([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(tmp_path / "dense.bin"),
+                             "--yes", "--force", "--sector-count", "128", "--board", f"sim:{board}"], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(command_log.read(board)) < 200:        # a few 64 KiB blocks are under way
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130, proc.stderr.read()
+    assert amdflash(db, "resume", "--yes", "--board", f"sim:{board}") == 0
+    store = open_readonly(str(db))
+    try:
+        stopped, resume = [r["run_id"] for r in store.query("SELECT run_id FROM runs ORDER BY seq")]
+        interrupted = Page(render(store, report(store, stopped)))
+        finishing = Page(render(store, report(store, resume)))
+    finally:
+        store.conn.close()
+    assert interrupted.fields["status-badge"] == "interrupted"
+    # The backup was complete before the first erase; the erase stage stopped taking work.
+    assert interrupted.stages["erase"][4] == "stopped early" and interrupted.stages["backup"][4] == "ended"
+    assert interrupted.stages["restore"][4] == "ended"
+    # Verified where it got to; planned, but stopped before any write, next; beyond what the
+    # planner had got to (if it had not reached the end of the run's range, 128 units), "not
+    # reached"; outside the range, "outside".
+    order = ["erase", "planned", "unreached"]
+    in_range = [interrupted.category(a) for a in range(0, 128 * UNIT, UNIT)]
+    assert set(in_range) - {"unreached"} == {"erase", "planned"} and in_range == sorted(in_range, key=order.index)
+    assert {interrupted.category(a) for a in interrupted.cells if a >= 128 * UNIT} == {"none"}
+    planned = next(a for a in interrupted.cells if interrupted.category(a) == "planned")
+    assert "never touched" in interrupted.cells[planned][1]
+    assert interrupted.fields["finished_by"] == resume and interrupted.fields["resumed_by"].startswith(resume)
+    assert finishing.fields["resumes_run_id"] == stopped
+    assert ("href", f"{resume}.html") in interrupted.attributes and ("href", f"{stopped}.html") in finishing.attributes

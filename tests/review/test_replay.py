@@ -32,7 +32,7 @@ def writes_before(recorded: Recorded, run_id: str, seq: int) -> tuple[int, int]:
     """(n, seq) of the run's last register write recorded before `seq`."""
     con = sqlite3.connect(recorded.db)
     try:
-        return con.execute("SELECT n, seq FROM register_writes WHERE run_id = ? AND seq < ? ORDER BY seq DESC "
+        return con.execute("SELECT n, seq FROM register_writes WHERE run_id = ? AND seq < ? ORDER BY seq DESC, n DESC "
                            "LIMIT 1", [run_id, seq]).fetchone()
     finally:
         con.close()

@@ -99,6 +99,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from amdflash.stages.transport.sim import command_log
 from amdflash.stages.transport.sim.parts import FLASH_SIZE, PAGE_SIZE, SECTOR_SIZE, Bit, PartSpec
 from amdflash.stages.transport.sim.parts import part as find_part
 
@@ -227,6 +228,9 @@ class NorChip:
         if not out:
             return _ff(rx_len)
         op = out[0]
+        if op in command_log.LOGGED:
+            # What a logic analyser on the bus would show, whatever the chip then does with it.
+            command_log.record(self.board.path, out)
         state = self._state
         if state[_BUSY_KIND]:
             if self._now() < self._times[_BUSY_UNTIL]:

@@ -1,0 +1,127 @@
+"""Audit trail commands: `audit key`, `audit verify` (database, --run, --key, --anchor),
+`audit archive`, and the host key's place in the data directory."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
+
+KEY_FILE = "host_key.pem"
+
+
+def host_key_path() -> Path:
+    """The host's private key: in the data directory, beside the default audit database
+    (AMDFLASH_HOST_KEY names another file)."""
+    from amdflash.pipeline.commands import default_db
+
+    return Path(os.environ.get("AMDFLASH_HOST_KEY") or Path(default_db()).parent / KEY_FILE)
+
+
+def open_for_reading(path: str):  # noqa: ANN201 - a sqlite_utils.Database
+    """The audit database read-only, upgraded first if an older amdflash made it."""
+    from amdflash.store import schema
+    from amdflash.store.queries import open_readonly
+    from amdflash.store.writer import StoreUnavailable, prepare
+
+    if not Path(path).exists():
+        raise Refusal(f"no audit database at {path}")
+    try:
+        conn = schema.connect(path, readonly=True)
+        try:
+            found = schema.version(conn)
+        finally:
+            conn.close()
+        if found is not None and 0 < found < schema.SCHEMA_VERSION:
+            prepare(path, host_key_path())
+        return open_readonly(path)
+    except (schema.SchemaError, StoreUnavailable) as e:
+        raise Refusal(str(e)) from None
+    except OSError as e:
+        raise Refusal(f"cannot read audit database {path}: {e}") from None
+
+
+def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction) -> None:
+    p = audit_sub.add_parser(
+        "key", help="print this host's public key (it verifies the signatures of the audit trail)",
+        description="Print the public half of this host's Ed25519 key, which signs every checkpoint of the "
+                    "audit trail. Keep a copy apart from the database: 'amdflash audit verify --key FILE' then "
+                    "proves the trail was sealed on this host. The private key is created on first use in the "
+                    "data directory (mode 0600) and never leaves it.")
+    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="also write the public key to FILE")
+    p.set_defaults(func=cmd_key)
+
+    p = audit_sub.add_parser(
+        "archive", help="move old runs to a signed, verifiable archive file and remove them from the database",
+        description="Write every run that ended before DATE (and the runs those resumed) to FILE — a signed "
+                    "export that 'amdflash audit verify --export FILE' checks on its own — then remove them "
+                    "from the database, leaving a signed seal so that the database's chain still verifies "
+                    "across the gap. Runs interleaved with newer ones stay until those can go too. Backup "
+                    "images of archived runs stay where they are (--backups keep, default) or move into "
+                    "FILE.backups/ (--backups move). The database file is compacted afterwards.")
+    p.add_argument("--before", required=True, metavar="DATE", help="ISO date or time (UTC), e.g. 2026-01-01")
+    p.add_argument("-o", "--output", required=True, type=Path, metavar="FILE", help="the archive file (JSONL)")
+    p.add_argument("--backups", choices=("keep", "move"), default="keep",
+                   help="backup images of archived runs: keep them in place (default) or move them beside FILE")
+    p.set_defaults(func=cmd_archive)
+
+    verify = audit_sub.choices["verify"]
+    verify.description = (
+        "Recompute the hash chain of every run from its rows and check every checkpoint: its hash, "
+        "its place in the database's chain of checkpoints and its signature. With --run, only that run "
+        "(its rows and checkpoints: as fast for one run in a large database as in a small one). With "
+        "--key, every signature must be by that public key ('amdflash audit key'): this is what proves "
+        "that nobody rewrote the trail and recomputed its hashes. The anchor file (checkpoints appended "
+        "beside the database as they are made) shows whether the database lost its tail or was replaced "
+        "whole. Exit 1 naming the first thing that does not match. Read-only.")
+    verify.add_argument("--run", metavar="RUN_ID", help="verify only this run (a unique prefix is enough)")
+    verify.add_argument("--key", type=Path, action="append", metavar="PUBFILE",
+                        help="trusted public key(s) ('amdflash audit key -o FILE'); repeatable")
+    verify.add_argument("--anchor", type=Path, metavar="FILE",
+                        help="anchor file to compare with (default: beside the database, DB.anchor)")
+    sub.choices["report"].add_argument("--key", type=Path, action="append", metavar="PUBFILE",
+                                       help="check the run's signatures against this public key")
+
+
+def cmd_key(args: argparse.Namespace) -> int:
+    from amdflash.store import keys
+
+    path = host_key_path()
+    try:
+        key = keys.load_or_create(path)
+    except (OSError, keys.KeyError_) as e:
+        raise Refusal(f"host key {path}: {e}") from None
+    public = keys.public_bytes(key)
+    line = keys.public_line(public)
+    print(line)
+    print(f"fingerprint {keys.fingerprint(public)}  (private key: {path})", file=sys.stderr)
+    if args.output:
+        args.output.write_text(line + "\n")
+        print(f"wrote {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_archive(args: argparse.Namespace) -> int:
+    import datetime as dt
+
+    from amdflash.pipeline.commands import db_path
+    from amdflash.store.archive import ArchiveRefused, archive
+
+    try:
+        before = dt.datetime.fromisoformat(args.before)
+    except ValueError:
+        raise Refusal(f"--before {args.before!r} is not an ISO date or time (e.g. 2026-01-01)") from None
+    if before.tzinfo is None:
+        before = before.replace(tzinfo=dt.timezone.utc)
+    if args.output.exists():
+        raise Refusal(f"{args.output} exists; the archive is written to a new file")
+    path = db_path(args)
+    open_for_reading(path).conn.close()   # refuses a missing or foreign database; upgrades an old one
+    try:
+        result = archive(path, host_key_path(), before, args.output, move_backups=args.backups == "move")
+    except ArchiveRefused as e:
+        raise Refusal(str(e)) from None
+    print(result.describe())
+    return EXIT_OK

@@ -1,0 +1,424 @@
+"""`audit verify`: recompute the chains of a database (or of one run) and check every seal.
+
+All reads happen inside one read transaction: a writer appending meanwhile is not seen, so
+an intact database is never reported broken because it grew during the check.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amdflash.store import keys, schema
+from amdflash.store.chain import (
+    GENESIS,
+    Broken,
+    Checkpoint,
+    KeyCheck,
+    RunChain,
+    SegmentHasher,
+    canonical_expr,
+    check_checkpoint_chain,
+    iter_canonical,
+    load_checkpoints,
+    run_genesis,
+    segment_head,
+)
+from amdflash.store.schema import PHYSICAL, PLAIN, RUN_END_SQL
+
+RUN_KINDS = ("commit", "final", "migrated")
+
+
+@contextlib.contextmanager
+def snapshot(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One consistent view of the database for everything read inside (WAL read transaction)."""
+    if conn.in_transaction:
+        yield conn
+        return
+    conn.execute("BEGIN")
+    try:
+        yield conn
+    finally:
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+
+
+@dataclass
+class VerifyReport:
+    ok: bool
+    scope: str                               # "the database" or "run RUN_ID"
+    rows: int = 0
+    checkpoints: int = 0
+    runs: int = 0
+    head: Checkpoint | None = None           # the newest checkpoint checked
+    signers: dict[str, int] = field(default_factory=dict)   # key fingerprint -> checkpoints
+    trusted: bool = False                    # checked against --key
+    archived: str | None = None              # what an archive seal vouches for
+    anchor: str | None = None                # what the anchor file said
+    ended: bool | None = None                # run scope: did the run record its end
+    unsealed: dict[str, int] = field(default_factory=dict)   # run -> rows after its last checkpoint
+    problem: str | None = None
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        if not self.ok:
+            return f"audit chain BROKEN in {self.scope}: {self.problem}"
+        lines = [f"audit chain intact: {self.scope}, {self.rows} rows, {self.runs} run(s), "
+                 f"{self.checkpoints} signed checkpoints ({self.seconds:.2f} s)"]
+        if self.head is not None:
+            lines.append(f"chain head  checkpoint #{self.head.id} hash {self.head.hash.hex()}")
+        signers = ", ".join(f"{fp} ({n})" for fp, n in self.signers.items()) or "none"
+        how = "verified against the given --key" if self.trusted else \
+            "valid under the keys recorded in the database; pass --key PUBFILE to prove who signed"
+        lines.append(f"signatures  {how}: {signers}")
+        for run_id, n in self.unsealed.items():
+            lines.append(f"unsealed    run {run_id}: its last {n} row(s) are committed but not sealed yet (the run "
+                         "is still being written, or its writer died before sealing them): not verifiable")
+        if self.ended is not None:
+            lines.append("run end     " + ("recorded and sealed" if self.ended else
+                                           "not recorded (the run's host died, or it is still running)"))
+        if self.archived:
+            lines.append(f"archived    {self.archived}")
+        if self.anchor:
+            lines.append(f"anchor      {self.anchor}")
+        return "\n".join(lines)
+
+
+def _base(checkpoints: list[Checkpoint]) -> tuple[int, bytes, str | None]:
+    """Where the checkpoint chain of this database starts: genesis, or after the runs the
+    newest archive seal took away."""
+    seals = [c for c in checkpoints if c.kind == "archive"]
+    if not seals:
+        return 0, GENESIS, None
+    seal = seals[-1]
+    info = json.loads(seal.detail or "{}")
+    through = int(info["through_checkpoint"])
+    what = (f"checkpoints 1..{through} and {len(info.get('runs', []))} run(s) were archived to "
+            f"{info.get('file')} (sha256 {info.get('file_sha256', '?')[:16]}…) by seal #{seal.id}")
+    return through, bytes.fromhex(info["through_hash"]), what
+
+
+def _chains(checkpoints: list[Checkpoint]) -> dict[Any, RunChain]:
+    by_run: dict[str, list[Checkpoint]] = {}
+    for cp in checkpoints:
+        if cp.kind in RUN_KINDS and cp.run_id:
+            by_run.setdefault(cp.run_id, []).append(cp)
+    chains: dict[Any, RunChain] = {}
+    for run_id, cps in by_run.items():
+        chain = RunChain(run_id, cps)
+        chains[run_id] = chain
+        chains[cps[0].run] = chain
+    return chains
+
+
+def _trusted(keyfiles: list[Path] | None) -> list[bytes] | None:
+    return [keys.read_public(p) for p in keyfiles] if keyfiles else None
+
+
+def _checked(report: VerifyReport, keyfiles: list[Path] | None, body: Callable[[KeyCheck], None]) -> VerifyReport:
+    """Run a check, recording its outcome, the signers seen and the time it took."""
+    started = time.perf_counter()
+    check = KeyCheck(_trusted(keyfiles))
+    report.trusted = check.trusted is not None
+    try:
+        body(check)
+        report.ok = True
+    except Broken as e:
+        report.problem = str(e)
+    report.signers = {keys.fingerprint(k): n for k, n in check.signers.items()}
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def verify_database(conn: sqlite3.Connection, keyfiles: list[Path] | None = None,
+                    anchor: Path | None = None) -> VerifyReport:
+    report = VerifyReport(False, "the database")
+
+    # The anchor is read before the database: an entry is appended only after its checkpoint
+    # is committed, so everything read here must be in the snapshot read next.
+    anchored = read_anchor(anchor)
+
+    def body(check: KeyCheck) -> None:
+        with snapshot(conn):
+            checkpoints = load_checkpoints(conn)
+            report.checkpoints = len(checkpoints)
+            through, base, report.archived = _base(checkpoints)
+            if checkpoints and checkpoints[0].id != through + 1:
+                raise Broken(f"the first checkpoint is #{checkpoints[0].id}, expected #{through + 1}: "
+                             "checkpoints were removed")
+            check_checkpoint_chain(checkpoints, base, check)
+            _check_head(conn, checkpoints)
+            runs = dict(conn.execute("SELECT run_id, seq FROM runs").fetchall())
+            by_id = {c.run_id: c for c in _chains(checkpoints).values()}
+            for run_id, chain in by_id.items():
+                if runs.get(run_id) != chain.checkpoints[0].run:
+                    raise Broken(f"run {run_id} has checkpoints but its runs row is missing or moved")
+            report.rows, report.unsealed = check_runs(conn, runs, by_id)
+            _check_blobs(conn, "SELECT id, sha256, data FROM blobs")
+            report.runs = len(runs)
+            report.head = checkpoints[-1] if checkpoints else None
+        report.anchor = check_anchor(anchor, anchored, {c.id: c for c in checkpoints}, through)
+
+    return _checked(report, keyfiles, body)
+
+
+def verify_run(conn: sqlite3.Connection, run_id: str, keyfiles: list[Path] | None = None) -> VerifyReport:
+    """One run's rows and its checkpoints, reading nothing of other runs: O(that run)."""
+    report = VerifyReport(False, f"run {run_id}")
+
+    def body(check: KeyCheck) -> None:
+        with snapshot(conn):
+            row = conn.execute("SELECT seq FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise Broken(f"no run {run_id} in the database")
+            checkpoints = load_checkpoints(conn, "WHERE c.run = ?", (row[0],))
+            through, base, _ = _base(load_checkpoints(conn, "WHERE c.kind = 'archive'"))
+            for cp in checkpoints:
+                check_checkpoint_chain([cp], _hash_before(conn, cp.id, through, base), check)
+            chains = {run_id: RunChain(run_id, checkpoints)} if checkpoints else {}
+            report.rows, report.unsealed = check_runs(conn, {run_id: row[0]}, chains)
+            # The bytes its rows refer to: the run's rows lie between its runs row and its end
+            # (the bulk tables carry no run index), so this reads that span, not the rest.
+            end = conn.execute(f"SELECT {RUN_END_SQL} FROM runs r WHERE r.seq = ?", (row[0],)).fetchone()[0]
+            for table, columns in PHYSICAL.items():
+                for c, kind in columns:
+                    if kind == "ref":
+                        _check_blobs(conn, f"SELECT b.id, b.sha256, b.data FROM {table} p JOIN blobs b ON b.id = p.{c} "
+                                           "WHERE p.seq BETWEEN ? AND ? AND p.run = ?", (row[0], end, row[0]))
+            report.runs = 1
+            report.checkpoints, report.head = len(checkpoints), checkpoints[-1] if checkpoints else None
+            report.ended = bool(checkpoints) and checkpoints[-1].kind == "final"
+
+    return _checked(report, keyfiles, body)
+
+
+def check_runs(conn: sqlite3.Connection, runs: dict[str, int],
+               chains: dict[str, RunChain]) -> tuple[int, dict[str, int]]:
+    """Recompute the heads of `runs` (run_id -> key) from their rows and compare them with
+    their checkpoints (`chains`). Returns (rows checked, unsealed rows by run).
+
+    SQLite builds each segment's canonical text itself (one grouped query per table over all
+    segments); a run whose heads do not match is then checked again row by row, which names
+    the segment that differs. Rows after a run's last checkpoint are looked for only in runs
+    that recorded no end: rows after a final checkpoint belong to no view of the run, and
+    the whole-database check counts every row of every table against the sealed spans."""
+    segments: list[tuple[int, str, int, int, int]] = []   # (id, run_id, k, lo, hi)
+    tails: dict[str, int] = {}                              # run_id -> first unsealed seq
+    for run_id, key in runs.items():
+        chain = chains.get(run_id)
+        lo = key
+        for k, hi in enumerate(chain.bounds if chain else []):
+            segments.append((len(segments) + 1, run_id, k, lo, hi))
+            lo = hi + 1
+        if chain is None or chain.checkpoints[-1].kind != "final":
+            tails[run_id] = lo
+    rows = [(i, runs[r], r, lo, hi) for i, r, _, lo, hi in segments]
+    where = {i: (r, k) for i, r, k, _, _ in segments}
+    digests: dict[tuple[str, int, str], bytes] = {}
+    counts: dict[tuple[str, int], int] = {}
+    seen: dict[str, int] = {}
+    unsealed: dict[str, int] = {}
+    # The bulk table's second half is hashed by a second connection in a thread of its own:
+    # SQLite builds the text without the interpreter lock, so both cores work. Its snapshot
+    # may be newer, which changes nothing in sealed spans of an append-only trail; should it
+    # differ anyway (an archive meanwhile), the run is checked again on this snapshot below.
+    path = conn.execute("PRAGMA database_list").fetchone()[2]
+    half = len(rows) // 2 if path and len(rows) >= PARALLEL_SEGMENTS else len(rows)
+    helper = _Helper(path, rows[half:]) if half < len(rows) else None
+    _load_segments(conn, rows)
+    try:
+        for table in PHYSICAL:
+            if table == BULK and helper is not None:
+                results = _grouped(conn, table, rows[half - 1][0]) + helper.result()
+            else:
+                results = _grouped(conn, table)
+            for ident, n, digest in results:
+                run_id, k = where[ident]
+                digests[(run_id, k, table)] = digest
+                counts[(run_id, k)] = counts.get((run_id, k), 0) + n
+                seen[table] = seen.get(table, 0) + n
+            for run_id, lo in tails.items():
+                column, value = ("run_id", run_id) if table in PLAIN else ("run", runs[run_id])
+                n = conn.execute(f"SELECT count(*) FROM {table} WHERE seq >= ? AND +{column} = ?",
+                                 (lo, value)).fetchone()[0]
+                if n:
+                    unsealed[run_id] = unsealed.get(run_id, 0) + n
+                    seen[table] = seen.get(table, 0) + n
+        if len(runs) > 1:
+            _no_strays(conn, seen)
+    finally:
+        conn.execute("DELETE FROM _segments")
+    total = 0
+    for run_id, key in runs.items():
+        chain = chains.get(run_id)
+        if chain is None:
+            continue
+        checked = _heads(chain, digests, counts)
+        if checked is None:
+            checked = _exact(conn, run_id, key, chain)
+        total += checked
+    return total + sum(unsealed.values()), unsealed
+
+
+BULK = "log_spi"
+PARALLEL_SEGMENTS = 64     # from this many segments on, a second thread hashes half of the bulk table
+
+
+def _load_segments(conn: sqlite3.Connection, rows: list[tuple[int, int, str, int, int]]) -> None:
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS _segments (id INTEGER PRIMARY KEY, run INTEGER, run_id TEXT, "
+                 "lo INTEGER, hi INTEGER)")
+    conn.execute("DELETE FROM _segments")
+    conn.executemany("INSERT INTO _segments VALUES (?, ?, ?, ?, ?)", rows)
+
+
+def _grouped(conn: sqlite3.Connection, table: str, last: int = 2 ** 62) -> list[tuple[int, int, bytes]]:
+    """(segment id, rows, digest of the rows' canonical text) of `table`, for every segment in
+    _segments (up to id `last`) that holds rows of it."""
+    expr, joins = canonical_expr(table)
+    # The seq range is the way in (unary + keeps SQLite from indexing run instead).
+    on = ("p.run_id = g.run_id AND p.seq BETWEEN g.lo AND g.hi" if table in PLAIN else
+          "p.seq BETWEEN g.lo AND g.hi AND +p.run = g.run")
+    out = []
+    for ident, n, text in conn.execute(f"SELECT g.id, count(*), group_concat({expr}, '') FROM _segments g "
+                                       f"CROSS JOIN {table} p ON {on}{joins} WHERE g.id <= ? GROUP BY g.id", (last,)):
+        # A NULL canonical field makes the whole text NULL: it cannot match.
+        out.append((ident, n, hashlib.sha256(text.encode() if text is not None else b"\x00").digest()))
+    return out
+
+
+class _Helper:
+    """The bulk table's rows of some segments, hashed on a connection and thread of their own."""
+
+    def __init__(self, path: str, rows: list[tuple[int, int, str, int, int]]):
+        self.done: list[tuple[int, int, bytes]] | BaseException = []
+        self.thread = threading.Thread(target=self._run, args=(path, rows), name="verify-helper", daemon=True)
+        self.thread.start()
+
+    def _run(self, path: str, rows: list[tuple[int, int, str, int, int]]) -> None:
+        try:
+            conn = schema.connect(path, readonly=True)
+            try:
+                conn.execute("BEGIN")
+                _load_segments(conn, rows)
+                self.done = _grouped(conn, BULK)
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+        except BaseException as e:  # handed to the caller
+            self.done = e
+
+    def result(self) -> list[tuple[int, int, bytes]]:
+        self.thread.join()
+        if isinstance(self.done, BaseException):
+            raise self.done
+        return self.done
+
+
+def _heads(chain: RunChain, digests: dict[tuple[str, int, str], bytes],
+           counts: dict[tuple[str, int], int]) -> int | None:
+    """The rows of the run if every head matches its checkpoint, else None."""
+    head, rows = run_genesis(chain.run_id), 0
+    for k, cp in enumerate(chain.checkpoints):
+        head = segment_head(head, {t: d for t in PHYSICAL if (d := digests.get((chain.run_id, k, t))) is not None})
+        rows += counts.get((chain.run_id, k), 0)
+        if head != cp.head or rows != cp.rows:
+            return None
+    return rows
+
+
+def _exact(conn: sqlite3.Connection, run_id: str, key: int, chain: RunChain) -> int:
+    """The run checked row by row (raises Broken naming the first segment that differs)."""
+    hasher = SegmentHasher({run_id: chain, key: chain})
+    last = chain.bounds[-1]
+    for table in PHYSICAL:
+        if table in PLAIN:
+            hasher.feed(table, iter_canonical(conn, table, "p.run_id = ? AND p.seq <= ?", (run_id, last)))
+        else:
+            hasher.feed(table, iter_canonical(conn, table, "p.seq BETWEEN ? AND ? AND p.run = ?", (key, last, key)))
+    hasher.check(chain)
+    return hasher.rows_fed
+
+
+def _no_strays(conn: sqlite3.Connection, seen: dict[str, int]) -> None:
+    """Every row belongs to a run of the database: each table holds no more rows than the
+    runs' spans held (and if it does, the first stray one is named)."""
+    for table in PHYSICAL:
+        total = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        if total == seen.get(table, 0):
+            continue
+        column, ref = ("run_id", "run_id") if table in PLAIN else ("run", "seq")
+        row = conn.execute(f"SELECT seq FROM {table} WHERE {column} NOT IN (SELECT {ref} FROM runs) LIMIT 1").fetchone()
+        if row:
+            raise Broken(f"{table} seq {row[0]}: a row of no run in the database (its run was removed)")
+        raise Broken(f"{table}: {total - seen.get(table, 0)} row(s) outside what their runs sealed (before a run "
+                     "began, or after its final checkpoint): added after the fact")
+
+
+def _hash_before(conn: sqlite3.Connection, ident: int, through: int, base: bytes) -> bytes:
+    if ident == through + 1:
+        return base
+    row = conn.execute("SELECT hash FROM checkpoints WHERE id = ?", (ident - 1,)).fetchone()
+    if row is None:
+        raise Broken(f"checkpoint #{ident - 1}, before the run's checkpoint #{ident}, is missing")
+    return row[0]
+
+
+def _check_head(conn: sqlite3.Connection, checkpoints: list[Checkpoint]) -> None:
+    head = conn.execute("SELECT checkpoint, hash FROM chain_head WHERE id = 1").fetchone()
+    last = checkpoints[-1] if checkpoints else None
+    if head is None or head[0] != (last.id if last else 0) or (last and head[1] != last.hash):
+        raise Broken(f"chain head: recorded checkpoint #{head[0] if head else '?'} is not the last one "
+                     f"(#{last.id if last else 0}): checkpoints were removed from the end")
+
+
+def _check_blobs(conn: sqlite3.Connection, sql: str, args: tuple = ()) -> None:
+    for ident, sha, data in conn.execute(sql, args):
+        if hashlib.sha256(data).digest() != sha:
+            raise Broken(f"blob {ident}: its bytes do not match their SHA-256 (content changed)")
+
+
+def read_anchor(path: Path | None) -> list[tuple[int, dict[str, Any]]] | None:
+    """(line, entry) of the anchor file; None when there is none."""
+    if path is None or not path.exists():
+        return None
+    entries = []
+    for n, text in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if text.strip():
+            try:
+                entries.append((n, json.loads(text)))
+            except ValueError:
+                entries.append((n, {}))
+    return entries
+
+
+def check_anchor(path: Path | None, entries: list[tuple[int, dict[str, Any]]] | None,
+                 checkpoints: dict[int, Checkpoint], through: int) -> str | None:
+    """Every checkpoint the anchor file saw must still be in the database, unchanged."""
+    if path is None:
+        return None
+    if entries is None:
+        return f"{path}: no anchor file (nothing to compare)"
+    newest = 0
+    for n, entry in entries:
+        try:
+            ident, digest = int(entry["checkpoint"]), bytes.fromhex(entry["hash"])
+        except (ValueError, KeyError, TypeError):
+            raise Broken(f"anchor {path} line {n} is not an anchor entry") from None
+        newest = max(newest, ident)
+        if ident <= through:
+            continue    # archived: the seal vouches for it
+        cp = checkpoints.get(ident)
+        if cp is None:
+            raise Broken(f"anchor {path} line {n} names checkpoint #{ident} ({entry.get('at')}), which the database "
+                         "does not have: its tail was removed or it was replaced by an older copy")
+        if cp.hash != digest:
+            raise Broken(f"anchor {path} line {n}: checkpoint #{ident} in the database differs from the one anchored "
+                         f"at {entry.get('at')}: the database was rewritten")
+    return f"{path}: {len(entries)} entries, the newest checkpoint #{newest}, all in the database unchanged"
