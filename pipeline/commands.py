@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
 
 import anyio
 

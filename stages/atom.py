@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
+from collections.abc import Callable
 
 OPTION_ROM_MAGIC = b"\x55\xaa"
 IBM = b"IBM"

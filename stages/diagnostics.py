@@ -23,4 +23,4 @@ def record_diagnostics(dev: Device) -> None:
     counts = diagnostics()
     detail = ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in counts.items())
     dev.recorder.add("stages", stage="transport", event="diagnostics", detail=detail,
-                     at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"))
+                     at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"))

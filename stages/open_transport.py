@@ -59,7 +59,7 @@ def parse_spec(text: str) -> BoardSpec:
     return BoardSpec(kind, selector)
 
 
-def open_transport(spec: BoardSpec, announce=print) -> tuple[Bar5, BoardLock]:  # noqa: ANN001
+def open_transport(spec: BoardSpec, announce=print) -> tuple[Bar5, BoardLock]:
     """Open and lock the board. Never falls back to an emulator silently."""
     if spec.kind == "sim":
         from amdflash.stages.transport.sim import SimBar5
@@ -102,7 +102,7 @@ class AuditedBar:
     fails and restores registers through the raw transport.
     """
 
-    def __init__(self, bar: Bar5, recorder) -> None:  # noqa: ANN001 - an AuditSink
+    def __init__(self, bar: Bar5, recorder) -> None:
         self.raw = bar
         self.recorder = recorder
         self.clock = bar.clock

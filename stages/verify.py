@@ -41,7 +41,8 @@ def first_mismatch(base: int, got: bytes, wanted: bytes) -> Mismatch | None:
     return Mismatch(base + i, got[i], wanted[i])
 
 
-def record_verify(dev: Device, unit_address: int, size: int, got: bytes, wanted: bytes, attempt: int) -> Mismatch | None:
+def record_verify(dev: Device, unit_address: int, size: int, got: bytes, wanted: bytes,
+                  attempt: int) -> Mismatch | None:
     mm = first_mismatch(unit_address, got, wanted)
     dev.recorder.add("verifies", address=unit_address, size=size, ok=int(mm is None), attempt=attempt,
                      expected_sha256=hashlib.sha256(wanted).hexdigest(),

@@ -18,7 +18,7 @@ in a status read before anything else goes to the chip:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from amdflash.stages.flash import chips, protection, sfdp
 from amdflash.stages.flash.chips import ChipInfo, EraseType, match_jedec

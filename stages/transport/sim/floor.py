@@ -38,7 +38,7 @@ A job is a list of `Op`s; `read_ops`, `program_ops` and `flash_ops` build the us
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from amdflash.stages.flash.chips import GD25LQ16E, ChipInfo
 from amdflash.stages.flash.planning import PlanCosts, apply_cover, cover, plan_unit
