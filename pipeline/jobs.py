@@ -318,9 +318,9 @@ class FlashJob:
                                                       [u.address for u in units])
             for rid in self.lineage:
                 partial_path(self.backup_dir, rid).unlink(missing_ok=True)
-            for sha, path in recorded.files:
-                if file_sha256(Path(path)) == sha:
-                    return f"backup of the original content: {path} (kept, verified)"
+            for file_sha, file_path in recorded.files:
+                if file_sha256(Path(file_path)) == file_sha:
+                    return f"backup of the original content: {file_path} (kept, verified)"
             content = [recorded.units.get(u.address, u.data) for u in units]
         sha, size, path = await anyio.to_thread.run_sync(write_backup, self.backup_dir, run_id, content)
         dev.recorder.add("backups", sha256=sha, size=size, path=str(path), at=None)

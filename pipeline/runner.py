@@ -23,7 +23,7 @@ from amdflash.pipeline.logsetup import logger
 from amdflash.pipeline.progress import ProgressBoard
 from amdflash.pipeline.settle import settle_registers
 from amdflash.pipeline.run_facts import host_facts
-from amdflash.stages.device import Device, Interrupted, StopFlag
+from amdflash.stages.device import AuditSink, Device, Interrupted, StopFlag
 from amdflash.stages.open_transport import AuditedBar, AuditFailureError, BoardSpec, BoardSpecError, open_transport
 from amdflash.stages.restore import restore_registers
 from amdflash.stages.transport.base import Bar5
@@ -88,8 +88,12 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
     try:
         stage(recorder, "open_transport", "start")
         bar, lock = await anyio.to_thread.run_sync(open_transport, info.spec, lambda m: log.info(m))
-        registers = isinstance(bar, Bar5)
-        dev = Device(AuditedBar(bar, recorder) if registers else bar, bar.identity, recorder, stop, progress)
+        if isinstance(bar, Bar5):
+            registers = True
+            dev = Device(AuditedBar(bar, recorder), bar.identity, recorder, stop, progress)
+        else:
+            # An amdgpu-bound board has no BAR5: its jobs (amdgpu_jobs.py) take it back with board_of().
+            dev = Device(bar, bar.identity, recorder, stop, progress)  # type: ignore[arg-type]
         stage(recorder, "open_transport", "end", bar.identity.spec)
         if registers:
             # Registers an earlier run left changed go back first; then the "before" snapshot.
@@ -170,7 +174,7 @@ def primary_error(raised: BaseException) -> BaseException:
     return leaves[0] if leaves else raised
 
 
-def stage(recorder: Recorder, name: str, event: str, detail: str | None = None) -> None:
+def stage(recorder: AuditSink, name: str, event: str, detail: str | None = None) -> None:
     recorder.add("stages", stage=name, event=event, detail=detail, at=now_iso())
 
 

@@ -76,7 +76,7 @@ def verify_unit(dev: Device, unit: UnitPlan, retries: int, reads: int = 1) -> in
         record_intent(dev, [unit], erase, detail=f"retry {attempt - 1}:")
         assert dev.nor is not None and dev.nor.chip is not None
         dev.nor.erase(erase.address, erase.size)
-        after_erase = plan_unit(unit.address, b"\xff" * unit.size, unit.wanted, dev.nor.chip.page_size)
+        after_erase = plan_unit(unit.address, b"\xff" * unit.size, unit.wanted, dev.nor.chip.write_facts().page_size)
         program_unit(dev, unit, after_erase.pages)
 
 

@@ -61,7 +61,9 @@ class PlanCosts:
     def for_chip(cls, chip: ChipInfo) -> PlanCosts:
         """The chip's typical busy times plus what the USB bridge adds (about 1 ms per erase
         command, 0.7 ms per page and 12 ms per unit read back)."""
-        return cls({e.size: e.typical + 1e-3 for e in chip.erase_types}, chip.page_program[0] + 0.7e-3, 12e-3)
+        facts = chip.write_facts()
+        return cls({size: typical + 1e-3 for size, typical in facts.erase_typical.items()},
+                   facts.page_program + 0.7e-3, 12e-3)
 
 
 DEFAULT_COSTS = PlanCosts.for_chip(GD25LQ16E)     # when the caller gives no costs

@@ -43,7 +43,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, replace
 from typing import Literal
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 
 from amdflash.stages.navi31 import fastpaths
 from amdflash.stages.navi31 import regs as R
@@ -240,7 +240,7 @@ class RomSw:
         """A fresh RX capture of one request."""
         return b"".join(self.read_chain([Request(opcode, address, address_bytes, count)]))
 
-    def read_chain(self, requests: Iterable[Request], start_after: float | None = None) -> Iterator[bytes]:
+    def read_chain(self, requests: Iterable[Request], start_after: float | None = None) -> Generator[bytes, None, None]:
         """Results of a series of RX transactions, in order, in the configured RX mode.
 
         A chain must run to its end without other transactions in between: in chained

@@ -39,9 +39,15 @@ Announce = Callable[[str], None]
 
 
 class Spec(Protocol):
-    kind: str
-    selector: str
-    unbind_driver: bool
+    # Read-only: BoardSpec is a frozen dataclass.
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def selector(self) -> str: ...
+
+    @property
+    def unbind_driver(self) -> bool: ...
 
 
 class NoBoardFound(TransportError):

@@ -485,7 +485,7 @@ def _parse(item: int, data: bytes) -> int:
     return OK
 
 
-def _program_seconds(data: bytes) -> float:
+def _program_seconds(data: bytes | bytearray) -> float:
     blank = b"\xff" * synth.PAGE
     pages = sum(1 for p in range(0, len(data), synth.PAGE) if data[p:p + synth.PAGE] != blank)
     return pages * PAGE_PROGRAM_SECONDS

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+from typing import BinaryIO
 from pathlib import Path
 
 FLASH_SIZE = 0x200000
@@ -73,7 +74,7 @@ class BoardFiles:
             raise FileNotFoundError(f"{self.path} is not an emulated board (no board.json); "
                                     "create one with 'amdflash sim create'")
         self.config: dict = json.loads(config_file.read_text())
-        self._files = []
+        self._files: list[BinaryIO] = []
         self.flash = self._map("flash.bin", FLASH_SIZE)
         self.regs = self._map("regs.bin", BAR5_SIZE)
         self.state = self._map("state.bin", STATE_SIZE)

