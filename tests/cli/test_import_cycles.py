@@ -12,6 +12,8 @@ import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 ROOT = "amdflash"
 
 
@@ -164,8 +166,12 @@ def find_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
-def test_the_graph_covers_every_layer() -> None:
-    graph = Graph().build()
+@pytest.fixture(scope="module")
+def graph() -> Graph:
+    return Graph().build()
+
+
+def test_the_graph_covers_every_layer(graph: Graph) -> None:
     for layer in ("amdflash.pipeline.cli", "amdflash.pipeline.jobs", "amdflash.stages.erase",
                   "amdflash.stages.flash.spinor", "amdflash.stages.transport.sim", "amdflash.store.writer",
                   "amdflash.pipeline.fleet"):
@@ -184,8 +190,8 @@ KNOWN = [
 ]
 
 
-def test_no_import_cycles() -> None:
-    cycles = find_cycles(Graph().build().edges)
+def test_no_import_cycles(graph: Graph) -> None:
+    cycles = find_cycles(graph.edges)
     new = [c for c in cycles if c not in KNOWN]
     assert new == [], "import cycles:\n" + "\n".join(" ↔ ".join(c) for c in new)
     gone = [c for c in KNOWN if c not in cycles]
