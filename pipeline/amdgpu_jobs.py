@@ -52,7 +52,7 @@ class ByTransport:
         return await self.amdgpu(dev, info)
 
 
-def for_command(command: str, body: JobBody, image: bytes | None, flash: Any = None) -> ByTransport:  # noqa: ANN401
+def for_command(command: str, body: JobBody, image: bytes | None, flash: Any = None) -> ByTransport:
     """The command's body for either path (commands._run wraps every board job in this).
 
     `flash` is the flash command's options (commands.FlashOptions).

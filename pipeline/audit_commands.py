@@ -3,45 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
-
-KEY_FILE = "host_key.pem"
-
-
-def host_key_path() -> Path:
-    """The host's private key: in the data directory, beside the default audit database
-    (AMDFLASH_HOST_KEY names another file)."""
-    from amdflash.pipeline.commands import default_db
-
-    return Path(os.environ.get("AMDFLASH_HOST_KEY") or Path(default_db()).parent / KEY_FILE)
-
-
-def open_for_reading(path: str):  # noqa: ANN201 - a sqlite_utils.Database
-    """The audit database read-only, upgraded first if an older amdflash made it."""
-    from amdflash.store import schema
-    from amdflash.store.queries import open_readonly
-    from amdflash.store.writer import StoreUnavailable, prepare
-
-    if not Path(path).exists():
-        raise Refusal(f"no audit database at {path}")
-    try:
-        conn = schema.connect(path, readonly=True)
-        try:
-            found = schema.version(conn)
-        finally:
-            conn.close()
-        if found is not None and 0 < found < schema.SCHEMA_VERSION:
-            prepare(path, host_key_path())
-        return open_readonly(path)
-    except (schema.SchemaError, StoreUnavailable) as e:
-        raise Refusal(str(e)) from None
-    except OSError as e:
-        raise Refusal(f"cannot read audit database {path}: {e}") from None
-
+from amdflash.pipeline.auditdb import host_key_path, open_for_reading
+from amdflash.pipeline.errors import EXIT_OK, Refusal
 
 def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction) -> None:
     p = audit_sub.add_parser(
@@ -114,7 +80,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
     except ValueError:
         raise Refusal(f"--before {args.before!r} is not an ISO date or time (e.g. 2026-01-01)") from None
     if before.tzinfo is None:
-        before = before.replace(tzinfo=dt.timezone.utc)
+        before = before.replace(tzinfo=dt.UTC)
     if args.output.exists():
         raise Refusal(f"{args.output} exists; the archive is written to a new file")
     path = db_path(args)

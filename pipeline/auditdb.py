@@ -15,6 +15,7 @@ from pathlib import Path
 
 import sqlite_utils
 
+from amdflash.pipeline import config
 from amdflash.pipeline.errors import Refusal
 from amdflash.store.writer import AuditWriter, StoreUnavailable
 
@@ -88,8 +89,6 @@ def open_writer(path_text: str) -> AuditWriter:
         if not os.access(path, os.R_OK | os.W_OK):
             raise Refusal(f"audit database {path} is not writable: permission denied")
         _check_existing(path)
-    from amdflash.pipeline.audit_commands import host_key_path
-
     try:
         writer = AuditWriter(str(path), key_path=host_key_path()).open()
     except StoreUnavailable as e:
@@ -114,6 +113,36 @@ def open_reader(path_text: str) -> sqlite_utils.Database:
         # An empty file: the first run on this host is creating the schema right now (it does so
         # in one transaction, so a reader sees nothing or everything), or it never got that far.
         raise Refusal(f"no audit trail in {path} yet: no run has been recorded there")
-    from amdflash.pipeline.audit_commands import open_for_reading
-
     return open_for_reading(str(path))      # a database of an older amdflash is migrated first
+
+
+KEY_FILE = "host_key.pem"
+
+
+def host_key_path() -> Path:
+    """The host's private key: in the data directory, beside the default audit database
+    (AMDFLASH_HOST_KEY names another file)."""
+    return Path(os.environ.get("AMDFLASH_HOST_KEY") or Path(config.default_db()).parent / KEY_FILE)
+
+
+def open_for_reading(path: str):
+    """The audit database read-only, upgraded first if an older amdflash made it."""
+    from amdflash.store import schema
+    from amdflash.store.queries import open_readonly
+    from amdflash.store.writer import StoreUnavailable, prepare
+
+    if not Path(path).exists():
+        raise Refusal(f"no audit database at {path}")
+    try:
+        conn = schema.connect(path, readonly=True)
+        try:
+            found = schema.version(conn)
+        finally:
+            conn.close()
+        if found is not None and 0 < found < schema.SCHEMA_VERSION:
+            prepare(path, host_key_path())
+        return open_readonly(path)
+    except (schema.SchemaError, StoreUnavailable) as e:
+        raise Refusal(str(e)) from None
+    except OSError as e:
+        raise Refusal(f"cannot read audit database {path}: {e}") from None

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from amdflash.pipeline import commands, output
 from amdflash.pipeline.errors import EXIT_OK, Refusal

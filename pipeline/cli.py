@@ -13,7 +13,8 @@ import difflib
 import re
 import signal
 import sys
-from typing import Any, NoReturn, Sequence
+from typing import Any, NoReturn
+from collections.abc import Sequence
 
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, Refusal, UsageError
 
@@ -197,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure(json_lines=json_lines, verbosity=verbosity)
         args = parse(argv)
         _configure(args)
+        args.main = main   # for a command that runs others (the demo): no import back up to here
         return int(args.func(args) or 0)
     except SystemExit as e:          # --help, --version: argparse has printed what was asked
         return e.code if isinstance(e.code, int) else EXIT_OK
@@ -206,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:          # stdout closed by its reader: nothing more to say
         output._stdout_gone()
         return EXIT_OK
-    except BaseException as raised:  # noqa: BLE001 - every error becomes one line and an exit status
+    except BaseException as raised:
         return _report(raised)
     finally:
         from amdflash.pipeline import config

@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
 
 import anyio
 
@@ -102,13 +103,17 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
                    reports.get(r.run_id, {}), **extra) for r in runs]
 
 
+def _key_list(keys: Sequence[Path] | None) -> list[Path] | None:
+    return None if keys is None else list(keys)
+
+
 def _report(reader: Any, run_id: str, keys: Sequence[Path] | None = None) -> dict[str, Any]:
     """A run's report object (`report --format json`), with what its confirmed reads found;
     its signatures checked against `keys` (trusted public key files) when given."""
     from amdflash.store.queries import report
     from amdflash.store.read_checks import read_checks
 
-    rep = report(reader, run_id, keys)
+    rep = report(reader, run_id, _key_list(keys))
     rep["reads"] = read_checks(reader, rep["run_id"])
     return rep
 
@@ -320,10 +325,10 @@ def audit_verify(db: str | None = None, run: str | None = None, keys: Sequence[P
     try:
         if run:
             try:
-                return verify_run(reader.conn, resolve_run(reader, run), keys)
+                return verify_run(reader.conn, resolve_run(reader, run), _key_list(keys))
             except RunNotFound as e:
                 raise Refusal(str(e)) from None
-        return verify_database(reader.conn, keys, anchor or default_anchor(path))
+        return verify_database(reader.conn, _key_list(keys), anchor or default_anchor(path))
     except KeyError_ as e:
         raise Refusal(str(e)) from None
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,9 +77,10 @@ def _names(entries: list[Path]) -> list[str]:
 
 
 class _Narrator:
-    def __init__(self, paths: DemoPaths, cli_flags: list[str]):
+    def __init__(self, paths: DemoPaths, cli_flags: list[str], main: Callable[[list[str]], int]):
         self.paths = paths
         self.flags = cli_flags
+        self.main = main
         self.step = 0
 
     def say(self, text: str = "") -> None:
@@ -86,26 +88,25 @@ class _Narrator:
 
     def run(self, title: str, why: str, *argv: str) -> int:
         """One real CLI command, announced as the user would type it."""
-        from amdflash.pipeline.cli import main
-
         self.step += 1
         full = ["--db", str(self.paths.db), *self.flags, *argv]
         self.say(f"\n── step {self.step}: {title} " + "─" * max(0, 60 - len(title)))
         self.say(why)
         self.say(f"$ {shlex.join(['amdflash', *full])}")
-        code = main(full)
+        code = self.main(full)
         if code != EXIT_OK:
             self.say(f"\ndemo stopped: step {self.step} ({title}) exited {code}")
         return code
 
 
 def run_demo(root: Path, *, fresh: bool = False, db: Path | None = None, seed: int = DEFAULT_SEED,
-             cli_flags: list[str] | None = None) -> int:
+             cli_flags: list[str] | None = None, main: Callable[[list[str]], int]) -> int:
+    """The demo's steps, each a real command line run by `main` (the CLI's, handed down by it)."""
     started = time.monotonic()
     root = root.absolute()
     removed = prepare_dir(root, fresh)
     paths = DemoPaths(root, (db or root / "audit.sqlite").absolute())
-    n = _Narrator(paths, cli_flags or [])
+    n = _Narrator(paths, cli_flags or [], main)
     n.say("amdflash demo: a full recovery on an emulated board.")
     n.say("SYNTHETIC: the board is emulated and its image is a synthetic IFWI, not an AMD image. No hardware is used.")
     if removed:

@@ -7,7 +7,8 @@ runs in the producer's thread, before the row reaches the writer.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from amdflash.pipeline.logsetup import TRACE, VERBOSE, logger, settings
 
@@ -45,7 +46,7 @@ class TappedRecorder:
         for tap in self._taps:
             try:
                 tap(table, row)
-            except Exception:  # noqa: BLE001 - a display is never a reason for a run to fail
+            except Exception:
                 logger().debug("progress or log tap failed", table=table, exc_info=True)
 
     def _register_write(self, offset: int, value: int | None, data: bytes | None, clock: float) -> None:

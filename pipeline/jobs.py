@@ -15,28 +15,25 @@ import anyio
 
 from amdflash.pipeline import outputs
 from amdflash.pipeline.errors import Refusal
+from amdflash.pipeline.flash_graph import run_flash_graph
 from amdflash.pipeline.runner import RunInfo, stage
-from amdflash.stages import ifwi, part_check
+from amdflash.stages import part_check
 from amdflash.stages.confirm import confirm_whole
 from amdflash.stages.device import Device, Interrupted
-from amdflash.stages.erase import erase_stage
 from amdflash.stages.flash import write_policy
-from amdflash.stages.flash.planning import PlanCosts
 from amdflash.stages.flash.spinor import FlashIdentity
 from amdflash.stages.identify import identity_lines, open_engine, record_chip_facts, record_identity
 from amdflash.stages.navi31 import aperture
 from amdflash.stages.navi31.psp import PspMailbox
 from amdflash.stages.navi31.romsw import RomSwOptions
-from amdflash.stages.plan import PlanSummary, WorkItem, plan
-from amdflash.stages.program import program_stage
+from amdflash.stages.plan import PlanSummary
 from amdflash.stages.snapshot import (UnitRead, file_sha256, keep, partial_path, read_backup, read_checks,
                                       read_identity, read_unit, write_backup)
-from amdflash.stages.verify import first_mismatch, record_verify, verify_stage
+from amdflash.stages.verify import first_mismatch, record_verify
 from amdflash.store.originals import original_units
 
 FLASH_SIZE = 0x200000
 UNIT = 0x1000
-BUFFER = 4   # items in flight between two stages: memory is bounded by these, not by the flash
 
 
 @dataclass
@@ -272,7 +269,6 @@ class FlashJob:
         clock0 = dev.clock.now()
         summary = PlanSummary()
         chip = ident.chip
-        erase_sizes = [e.size for e in chip.erase_types]
         n = len(addresses)
 
         # The whole backup is read (confirmed), recorded and stored durably before the first
@@ -286,41 +282,9 @@ class FlashJob:
             info.output.append(await self._store_backup(dev, units))
         stage(dev.recorder, "backup", "end")
 
-        reads_tx, reads_rx = anyio.create_memory_object_stream[UnitRead](BUFFER)
-        work_tx, work_rx = anyio.create_memory_object_stream[WorkItem](BUFFER)
-        prog_tx, prog_rx = anyio.create_memory_object_stream(BUFFER)
-        verify_tx, verify_rx = anyio.create_memory_object_stream(BUFFER)
-        results: dict[str, Any] = {}
-
-        async def timed(name: str, fn, *args: Any) -> None:  # noqa: ANN001
-            # Each stage's outcome is its own: it ends when its input has run dry, stops early
-            # when the operator asked, and is cancelled (not failed) when another stage failed.
-            stage(dev.recorder, name, "start")
-            try:
-                results[name] = await fn(*args)
-            except anyio.get_cancelled_exc_class():
-                stage(dev.recorder, name, "cancelled", "stopped: another stage failed, or the run was cancelled")
-                raise
-            except BaseException as e:
-                stage(dev.recorder, name, "fail", str(e) or type(e).__name__)
-                raise
-            stage(dev.recorder, name, "stop" if results[name] is True else "end")
-
-        async def feed() -> None:
-            async with reads_tx:
-                for u in units:
-                    await reads_tx.send(u)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(feed)
-            tg.start_soon(timed, "plan", plan, dev, self.image, erase_sizes, chip.page_size, reads_rx,
-                          work_tx, summary, PlanCosts.for_chip(chip))
-            tg.start_soon(timed, "erase", erase_stage, dev, work_rx, prog_tx, n)
-            tg.start_soon(timed, "program", program_stage, dev, prog_rx, verify_tx, n)
-            tg.start_soon(timed, "verify", verify_stage, dev, verify_rx, n, self.retries, self.engine.reads)
-        # Stopped means work was left undone: the erase stage stopped taking items (a stop
-        # after the last verify is no interruption).
-        if results.get("erase"):
+        # Backup -> plan -> erase -> program -> verify, through bounded queues: pipeline/flash_graph.py.
+        outcome = await run_flash_graph(dev, self.image, units, chip, summary, self.retries, self.engine.reads)
+        if outcome.stopped:
             raise Interrupted(dev.stop.reason or "interrupted")
         info.output += dev.extra.get("notes", [])
         changed = sorted(summary.written & self.previously_verified)
@@ -332,7 +296,7 @@ class FlashJob:
         info.output.append(
             f"flashed {len(self.addresses)} units: {counts['skip']} already equal, "
             f"{counts['program']} programmed without erase, {counts['erase']} erased+programmed "
-            f"(erases: {erases}); retries {results.get('verify', 0)}; "
+            f"(erases: {erases}); retries {outcome.retries}; "
             f"{dev.clock.now() - clock0:.2f} s on the board's clock")
         whole = self.start_sector == 0 and self.sector_count == FLASH_SIZE // UNIT
         return finish_reads(dev, info, {
@@ -354,9 +318,9 @@ class FlashJob:
                                                       [u.address for u in units])
             for rid in self.lineage:
                 partial_path(self.backup_dir, rid).unlink(missing_ok=True)
-            for sha, path in recorded.files:
-                if file_sha256(Path(path)) == sha:
-                    return f"backup of the original content: {path} (kept, verified)"
+            for file_sha, file_path in recorded.files:
+                if file_sha256(Path(file_path)) == file_sha:
+                    return f"backup of the original content: {file_path} (kept, verified)"
             content = [recorded.units.get(u.address, u.data) for u in units]
         sha, size, path = await anyio.to_thread.run_sync(write_backup, self.backup_dir, run_id, content)
         dev.recorder.add("backups", sha256=sha, size=size, path=str(path), at=None)
@@ -426,7 +390,7 @@ class IfwiAllJob:
         mailbox = PspMailbox(dev.bar)
         streamed = []
 
-        def on_item(item) -> None:  # noqa: ANN001
+        def on_item(item) -> None:
             streamed.append(item)
             dev.recorder.add("stages", stage="ifwi_all", event="item",
                              detail=f"item {item.item:#x} phase {item.phase} offset {item.offset:#x} "

@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 from dataclasses import dataclass
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
@@ -50,7 +51,7 @@ class _Stderr:
     debug = info = warning = warn = error = critical = exception = fatal = log = msg
 
 
-def _human(logger: Any, method: str, event: dict[str, Any]) -> str:
+def _human(logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
     level = event.get("level", method)
     message = str(event.get("event", ""))
     shown = {k: v for k, v in event.items() if k != "event" and (k not in _CONTEXT or level == "debug")
@@ -62,7 +63,7 @@ def _human(logger: Any, method: str, event: dict[str, Any]) -> str:
     return text
 
 
-def _json(logger: Any, method: str, event: dict[str, Any]) -> str:
+def _json(logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
     return json.dumps(event, default=str, sort_keys=False)
 
 

@@ -18,7 +18,8 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.live import Live
@@ -158,7 +159,7 @@ class ProgressBoard:
         self._live: Live | None = None
         self._last: dict[str, float] = {}
 
-    def __enter__(self) -> "ProgressBoard":
+    def __enter__(self) -> ProgressBoard:
         if self.mode == "live":
             self._live = Live(get_renderable=self._render, console=Console(stderr=True),
                               refresh_per_second=4, transient=False, redirect_stdout=False)

@@ -54,7 +54,7 @@ def _positive(text: str) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from amdflash.pipeline.audit_commands import open_for_reading
+    from amdflash.pipeline.auditdb import open_for_reading
     from amdflash.pipeline.commands import db_path
     from amdflash.store.queries import RunNotFound, resolve_run
     from amdflash.store.replay import ReplayRefused, replay
@@ -79,7 +79,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return EXIT_OK if result.identical else EXIT_FAILED
 
 
-def _image(db, run_id: str, given: Path | None) -> bytes | None:  # noqa: ANN001
+def _image(db, run_id: str, given: Path | None) -> bytes | None:
     """The run's image: --image (must match the run), else the recorded path if it still matches."""
     run = next(db.query("SELECT image_path, image_sha256 FROM runs WHERE run_id = ?", [run_id]))
     if given is not None:
@@ -98,7 +98,7 @@ def _image(db, run_id: str, given: Path | None) -> bytes | None:  # noqa: ANN001
         return None
 
 
-def render_text(r) -> str:  # noqa: ANN001 - a store.replay.ReplayResult
+def render_text(r) -> str:
     sr1, sr2, sr3 = r.status_registers
     lines = [
         f"replay     run {r.run_id} ({r.command}, {r.status}) on a temporary emulated board (ideal profile)",

@@ -32,7 +32,7 @@ class RunOutcome:
         """SHA-256 of the flash content after the run, when the run read or wrote all of it."""
         return self.report.get("result_sha256") or self.summary.get("result_sha256")
 
-    def raise_for_status(self) -> "RunOutcome":
+    def raise_for_status(self) -> RunOutcome:
         if not self.ok:
             raise RunFailed(self)
         return self

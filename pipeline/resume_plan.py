@@ -13,7 +13,8 @@ from amdflash.pipeline.auditdb import open_reader
 from amdflash.pipeline.checks import read_image
 from amdflash.pipeline.errors import Refusal
 from amdflash.stages.open_transport import BoardSpec
-from amdflash.store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, report, resolve_run, run_chain, runs, unit_states, writes_since)
+from amdflash.store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, report, resolve_run,
+                                    run_chain, runs, unit_states, writes_since)
 
 BLANK_UIDS = ("f" * 32, "0" * 32, "")      # "": a part with no unique ID amdflash can read
 

@@ -7,7 +7,8 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from amdflash.pipeline.commands import db_path
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
@@ -32,7 +33,8 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
                    help=f"demo directory (default ./{DEFAULT_DIR}); must be new or empty")
     p.add_argument("--fresh", action="store_true",
                    help="first remove everything inside DIR, if an earlier 'amdflash demo' made it")
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"synthetic content and damage (default {DEFAULT_SEED})")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                   help=f"synthetic content and damage (default {DEFAULT_SEED})")
     p.set_defaults(func=cmd_demo)
 
     p = audit_sub.add_parser(
@@ -68,13 +70,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     flags = [f for f, on in (("--log-json", args.log_json), ("-v", args.verbose), ("-q", args.quiet)) if on]
     return run_demo(args.dir, fresh=args.fresh, db=Path(args.db) if args.db else None, seed=args.seed,
-                    cli_flags=flags)
+                    cli_flags=flags, main=args.main)
 
 
 # -- audit export / verify --export --------------------------------------------------------------
 
-def _open_db(args: argparse.Namespace):  # noqa: ANN202
-    from amdflash.pipeline.audit_commands import open_for_reading
+def _open_db(args: argparse.Namespace):
+    from amdflash.pipeline.auditdb import open_for_reading
 
     return open_for_reading(db_path(args))
 

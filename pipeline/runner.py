@@ -13,7 +13,8 @@ import json
 import signal
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
+from collections.abc import Awaitable, Callable
 
 import anyio
 
@@ -22,7 +23,7 @@ from amdflash.pipeline.logsetup import logger
 from amdflash.pipeline.progress import ProgressBoard
 from amdflash.pipeline.settle import settle_registers
 from amdflash.pipeline.run_facts import host_facts
-from amdflash.stages.device import Device, Interrupted, StopFlag
+from amdflash.stages.device import AuditSink, Device, Interrupted, StopFlag
 from amdflash.stages.open_transport import AuditedBar, AuditFailureError, BoardSpec, BoardSpecError, open_transport
 from amdflash.stages.restore import restore_registers
 from amdflash.stages.transport.base import Bar5
@@ -34,7 +35,7 @@ JobBody = Callable[[Device, "RunInfo"], Awaitable[dict[str, Any]]]
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
 @dataclass
@@ -63,10 +64,10 @@ class RunResult:
 
 
 def new_run_id() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
 
 
-async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: ProgressBoard,  # noqa: ANN001
+async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: ProgressBoard,
                     image_path: str | None) -> RunResult:
     recorder = ui.observe(Recorder(writer, info.run_id), str(info.spec), info.run_id)
     log = logger(run_id=info.run_id, board=str(info.spec))
@@ -87,8 +88,12 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
     try:
         stage(recorder, "open_transport", "start")
         bar, lock = await anyio.to_thread.run_sync(open_transport, info.spec, lambda m: log.info(m))
-        registers = isinstance(bar, Bar5)
-        dev = Device(AuditedBar(bar, recorder) if registers else bar, bar.identity, recorder, stop, progress)
+        if isinstance(bar, Bar5):
+            registers = True
+            dev = Device(AuditedBar(bar, recorder), bar.identity, recorder, stop, progress)
+        else:
+            # An amdgpu-bound board has no BAR5: its jobs (amdgpu_jobs.py) take it back with board_of().
+            dev = Device(bar, bar.identity, recorder, stop, progress)  # type: ignore[arg-type]
         stage(recorder, "open_transport", "end", bar.identity.spec)
         if registers:
             # Registers an earlier run left changed go back first; then the "before" snapshot.
@@ -101,7 +106,7 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
     except anyio.get_cancelled_exc_class():
         status, code, error = "interrupted", EXIT_INTERRUPTED, "cancelled"
         raise
-    except Exception as raised:  # noqa: BLE001 - every failure is recorded with its message
+    except Exception as raised:
         e = primary_error(raised)
         if isinstance(e, Interrupted):
             status, code, error = "interrupted", EXIT_INTERRUPTED, str(e)
@@ -123,7 +128,7 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
                 try:
                     note = await dev.call(restore_registers, dev)
                     stage(recorder, "restore", "end", note)
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     stage(recorder, "restore", "fail", _message(e))
                     # Both count: what went wrong, and which registers it left changed.
                     error = f"{error}; {_message(e)}" if error else _message(e)
@@ -137,7 +142,7 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
                          summary=json.dumps(summary, sort_keys=True, default=str), at=now_iso())
             try:
                 await anyio.to_thread.run_sync(recorder.durable)
-            except Exception as e:  # noqa: BLE001 - the audit itself failed: say so, fail the run
+            except Exception as e:
                 error = error or _message(e)
                 status, code = "failed", EXIT_FAILED
             log.debug("run ended", status=status, error=error)
@@ -169,7 +174,7 @@ def primary_error(raised: BaseException) -> BaseException:
     return leaves[0] if leaves else raised
 
 
-def stage(recorder: Recorder, name: str, event: str, detail: str | None = None) -> None:
+def stage(recorder: AuditSink, name: str, event: str, detail: str | None = None) -> None:
     recorder.add("stages", stage=name, event=event, detail=detail, at=now_iso())
 
 
@@ -179,7 +184,7 @@ def _message(e: BaseException) -> str:
 
 
 async def run_boards(make_body: Callable[[BoardSpec], tuple[JobBody, RunInfo]], specs: list[BoardSpec],
-                     writer, show_progress: bool = True, image_path: str | None = None) -> list[RunResult]:  # noqa: ANN001
+                     writer, show_progress: bool = True, image_path: str | None = None) -> list[RunResult]:
     """Run the job on every board concurrently; one board's failure does not stop the others."""
     stop = StopFlag()
     results: list[RunResult] = []

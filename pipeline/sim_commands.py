@@ -11,7 +11,7 @@ from amdflash.pipeline.errors import Refusal
 from amdflash.stages.transport.sim import Board, create_board
 from amdflash.stages.transport.sim.create import BoardExistsError
 from amdflash.stages.transport.sim.faults import FAULT_HELP, Faults, FaultSpecError
-from amdflash.stages.transport.sim.parts import DEFAULT_PART, all_parts
+from amdflash.stages.transport.sim.catalog import DEFAULT_PART, all_parts
 from amdflash.stages.transport.sim.state import COUNTER_NAMES, BoardFiles
 
 
@@ -229,15 +229,15 @@ def cmd_fault(args: argparse.Namespace) -> int:
 
 def _restart_fault_counts(files: BoardFiles, faults: Faults) -> None:
     """Counted faults count from the moment they are set, and may fire again."""
-    from amdflash.stages.transport.sim import board as b
+    from amdflash.stages.transport.sim import state as slots   # the fault-state slots
 
     state = files.region("faults").cast("q")
     if faults.kill_after_writes is not None:
-        state[b.F_WRITES] = state[b.F_KILL_FIRED] = 0
+        state[slots.F_WRITES] = state[slots.F_KILL_FIRED] = 0
     if faults.usb_disconnect_after is not None:
-        state[b.F_USB_TRANSFERS] = state[b.F_USB_FIRED] = 0
+        state[slots.F_USB_TRANSFERS] = state[slots.F_USB_FIRED] = 0
     if faults.stall_after is not None:
-        state[b.F_ENGINE_TXNS] = 0
+        state[slots.F_ENGINE_TXNS] = 0
     state.release()
 
 

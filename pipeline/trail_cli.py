@@ -86,7 +86,8 @@ def render_text(rep: dict[str, Any]) -> str:
     lines = [
         f"run        {rep['run_id']}  ({rep['command']}, {rep['status']}){badge}",
         f"started    {rep['started']}   ended {rep['ended'] or '-'}   clock {rep.get('clock_sync') or 'unknown'}",
-        f"operator   OS account {rep['operator']}{claimed} on {rep['host']} (machine-id {rep.get('machine_id') or '-'})",
+        f"operator   OS account {rep['operator']}{claimed} on {rep['host']} "
+        f"(machine-id {rep.get('machine_id') or '-'})",
         f"amdflash   {rep['tool_version']}{' ' + rep['tool_revision'] if rep.get('tool_revision') else ''}",
         f"board      {b['spec']}  chip {b['chip'] or '?'}  jedec {b['jedec'] or '?'}  uid {b['unique_id'] or '?'}"
         f"{'  bridge ' + b['bridge_serial'] if b['bridge_serial'] else ''}",

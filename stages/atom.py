@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
+from collections.abc import Callable
 
 OPTION_ROM_MAGIC = b"\x55\xaa"
 IBM = b"IBM"
@@ -205,7 +206,8 @@ def parse_atom(src: Source, base: int = 0) -> AtomImage:
     if size and str_at + count * STRING_MAX > size:
         raise AtomError(f"the strings at +{str_at:#x} extend beyond the image's declared {size:#x} bytes")
     window = src.read(base + str_at, count * (STRING_MAX + 1) + 2 + NAME_MAX)
-    strings, at = [], 0
+    strings: list[str | None] = []
+    at = 0
     for i in range(count):
         text, used = _string(window, at, STRING_MAX)
         if text is None:

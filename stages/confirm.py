@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 CHUNK = 0x100            # one ROM_SW read transaction
 EXTRA_READS = 6          # reads beyond k before a chunk is given up
@@ -42,7 +42,7 @@ ReadChunks = Callable[[Ranges], Iterable[bytes]]   # the bytes of each (address,
 class UnconfirmedRead(RuntimeError):
     """Reads of a unit did not agree, even after re-reading: nothing of it may be kept."""
 
-    def __init__(self, result: "Confirmation", purpose: str):
+    def __init__(self, result: Confirmation, purpose: str):
         offset = result.unsettled[0]
         votes = result.votes.get(offset, Counter())
         seen = ", ".join(f"{v:02x}×{n}" for v, n in votes.most_common(4))

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
+from collections.abc import Callable
 
 import anyio
 
@@ -79,5 +80,5 @@ class Device:
         return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
     @property
-    def clock(self):  # noqa: ANN201 - the transport's Clock
+    def clock(self):
         return self.bar.clock

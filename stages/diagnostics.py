@@ -8,12 +8,13 @@ its error. Recorded as one `stages` row at the end of the run.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from amdflash.stages.device import Device
 
 
 def record_diagnostics(dev: Device) -> None:
-    transport = dev.bar
+    transport: Any = dev.bar   # walked through wrappers of any kind, by their attributes
     # Wrappers (the register ledger, the audited BAR) keep what they wrap as .inner / .raw.
     while hasattr(transport, "inner") or hasattr(transport, "raw"):
         transport = getattr(transport, "inner", None) or transport.raw
@@ -23,4 +24,4 @@ def record_diagnostics(dev: Device) -> None:
     counts = diagnostics()
     detail = ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in counts.items())
     dev.recorder.add("stages", stage="transport", event="diagnostics", detail=detail,
-                     at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"))
+                     at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"))

@@ -112,13 +112,13 @@ def _named(ident: FlashIdentity | None, name: str) -> int | None:
 def _now() -> str:
     import datetime as dt
 
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
 PROBE_TIMEOUT = 0.05   # seconds on the board's clock: a gated engine must not stall `list`
 
 
-def probe_flash(bar) -> dict[str, object]:  # noqa: ANN001 - a Bar5
+def probe_flash(bar) -> dict[str, object]:
     """For `amdflash list`: JEDEC id and unique ID through ROM_SW, read-only, registers restored;
     when the engine is gated, whether the ROM aperture is there instead."""
     from amdflash.stages.flash.spinor import FlashError

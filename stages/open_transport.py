@@ -4,10 +4,14 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.base import Bar5, BoardIdentity
 from amdflash.stages.transport.lock import BoardLock, sim_key
+
+if TYPE_CHECKING:
+    from amdflash.stages.transport.amdgpu import AmdgpuBoard
 
 
 class BoardSpecError(ValueError):
@@ -59,7 +63,7 @@ def parse_spec(text: str) -> BoardSpec:
     return BoardSpec(kind, selector)
 
 
-def open_transport(spec: BoardSpec, announce=print) -> tuple[Bar5, BoardLock]:  # noqa: ANN001
+def open_transport(spec: BoardSpec, announce=print) -> tuple[Bar5 | AmdgpuBoard, BoardLock]:
     """Open and lock the board. Never falls back to an emulator silently."""
     if spec.kind == "sim":
         from amdflash.stages.transport.sim import SimBar5
@@ -102,7 +106,7 @@ class AuditedBar:
     fails and restores registers through the raw transport.
     """
 
-    def __init__(self, bar: Bar5, recorder) -> None:  # noqa: ANN001 - an AuditSink
+    def __init__(self, bar: Bar5, recorder) -> None:
         self.raw = bar
         self.recorder = recorder
         self.clock = bar.clock

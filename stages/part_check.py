@@ -118,17 +118,17 @@ def decide(image: str | None, image_problem: str | None, board: BoardPart, polic
                           f"pass --expect-part {part_key(image)} if it is, or --force")
 
 
-def record(recorder, decision: PartDecision) -> None:  # noqa: ANN001 - an AuditSink
+def record(recorder, decision: PartDecision) -> None:
     recorder.add("stages", stage=STAGE, event="refuse" if decision.refusal else "end",
                  detail=json.dumps(decision.as_json(), sort_keys=True),
-                 at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"))
+                 at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"))
 
 
 def summary(decision: PartDecision) -> str:
     return f"part number check: {decision.outcome} — {decision.reason}"
 
 
-def check_flash(dev, image: bytes, policy: PartPolicy) -> PartDecision:  # noqa: ANN001 - a Device
+def check_flash(dev, image: bytes, policy: PartPolicy) -> PartDecision:
     """The ROM_SW path: read just the regions the walk needs from the board's flash (through
     the engine already open), decide, record; the caller refuses when told to."""
     assert dev.nor is not None

@@ -35,7 +35,7 @@ class LedgerBar:
     """The run's BAR, remembering the last value that reached each register the run may
     leave changed — so that a run that cannot restore can say which ones it left."""
 
-    def __init__(self, bar) -> None:  # noqa: ANN001 - the audited Bar5
+    def __init__(self, bar) -> None:
         self.inner = bar
         self.clock = bar.clock
         self.identity = bar.identity
@@ -116,13 +116,13 @@ def restore_registers(dev: Device) -> str:
         try:
             dev.romsw.close()
             notes.append("ROM_SW engine registers restored")
-        except Exception as e:  # noqa: BLE001 - reported below with what was left changed
+        except Exception as e:
             failure = e
         if dev.recorder.failed:
             notes.append("audit trail down: restore not recorded")
     try:
         snapshot_registers(dev, "after restore")
-    except Exception as e:  # noqa: BLE001 - reported below, with what was left changed
+    except Exception as e:
         if failure is None and isinstance(dev.bar, LedgerBar) and not left_changed(dev):
             # Nothing of ours to put back (a PSP job, say): only the check could not be read.
             record_diagnostics(dev)

@@ -18,7 +18,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from amdflash.stages.confirm import Confirmation, Noise, Ranges, UnconfirmedRead, confirm
 from amdflash.stages.device import Device
@@ -86,7 +86,7 @@ def record_snapshot(dev: Device, label: str, values: dict[int, int]) -> None:
 
 def record_stage(dev: Device, name: str, event: str, detail: str | None = None) -> None:
     dev.recorder.add("stages", stage=name, event=event, detail=detail,
-                     at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"))
+                     at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"))
 
 
 # -- confirmed reads ---------------------------------------------------------------------------

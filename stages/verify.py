@@ -41,7 +41,8 @@ def first_mismatch(base: int, got: bytes, wanted: bytes) -> Mismatch | None:
     return Mismatch(base + i, got[i], wanted[i])
 
 
-def record_verify(dev: Device, unit_address: int, size: int, got: bytes, wanted: bytes, attempt: int) -> Mismatch | None:
+def record_verify(dev: Device, unit_address: int, size: int, got: bytes, wanted: bytes,
+                  attempt: int) -> Mismatch | None:
     mm = first_mismatch(unit_address, got, wanted)
     dev.recorder.add("verifies", address=unit_address, size=size, ok=int(mm is None), attempt=attempt,
                      expected_sha256=hashlib.sha256(wanted).hexdigest(),
@@ -75,7 +76,7 @@ def verify_unit(dev: Device, unit: UnitPlan, retries: int, reads: int = 1) -> in
         record_intent(dev, [unit], erase, detail=f"retry {attempt - 1}:")
         assert dev.nor is not None and dev.nor.chip is not None
         dev.nor.erase(erase.address, erase.size)
-        after_erase = plan_unit(unit.address, b"\xff" * unit.size, unit.wanted, dev.nor.chip.page_size)
+        after_erase = plan_unit(unit.address, b"\xff" * unit.size, unit.wanted, dev.nor.chip.write_facts().page_size)
         program_unit(dev, unit, after_erase.pages)
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 from amdflash.pipeline import commands
 from amdflash.pipeline.errors import Refusal as Refused

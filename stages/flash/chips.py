@@ -55,6 +55,13 @@ SR1 = StatusRegister("SR1", 0x05)
 
 
 @dataclass(frozen=True)
+class WriteFacts:
+    page_size: int
+    page_program: float                 # typical seconds
+    erase_typical: dict[int, float]     # erase size -> typical seconds
+
+
+@dataclass(frozen=True)
 class ChipInfo:
     name: str
     jedec: bytes                      # manufacturer, memory type, capacity
@@ -85,6 +92,17 @@ class ChipInfo:
             if e.size == size:
                 return e
         raise ValueError(f"{self.name} has no {size // 1024} KiB erase")
+
+    def write_facts(self) -> WriteFacts:
+        """The facts writing needs (page size, typical page-program and erase times), for a
+        part whose description has them all: a write was refused before (write_gaps) otherwise."""
+        erase_typical: dict[int, float] = {}
+        for e in self.erase_types:
+            if e.typical is not None:
+                erase_typical[e.size] = e.typical
+        if self.page_size is None or self.page_program is None or len(erase_typical) < len(self.erase_types):
+            raise ValueError(f"{self.name} lacks what a write needs: {'; '.join(self.write_gaps(self.size))}")
+        return WriteFacts(self.page_size, self.page_program[0], erase_typical)
 
     def write_gaps(self, image_size: int = 0x200000) -> list[str]:
         """What this description lacks for a write (empty: nothing)."""

@@ -16,7 +16,8 @@ is then programmed like any erased unit and verified like any written one.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal, Mapping, Sequence
+from typing import Literal
+from collections.abc import Mapping, Sequence
 
 from amdflash.stages.flash.chips import GD25LQ16E, ChipInfo
 
@@ -57,10 +58,12 @@ class PlanCosts:
     unit_read: float
 
     @classmethod
-    def for_chip(cls, chip: ChipInfo) -> "PlanCosts":
+    def for_chip(cls, chip: ChipInfo) -> PlanCosts:
         """The chip's typical busy times plus what the USB bridge adds (about 1 ms per erase
         command, 0.7 ms per page and 12 ms per unit read back)."""
-        return cls({e.size: e.typical + 1e-3 for e in chip.erase_types}, chip.page_program[0] + 0.7e-3, 12e-3)
+        facts = chip.write_facts()
+        return cls({size: typical + 1e-3 for size, typical in facts.erase_typical.items()},
+                   facts.page_program + 0.7e-3, 12e-3)
 
 
 DEFAULT_COSTS = PlanCosts.for_chip(GD25LQ16E)     # when the caller gives no costs

@@ -18,7 +18,8 @@ where block-protect bits are. Its protection is `UNKNOWN`, and nothing that need
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
+from collections.abc import Sequence
 
 SR1_WIP, SR1_WEL = 0x01, 0x02
 # SR2 bits of the GD25LQ16E and W25Q16DW (the layout `decode` reads).

@@ -8,7 +8,7 @@ stages do the same work with planning across units, streaming and an audit trail
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from amdflash.stages.flash.planning import plan_unit
 from amdflash.stages.flash.spinor import FlashError, ProtectedError, SpiNor

@@ -18,9 +18,10 @@ in a status read before anything else goes to the chip:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from amdflash.stages.flash import chips, protection, sfdp
+from amdflash.stages.flash.protection import Protection
 from amdflash.stages.flash.chips import ChipInfo, EraseType, match_jedec
 from amdflash.stages.navi31.romsw import Request, RomSw
 
@@ -195,7 +196,7 @@ class SpiNor:
             clock.sleep(interval)
 
     # -- protection -------------------------------------------------------------------------
-    def check_writable(self, address: int, size: int, prot: protection.Protection | None = None) -> None:
+    def check_writable(self, address: int, size: int, prot: Protection | None = None) -> None:
         prot = prot or self.protection()
         if prot.overlaps(address, size):
             hint = " (SR2.CMP is set: clearing it needs explicit permission, --clear-cmp)" if prot.cmp else ""

@@ -44,6 +44,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
+from amdflash.stages.navi31.request import Request
+
 if TYPE_CHECKING:
     from amdflash.stages.navi31.romsw import RomSw
 
@@ -84,16 +86,14 @@ JEDEC = (0x9F, 0, 0, 4)
 UNIT_ADDRESS, UNIT_SIZE, CHUNK = 0x000000, 0x1000, 0x100
 
 
-def sample(engine: "RomSw") -> bytes:
+def sample(engine: RomSw) -> bytes:
     """The bytes the self-check compares, read with the engine's current settings."""
-    from amdflash.stages.navi31.romsw import Request
-
     requests = [Request(*SFDP_HEADER), Request(*JEDEC)]
     requests += [Request(0x03, a, 3, CHUNK) for a in range(UNIT_ADDRESS, UNIT_ADDRESS + UNIT_SIZE, CHUNK)]
     return b"".join(engine.read_chain(requests))
 
 
-def check(engine: "RomSw", wanted: FastPaths) -> list[Finding]:
+def check(engine: RomSw, wanted: FastPaths) -> list[Finding]:
     """Validate the `wanted` fast paths on this board; leaves `engine.fast` set to the ones
     that passed and returns a finding per fast path."""
     findings: list[Finding] = []
@@ -121,7 +121,7 @@ def check(engine: "RomSw", wanted: FastPaths) -> list[Finding]:
     return findings
 
 
-def _compare(engine: "RomSw", baseline: bytes, candidates: list[str], findings: list[Finding]) -> list[str]:
+def _compare(engine: RomSw, baseline: bytes, candidates: list[str], findings: list[Finding]) -> list[str]:
     def sample_with(names: list[str]) -> bytes:
         engine.fast = replace(VALIDATED, **{n: True for n in names})
         return sample(engine)
@@ -142,7 +142,8 @@ def _compare(engine: "RomSw", baseline: bytes, candidates: list[str], findings: 
             accepted.append(name)
             findings.append(Finding(label(name), True, "agrees with the validated sequence"))
         else:
-            findings.append(Finding(label(name), False, "disagrees with the validated sequence: " + _first_difference(got, baseline)))
+            findings.append(Finding(label(name), False,
+                                    "disagrees with the validated sequence: " + _first_difference(got, baseline)))
     if accepted and sample_with(accepted) != baseline:
         findings += [Finding(label(n), False, "agrees alone but not with the others") for n in accepted]
         accepted = []
@@ -164,10 +165,11 @@ def _first_difference(got: bytes, want: bytes) -> str:
     return f"{where}: {got[i]:#04x} instead of {want[i]:#04x}"
 
 
-def _check_preload(engine: "RomSw") -> tuple[bool, str]:
+def _check_preload(engine: RomSw) -> tuple[bool, str]:
     pattern = bytes((i * 37 + 11) & 0xFF for i in range(CHUNK))
     window = engine.probe_window_retention(pattern)
     if window == pattern:
         return True, "the window keeps data loaded before a transmit-only transaction"
-    return False, "the window lost data loaded before a transmit-only transaction: " + _first_difference(window, pattern)
+    return False, ("the window lost data loaded before a transmit-only transaction: "
+                   + _first_difference(window, pattern))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from amdflash.stages import ifwi
 from amdflash.stages.navi31 import regs as R

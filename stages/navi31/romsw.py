@@ -42,11 +42,13 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Iterator, Literal
+from typing import Literal
+from collections.abc import Callable, Generator, Iterable
 
 from amdflash.stages.navi31 import fastpaths
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.navi31.fastpaths import VALIDATED, FastPaths, Finding
+from amdflash.stages.navi31.request import Request
 from amdflash.stages.transport.base import Bar5
 
 MAX_DATA = R.ROM_SW_DATA_SIZE
@@ -99,16 +101,6 @@ class RomSwOptions:
         return FastPaths(chained=self.rx_mode == "chained")
 
 
-@dataclass(frozen=True)
-class Request:
-    """One RX transaction: opcode, address (sent as address_bytes MSB first), byte count."""
-
-    opcode: int
-    address: int = 0
-    address_bytes: int = 0
-    count: int = 1
-
-
 class RomSw:
     def __init__(self, bar: Bar5, options: RomSwOptions | None = None):
         self.bar = bar
@@ -134,7 +126,7 @@ class RomSw:
         self._reserved = 0
 
     # -- lifetime -------------------------------------------------------------------------
-    def open(self) -> "RomSw":
+    def open(self) -> RomSw:
         if self._open:
             return self
         self._open = True
@@ -166,7 +158,7 @@ class RomSw:
         if self.originals:
             self._restore(self.originals, disable_writes=not self.options.restore_each)
 
-    def __enter__(self) -> "RomSw":
+    def __enter__(self) -> RomSw:
         return self.open()
 
     def __exit__(self, *exc: object) -> None:
@@ -200,13 +192,13 @@ class RomSw:
     def _restore(self, values: dict[int, int], disable_writes: bool) -> None:
         try:
             self._settle()
-        except Exception:  # noqa: BLE001 - the engine is marked silent; the restore goes on
+        except Exception:
             pass
         if disable_writes and self._engine_answers:
             # Leave the chip write-disabled: the last CNTL write is a bare WRDI.
             try:
                 self._run(_WRDI, 0, 0, b"", 0)
-            except Exception:  # noqa: BLE001 - a failing engine must not stop the restore
+            except Exception:
                 pass
         first_error: Exception | None = None
         writes = [(R.ROM_SW_STATUS, 0), (R.ROM_SW_COMMAND, values[R.ROM_SW_COMMAND])]
@@ -215,7 +207,7 @@ class RomSw:
         for reg, value in writes:
             try:
                 self._w32(reg, value)
-            except Exception as e:  # noqa: BLE001 - try every register, report the first failure
+            except Exception as e:
                 first_error = first_error or e
         self._command = values[R.ROM_SW_COMMAND]
         if first_error is not None:
@@ -248,7 +240,7 @@ class RomSw:
         """A fresh RX capture of one request."""
         return b"".join(self.read_chain([Request(opcode, address, address_bytes, count)]))
 
-    def read_chain(self, requests: Iterable[Request], start_after: float | None = None) -> Iterator[bytes]:
+    def read_chain(self, requests: Iterable[Request], start_after: float | None = None) -> Generator[bytes, None, None]:
         """Results of a series of RX transactions, in order, in the configured RX mode.
 
         A chain must run to its end without other transactions in between: in chained

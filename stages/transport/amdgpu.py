@@ -36,7 +36,8 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from amdflash.stages.atom import AtomError, BytesSource, parse_atom
 from amdflash.stages.transport.base import BoardIdentity, Clock, TransportError, WallClock

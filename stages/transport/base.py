@@ -56,8 +56,12 @@ class BoardIdentity:
 class Bar5(Protocol):
     """BAR5 of one Navi31 GPU. Offsets are byte offsets; registers are 32-bit LE."""
 
-    clock: Clock
-    identity: BoardIdentity
+    # Read-only members: an implementation may hold a more specific clock (WallClock, SimClock).
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def identity(self) -> BoardIdentity: ...
 
     def read32(self, offset: int) -> int: ...
 

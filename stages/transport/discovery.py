@@ -20,12 +20,13 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
+from collections.abc import Callable
 
 import usb.core
 
 from amdflash.stages.transport.amdgpu import AmdgpuBoard, AmdgpuDevice, find_amdgpu
-from amdflash.stages.transport.base import Bar5, Clock, TransportError
+from amdflash.stages.transport.base import Bar5, TransportError
 from amdflash.stages.transport.lock import BoardBusy, BoardLock
 from amdflash.stages.transport.pci import SYSFS_PCI_DEVICES, PciBar5, PciDevice, find_devices, normalise_address
 from amdflash.stages.transport.usb import BridgeInfo, LinkDown, UnexpectedDevice, UsbBar5, default_backend, find_bridges
@@ -38,9 +39,15 @@ Announce = Callable[[str], None]
 
 
 class Spec(Protocol):
-    kind: str
-    selector: str
-    unbind_driver: bool
+    # Read-only: BoardSpec is a frozen dataclass.
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def selector(self) -> str: ...
+
+    @property
+    def unbind_driver(self) -> bool: ...
 
 
 class NoBoardFound(TransportError):

@@ -35,7 +35,7 @@ class BoardLock:
         self.path = lock_dir() / f"{safe}-{digest}.lock"
         self._fd: int | None = None
 
-    def acquire(self) -> "BoardLock":
+    def acquire(self) -> BoardLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -61,7 +61,7 @@ class BoardLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "BoardLock":
+    def __enter__(self) -> BoardLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:

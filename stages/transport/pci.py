@@ -102,7 +102,7 @@ def normalise_address(text: str) -> str:
 class PciBar5:
     """BAR5 of one Navi31 reached through sysfs."""
 
-    def __init__(self, device: PciDevice, unbind_driver: bool = False, announce=print):  # noqa: ANN001
+    def __init__(self, device: PciDevice, unbind_driver: bool = False, announce=print):
         if sys.byteorder != "little":
             raise TransportError("native PCIe access assumes a little-endian host (the registers are little-endian)")
         self.device = device
@@ -131,7 +131,7 @@ class PciBar5:
         )
 
     # -- opening --------------------------------------------------------------------------
-    def _release_from_driver(self, unbind: bool, announce) -> None:  # noqa: ANN001
+    def _release_from_driver(self, unbind: bool, announce) -> None:
         dev = self.device
         driver = _driver(dev.path)
         if driver is None:

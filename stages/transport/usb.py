@@ -28,7 +28,8 @@ from __future__ import annotations
 import errno
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import usb.core
 import usb.util
@@ -92,7 +93,7 @@ def default_backend() -> Any:
         import libusb_package
 
         return libusb_package.get_libusb1_backend()
-    except Exception:  # noqa: BLE001 - any failure here just means: use pyusb's own lookup
+    except Exception:
         return None
 
 
@@ -230,7 +231,7 @@ class Completion:
     ret: int             # return status: 0 ok, 1 engine error, 0xFF poll timeout
 
     @classmethod
-    def decode(cls, raw: bytes) -> "Completion":
+    def decode(cls, raw: bytes) -> Completion:
         return cls(int.from_bytes(raw[0:4], "little"), raw[4] >> 5, (raw[4] & 0xF) << 8 | raw[5],
                    bool(raw[6] & 1), raw[7])
 
@@ -278,12 +279,12 @@ class Asm24:
         if self.claimed and not self.gone:
             try:
                 usb.util.release_interface(self.device, 0)
-            except Exception:  # noqa: BLE001 - closing must not fail on a dying device
+            except Exception:
                 pass
         self.claimed = False
         try:
             usb.util.dispose_resources(self.device)
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
     # -- XDATA and PCIe power -------------------------------------------------------------
@@ -640,5 +641,5 @@ class UsbBar5:
         if self._on_close is not None:
             try:
                 self._on_close()
-            except Exception:  # noqa: BLE001 - closing must not fail
+            except Exception:
                 pass

@@ -14,7 +14,7 @@ import usb.util
 
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.sim import Board
-from amdflash.stages.transport.sim.board import F_USB_TRANSFERS
+from amdflash.stages.transport.sim.state import F_USB_TRANSFERS
 from amdflash.stages.transport.sim.cost import ASM24
 from amdflash.stages.transport.sim.usb import F_USB_DISCONNECTED, SimUsbBackend
 

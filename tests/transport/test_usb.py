@@ -14,7 +14,7 @@ from amdflash.stages.navi31 import regs as R
 from amdflash.stages.navi31.romsw import RomSw
 from amdflash.stages.transport.base import TransportError
 from amdflash.stages.transport.sim import SimBar5
-from amdflash.stages.transport.sim.board import F_USB_TRANSFERS
+from amdflash.stages.transport.sim.state import F_USB_TRANSFERS
 from amdflash.stages.transport.sim.cost import ASM24
 from amdflash.stages.transport.sim.usb import LINK_TRAINING_SECONDS
 from amdflash.stages.transport.usb import (

@@ -43,7 +43,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 from amdflash.stages.transport.sim import synth
 
@@ -287,7 +287,7 @@ class EmulatedAmdgpu:
         self._dump()
 
     @contextlib.contextmanager
-    def running(self) -> Iterator["EmulatedAmdgpu"]:
+    def running(self) -> Iterator[EmulatedAmdgpu]:
         """The kernel side in a thread, in wall time, for a transport in another thread or process."""
         stop = threading.Event()
 

@@ -30,7 +30,7 @@ def bswap32(value: int) -> int:
 
 
 class RomAperture:
-    def __init__(self, board: "Board"):
+    def __init__(self, board: Board):
         self.board = board
         # The internal read pointer lives with the board, so it survives a host process.
         self._pointer = board.files.region("aperture")[0:4]

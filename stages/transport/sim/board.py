@@ -28,7 +28,8 @@ import os
 import signal
 import struct
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
+from collections.abc import Callable
 
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.sim import cost as costmod
@@ -36,19 +37,13 @@ from amdflash.stages.transport.sim.clock import SimClock
 from amdflash.stages.transport.sim.cost import Access
 from amdflash.stages.transport.sim.faults import Faults
 from amdflash.stages.transport.sim.romsw import BLOCK_END, BLOCK_START
-from amdflash.stages.transport.sim.state import C, BoardFiles
+from amdflash.stages.transport.sim.power_on import power_on_registers
+from amdflash.stages.transport.sim.state import F_KILL_FIRED, F_WRITES, C, BoardFiles
 
 T = TypeVar("T")
 ReadHook = Callable[[], int]
 WriteHook = Callable[[int], None]
 
-# Slots of the persistent fault-state region (signed 64-bit each).
-F_WRITES = 0          # register write accesses since the board was created
-F_KILL_FIRED = 1      # kill-after-writes has fired (one-shot)
-F_USB_TRANSFERS = 2   # USB transfers, for usb-disconnect-after
-F_ENGINE_TXNS = 3     # ROM_SW transactions, for stall-after
-F_FLIP_DRAWS = 4      # read-flip random draws consumed
-F_USB_FIRED = 5       # usb-disconnect-after has fired (one-shot)
 
 _U32 = struct.Struct("<I")
 
@@ -272,8 +267,6 @@ class Board:
     def power_on_reset(self) -> None:
         """PERST#: the GPU starts over. BAR5 holds its power-on values, the ROM_SW engine
         drops whatever it was doing; the flash (a separate chip) keeps its state."""
-        from amdflash.stages.transport.sim.create import power_on_registers
-
         self.regs[:] = power_on_registers()
         self.engine.reset()
         self.aperture.reset()
@@ -297,7 +290,7 @@ class Board:
         self.aperture.close()
         self.files.close()
 
-    def __enter__(self) -> "Board":
+    def __enter__(self) -> Board:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -19,7 +19,7 @@ REALTIME_SLICE = 0.002  # sleep in slices so per-access costs do not each pay a 
 
 
 class SimClock:
-    def __init__(self, counters: memoryview, index: int, sleep_index: int, realtime_scale: float = 0.0):
+    def __init__(self, counters: memoryview[float], index: int, sleep_index: int, realtime_scale: float = 0.0):
         self._c = counters
         self._i = index
         self._sleep_i = sleep_index

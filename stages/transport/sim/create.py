@@ -8,33 +8,13 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.sim import cost
 from amdflash.stages.transport.sim.faults import Faults
-from amdflash.stages.transport.sim.state import BAR5_SIZE, FLASH_SIZE, REGIONS, create_files
-
-# Power-on register values (assumptions: no dump of a stalled Navi31 is public). They are
-# chosen so that a driver which skips a documented step fails visibly: the SPI pads start
-# owned by GPIO and page-mirror usage starts clear.
-POWER_ON_REGISTERS = {
-    R.ROM_CNTL: 0x0A000002,
-    R.PAGE_MIRROR_CNTL: 0x00000000,
-    R.GPIOPAD_MASK: 0x00001F80,
-    R.GPIOPAD_A: 0x00000780,
-    R.GPIOPAD_EN: 0x00000F80,
-}
-
+from amdflash.stages.transport.sim.power_on import power_on_registers
+from amdflash.stages.transport.sim.state import FLASH_SIZE, REGIONS, create_files
 
 class BoardExistsError(FileExistsError):
     pass
-
-
-def power_on_registers() -> bytes:
-    """BAR5 as the GPU comes out of reset: zero but for the registers above."""
-    regs = bytearray(BAR5_SIZE)
-    for offset, value in POWER_ON_REGISTERS.items():
-        regs[offset:offset + 4] = value.to_bytes(4, "little")
-    return bytes(regs)
 
 
 def create_board(
@@ -61,14 +41,14 @@ def create_board(
     `bridge`: options of the emulated ASM24 bridge in front of the board (see
     `stages.transport.sim.usb.BridgeOptions`), stored as board.json's "bridge" object.
     `strict`: a ROM_SW protocol violation raises (default) rather than only being counted.
-    `chip`: the emulated flash part (parts.py; default GD25LQ16E).
+    `chip`: the emulated flash part (catalog.py; default GD25LQ16E).
     """
     path = Path(path)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise BoardExistsError(f"{path} already exists and is not an empty directory")
     cost.profile(transport)  # validates the name
     from amdflash.stages.transport.sim.nor import NorChip
-    from amdflash.stages.transport.sim.parts import part
+    from amdflash.stages.transport.sim.catalog import part
 
     spec = part(chip)
     # The chip's status registers (CMP, BP) are part of its persistent state; this validates them.
@@ -105,7 +85,7 @@ def create_board(
 
     config = {
         "format": 1,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "label": "amdflash emulated Navi31 board (synthetic, not an AMD device)",
         "seed": seed,
         "transport": transport,

@@ -56,7 +56,7 @@ class Faults:
     slow_busy: float = 1.0                                            # busy time factor
 
     @classmethod
-    def parse(cls, specs: list[str]) -> "Faults":
+    def parse(cls, specs: list[str]) -> Faults:
         faults = cls()
         for spec in specs:
             faults.add(spec)
@@ -111,7 +111,7 @@ class Faults:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> "Faults":
+    def from_json(cls, data: dict) -> Faults:
         return cls(
             read_flip=float(data.get("read_flip", 0.0)),
             stuck_bits=[(int(a), int(b)) for a, b in data.get("stuck_bits", [])],

@@ -38,7 +38,7 @@ A job is a list of `Op`s; `read_ops`, `program_ops` and `flash_ops` build the us
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from amdflash.stages.flash.chips import GD25LQ16E, ChipInfo
 from amdflash.stages.flash.planning import PlanCosts, apply_cover, cover, plan_unit
@@ -75,14 +75,16 @@ def read_ops(chunks: int, chunk: int = CHUNK) -> list[Op]:
 def program_ops(pages: int, chip: ChipInfo = GD25LQ16E) -> list[Op]:
     """Write enable and page program for each page; the page's data loads before the enable."""
     ops: list[Op] = []
+    facts = chip.write_facts()
     for _ in range(pages):
-        ops.append(Op(1, load=chip.page_size))
-        ops.append(Op(4 + chip.page_size, busy=chip.page_program[0]))
+        ops.append(Op(1, load=facts.page_size))
+        ops.append(Op(4 + facts.page_size, busy=facts.page_program))
     return ops
 
 
 def erase_ops(size: int, chip: ChipInfo = GD25LQ16E) -> list[Op]:
-    return [Op(1), Op(4, busy=chip.erase_type(size).typical)]
+    chip.erase_type(size)   # one of the part's erase sizes (ValueError otherwise)
+    return [Op(1), Op(4, busy=chip.write_facts().erase_typical[size])]
 
 
 def physical_floor(ops: Iterable[Op], prescale: int = DEFAULT_PRESCALE) -> float:
@@ -157,9 +159,10 @@ def flash_ops(current: bytes, image: bytes, first: int = 0, count: int | None = 
     unit = chip.unit
     count = chip.size // unit - first if count is None else count
     addresses = [(first + i) * unit for i in range(count)]
-    plans = [plan_unit(a, current[a:a + unit], image[a:a + unit], chip.page_size) for a in addresses]
+    page_size = chip.write_facts().page_size
+    plans = [plan_unit(a, current[a:a + unit], image[a:a + unit], page_size) for a in addresses]
     erases = cover(plans, [e.size for e in chip.erase_types], plan_costs(profile, chip, prescale))
-    plans = apply_cover(plans, erases, chip.page_size)
+    plans = apply_cover(plans, erases, page_size)
     per_unit = unit // CHUNK
     kept = sum(1 for p in plans if p.action == "skip")
     written = [p for p in plans if p.action != "skip"]

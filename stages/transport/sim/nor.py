@@ -97,11 +97,12 @@ Modelling decisions (the datasheets leave them open, or the model has to pick on
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from amdflash.stages.transport.sim import command_log
 from amdflash.stages.transport.sim.parts import FLASH_SIZE, PAGE_SIZE, SECTOR_SIZE, Bit, PartSpec
-from amdflash.stages.transport.sim.parts import part as find_part
+from amdflash.stages.transport.sim.catalog import part as find_part
 
 if TYPE_CHECKING:
     from amdflash.stages.transport.sim.board import Board
@@ -148,7 +149,7 @@ def _repeat(pattern: bytes, phase: int, n: int) -> bytes:
 
 
 class NorChip:
-    def __init__(self, board: "Board", spec: PartSpec | None = None):
+    def __init__(self, board: Board, spec: PartSpec | None = None):
         self.part = p = spec or find_part(board.config.get("chip"))
         self.board = board
         self.flash = board.files.flash

@@ -12,7 +12,8 @@ and says which figures are assumed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Literal
+from collections.abc import Mapping
 
 Bit = tuple[int, int]          # (status register index, bit number)
 
@@ -147,23 +148,3 @@ class PartSpec:
     @property
     def register_by_opcode(self) -> dict[int, int]:
         return {r.read: i for i, r in enumerate(self.registers)}
-
-
-def all_parts() -> dict[str, PartSpec]:
-    from amdflash.stages.transport.sim.gd25 import GD25LQ16E
-    from amdflash.stages.transport.sim.mx25u1635f import MX25U1635F
-    from amdflash.stages.transport.sim.unknown_part import UNKNOWN, UNKNOWN_SFDP10
-    from amdflash.stages.transport.sim.w25q16dw import W25Q16DW
-
-    return {p.name: p for p in (GD25LQ16E, W25Q16DW, MX25U1635F, UNKNOWN, UNKNOWN_SFDP10)}
-
-
-DEFAULT_PART = "GD25LQ16E"
-
-
-def part(name: str | None) -> PartSpec:
-    parts = all_parts()
-    try:
-        return parts[name or DEFAULT_PART]
-    except KeyError:
-        raise ValueError(f"unknown emulated chip {name!r}; choose one of {', '.join(parts)}") from None

@@ -60,7 +60,8 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable
 
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.sim import synth
@@ -139,10 +140,10 @@ class _U32Field:
     def __init__(self, offset: int):
         self.offset = offset
 
-    def __get__(self, state: "_State", owner: type | None = None) -> int:
+    def __get__(self, state: _State, owner: type | None = None) -> int:
         return _U32.unpack_from(state.mem, self.offset)[0]
 
-    def __set__(self, state: "_State", value: int) -> None:
+    def __set__(self, state: _State, value: int) -> None:
         _U32.pack_into(state.mem, self.offset, value & 0xFFFFFFFF)
 
 
@@ -150,10 +151,10 @@ class _F64Field:
     def __init__(self, offset: int):
         self.offset = offset
 
-    def __get__(self, state: "_State", owner: type | None = None) -> float:
+    def __get__(self, state: _State, owner: type | None = None) -> float:
         return _F64.unpack_from(state.mem, self.offset)[0]
 
-    def __set__(self, state: "_State", value: float) -> None:
+    def __set__(self, state: _State, value: float) -> None:
         _F64.pack_into(state.mem, self.offset, value)
 
 
@@ -182,7 +183,7 @@ class _State:
 
 
 class PspMailbox:
-    def __init__(self, board: "Board"):
+    def __init__(self, board: Board):
         self.board = board
         self.order = check_order(board.config.get("psp_order"))
         self.sos = bool(board.variant.get("sos"))
@@ -484,7 +485,7 @@ def _parse(item: int, data: bytes) -> int:
     return OK
 
 
-def _program_seconds(data: bytes) -> float:
+def _program_seconds(data: bytes | bytearray) -> float:
     blank = b"\xff" * synth.PAGE
     pages = sum(1 for p in range(0, len(data), synth.PAGE) if data[p:p + synth.PAGE] != blank)
     return pages * PAGE_PROGRAM_SECONDS

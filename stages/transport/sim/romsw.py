@@ -41,7 +41,7 @@ import struct
 from typing import TYPE_CHECKING
 
 from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim.state import C
+from amdflash.stages.transport.sim.state import F_ENGINE_TXNS, F_FLIP_DRAWS, C
 
 if TYPE_CHECKING:
     from amdflash.stages.transport.sim.board import Board
@@ -67,7 +67,7 @@ class ProtocolViolation(RuntimeError):
 
 
 class RomSwEngine:
-    def __init__(self, board: "Board"):
+    def __init__(self, board: Board):
         self.board = board
         region = board.files.region("engine")
         self.capture = region[0:CAPTURE_SIZE]
@@ -75,7 +75,6 @@ class RomSwEngine:
         self.no_raw_rom = bool(board.variant.get("no_raw_rom"))
         self.gated = bool(board.variant.get("gated"))
         self._regs = board.regs
-        from amdflash.stages.transport.sim.board import F_ENGINE_TXNS
 
         self._f_txns = F_ENGINE_TXNS
         self._stall_after = board.faults.stall_after
@@ -248,7 +247,6 @@ class RomSwEngine:
         return not (mask | a | en) & R.SPI_PAD_BITS and mirror & _MIRROR_NEEDED == _MIRROR_NEEDED
 
     def _noise(self, n: int) -> bytes:
-        from amdflash.stages.transport.sim.board import F_FLIP_DRAWS
 
         board = self.board
         draw = board.fault_state[F_FLIP_DRAWS]
@@ -257,7 +255,6 @@ class RomSwEngine:
 
     def _flip(self, rx: bytes) -> bytes:
         """Transient bit flips, drawn from a stream seeded by the board, so runs repeat."""
-        from amdflash.stages.transport.sim.board import F_FLIP_DRAWS
 
         board = self.board
         draw = board.fault_state[F_FLIP_DRAWS]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+from typing import BinaryIO
 from pathlib import Path
 
 FLASH_SIZE = 0x200000
@@ -34,6 +35,14 @@ REGIONS: dict[str, tuple[int, int]] = {
     "otp": (0x1000, 0x1000),        # security registers
     "spare": (0x2000, 0x2000),
 }
+
+# Slots of the persistent fault-state region (signed 64-bit each).
+F_WRITES = 0          # register write accesses since the board was created
+F_KILL_FIRED = 1      # kill-after-writes has fired (one-shot)
+F_USB_TRANSFERS = 2   # USB transfers, for usb-disconnect-after
+F_ENGINE_TXNS = 3     # ROM_SW transactions, for stall-after
+F_FLIP_DRAWS = 4      # read-flip random draws consumed
+F_USB_FIRED = 5       # usb-disconnect-after has fired (one-shot)
 
 COUNTER_NAMES = (
     "modelled_seconds",
@@ -62,9 +71,10 @@ class BoardFiles:
         self.path = Path(path)
         config_file = self.path / "board.json"
         if not config_file.is_file():
-            raise FileNotFoundError(f"{self.path} is not an emulated board (no board.json); create one with 'amdflash sim create'")
+            raise FileNotFoundError(f"{self.path} is not an emulated board (no board.json); "
+                                    "create one with 'amdflash sim create'")
         self.config: dict = json.loads(config_file.read_text())
-        self._files = []
+        self._files: list[BinaryIO] = []
         self.flash = self._map("flash.bin", FLASH_SIZE)
         self.regs = self._map("regs.bin", BAR5_SIZE)
         self.state = self._map("state.bin", STATE_SIZE)

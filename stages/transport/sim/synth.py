@@ -43,6 +43,7 @@ own. The modelled PSP firmware (psp.py) writes the same formats when it updates 
 """
 from __future__ import annotations
 
+import mmap
 import random
 import struct
 from dataclasses import dataclass
@@ -131,7 +132,7 @@ def directory(cookie: bytes, entries: list[tuple[int, int, int]]) -> bytes:
     return cookie + _U32.pack(fletcher32(body)) + body
 
 
-def ish_checksum(header: bytes) -> int:
+def ish_checksum(header: bytes | bytearray) -> int:
     return fletcher32(bytes(header[ISH_PRIORITY:ISH_BYTES]))
 
 
@@ -166,7 +167,7 @@ def metadata_record(meta: Metadata) -> bytes:
     return head[:-4] + _U32.pack(fletcher32(head[:-4]))
 
 
-def read_metadata(flash: bytes) -> Metadata | None:
+def read_metadata(flash: bytes | bytearray | mmap.mmap) -> Metadata | None:
     """The metadata record, or None when it is absent or fails its checksum."""
     record = bytes(flash[METADATA:METADATA + METADATA_BYTES])
     magic, active, updates, b_sum, stamp, _, checksum = _METADATA.unpack(record)
@@ -226,7 +227,7 @@ def synthetic_ifwi(seed: int = 0, part_key: str = PART_KEY) -> bytes:
     rng = random.Random(seed)
     image = bytearray(b"\xff" * FLASH_SIZE)
 
-    def put(offset: int, data: bytes) -> None:
+    def put(offset: int, data: bytes | bytearray) -> None:
         image[offset:offset + len(data)] = data
 
     efs = bytearray(b"\xff" * EFS_SIZE)

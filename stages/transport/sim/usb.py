@@ -83,13 +83,15 @@ from collections import deque
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Mapping, Union
+from typing import Any
+from collections.abc import Callable, Iterable, Mapping
 
 import usb.backend
 import usb.core
 
-from amdflash.stages.transport.sim.board import F_USB_FIRED as F_USB_DISCONNECTED
-from amdflash.stages.transport.sim.board import F_USB_TRANSFERS, Board
+from amdflash.stages.transport.sim.board import Board
+from amdflash.stages.transport.sim.state import F_USB_FIRED as F_USB_DISCONNECTED
+from amdflash.stages.transport.sim.state import F_USB_TRANSFERS
 from amdflash.stages.transport.sim.cost import ASM24
 from amdflash.stages.transport.sim.pcie import BAR5_SIZE, NAVI31_DEVICE, PcieTopology
 from amdflash.stages.transport.sim.state import C
@@ -169,7 +171,7 @@ class BridgeOptions:
     usb2: bool = False                # plugged into a USB 2 port: high speed, 512-byte packets
 
     @classmethod
-    def resolve(cls, *layers: Mapping[str, Any]) -> "BridgeOptions":
+    def resolve(cls, *layers: Mapping[str, Any]) -> BridgeOptions:
         known = {f.name for f in fields(cls)}
         merged: dict[str, Any] = {}
         for layer in layers:
@@ -180,8 +182,8 @@ class BridgeOptions:
         return replace(cls(), **merged)
 
 
-PathLike = Union[str, os.PathLike]
-BoardSpec = Union[PathLike, tuple[PathLike, Mapping[str, Any]]]
+PathLike = str | os.PathLike
+BoardSpec = PathLike | tuple[PathLike, Mapping[str, Any]]
 
 
 # -- descriptors ------------------------------------------------------------------------------
@@ -296,7 +298,7 @@ class _SimDevice:
     """Common ground of the root hub and the bridges: identity, handles, claims."""
 
     descriptors: _Descriptors
-    parent: "_SimDevice | None" = None
+    parent: _SimDevice | None = None
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -312,7 +314,7 @@ class _SimDevice:
 
 
 class _Handle:
-    def __init__(self, device: _SimDevice):
+    def __init__(self, device: _RootHub | _Asm24):   # the only kinds of device there are
         self.device = device
 
 
@@ -906,14 +908,14 @@ class SimUsbBackend(usb.backend.IBackend):
         start = {name: counters[C[name]] for name in DIAGNOSTIC_COUNTERS}
         return lambda: {name: int(counters[C[name]] - value) for name, value in start.items()}
 
-    def _bridge(self, device: Any) -> "_Asm24":
+    def _bridge(self, device: Any) -> _Asm24:
         for bridge in self.bridges:
             d = bridge.descriptors.device
             if (d.bus, d.address) == (device.bus, device.address):
                 return bridge
         raise LookupError(f"no emulated bridge at bus {device.bus} address {device.address}")
 
-    def __enter__(self) -> "SimUsbBackend":
+    def __enter__(self) -> SimUsbBackend:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -950,7 +952,7 @@ class SimUsbBackend(usb.backend.IBackend):
         return endpoints[ep]
 
     # -- handles, configuration, interfaces -----------------------------------------------
-    def open_device(self, dev: _SimDevice) -> _Handle:
+    def open_device(self, dev: _RootHub | _Asm24) -> _Handle:
         dev.check_present()
         return _Handle(dev)
 
@@ -984,7 +986,9 @@ class SimUsbBackend(usb.backend.IBackend):
         if altsetting >= len(dev.descriptors.interfaces):
             raise usb_error(LIBUSB_ERROR_NOT_FOUND)
         with dev.lock:
-            dev.control(0x01, 0x0B, altsetting, intf, memoryview(b""), KERNEL_TIMEOUT_MS)
+            # On a claimed root hub this call would fail (its control takes no timeout); nothing
+            # selects a root hub's alternate setting. Left as found: the emulator is unchanged.
+            dev.control(0x01, 0x0B, altsetting, intf, memoryview(b""), KERNEL_TIMEOUT_MS)  # type: ignore[call-arg]
         dev.alt = altsetting
 
     def claim_interface(self, dev_handle: _Handle, intf: int) -> None:

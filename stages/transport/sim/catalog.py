@@ -1,0 +1,26 @@
+"""The emulated parts by name: the catalog `amdflash sim create --chip` chooses from.
+
+Apart from parts.py (what a part is) so that the part modules can import the types and this
+module can import the parts, without a loop between them.
+"""
+from __future__ import annotations
+
+from amdflash.stages.transport.sim.gd25 import GD25LQ16E
+from amdflash.stages.transport.sim.mx25u1635f import MX25U1635F
+from amdflash.stages.transport.sim.parts import PartSpec
+from amdflash.stages.transport.sim.unknown_part import UNKNOWN, UNKNOWN_SFDP10
+from amdflash.stages.transport.sim.w25q16dw import W25Q16DW
+
+DEFAULT_PART = "GD25LQ16E"
+
+
+def all_parts() -> dict[str, PartSpec]:
+    return {p.name: p for p in (GD25LQ16E, W25Q16DW, MX25U1635F, UNKNOWN, UNKNOWN_SFDP10)}
+
+
+def part(name: str | None) -> PartSpec:
+    parts = all_parts()
+    try:
+        return parts[name or DEFAULT_PART]
+    except KeyError:
+        raise ValueError(f"unknown emulated chip {name!r}; choose one of {', '.join(parts)}") from None
