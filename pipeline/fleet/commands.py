@@ -47,7 +47,11 @@ def _run_options(p: argparse.ArgumentParser, where_required: bool) -> None:
     _coordinator_option(p)
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction | None = None) -> None:
+    from amdflash.pipeline.fleet import central_cli
+
+    if audit_sub is not None:
+        central_cli.add_audit_parsers(audit_sub)
     f = sub.add_parser(
         "fleet", help="a line of boards on many hosts, through labgrid",
         description="Boards attached to many hosts, reserved and locked through a labgrid coordinator; each "
@@ -123,6 +127,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("job", choices=("flash", "verify", "dump", "info"), help="the job to run on these boards")
     p.add_argument("image", nargs="?", help="flash, verify: the image on this host (dump and info take none)")
     p.set_defaults(func=cmd_job)
+
+    central_cli.add_fleet_parsers(fsub)
 
 
 # -- commands ------------------------------------------------------------------------------------
