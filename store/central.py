@@ -81,9 +81,10 @@ def _run_match(table: str, run: str, run_id: str) -> str:
 def _tables_sql() -> str:
     out = []
     for table, columns in PHYSICAL.items():
-        cols = ", ".join(f"{_q(c)} {_PG_TYPES[k]}" + (f" REFERENCES {NS}.blobs" if k == "ref" else "")
-                         for c, k in columns)
-        out.append(f"CREATE TABLE {NS}.{table} (host_id integer NOT NULL REFERENCES {NS}.hosts, seq bigint NOT NULL, "
+        # host_id and blob references are checked per statement (the sealed_* triggers): a row
+        # whose checkpoint is sealed is of an enrolled host, and every blob it names is stored.
+        cols = ", ".join(f"{_q(c)} {_PG_TYPES[k]}" for c, k in columns)
+        out.append(f"CREATE TABLE {NS}.{table} (host_id integer NOT NULL, seq bigint NOT NULL, "
                    f"{cols}, PRIMARY KEY (host_id, seq));")
         index = "run_id, seq" if table in PLAIN else "run, seq"
         out.append(f"CREATE INDEX {table}_by_run ON {NS}.{table} (host_id, {index});")
@@ -142,11 +143,38 @@ def _sealed_function(table: str) -> str:
     run_col = "run_id" if table in PLAIN else "run"
     first_of_run = ("(SELECT min(r.seq) FROM {ns}.runs r WHERE r.host_id = n.host_id AND r.run_id = n.run_id)"
                     if table in PLAIN else "n.run").format(ns=NS)
+    refs = [c for c, k in PHYSICAL[table] if k == "ref"]
+    missing = " OR ".join(f"(n.{_q(c)} IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {NS}.blobs b WHERE b.sha256 = n.{_q(c)}))"
+                          for c in refs)
+    blobs_check = f"""SELECT n.seq, n.host_id INTO bad FROM new_rows n WHERE {missing} ORDER BY n.seq LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'refused: first bad row {table} seq % of host %: it refers to bytes the central '
+                            'database does not hold', bad.seq, {NS}.host_name(bad.host_id)
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;""" if refs else ""
+    run_start = ("(SELECT min(r.seq) FROM {ns}.runs r WHERE r.host_id = g.host_id AND r.run_id = g.r)"
+                 if table in PLAIN else "g.r").format(ns=NS)
+    # Per run, the new rows must lie after every span stored before this transaction and
+    # within the spans of its new checkpoints (a run's spans are contiguous): one grouped
+    # query. Only when that fails are the rows looked at one by one, to name the first bad one.
     return f"""
 CREATE FUNCTION {NS}.sealed_{table}() RETURNS trigger LANGUAGE plpgsql AS $fn$
-DECLARE bad record;
+DECLARE bad record; grp record;
 BEGIN
-    SELECT n.seq, n.host_id, n.{run_col}::text AS run, c.id AS cp, c.pushed_in INTO bad FROM new_rows n
+    SELECT g.host_id, g.r INTO grp
+      FROM (SELECT host_id, {run_col} AS r, min(seq) AS lo, max(seq) AS hi FROM new_rows GROUP BY 1, 2) g
+      LEFT JOIN LATERAL (SELECT max(c.last_seq) FILTER (WHERE c.pushed_in <> txid_current()) AS old_last,
+                                max(c.last_seq) FILTER (WHERE c.pushed_in = txid_current()) AS new_last
+                           FROM {NS}.checkpoints c WHERE c.host_id = g.host_id AND c.{run_col} = g.r
+                            AND c.kind IN ('commit', 'final', 'migrated')) c ON true
+     WHERE c.new_last IS NULL OR g.hi > c.new_last OR g.lo <= coalesce(c.old_last, -1) OR g.lo < {run_start}
+     LIMIT 1;
+    IF NOT FOUND THEN
+        {blobs_check}
+        RETURN NULL;
+    END IF;
+    SELECT n.seq, n.host_id, n.{run_col}::text AS run, c.id AS cp, c.pushed_in INTO bad
+      FROM (SELECT * FROM new_rows WHERE host_id = grp.host_id AND {run_col} = grp.r) n
       LEFT JOIN LATERAL (SELECT c.id, c.pushed_in FROM {NS}.checkpoints c
                           WHERE c.host_id = n.host_id AND c.{run_col} = n.{run_col} AND c.last_seq >= n.seq
                             AND c.kind IN ('commit', 'final', 'migrated')
@@ -162,7 +190,8 @@ BEGIN
                  ELSE 'it lies before its run began' END
             USING ERRCODE = 'integrity_constraint_violation';
     END IF;
-    RETURN NULL;
+    RAISE EXCEPTION 'refused: rows of {table} (host %, run %) outside the spans this push seals',
+        {NS}.host_name(grp.host_id), grp.r USING ERRCODE = 'integrity_constraint_violation';
 END $fn$;
 CREATE TRIGGER {table}_sealed AFTER INSERT ON {NS}.{table} REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION {NS}.sealed_{table}();
@@ -385,7 +414,7 @@ class PushReport:
     checkpoints: int = 0
     rows: int = 0
     blobs: int = 0
-    bytes_sent: int = 0
+    blob_bytes: int = 0            # bytes of the blobs sent
     through: int = 0               # the host's last checkpoint now stored centrally
     held_back: int = 0             # rows after their run's last checkpoint: not sealed yet, not sent
     seconds: float = 0.0
@@ -396,7 +425,7 @@ class PushReport:
             return (f"central database already holds host {self.host}'s trail through checkpoint #{self.through}: "
                     f"nothing to push ({self.seconds:.2f} s)")
         text = (f"pushed host {self.host}: {self.checkpoints} checkpoints, {self.rows} rows, {self.blobs} blobs "
-                f"({self.bytes_sent / 1e6:.1f} MB) in {self.seconds:.2f} s; verified and stored by the central "
+                f"({self.blob_bytes / 1e6:.1f} MB) in {self.seconds:.2f} s; verified and stored by the central "
                 f"database through checkpoint #{self.through}")
         if self.held_back:
             text += f"\n{self.held_back} row(s) of running runs are not sealed yet: the next push sends them"
@@ -527,11 +556,12 @@ def _send(local: sqlite3.Connection, pg: Any, host_id: int, every: list[Checkpoi
         blobs = [(bytes(s), bytes(d)) for _, s, d in local_blobs if bytes(s) not in have]
     with pg.cursor() as cur:
         if blobs:
-            with cur.copy(f"COPY {NS}.blobs (sha256, data) FROM STDIN") as copy:
+            with cur.copy(f"COPY {NS}.blobs (sha256, data) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["bytea", "bytea"])
                 for b in blobs:
                     copy.write_row(b)
             report.blobs += len(blobs)
-            report.bytes_sent += sum(len(d) for _, d in blobs)
+            report.blob_bytes += sum(len(d) for _, d in blobs)
         with cur.copy(f"COPY {NS}.checkpoints (host_id, id, kind, run, run_id, rows, last_seq, head, at, detail, "
                       "hash, sig, pushed_in, pushed_by) FROM STDIN") as copy:
             for c in batch:
@@ -544,12 +574,11 @@ def _send(local: sqlite3.Connection, pg: Any, host_id: int, every: list[Checkpoi
                 continue
             refs = {i for i, (_, k) in enumerate(columns, 1) if k == "ref"}
             names = ", ".join(_q(c) for c, _ in columns)
-            with cur.copy(f"COPY {NS}.{table} (host_id, seq, {names}) FROM STDIN") as copy:
+            with cur.copy(f"COPY {NS}.{table} (host_id, seq, {names}) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["int4", "int8", *(_PG_TYPES[k] for _, k in columns)])
                 for r in found:
-                    values = [host_id, *(shas.get(v) if i in refs and v is not None else v
-                                         for i, v in enumerate(r))]
-                    copy.write_row(values)
-                    report.bytes_sent += sum(len(v) for v in values if isinstance(v, (str, bytes)))
+                    copy.write_row([host_id, *(shas.get(v) if i in refs and v is not None else v
+                                               for i, v in enumerate(r))] if refs else (host_id, *r))
             report.rows += len(found)
             report.by_table[table] = report.by_table.get(table, 0) + len(found)
         cur.execute("SET CONSTRAINTS ALL IMMEDIATE")     # the span checks, now rather than at COMMIT
