@@ -373,14 +373,30 @@ def setup(url: str) -> str:
         try:
             pg.execute(_schema_sql())
             pg.execute(_roles_sql())
+            _self_test(pg)
             pg.commit()
         except psycopg.Error as e:
             hint = ""
-            if "plpython3u" in str(e):
+            if "plpython3u" in str(e) or "cryptography" in str(e):
                 hint = " (the server needs PL/Python: apt-get install postgresql-plpython3-NN python3-cryptography)"
             raise CentralError(f"cannot set up the central database: {_first_line(e)}{hint}") from None
     return (f"central database set up: schema {NS}, roles {PUSH_ROLE} (hosts push: SELECT, INSERT) and "
             f"{READ_ROLE} (reviewers: SELECT); enrol each host's key with 'amdflash fleet enroll'")
+
+
+def _self_test(pg: Any) -> None:
+    """The server's Ed25519 check accepts a good signature and rejects a changed one."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from amdflash.store.keys import public_bytes
+
+    key = Ed25519PrivateKey.generate()
+    message = b"amdflash central self-test"
+    good = pg.execute(f"SELECT {NS}.ed25519_verify(%s, %s, %s), {NS}.ed25519_verify(%s, %s, %s)",
+                      (public_bytes(key), key.sign(message), message,
+                       public_bytes(key), key.sign(message), message + b"!")).fetchone()
+    if tuple(good) != (True, False):
+        raise CentralError(f"the server's Ed25519 check does not work (answered {tuple(good)})")
 
 
 def enroll(url: str, public_key: bytes, name: str) -> int:
