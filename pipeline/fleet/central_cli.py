@@ -42,7 +42,8 @@ def add_audit_parsers(audit_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--to", metavar="URL", help=f"the central database (default ${ENV_CENTRAL})")
     p.add_argument("--batch-rows", type=int, default=500_000, metavar="N",
                    help="rows per transaction, in whole checkpoints (default 500000)")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text: one line for people (default); json: what was sent, as an object")
     p.set_defaults(func=cmd_push)
 
 
@@ -71,7 +72,8 @@ def add_fleet_parsers(fsub: argparse._SubParsersAction) -> None:
         description="The runs of every host of the line, as 'amdflash runs' lists a host's own, read from the "
                     "central database (host first). Read-only.")
     p.add_argument("--from", dest="source", metavar="URL", help=f"the central database (default ${ENV_CENTRAL})")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text: one line per run, host first (default); json: one array of objects")
     p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
     p.set_defaults(func=cmd_runs)
 
@@ -79,9 +81,10 @@ def add_fleet_parsers(fsub: argparse._SubParsersAction) -> None:
         "report", help="one run's report from the central database (text, JSON or HTML)",
         description="The report of RUN_ID (a unique prefix is enough) as 'amdflash report' prints it, read "
                     "from the central database; the run's chain and signatures are checked again on the way.")
-    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("run_id", metavar="RUN_ID", help="the run (a unique prefix is enough)")
     p.add_argument("--from", dest="source", metavar="URL", help=f"the central database (default ${ENV_CENTRAL})")
-    p.add_argument("--format", choices=("text", "json", "html"), default="text")
+    p.add_argument("--format", choices=("text", "json", "html"), default="text",
+                   help="text (default), json or html, as 'amdflash report' prints them")
     p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the report to FILE instead of stdout")
     p.add_argument("--key", type=Path, action="append", metavar="PUBFILE",
