@@ -548,28 +548,24 @@ def _send(local: sqlite3.Connection, pg: Any, host_id: int, every: list[Checkpoi
     local.execute("CREATE TEMP TABLE IF NOT EXISTS _push (run INTEGER, run_id TEXT, lo INTEGER, hi INTEGER)")
     local.execute("DELETE FROM _push")
     local.executemany("INSERT INTO _push VALUES (?, ?, ?, ?)", spans)
+    # Rows come out of SQLite as they are sent: the host's central id first, blob references
+    # already replaced by the blobs' SHA-256 (SQLite does the joins).
     rows: dict[str, list[tuple]] = {}
-    blob_ids: set[int] = set()
+    referenced = []
     for table, columns in PHYSICAL.items():
-        names = ", ".join(f"p.{c}" for c, _ in columns)
+        names = ", ".join(f"b_{c}.sha256" if k == "ref" else f"p.{c}" for c, k in columns)
+        joins = "".join(f" LEFT JOIN blobs b_{c} ON b_{c}.id = p.{c}" for c, k in columns if k == "ref")
         on = ("p.run_id = s.run_id AND p.seq BETWEEN s.lo AND s.hi" if table in PLAIN
               else "p.seq BETWEEN s.lo AND s.hi AND +p.run = s.run")
-        found = local.execute(f"SELECT p.seq, {names} FROM _push s CROSS JOIN {table} p ON {on} ORDER BY p.seq").fetchall()
-        refs = [i for i, (_, k) in enumerate(columns, 1) if k == "ref"]
-        for r in found:
-            blob_ids.update(r[i] for i in refs if r[i] is not None)
-        rows[table] = found
-    shas: dict[int, bytes] = {}
+        spans_rows = f"FROM _push s CROSS JOIN {table} p ON {on}"
+        rows[table] = local.execute(f"SELECT {host_id}, p.seq, {names} {spans_rows}{joins} ORDER BY p.seq").fetchall()
+        referenced += [f"SELECT p.{c} {spans_rows}" for c, k in columns if k == "ref"]
     blobs: list[tuple[bytes, bytes]] = []
-    if blob_ids:
-        local.execute("CREATE TEMP TABLE IF NOT EXISTS _push_blobs (id INTEGER PRIMARY KEY)")
-        local.execute("DELETE FROM _push_blobs")
-        local.executemany("INSERT INTO _push_blobs VALUES (?)", ((i,) for i in blob_ids))
-        local_blobs = local.execute("SELECT b.id, b.sha256, b.data FROM _push_blobs w JOIN blobs b ON b.id = w.id").fetchall()
-        shas = {i: bytes(s) for i, s, _ in local_blobs}
+    if referenced:
+        local_blobs = local.execute(f"SELECT sha256, data FROM blobs WHERE id IN ({' UNION '.join(referenced)})").fetchall()
         have = {bytes(r[0]) for r in pg.execute(f"SELECT sha256 FROM {NS}.blobs WHERE sha256 = ANY(%s)",
-                                                (list(shas.values()),))}
-        blobs = [(bytes(s), bytes(d)) for _, s, d in local_blobs if bytes(s) not in have]
+                                                ([s for s, _ in local_blobs],))}
+        blobs = [(s, d) for s, d in local_blobs if s not in have]
     with pg.cursor() as cur:
         if blobs:
             with cur.copy(f"COPY {NS}.blobs (sha256, data) FROM STDIN (FORMAT BINARY)") as copy:
@@ -588,13 +584,11 @@ def _send(local: sqlite3.Connection, pg: Any, host_id: int, every: list[Checkpoi
             found = rows[table]
             if not found:
                 continue
-            refs = {i for i, (_, k) in enumerate(columns, 1) if k == "ref"}
             names = ", ".join(_q(c) for c, _ in columns)
             with cur.copy(f"COPY {NS}.{table} (host_id, seq, {names}) FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(["int4", "int8", *(_PG_TYPES[k] for _, k in columns)])
                 for r in found:
-                    copy.write_row([host_id, *(shas.get(v) if i in refs and v is not None else v
-                                               for i, v in enumerate(r))] if refs else (host_id, *r))
+                    copy.write_row(r)
             report.rows += len(found)
             report.by_table[table] = report.by_table.get(table, 0) + len(found)
         cur.execute("SET CONSTRAINTS ALL IMMEDIATE")     # the span checks, now rather than at COMMIT

@@ -337,6 +337,7 @@ def test_fleet_flash_passes_expect_part_and_force_to_each_host() -> None:
         assert calls[-1] == (job, expected, ["sim:/b1"])
 
 
+@pytest.mark.slow
 def test_the_host_job_flashes_a_blank_board_only_with_expect_part(make_board, tmp_path) -> None:
     from amdflash.stages.transport.sim.synth import synthetic_ifwi
 
