@@ -32,7 +32,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from amdflash.store import schema
 from amdflash.store.chain import Checkpoint, load_checkpoints
@@ -99,14 +99,14 @@ def _segment_function() -> str:
         steps.append(f"""
     SELECT count(*), sha256(convert_to(coalesce(string_agg({canonical_pg(table)}, '' ORDER BY p.seq), ''), 'UTF8'))
       INTO n, digest FROM {NS}.{table} p
-     WHERE p.host_id = NEW.host_id AND p.seq BETWEEN lo AND NEW.last_seq AND {_run_match(table, 'NEW.run', 'NEW.run_id')};
-    total := total + n; digests := digests || digest;
-    IF n > 0 AND first_seq IS NULL THEN first_seq := lo; END IF;""")
+     WHERE p.host_id = NEW.host_id AND p.seq BETWEEN lo AND NEW.last_seq
+       AND {_run_match(table, 'NEW.run', 'NEW.run_id')};
+    total := total + n; digests := digests || digest;""")
     return f"""
 CREATE FUNCTION {NS}.check_span() RETURNS trigger LANGUAGE plpgsql AS $fn$
 DECLARE
     run_key bigint; prev record; lo bigint; head bytea; rows_before bigint;
-    n bigint; digest bytea; digests bytea := ''::bytea; total bigint := 0; first_seq bigint;
+    n bigint; digest bytea; digests bytea := ''::bytea; total bigint := 0;
     who text;
 BEGIN
     IF NEW.kind NOT IN ('commit', 'final', 'migrated') THEN RETURN NULL; END IF;
@@ -144,8 +144,8 @@ def _sealed_function(table: str) -> str:
     first_of_run = ("(SELECT min(r.seq) FROM {ns}.runs r WHERE r.host_id = n.host_id AND r.run_id = n.run_id)"
                     if table in PLAIN else "n.run").format(ns=NS)
     refs = [c for c, k in PHYSICAL[table] if k == "ref"]
-    missing = " OR ".join(f"(n.{_q(c)} IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {NS}.blobs b WHERE b.sha256 = n.{_q(c)}))"
-                          for c in refs)
+    missing = " OR ".join(f"(n.{_q(c)} IS NOT NULL AND NOT EXISTS "
+                          f"(SELECT 1 FROM {NS}.blobs b WHERE b.sha256 = n.{_q(c)}))" for c in refs)
     blobs_check = f"""SELECT n.seq, n.host_id INTO bad FROM new_rows n WHERE {missing} ORDER BY n.seq LIMIT 1;
         IF FOUND THEN
             RAISE EXCEPTION 'refused: first bad row {table} seq % of host %: it refers to bytes the central '
@@ -209,7 +209,8 @@ def _schema_sql() -> str:
 CREATE EXTENSION IF NOT EXISTS plpython3u;
 CREATE SCHEMA {NS};
 CREATE TABLE {NS}.meta (key text PRIMARY KEY, value text);
-INSERT INTO {NS}.meta VALUES ('central_version', '{CENTRAL_VERSION}'), ('host_schema_version', '{schema.SCHEMA_VERSION}');
+INSERT INTO {NS}.meta VALUES ('central_version', '{CENTRAL_VERSION}'),
+                            ('host_schema_version', '{schema.SCHEMA_VERSION}');
 CREATE TABLE {NS}.hosts (id serial PRIMARY KEY, public_key bytea NOT NULL UNIQUE CHECK (length(public_key) = 32),
                          name text NOT NULL UNIQUE, enrolled_at timestamptz NOT NULL DEFAULT now(),
                          enrolled_by text NOT NULL DEFAULT current_user);
@@ -273,7 +274,8 @@ BEGIN
     who := format('checkpoint #%s of host %s%s', NEW.id, {NS}.host_name(NEW.host_id),
                   CASE WHEN NEW.run_id IS NULL THEN '' ELSE ' (run ' || NEW.run_id || ')' END);
     IF key IS NULL THEN
-        RAISE EXCEPTION 'refused: %: no enrolled host #%', who, NEW.host_id USING ERRCODE = 'integrity_constraint_violation';
+        RAISE EXCEPTION 'refused: %: no enrolled host #%', who, NEW.host_id
+            USING ERRCODE = 'integrity_constraint_violation';
     END IF;
     SELECT max(id) INTO last_id FROM {NS}.checkpoints WHERE host_id = NEW.host_id;
     IF NEW.id IS DISTINCT FROM coalesce(last_id, 0) + 1 THEN
@@ -386,9 +388,8 @@ def setup(url: str) -> str:
 
 def _self_test(pg: Any) -> None:
     """The server's Ed25519 check accepts a good signature and rejects a changed one."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
     from amdflash.store.keys import public_bytes
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     key = Ed25519PrivateKey.generate()
     message = b"amdflash central self-test"
@@ -461,7 +462,6 @@ def push(local: sqlite3.Connection, url: str, batch_rows: int = 500_000) -> Push
     it holds for this host, the rows they seal and the blobs those rows refer to; in batches
     of whole checkpoints, each one transaction that the database verifies before it commits."""
     import psycopg
-
     from amdflash.store.keys import fingerprint
 
     started = time.perf_counter()
@@ -562,7 +562,8 @@ def _send(local: sqlite3.Connection, pg: Any, host_id: int, every: list[Checkpoi
         referenced += [f"SELECT p.{c} {spans_rows}" for c, k in columns if k == "ref"]
     blobs: list[tuple[bytes, bytes]] = []
     if referenced:
-        local_blobs = local.execute(f"SELECT sha256, data FROM blobs WHERE id IN ({' UNION '.join(referenced)})").fetchall()
+        local_blobs = local.execute(f"SELECT sha256, data FROM blobs WHERE id IN ({' UNION '.join(referenced)})"
+                                    ).fetchall()
         have = {bytes(r[0]) for r in pg.execute(f"SELECT sha256 FROM {NS}.blobs WHERE sha256 = ANY(%s)",
                                                 ([s for s, _ in local_blobs],))}
         blobs = [(s, d) for s, d in local_blobs if s not in have]
@@ -610,7 +611,8 @@ def _unsealed(local: sqlite3.Connection, every: list[Checkpoint]) -> int:
             continue
         for table in PHYSICAL:
             column, value = ("run_id", run_id) if table in PLAIN else ("run", key)
-            n += local.execute(f"SELECT count(*) FROM {table} WHERE seq > ? AND +{column} = ?", (last, value)).fetchone()[0]
+            n += local.execute(f"SELECT count(*) FROM {table} WHERE seq > ? AND +{column} = ?",
+                               (last, value)).fetchone()[0]
     return n
 
 
@@ -631,7 +633,7 @@ def runs(url: str) -> list[dict[str, Any]]:
                                AND b.run_id = r.run_id ORDER BY b.seq LIMIT 1) b ON true
             ORDER BY r.at, h.name, r.seq""")
         names = [d.name for d in cur.description]
-        return [dict(zip(names, row)) for row in cur]
+        return [dict(zip(names, row, strict=True)) for row in cur]
 
 
 def resolve(pg: Any, run_id: str) -> tuple[int, str, int]:

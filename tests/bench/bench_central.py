@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from amdflash.stages.transport.sim import create_board
+
 from tests.fleet.central_trail import new_database, synthetic_runs
 from tests.fleet.pgcluster import PostgresCluster, server_binaries
 
@@ -71,7 +72,8 @@ def main(repeats: int = 5) -> None:
             walls.append(wall)
             inside.append(sent["seconds"])
         print(f"audit push of one dense full flash ({sent['rows']} rows, {sent['checkpoints']} checkpoints, "
-              f"{sent['blobs']} blobs, {sent['blob_bytes'] / 1e6:.1f} MB): wall median {statistics.median(walls):.2f} s "
+              f"{sent['blobs']} blobs, {sent['blob_bytes'] / 1e6:.1f} MB): "
+              f"wall median {statistics.median(walls):.2f} s "
               f"({', '.join(f'{w:.2f}' for w in walls)}); inside the process median {statistics.median(inside):.2f} s "
               f"— target ≤ 2 s")
 

@@ -18,15 +18,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from amdflash.pipeline.cli import main
 from amdflash.stages.transport.sim.synth import PART_KEY
-from amdflash.store import keys
 from amdflash.store.chain import load_checkpoints
 from amdflash.store.schema import drop_triggers
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from tests.fleet.central_trail import central_counts, local_counts, new_database, psql, synthetic_runs
-from tests.pipeline.conftest import ROOT, cli, db, image  # noqa: F401 - fixtures: in-process CLI, its database
+from tests.pipeline.conftest import ROOT
 from tests.review.test_forgery import forge
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip install '.[test]' brings it)")
@@ -38,7 +37,7 @@ def central(postgres) -> str:
     return make_central(postgres)
 
 
-def make_central(postgres) -> str:  # noqa: ANN001
+def make_central(postgres) -> str:
     url = new_database(postgres)
     if psql(url, "SELECT count(*) FROM pg_available_extensions WHERE name = 'plpython3u'") == "0":
         pytest.skip("the PostgreSQL server has no PL/Python (Debian: apt-get install postgresql-plpython3-NN "
@@ -47,19 +46,19 @@ def make_central(postgres) -> str:  # noqa: ANN001
     return url
 
 
-def enroll(cli, central: str, tmp_path: Path, name: str = "hosta") -> Path:  # noqa: F811
+def enroll(cli, central: str, tmp_path: Path, name: str = "hosta") -> Path:
     pub = tmp_path / f"{name}.pub"
     assert cli("audit", "key", "-o", pub).code == 0
     assert cli("fleet", "enroll", "--to", central, "--key", pub, "--name", name).code == 0
     return pub
 
 
-def push(cli, central: str):  # noqa: ANN201, F811
+def push(cli, central: str):
     r = cli("audit", "push", "--to", central, "--format", "json")
     return r, (json.loads(r.out) if r.code == 0 else None)
 
 
-def flash(cli, make_board, image: Path, *extra: str) -> str:  # noqa: F811
+def flash(cli, make_board, image: Path, *extra: str) -> str:
     board = make_board(transport="ideal")
     assert cli("flash", image, "--yes", "--sector-count", "16", *extra, "--board", f"sim:{board}").code == 0
     return json.loads(cli("runs", "--format", "json").out)[-1]["run_id"]
@@ -319,7 +318,7 @@ def test_fleet_flash_passes_expect_part_and_force_to_each_host() -> None:
         def stage_image(self, image: Path) -> str:
             return "/staged/image.bin"
 
-        def command(self, job: str, *args: str, also=()) -> list[str]:  # noqa: ANN001
+        def command(self, job: str, *args: str, also=()) -> list[str]:
             calls.append((job, args, list(also)))
             return ["true"]
 
