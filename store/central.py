@@ -366,9 +366,9 @@ def installed(pg: Any) -> bool:
 
 def setup(url: str) -> str:
     """Create the central schema, its checks and the roles (once, as an administrator)."""
-    import psycopg
-
     with connect(url) as pg:
+        import psycopg  # connect() said so if it is missing
+
         if installed(pg):
             version = pg.execute(f"SELECT value FROM {NS}.meta WHERE key = 'central_version'").fetchone()
             return f"the central database is already set up (version {version[0] if version else '?'})"
@@ -402,9 +402,9 @@ def _self_test(pg: Any) -> None:
 
 def enroll(url: str, public_key: bytes, name: str) -> int:
     """Trust a host's public key (an administrator's act: the push role cannot do it)."""
-    import psycopg
-
     with connect(url) as pg:
+        import psycopg
+
         _need_schema(pg)
         try:
             row = pg.execute(f"INSERT INTO {NS}.hosts (public_key, name) VALUES (%s, %s) RETURNING id",
@@ -461,12 +461,13 @@ def push(local: sqlite3.Connection, url: str, batch_rows: int = 500_000) -> Push
     """Send what the central database lacks of this trail: the checkpoints after the last one
     it holds for this host, the rows they seal and the blobs those rows refer to; in batches
     of whole checkpoints, each one transaction that the database verifies before it commits."""
-    import psycopg
     from amdflash.store.keys import fingerprint
 
     started = time.perf_counter()
     report = PushReport()
     with connect(url) as pg:
+        import psycopg
+
         _need_schema(pg)
         local.execute("BEGIN")      # one snapshot of the host's trail for the whole push
         try:

@@ -403,3 +403,12 @@ def test_push_of_a_full_flash_and_fleet_runs_over_1000_runs_meet_their_targets(c
               f"median {statistics.median(walls):.3f} s")
     assert statistics.median(times) <= 2.0
     assert statistics.median(walls) <= 1.0
+
+
+def test_without_psycopg_the_central_commands_say_what_to_install(cli, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)      # as if the fleet extra were not installed
+    for args in (("fleet", "runs", "--from", "postgresql:///central"),
+                 ("fleet", "central-setup", "postgresql:///central")):
+        r = cli(*args)
+        assert r.code == 1
+        assert r.err.strip() == "error: the central database needs psycopg: pip install 'amdflash[fleet]'"
