@@ -115,7 +115,7 @@ def build_parser() -> Parser:
     audit_commands.add_parsers(sub, audit_sub)
     sim_commands.add_parser(sub)
     image_commands.add_parsers(sub)
-    fleet.add_parsers(sub)
+    fleet.add_parsers(sub, audit_sub)
     restore_command.add_parsers(sub)
     extras_cli.add_parsers(sub)
     for child in _subparsers(p):

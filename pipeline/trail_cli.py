@@ -51,8 +51,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not rows:
         output.note("no runs recorded")
     for r in rows:
-        output.result(f"{r['run_id']:26} {r['command']:9} {r['status'] or '?':12} {r['started']:30} {r['board_spec']}")
+        output.result(run_line(r))
     return EXIT_OK
+
+
+def run_line(r: dict[str, Any]) -> str:
+    return f"{r['run_id']:26} {r['command']:9} {r['status'] or '?':12} {r['started']:30} {r['board_spec']}"
 
 
 def cmd_report(args: argparse.Namespace) -> int:

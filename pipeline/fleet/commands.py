@@ -47,7 +47,26 @@ def _run_options(p: argparse.ArgumentParser, where_required: bool) -> None:
     _coordinator_option(p)
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def _flash_options(p: argparse.ArgumentParser) -> None:
+    """The options of `amdflash flash` that a fleet flash hands on to each board's host."""
+    p.add_argument("--force", action="store_true",
+                   help="passed to each host's flash: accept an image without the AA55AA55 signature, or whose "
+                        "VBIOS part number differs from the board's (or cannot be read)")
+    p.add_argument("--expect-part", metavar="NUMBER",
+                   help="passed to each host's flash: the boards' VBIOS part number, for boards whose flash is "
+                        "blank or unreadable")
+
+
+def _flash_args(args: argparse.Namespace) -> list[str]:
+    return ((["--force"] if getattr(args, "force", False) else [])
+            + (["--expect-part", args.expect_part] if getattr(args, "expect_part", None) else []))
+
+
+def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction | None = None) -> None:
+    from amdflash.pipeline.fleet import central_cli
+
+    if audit_sub is not None:
+        central_cli.add_audit_parsers(audit_sub)
     f = sub.add_parser(
         "fleet", help="a line of boards on many hosts, through labgrid",
         description="Boards attached to many hosts, reserved and locked through a labgrid coordinator; each "
@@ -90,6 +109,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     "refused or skipped, else 0.")
     p.add_argument("image", type=Path, help="the image to write (exactly 2 MiB), copied to each host")
     p.add_argument("--yes", action="store_true", help="required: confirm that the flashes may be written")
+    _flash_options(p)
     _run_options(p, where_required=True)
     p.set_defaults(func=cmd_run, job="flash")
 
@@ -122,7 +142,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="a board of this host (repeatable: one amdflash process runs them all)")
     p.add_argument("job", choices=("flash", "verify", "dump", "info"), help="the job to run on these boards")
     p.add_argument("image", nargs="?", help="flash, verify: the image on this host (dump and info take none)")
+    _flash_options(p)
     p.set_defaults(func=cmd_job)
+
+    central_cli.add_fleet_parsers(fsub)
 
 
 # -- commands ------------------------------------------------------------------------------------
@@ -221,7 +244,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if output_dir is not None:
         output_dir.mkdir(parents=True, exist_ok=True)
     fleet = FleetRun(args.coordinator, where, args.job, image.resolve() if image else None, output_dir,
-                     args.parallel, args.exporter_grace)
+                     args.parallel, args.exporter_grace, _flash_args(args))
     try:
         result = asyncio.run(fleet.run())
     except CoordinatorError as e:
@@ -258,4 +281,6 @@ def cmd_job(args: argparse.Namespace) -> int:
 
     if args.job in ("flash", "verify") and not args.image:
         raise Refusal(f"fleet job {args.job} needs an image")
-    return hostjob.main(args.job_boards, args.db, args.job, args.image)
+    if _flash_args(args) and args.job != "flash":
+        raise Refusal("--force and --expect-part are for flash jobs only")
+    return hostjob.main(args.job_boards, args.db, args.job, args.image, _flash_args(args))

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, Sequence
 
 EXIT_TO_STATUS = {0: "succeeded", 1: "failed", 2: "refused", 130: "interrupted"}
 
@@ -181,7 +181,8 @@ def _seconds(report: dict[str, Any]) -> float | None:
 
 
 def _plan(specs: list[str], before: list[dict[str, Any]], job: str,
-          image: str | None, results: dict[str, dict[str, Any]]) -> list[tuple[list[str], list[str]]]:
+          image: str | None, results: dict[str, dict[str, Any]],
+          flash_args: Sequence[str] = ()) -> list[tuple[list[str], list[str]]]:
     """The command-line processes to run: (their boards, their amdflash arguments)."""
     if job == "flash":
         assert image is not None
@@ -195,7 +196,7 @@ def _plan(specs: list[str], before: list[dict[str, Any]], job: str,
                 groups.append(([spec], ["resume", resumes, "--yes", "--image", image]))
             else:
                 fresh.append(spec)
-        return ([(fresh, ["flash", image, "--yes"])] if fresh else []) + groups
+        return ([(fresh, ["flash", image, "--yes", *flash_args])] if fresh else []) + groups
     if job == "verify":
         assert image is not None
         return [(specs, ["verify", image])]
@@ -232,7 +233,8 @@ def _errors(text: str, spec: str) -> list[str]:
     return own + common
 
 
-def run(specs: list[str], db: str | None, job: str, image: str | None) -> list[dict[str, Any]]:
+def run(specs: list[str], db: str | None, job: str, image: str | None,
+        flash_args: Sequence[str] = ()) -> list[dict[str, Any]]:
     global_args = ["--db", db] if db else []
     specs = [_spec_as_recorded(s) for s in specs]
     host = socket.gethostname()
@@ -240,7 +242,7 @@ def run(specs: list[str], db: str | None, job: str, image: str | None) -> list[d
     known = {r["run_id"] for r in before}
     results = {spec: {"board": spec, "host": host, "job": job, "run_id": None, "resumes": None, "status": None,
                       "error": None, "output": None, "exit_code": None} for spec in specs}
-    groups = _plan(specs, before, job, image, results)
+    groups = _plan(specs, before, job, image, results, flash_args)
 
     clocks0 = {spec: _modelled_clock(spec) for spec in specs}
     wall0 = time.monotonic()
@@ -307,7 +309,7 @@ def run(specs: list[str], db: str | None, job: str, image: str | None) -> list[d
     return [results[spec] for spec in specs]
 
 
-def main(specs: list[str], db: str | None, job: str, image: str | None) -> int:
+def main(specs: list[str], db: str | None, job: str, image: str | None, flash_args: Sequence[str] = ()) -> int:
     # The client's connection may drop; the jobs go on (their trail is here) and a write to
     # the dead pipe must not kill us before the runs are recorded.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -316,7 +318,7 @@ def main(specs: list[str], db: str | None, job: str, image: str | None) -> int:
     with contextlib.suppress(BrokenPipeError, OSError):
         print(json.dumps({"started": True, "pid": os.getpid()}), flush=True)
     try:
-        results = run(specs, db, job, image)
+        results = run(specs, db, job, image, flash_args)
     except Exception as e:  # noqa: BLE001 - the client gets a result whatever happened here
         results = [{"board": spec, "host": socket.gethostname(), "job": job, "status": "failed", "exit_code": 1,
                     "error": f"the fleet job failed on {socket.gethostname()}: {type(e).__name__}: {e}"}

@@ -25,7 +25,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from amdflash.pipeline.fleet.coordinator import BoardPlace, Coordinator
 from amdflash.pipeline.fleet.labgrid_board import JobError, parse_results, started
@@ -128,7 +128,8 @@ def batches(jobs: list[_Job], parallel: int) -> list[_Batch]:
 
 class FleetRun:
     def __init__(self, address: str, where: dict[str, str], job: str, image: Path | None = None,
-                 output_dir: Path | None = None, parallel: int = 8, exporter_grace: float = 30.0):
+                 output_dir: Path | None = None, parallel: int = 8, exporter_grace: float = 30.0,
+                 flash_args: Sequence[str] = ()):
         self.address = address
         self.where = where
         self.job = job
@@ -136,6 +137,7 @@ class FleetRun:
         self.output_dir = output_dir
         self.parallel = max(1, parallel)
         self.exporter_grace = exporter_grace
+        self.flash_args = list(flash_args)   # --force / --expect-part, for each host's flash
         self.notes: list[str] = []
         self.stopping = False
         self._free = self.parallel          # board slots (`--parallel`)
@@ -296,6 +298,8 @@ class FleetRun:
             if first.host not in self._staged:
                 self._staged[first.host] = first.stage_image(self.image)
             args.append(self._staged[first.host])
+        if self.job == "flash":
+            args += self.flash_args
         return first.command(self.job, *args, also=[job.spec for job in batch.jobs[1:]])
 
     def _record(self, batch: _Batch, stdout: str, stderr: str, wall: float) -> None:

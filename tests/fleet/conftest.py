@@ -5,15 +5,16 @@ import contextlib
 import io
 import json
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
 from amdflash.pipeline.cli import main
 from amdflash.stages.transport.sim.synth import synthetic_ifwi
+
 from tests.fleet import lab as lab_module
 from tests.fleet.pgcluster import PostgresCluster, server_binaries
+from tests.pipeline.conftest import cli, db, image  # noqa: F401 - fixtures: the in-process CLI and its database
 
 
 @pytest.fixture

@@ -53,3 +53,16 @@ def test_udev_rules_name_the_bridges_the_driver_opens() -> None:
     products = re.search(r'ENV{PRODUCT}=="([^"]+)"', rules).group(1).split("|")
     assert {tuple(int(x, 16) for x in p.split("/")[:2]) for p in products} == set(BRIDGE_IDS)
     assert "restart amdflash-exporter.service" in rules
+
+
+def test_push_unit_pushes_the_exporters_trail_on_a_timer() -> None:
+    service = unit("amdflash-push.service")["Service"]
+    argv = shlex.split(service["ExecStart"])
+    assert Path(argv[0]).name == "amdflash"
+    args = build_parser().parse_args(argv[1:])
+    assert (args.command, args.audit_command) == ("audit", "push")
+    exporter = shlex.split(unit("amdflash-exporter.service")["Service"]["ExecStartPre"])
+    assert args.db == build_parser().parse_args(exporter[1:]).db          # the trail the jobs write
+    assert service["User"] == unit("amdflash-exporter.service")["Service"]["User"]   # and its host key
+    assert "AMDFLASH_CENTRAL" in (UNITS / "amdflash-push.service").read_text()
+    assert unit("amdflash-push.timer")["Timer"]["OnUnitActiveSec"]

@@ -1,0 +1,173 @@
+"""The central record on the command line: `audit push`, `fleet central-setup`, `fleet enroll`,
+`fleet runs` and `fleet report`.
+
+The central readers print with the local commands' own renderers: `fleet runs` with the
+line of `amdflash runs` (the host added in front), `fleet report` by copying the run out of
+the central database into a temporary SQLite trail of the host's schema and running the
+local report on it — the same text, JSON and HTML, and the run's chain checked once more.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from amdflash.pipeline import output
+from amdflash.pipeline.errors import EXIT_OK, Refusal, UsageError
+
+ENV_CENTRAL = "AMDFLASH_CENTRAL"
+
+
+def _url(given: str | None, option: str) -> str:
+    url = given or os.environ.get(ENV_CENTRAL)
+    if not url:
+        raise UsageError(f"no central database: give {option} postgresql://… or set ${ENV_CENTRAL}")
+    if not url.startswith(("postgresql://", "postgres://")) and "=" not in url:
+        raise UsageError(f"{option} {url}: expected a PostgreSQL URL (postgresql://USER@HOST/DB) or "
+                         "a libpq connection string")
+    return url
+
+
+def add_audit_parsers(audit_sub: argparse._SubParsersAction) -> None:
+    p = audit_sub.add_parser(
+        "push", help="send this host's trail (what the central database lacks) to the central PostgreSQL",
+        description="Send the checkpoints the central database does not hold yet for this host, the rows they "
+                    "seal and the bytes those rows refer to. The central database verifies everything itself "
+                    "(every hash, the chain's continuity, the host's signatures) and stores a batch only if all "
+                    "of it verifies; otherwise it names the first checkpoint or row that does not, and stores "
+                    "nothing of the batch. Rows of a run not sealed yet wait for the next push. Idempotent: "
+                    "a second push sends nothing. Safe to kill: a batch is one transaction.")
+    p.add_argument("--to", metavar="URL", help=f"the central database (default ${ENV_CENTRAL})")
+    p.add_argument("--batch-rows", type=int, default=500_000, metavar="N",
+                   help="rows per transaction, in whole checkpoints (default 500000)")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text: one line for people (default); json: what was sent, as an object")
+    p.set_defaults(func=cmd_push)
+
+
+def add_fleet_parsers(fsub: argparse._SubParsersAction) -> None:
+    p = fsub.add_parser(
+        "central-setup", help="create the central audit database's tables, checks and roles (administrator)",
+        description="Create schema 'amdflash' in the central PostgreSQL database: insert-only tables mirroring "
+                    "the hosts' trails, the checks that verify every push (PL/pgSQL, sha256(), and an Ed25519 "
+                    "check in PL/Python — the server needs postgresql-plpython3 and python3-cryptography), and "
+                    "the roles amdflash_push (SELECT, INSERT) and amdflash_read (SELECT). Run once, as a "
+                    "superuser.")
+    p.add_argument("url", metavar="URL", nargs="?", help=f"the central database (default ${ENV_CENTRAL})")
+    p.set_defaults(func=cmd_setup)
+
+    p = fsub.add_parser(
+        "enroll", help="trust a host's public key in the central database (administrator)",
+        description="Record a host's public key (the file 'amdflash audit key -o FILE' writes on that host) "
+                    "under a name. The central database accepts checkpoints signed by enrolled keys only.")
+    p.add_argument("--to", metavar="URL", help=f"the central database (default ${ENV_CENTRAL})")
+    p.add_argument("--key", type=Path, required=True, metavar="PUBFILE", help="the host's public key file")
+    p.add_argument("--name", required=True, help="the host's name in the central record")
+    p.set_defaults(func=cmd_enroll)
+
+    p = fsub.add_parser(
+        "runs", help="list every host's runs from the central database",
+        description="The runs of every host of the line, as 'amdflash runs' lists a host's own, read from the "
+                    "central database (host first). Read-only.")
+    p.add_argument("--from", dest="source", metavar="URL", help=f"the central database (default ${ENV_CENTRAL})")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text: one line per run, host first (default); json: one array of objects")
+    p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
+    p.set_defaults(func=cmd_runs)
+
+    p = fsub.add_parser(
+        "report", help="one run's report from the central database (text, JSON or HTML)",
+        description="The report of RUN_ID (a unique prefix is enough) as 'amdflash report' prints it, read "
+                    "from the central database; the run's chain and signatures are checked again on the way.")
+    p.add_argument("run_id", metavar="RUN_ID", help="the run (a unique prefix is enough)")
+    p.add_argument("--from", dest="source", metavar="URL", help=f"the central database (default ${ENV_CENTRAL})")
+    p.add_argument("--format", choices=("text", "json", "html"), default="text",
+                   help="text (default), json or html, as 'amdflash report' prints them")
+    p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
+    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the report to FILE instead of stdout")
+    p.add_argument("--key", type=Path, action="append", metavar="PUBFILE",
+                   help="the signatures must be by this public key (repeatable)")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    from amdflash.pipeline import commands
+    from amdflash.pipeline.auditdb import open_reader
+    from amdflash.store.central import push
+
+    url = _url(args.to, "--to")
+    if args.batch_rows < 1:
+        raise UsageError("--batch-rows must be at least 1")
+    reader = open_reader(commands.db_path(args))
+    try:
+        report = push(reader.conn, url, args.batch_rows)
+    finally:
+        reader.conn.close()
+    if args.format == "json":
+        output.result_json(vars(report), indent=2)
+    else:
+        output.result(report.describe())
+    return EXIT_OK
+
+
+def cmd_setup(args: argparse.Namespace) -> int:
+    from amdflash.store.central import setup
+
+    output.result(setup(_url(args.url, "URL")))
+    return EXIT_OK
+
+
+def cmd_enroll(args: argparse.Namespace) -> int:
+    from amdflash.store.central import enroll
+    from amdflash.store.keys import KeyError_, fingerprint, read_public
+
+    url = _url(args.to, "--to")
+    try:
+        public = read_public(args.key)
+    except KeyError_ as e:
+        raise Refusal(str(e)) from None
+    ident = enroll(url, public, args.name)
+    output.result(f"enrolled host {args.name} (#{ident}), key {fingerprint(public)}")
+    return EXIT_OK
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from amdflash.pipeline.trail_cli import run_line
+    from amdflash.store.central import runs
+
+    rows = runs(_url(args.source, "--from"))
+    if args.format == "json":
+        output.result_json(rows, indent=2)
+        return EXIT_OK
+    if not rows:
+        output.note("no runs in the central database")
+    for r in rows:
+        output.result(f"{r['host']:16} {run_line(r)}")
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from amdflash.pipeline import commands
+    from amdflash.pipeline.checks import writable_output
+    from amdflash.pipeline.trail_cli import render_text
+    from amdflash.store.central import materialize
+
+    url = _url(args.source, "--from")
+    if args.output is not None:
+        writable_output(args.output, "report")
+    with tempfile.TemporaryDirectory(prefix="amdflash-central-") as tmp:
+        path = Path(tmp) / "run.sqlite"
+        run_id = materialize(url, args.run_id, path)
+        rep, page = commands.report(run_id, str(path), html=args.format == "html", keys=args.key)
+    if args.format == "json":
+        text = json.dumps(rep, indent=2, default=str)
+    else:
+        text = page if page is not None else render_text(rep)
+    if args.output:
+        args.output.write_text(text)
+        output.note(f"wrote {args.output}")
+    else:
+        output.result(text)
+    return EXIT_OK

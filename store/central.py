@@ -1,0 +1,715 @@
+"""The central record of a line: every host's signed audit trail in one PostgreSQL database.
+
+Each host's SQLite trail stays its write-ahead log; `amdflash audit push` copies to the
+central database what it lacks of it. The database itself decides what it accepts — a
+client that skips or fakes a check gains nothing — because every check runs inside it, in
+the transaction of the push:
+
+* `blobs`: a row's bytes must hash (PostgreSQL's sha256()) to its key;
+* `checkpoints`: a checkpoint must be the next one of its host's chain (id one more than
+  the last stored, its hash computed over its fields and the stored hash before it) and
+  carry a valid Ed25519 signature by the host's *enrolled* key (checked by
+  `amdflash.ed25519_verify`, a PL/Python function over python3-cryptography: PostgreSQL has
+  no built-in Ed25519);
+* audit rows: each must lie in a span of its run sealed by a checkpoint of the same
+  transaction (nothing unsealed, nothing added later to a span already stored);
+* at commit (deferred constraint triggers), each new checkpoint's span is hashed table by
+  table with the canonical row text of store/chain.py, rebuilt in SQL, and the run's chain
+  head and row count must match what the host signed.
+
+Any failure raises and the whole batch is rolled back, naming the first checkpoint or row
+that does not verify. Every table refuses UPDATE, DELETE and TRUNCATE (triggers, for the
+owner too); hosts push with the `amdflash_push` role, which may only SELECT and INSERT, and
+only an administrator enrols host keys.
+
+Tables mirror the host's physical tables (store/schema.py) with `host_id` added; a blob
+reference is the blob's SHA-256 instead of a local id. The column names and values are the
+host's, so the canonical text — and so every hash — is the same on both sides.
+"""
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amdflash.store import schema
+from amdflash.store.chain import Checkpoint, load_checkpoints
+from amdflash.store.schema import PHYSICAL, PLAIN
+
+NS = "amdflash"                       # the PostgreSQL schema holding everything
+CENTRAL_VERSION = 1
+PUSH_ROLE, READ_ROLE = "amdflash_push", "amdflash_read"
+RUN_KINDS = ("commit", "final", "migrated")
+_PG_TYPES = {"int": "bigint", "text": "text", "blob": "bytea", "ref": "bytea"}
+
+
+class CentralError(RuntimeError):
+    """The central database refused, or cannot be used (one line, for the user)."""
+
+
+# -- schema ------------------------------------------------------------------------------------
+
+def _q(column: str) -> str:
+    """A column name quoted for PostgreSQL (`offset` is a reserved word there)."""
+    return f'"{column}"'
+
+
+def _pg_field(column: str, kind: str) -> str:
+    """SQL: a column's canonical JSON text, exactly as store/chain.py writes it."""
+    c = f"p.{_q(column)}"
+    if kind == "int":
+        return f"coalesce({c}::text, 'null')"
+    if kind == "text":
+        return f"coalesce(to_json({c})::text, 'null')"
+    if kind == "blob":
+        return f"CASE WHEN {c} IS NULL THEN 'null' ELSE '[\"b\",\"' || encode({c}, 'hex') || '\"]' END"
+    return f"CASE WHEN {c} IS NULL THEN 'null' ELSE '\"' || encode({c}, 'hex') || '\"' END"   # ref: its SHA-256
+
+
+def canonical_pg(table: str) -> str:
+    """SQL: the canonical text of a row `p` of `table` (one line, newline-terminated)."""
+    fields = " || ',' || ".join(_pg_field(c, k) for c, k in PHYSICAL[table])
+    return f"'[\"{table}\",' || p.seq || ',' || {fields} || E']\\n'"
+
+
+def _run_match(table: str, run: str, run_id: str) -> str:
+    return f"p.run_id = {run_id}" if table in PLAIN else f"p.run = {run}"
+
+
+def _tables_sql() -> str:
+    out = []
+    for table, columns in PHYSICAL.items():
+        # host_id and blob references are checked per statement (the sealed_* triggers): a row
+        # whose checkpoint is sealed is of an enrolled host, and every blob it names is stored.
+        cols = ", ".join(f"{_q(c)} {_PG_TYPES[k]}" for c, k in columns)
+        out.append(f"CREATE TABLE {NS}.{table} (host_id integer NOT NULL, seq bigint NOT NULL, "
+                   f"{cols}, PRIMARY KEY (host_id, seq));")
+        index = "run_id, seq" if table in PLAIN else "run, seq"
+        out.append(f"CREATE INDEX {table}_by_run ON {NS}.{table} (host_id, {index});")
+    return "\n".join(out)
+
+
+def _segment_function() -> str:
+    """The deferred check of one checkpoint's span: its rows, table by table, must hash to the
+    head the host signed, and be as many as it counted."""
+    steps = []
+    for table in PHYSICAL:
+        steps.append(f"""
+    SELECT count(*), sha256(convert_to(coalesce(string_agg({canonical_pg(table)}, '' ORDER BY p.seq), ''), 'UTF8'))
+      INTO n, digest FROM {NS}.{table} p
+     WHERE p.host_id = NEW.host_id AND p.seq BETWEEN lo AND NEW.last_seq
+       AND {_run_match(table, 'NEW.run', 'NEW.run_id')};
+    total := total + n; digests := digests || digest;""")
+    return f"""
+CREATE FUNCTION {NS}.check_span() RETURNS trigger LANGUAGE plpgsql AS $fn$
+DECLARE
+    run_key bigint; prev record; lo bigint; head bytea; rows_before bigint;
+    n bigint; digest bytea; digests bytea := ''::bytea; total bigint := 0;
+    who text;
+BEGIN
+    IF NEW.kind NOT IN ('commit', 'final', 'migrated') THEN RETURN NULL; END IF;
+    who := format('checkpoint #%s of host %s (run %s)', NEW.id, {NS}.host_name(NEW.host_id), NEW.run_id);
+    SELECT seq INTO run_key FROM {NS}.runs WHERE host_id = NEW.host_id AND run_id = NEW.run_id ORDER BY seq LIMIT 1;
+    IF run_key IS NULL OR run_key <> NEW.run THEN
+        RAISE EXCEPTION 'refused: %: the runs row of its run is missing or moved (run key %, found %)',
+            who, NEW.run, run_key USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    SELECT c.last_seq, c.rows, c.head INTO prev FROM {NS}.checkpoints c
+     WHERE c.host_id = NEW.host_id AND c.run = NEW.run AND c.kind IN ('commit', 'final', 'migrated') AND c.id < NEW.id
+     ORDER BY c.id DESC LIMIT 1;
+    IF FOUND THEN
+        lo := prev.last_seq + 1; head := prev.head; rows_before := prev.rows;
+    ELSE
+        lo := NEW.run; head := sha256(convert_to(E'amdflash run\\n' || NEW.run_id, 'UTF8')); rows_before := 0;
+    END IF;
+    {''.join(steps)}
+    head := sha256(head || digests);
+    IF head IS DISTINCT FROM NEW.head OR rows_before + total IS DISTINCT FROM NEW.rows THEN
+        RAISE EXCEPTION 'refused: first bad row in seq %..% of run % (host %): those rows do not hash to the head '
+                        'signed by checkpoint #% (% rows found, % sealed): a row there was changed, added or removed',
+            lo, NEW.last_seq, NEW.run_id, {NS}.host_name(NEW.host_id), NEW.id, rows_before + total, NEW.rows
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NULL;
+END $fn$;
+"""
+
+
+def _sealed_function(table: str) -> str:
+    """A statement trigger: every row just inserted lies in a span sealed by a checkpoint of
+    this same transaction (so the deferred check covers it)."""
+    run_col = "run_id" if table in PLAIN else "run"
+    first_of_run = ("(SELECT min(r.seq) FROM {ns}.runs r WHERE r.host_id = n.host_id AND r.run_id = n.run_id)"
+                    if table in PLAIN else "n.run").format(ns=NS)
+    refs = [c for c, k in PHYSICAL[table] if k == "ref"]
+    missing = " OR ".join(f"(n.{_q(c)} IS NOT NULL AND NOT EXISTS "
+                          f"(SELECT 1 FROM {NS}.blobs b WHERE b.sha256 = n.{_q(c)}))" for c in refs)
+    blobs_check = f"""SELECT n.seq, n.host_id INTO bad FROM new_rows n WHERE {missing} ORDER BY n.seq LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'refused: first bad row {table} seq % of host %: it refers to bytes the central '
+                            'database does not hold', bad.seq, {NS}.host_name(bad.host_id)
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;""" if refs else ""
+    run_start = ("(SELECT min(r.seq) FROM {ns}.runs r WHERE r.host_id = g.host_id AND r.run_id = g.r)"
+                 if table in PLAIN else "g.r").format(ns=NS)
+    # Per run, the new rows must lie after every span stored before this transaction and
+    # within the spans of its new checkpoints (a run's spans are contiguous): one grouped
+    # query. Only when that fails are the rows looked at one by one, to name the first bad one.
+    return f"""
+CREATE FUNCTION {NS}.sealed_{table}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+DECLARE bad record; grp record;
+BEGIN
+    SELECT g.host_id, g.r INTO grp
+      FROM (SELECT host_id, {run_col} AS r, min(seq) AS lo, max(seq) AS hi FROM new_rows GROUP BY 1, 2) g
+      LEFT JOIN LATERAL (SELECT max(c.last_seq) FILTER (WHERE c.pushed_in <> txid_current()) AS old_last,
+                                max(c.last_seq) FILTER (WHERE c.pushed_in = txid_current()) AS new_last
+                           FROM {NS}.checkpoints c WHERE c.host_id = g.host_id AND c.{run_col} = g.r
+                            AND c.kind IN ('commit', 'final', 'migrated')) c ON true
+     WHERE c.new_last IS NULL OR g.hi > c.new_last OR g.lo <= coalesce(c.old_last, -1) OR g.lo < {run_start}
+     LIMIT 1;
+    IF NOT FOUND THEN
+        {blobs_check}
+        RETURN NULL;
+    END IF;
+    SELECT n.seq, n.host_id, n.{run_col}::text AS run, c.id AS cp, c.pushed_in INTO bad
+      FROM (SELECT * FROM new_rows WHERE host_id = grp.host_id AND {run_col} = grp.r) n
+      LEFT JOIN LATERAL (SELECT c.id, c.pushed_in FROM {NS}.checkpoints c
+                          WHERE c.host_id = n.host_id AND c.{run_col} = n.{run_col} AND c.last_seq >= n.seq
+                            AND c.kind IN ('commit', 'final', 'migrated')
+                          ORDER BY c.last_seq LIMIT 1) c ON true
+     WHERE c.id IS NULL OR c.pushed_in <> txid_current() OR n.seq < {first_of_run}
+     ORDER BY n.seq LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'refused: first bad row {table} seq % of host % (run %): %', bad.seq,
+            {NS}.host_name(bad.host_id), bad.run,
+            CASE WHEN bad.cp IS NULL THEN 'no checkpoint seals it (an unsealed row, or one of no run)'
+                 WHEN bad.pushed_in <> txid_current() THEN format('it lies in a span already sealed and stored by '
+                      'checkpoint #%s: rows cannot be added to it', bad.cp)
+                 ELSE 'it lies before its run began' END
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RAISE EXCEPTION 'refused: rows of {table} (host %, run %) outside the spans this push seals',
+        {NS}.host_name(grp.host_id), grp.r USING ERRCODE = 'integrity_constraint_violation';
+END $fn$;
+CREATE TRIGGER {table}_sealed AFTER INSERT ON {NS}.{table} REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {NS}.sealed_{table}();
+"""
+
+
+def _schema_sql() -> str:
+    tables = ("hosts", "blobs", "checkpoints", "meta", *PHYSICAL)
+    no_change = "\n".join(
+        f"CREATE TRIGGER {t}_insert_only BEFORE UPDATE OR DELETE ON {NS}.{t} FOR EACH ROW "
+        f"EXECUTE FUNCTION {NS}.refuse_change();\n"
+        f"CREATE TRIGGER {t}_no_truncate BEFORE TRUNCATE ON {NS}.{t} FOR EACH STATEMENT "
+        f"EXECUTE FUNCTION {NS}.refuse_change();" for t in tables)
+    return f"""
+CREATE EXTENSION IF NOT EXISTS plpython3u;
+CREATE SCHEMA {NS};
+CREATE TABLE {NS}.meta (key text PRIMARY KEY, value text);
+INSERT INTO {NS}.meta VALUES ('central_version', '{CENTRAL_VERSION}'),
+                            ('host_schema_version', '{schema.SCHEMA_VERSION}');
+CREATE TABLE {NS}.hosts (id serial PRIMARY KEY, public_key bytea NOT NULL UNIQUE CHECK (length(public_key) = 32),
+                         name text NOT NULL UNIQUE, enrolled_at timestamptz NOT NULL DEFAULT now(),
+                         enrolled_by text NOT NULL DEFAULT current_user);
+CREATE TABLE {NS}.blobs (sha256 bytea PRIMARY KEY, data bytea NOT NULL);
+CREATE TABLE {NS}.checkpoints (
+    host_id integer NOT NULL REFERENCES {NS}.hosts, id bigint NOT NULL, kind text NOT NULL, run bigint,
+    run_id text, rows bigint, last_seq bigint, head bytea, at text NOT NULL, detail text,
+    hash bytea NOT NULL, sig bytea NOT NULL,
+    pushed_in bigint NOT NULL, pushed_at timestamptz NOT NULL DEFAULT now(), pushed_by text NOT NULL,
+    PRIMARY KEY (host_id, id));
+CREATE INDEX checkpoints_by_run ON {NS}.checkpoints (host_id, run, last_seq);
+CREATE INDEX checkpoints_by_run_id ON {NS}.checkpoints (host_id, run_id, last_seq);
+{_tables_sql()}
+
+CREATE FUNCTION {NS}.refuse_change() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    RAISE EXCEPTION 'refused: the central audit tables are insert-only (% on %)', TG_OP, TG_TABLE_NAME
+        USING ERRCODE = 'insufficient_privilege';
+END $fn$;
+{no_change}
+
+CREATE FUNCTION {NS}.host_name(ident integer) RETURNS text LANGUAGE sql STABLE AS
+    $fn$ SELECT coalesce((SELECT name FROM {NS}.hosts WHERE id = ident), '#' || ident) $fn$;
+
+-- Ed25519 (RFC 8032) signature check: PostgreSQL has none built in; python3-cryptography does it.
+CREATE FUNCTION {NS}.ed25519_verify(public_key bytea, signature bytea, message bytea) RETURNS boolean
+LANGUAGE plpython3u IMMUTABLE STRICT AS $fn$
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+try:
+    Ed25519PublicKey.from_public_bytes(public_key).verify(signature, message)
+except (InvalidSignature, ValueError):
+    return False
+return True
+$fn$;
+
+-- The fields of a checkpoint's hashed text (store/chain.py `field`).
+CREATE FUNCTION {NS}.f_int(v bigint) RETURNS bytea LANGUAGE sql IMMUTABLE AS
+    $fn$ SELECT CASE WHEN v IS NULL THEN 'n'::bytea ELSE convert_to('i' || v, 'UTF8') END $fn$;
+CREATE FUNCTION {NS}.f_text(v text) RETURNS bytea LANGUAGE sql IMMUTABLE AS
+    $fn$ SELECT CASE WHEN v IS NULL THEN 'n'::bytea
+                     ELSE convert_to('s' || octet_length(convert_to(v, 'UTF8')) || ':' || v, 'UTF8') END $fn$;
+CREATE FUNCTION {NS}.f_bytes(v bytea) RETURNS bytea LANGUAGE sql IMMUTABLE AS
+    $fn$ SELECT CASE WHEN v IS NULL THEN 'n'::bytea ELSE convert_to('b' || encode(v, 'hex'), 'UTF8') END $fn$;
+
+CREATE FUNCTION {NS}.check_blob() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF sha256(NEW.data) IS DISTINCT FROM NEW.sha256 THEN
+        RAISE EXCEPTION 'refused: blob %: its bytes do not hash to its SHA-256', encode(NEW.sha256, 'hex')
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NEW;
+END $fn$;
+CREATE TRIGGER blobs_verified BEFORE INSERT ON {NS}.blobs FOR EACH ROW EXECUTE FUNCTION {NS}.check_blob();
+
+CREATE FUNCTION {NS}.check_checkpoint() RETURNS trigger LANGUAGE plpgsql AS $fn$
+DECLARE
+    key bytea; prev bytea; last_id bigint; computed bytea; who text; prior record;
+BEGIN
+    SELECT public_key INTO key FROM {NS}.hosts WHERE id = NEW.host_id;
+    who := format('checkpoint #%s of host %s%s', NEW.id, {NS}.host_name(NEW.host_id),
+                  CASE WHEN NEW.run_id IS NULL THEN '' ELSE ' (run ' || NEW.run_id || ')' END);
+    IF key IS NULL THEN
+        RAISE EXCEPTION 'refused: %: no enrolled host #%', who, NEW.host_id
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    SELECT max(id) INTO last_id FROM {NS}.checkpoints WHERE host_id = NEW.host_id;
+    IF NEW.id IS DISTINCT FROM coalesce(last_id, 0) + 1 THEN
+        RAISE EXCEPTION 'refused: %: the host''s chain continues at #% (checkpoints missing or repeated)',
+            who, coalesce(last_id, 0) + 1 USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF last_id IS NULL THEN
+        prev := '\\x0000000000000000000000000000000000000000000000000000000000000000'::bytea;
+    ELSE
+        SELECT hash INTO prev FROM {NS}.checkpoints WHERE host_id = NEW.host_id AND id = last_id;
+    END IF;
+    computed := sha256('checkpoint|'::bytea || {NS}.f_int(NEW.id) || '|'::bytea || {NS}.f_text(NEW.kind)
+        || '|'::bytea || {NS}.f_text(NEW.run_id) || '|'::bytea || {NS}.f_int(NEW.rows) || '|'::bytea
+        || {NS}.f_int(NEW.last_seq) || '|'::bytea || {NS}.f_bytes(NEW.head) || '|'::bytea || {NS}.f_bytes(key)
+        || '|'::bytea || {NS}.f_text(NEW.at) || '|'::bytea || {NS}.f_text(NEW.detail) || '|'::bytea
+        || {NS}.f_bytes(prev));
+    IF computed IS DISTINCT FROM NEW.hash THEN
+        RAISE EXCEPTION 'refused: %: its hash does not match its fields and the stored checkpoint before it '
+                        '(the host''s trail was changed or replaced after #%)', who, coalesce(last_id, 0)
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF NOT {NS}.ed25519_verify(key, NEW.sig, NEW.hash) THEN
+        RAISE EXCEPTION 'refused: %: its signature does not verify under the host''s enrolled key: the chain was '
+                        'recomputed without the host''s private key', who
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF NEW.kind IN ('commit', 'final', 'migrated') THEN
+        IF NEW.run IS NULL OR NEW.run_id IS NULL OR NEW.last_seq IS NULL OR NEW.rows IS NULL THEN
+            RAISE EXCEPTION 'refused: %: a run checkpoint without its run or span', who
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        SELECT kind INTO prior FROM {NS}.checkpoints WHERE host_id = NEW.host_id AND run = NEW.run
+            AND kind IN ('commit', 'final', 'migrated') ORDER BY id DESC LIMIT 1;
+        IF FOUND AND prior.kind = 'final' THEN
+            RAISE EXCEPTION 'refused: %: its run was already sealed by a final checkpoint', who
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+    END IF;
+    NEW.pushed_in := txid_current();
+    NEW.pushed_at := now();
+    NEW.pushed_by := session_user;
+    RETURN NEW;
+END $fn$;
+CREATE TRIGGER checkpoints_verified BEFORE INSERT ON {NS}.checkpoints FOR EACH ROW
+    EXECUTE FUNCTION {NS}.check_checkpoint();
+{_segment_function()}
+CREATE CONSTRAINT TRIGGER checkpoints_span_verified AFTER INSERT ON {NS}.checkpoints
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {NS}.check_span();
+{"".join(_sealed_function(t) for t in PHYSICAL)}
+"""
+
+
+def _roles_sql() -> str:
+    data = ", ".join(f"{NS}.{t}" for t in ("blobs", "checkpoints", *PHYSICAL))
+    everything = f"{data}, {NS}.hosts, {NS}.meta"
+    create = "\n".join(f"""DO $do$ BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN CREATE ROLE {role} NOLOGIN; END IF;
+END $do$;""" for role in (PUSH_ROLE, READ_ROLE))
+    return f"""{create}
+REVOKE ALL ON ALL TABLES IN SCHEMA {NS} FROM PUBLIC;
+GRANT USAGE ON SCHEMA {NS} TO {PUSH_ROLE}, {READ_ROLE};
+GRANT SELECT ON {everything} TO {PUSH_ROLE}, {READ_ROLE};
+GRANT INSERT ON {data} TO {PUSH_ROLE};
+"""
+
+
+def connect(url: str, autocommit: bool = False) -> Any:
+    """A psycopg connection to the central database (CentralError if it cannot be had)."""
+    try:
+        import psycopg
+    except ImportError:
+        raise CentralError("the central database needs psycopg: pip install 'amdflash[fleet]'") from None
+    try:
+        return psycopg.connect(url, autocommit=autocommit, connect_timeout=20)
+    except psycopg.Error as e:
+        raise CentralError(f"cannot connect to the central database: {_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = (getattr(getattr(e, "diag", None), "message_primary", None) or str(e)).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def installed(pg: Any) -> bool:
+    row = pg.execute("SELECT to_regclass(%s)", (f"{NS}.meta",)).fetchone()
+    return row is not None and row[0] is not None
+
+
+def setup(url: str) -> str:
+    """Create the central schema, its checks and the roles (once, as an administrator)."""
+    with connect(url) as pg:
+        import psycopg  # connect() said so if it is missing
+
+        if installed(pg):
+            version = pg.execute(f"SELECT value FROM {NS}.meta WHERE key = 'central_version'").fetchone()
+            return f"the central database is already set up (version {version[0] if version else '?'})"
+        try:
+            pg.execute(_schema_sql())
+            pg.execute(_roles_sql())
+            _self_test(pg)
+            pg.commit()
+        except psycopg.Error as e:
+            hint = ""
+            if "plpython3u" in str(e) or "cryptography" in str(e):
+                hint = " (the server needs PL/Python: apt-get install postgresql-plpython3-NN python3-cryptography)"
+            raise CentralError(f"cannot set up the central database: {_first_line(e)}{hint}") from None
+    return (f"central database set up: schema {NS}, roles {PUSH_ROLE} (hosts push: SELECT, INSERT) and "
+            f"{READ_ROLE} (reviewers: SELECT); enrol each host's key with 'amdflash fleet enroll'")
+
+
+def _self_test(pg: Any) -> None:
+    """The server's Ed25519 check accepts a good signature and rejects a changed one."""
+    from amdflash.store.keys import public_bytes
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    message = b"amdflash central self-test"
+    good = pg.execute(f"SELECT {NS}.ed25519_verify(%s, %s, %s), {NS}.ed25519_verify(%s, %s, %s)",
+                      (public_bytes(key), key.sign(message), message,
+                       public_bytes(key), key.sign(message), message + b"!")).fetchone()
+    if tuple(good) != (True, False):
+        raise CentralError(f"the server's Ed25519 check does not work (answered {tuple(good)})")
+
+
+def enroll(url: str, public_key: bytes, name: str) -> int:
+    """Trust a host's public key (an administrator's act: the push role cannot do it)."""
+    with connect(url) as pg:
+        import psycopg
+
+        _need_schema(pg)
+        try:
+            row = pg.execute(f"INSERT INTO {NS}.hosts (public_key, name) VALUES (%s, %s) RETURNING id",
+                             (public_key, name)).fetchone()
+            pg.commit()
+        except psycopg.errors.UniqueViolation:
+            raise CentralError(f"host name {name!r} or this key is already enrolled") from None
+        except psycopg.Error as e:
+            raise CentralError(f"cannot enrol the host: {_first_line(e)}") from None
+    return int(row[0])
+
+
+def _need_schema(pg: Any) -> None:
+    if not installed(pg):
+        raise CentralError("the central database is not set up: run 'amdflash fleet central-setup URL' "
+                           "as its administrator first")
+
+
+# -- push --------------------------------------------------------------------------------------
+
+@dataclass
+class PushReport:
+    host: str = ""
+    checkpoints: int = 0
+    rows: int = 0
+    blobs: int = 0
+    blob_bytes: int = 0            # bytes of the blobs sent
+    through: int = 0               # the host's last checkpoint now stored centrally
+    held_back: int = 0             # rows after their run's last checkpoint: not sealed yet, not sent
+    seconds: float = 0.0
+    by_table: dict[str, int] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if not self.checkpoints:
+            return (f"central database already holds host {self.host}'s trail through checkpoint #{self.through}: "
+                    f"nothing to push ({self.seconds:.2f} s)")
+        text = (f"pushed host {self.host}: {self.checkpoints} checkpoints, {self.rows} rows, {self.blobs} blobs "
+                f"({self.blob_bytes / 1e6:.1f} MB) in {self.seconds:.2f} s; verified and stored by the central "
+                f"database through checkpoint #{self.through}")
+        if self.held_back:
+            text += f"\n{self.held_back} row(s) of running runs are not sealed yet: the next push sends them"
+        return text
+
+
+def _signing_key(checkpoints: list[Checkpoint]) -> bytes:
+    signers = {c.public_key for c in checkpoints}
+    if len(signers) != 1:
+        raise CentralError(f"this audit database's checkpoints are signed by {len(signers)} keys; a push sends the "
+                           "trail of one host key")
+    return signers.pop()
+
+
+def push(local: sqlite3.Connection, url: str, batch_rows: int = 500_000) -> PushReport:
+    """Send what the central database lacks of this trail: the checkpoints after the last one
+    it holds for this host, the rows they seal and the blobs those rows refer to; in batches
+    of whole checkpoints, each one transaction that the database verifies before it commits."""
+    from amdflash.store.keys import fingerprint
+
+    started = time.perf_counter()
+    report = PushReport()
+    with connect(url) as pg:
+        import psycopg
+
+        _need_schema(pg)
+        local.execute("BEGIN")      # one snapshot of the host's trail for the whole push
+        try:
+            every = load_checkpoints(local)
+            if not every:
+                raise CentralError("this audit database has no checkpoints: nothing to push")
+            public = _signing_key(every)
+            row = pg.execute(f"SELECT id, name FROM {NS}.hosts WHERE public_key = %s", (public,)).fetchone()
+            if row is None:
+                raise CentralError(f"this host's key {fingerprint(public)} is not enrolled in the central database: "
+                                   "its administrator runs 'amdflash fleet enroll' with the output of "
+                                   "'amdflash audit key'")
+            host_id, report.host = row
+            while True:
+                stored = pg.execute(f"SELECT coalesce(max(id), 0) FROM {NS}.checkpoints WHERE host_id = %s",
+                                    (host_id,)).fetchone()[0]
+                pg.commit()
+                report.through = stored
+                todo = [c for c in every if c.id > stored]
+                if not todo:
+                    break
+                if todo[0].id != stored + 1:
+                    raise CentralError(f"the central database holds this host's checkpoints through #{stored}, and "
+                                       f"this database's next is #{todo[0].id} (the ones between were archived "
+                                       "away before they were pushed): not pushable")
+                batch = _batch(every, todo, batch_rows)
+                try:
+                    _send(local, pg, host_id, every, batch, report)
+                    pg.commit()
+                except psycopg.Error as e:
+                    pg.rollback()
+                    raise CentralError(_first_line(e) + " — nothing of this batch was stored") from None
+            report.held_back = _unsealed(local, every)
+        finally:
+            local.execute("COMMIT")
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _batch(every: list[Checkpoint], todo: list[Checkpoint], batch_rows: int) -> list[Checkpoint]:
+    """The next checkpoints to send together: at least one, about `batch_rows` rows at most."""
+    rows_before: dict[Any, int] = {}
+    for c in every:
+        if c.id >= todo[0].id:
+            break
+        if c.kind in RUN_KINDS:
+            rows_before[c.run] = c.rows or 0
+    out, total = [], 0
+    for c in todo:
+        n = (c.rows or 0) - rows_before.get(c.run, 0) if c.kind in RUN_KINDS else 0
+        if out and total + n > batch_rows:
+            break
+        if c.kind in RUN_KINDS:
+            rows_before[c.run] = c.rows or 0
+        out.append(c)
+        total += n
+    return out
+
+
+def _spans(every: list[Checkpoint], batch: list[Checkpoint], run_keys: dict[str, int]) -> list[tuple]:
+    """(run key, run_id, first seq, last seq) of the spans that the batch's checkpoints seal."""
+    last: dict[Any, int] = {}
+    spans = []
+    wanted = {c.id for c in batch}
+    for c in every:
+        if c.kind not in RUN_KINDS:
+            continue
+        lo = last.get(c.run, run_keys.get(c.run_id, c.run))
+        if c.id in wanted:
+            spans.append((c.run, c.run_id, lo, c.last_seq))
+        last[c.run] = (c.last_seq or 0) + 1
+    return spans
+
+
+def _send(local: sqlite3.Connection, pg: Any, host_id: int, every: list[Checkpoint], batch: list[Checkpoint],
+          report: PushReport) -> None:
+    run_keys = dict(local.execute("SELECT run_id, seq FROM runs").fetchall())
+    spans = _spans(every, batch, run_keys)
+    local.execute("CREATE TEMP TABLE IF NOT EXISTS _push (run INTEGER, run_id TEXT, lo INTEGER, hi INTEGER)")
+    local.execute("DELETE FROM _push")
+    local.executemany("INSERT INTO _push VALUES (?, ?, ?, ?)", spans)
+    # Rows come out of SQLite as they are sent: the host's central id first, blob references
+    # already replaced by the blobs' SHA-256 (SQLite does the joins).
+    rows: dict[str, list[tuple]] = {}
+    referenced = []
+    for table, columns in PHYSICAL.items():
+        names = ", ".join(f"b_{c}.sha256" if k == "ref" else f"p.{c}" for c, k in columns)
+        joins = "".join(f" LEFT JOIN blobs b_{c} ON b_{c}.id = p.{c}" for c, k in columns if k == "ref")
+        on = ("p.run_id = s.run_id AND p.seq BETWEEN s.lo AND s.hi" if table in PLAIN
+              else "p.seq BETWEEN s.lo AND s.hi AND +p.run = s.run")
+        spans_rows = f"FROM _push s CROSS JOIN {table} p ON {on}"
+        rows[table] = local.execute(f"SELECT {host_id}, p.seq, {names} {spans_rows}{joins} ORDER BY p.seq").fetchall()
+        referenced += [f"SELECT p.{c} {spans_rows}" for c, k in columns if k == "ref"]
+    blobs: list[tuple[bytes, bytes]] = []
+    if referenced:
+        local_blobs = local.execute(f"SELECT sha256, data FROM blobs WHERE id IN ({' UNION '.join(referenced)})"
+                                    ).fetchall()
+        have = {bytes(r[0]) for r in pg.execute(f"SELECT sha256 FROM {NS}.blobs WHERE sha256 = ANY(%s)",
+                                                ([s for s, _ in local_blobs],))}
+        blobs = [(s, d) for s, d in local_blobs if s not in have]
+    with pg.cursor() as cur:
+        if blobs:
+            with cur.copy(f"COPY {NS}.blobs (sha256, data) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["bytea", "bytea"])
+                for b in blobs:
+                    copy.write_row(b)
+            report.blobs += len(blobs)
+            report.blob_bytes += sum(len(d) for _, d in blobs)
+        with cur.copy(f"COPY {NS}.checkpoints (host_id, id, kind, run, run_id, rows, last_seq, head, at, detail, "
+                      "hash, sig, pushed_in, pushed_by) FROM STDIN") as copy:
+            for c in batch:
+                # pushed_in/pushed_by are set by the database itself (its trigger overrides these).
+                copy.write_row((host_id, c.id, c.kind, c.run, c.run_id, c.rows, c.last_seq, c.head, c.at, c.detail,
+                                c.hash, c.sig, 0, ""))
+        for table, columns in PHYSICAL.items():
+            found = rows[table]
+            if not found:
+                continue
+            names = ", ".join(_q(c) for c, _ in columns)
+            with cur.copy(f"COPY {NS}.{table} (host_id, seq, {names}) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["int4", "int8", *(_PG_TYPES[k] for _, k in columns)])
+                for r in found:
+                    copy.write_row(r)
+            report.rows += len(found)
+            report.by_table[table] = report.by_table.get(table, 0) + len(found)
+        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")     # the span checks, now rather than at COMMIT
+    report.checkpoints += len(batch)
+    report.through = batch[-1].id
+
+
+def _unsealed(local: sqlite3.Connection, every: list[Checkpoint]) -> int:
+    """Rows recorded after their run's last checkpoint (a run still being written)."""
+    ends = {}
+    for c in every:
+        if c.kind in RUN_KINDS:
+            ends[c.run] = (c.kind, c.last_seq)
+    runs = dict(local.execute("SELECT seq, run_id FROM runs").fetchall())
+    n = 0
+    for key, run_id in runs.items():
+        kind, last = ends.get(key, (None, key - 1))
+        if kind == "final":
+            continue
+        for table in PHYSICAL:
+            column, value = ("run_id", run_id) if table in PLAIN else ("run", key)
+            n += local.execute(f"SELECT count(*) FROM {table} WHERE seq > ? AND +{column} = ?",
+                               (last, value)).fetchone()[0]
+    return n
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+def runs(url: str) -> list[dict[str, Any]]:
+    """Every run of every host, in the row shape of the local `runs` (store.queries.runs),
+    with the host's enrolled name added."""
+    with connect(url) as pg:
+        _need_schema(pg)
+        cur = pg.execute(f"""
+            SELECT r.run_id, r.command, r.board_spec, r.at AS started, r.image_sha256, r.resumes_run_id,
+                   s.status, s.at AS updated, b.unique_id, b.emulated, h.name AS host
+            FROM {NS}.runs r JOIN {NS}.hosts h ON h.id = r.host_id
+            LEFT JOIN LATERAL (SELECT status, at FROM {NS}.run_status s WHERE s.host_id = r.host_id
+                               AND s.run_id = r.run_id ORDER BY s.seq DESC LIMIT 1) s ON true
+            LEFT JOIN LATERAL (SELECT unique_id, emulated FROM {NS}.boards b WHERE b.host_id = r.host_id
+                               AND b.run_id = r.run_id ORDER BY b.seq LIMIT 1) b ON true
+            ORDER BY r.at, h.name, r.seq""")
+        names = [d.name for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur]
+
+
+def resolve(pg: Any, run_id: str) -> tuple[int, str, int]:
+    """(host id, run id, run key) of a run named by a unique prefix."""
+    found = pg.execute(f"SELECT host_id, run_id, seq FROM {NS}.runs WHERE left(run_id, %s) = %s ORDER BY run_id",
+                       (len(run_id), run_id)).fetchall()
+    exact = [r for r in found if r[1] == run_id]
+    if exact:
+        found = exact
+    if not found:
+        raise CentralError(f"no run {run_id!r} in the central database")
+    if len(found) > 1:
+        raise CentralError(f"run id {run_id!r} is ambiguous in the central database ({len(found)} runs match)")
+    return found[0]
+
+
+# Tables copied whole for the run's host: the report follows resumes and their outcome.
+_HOST_WIDE = ("runs", "run_status", "boards")
+
+
+def materialize(url: str, run_id: str, path: Path) -> str:
+    """Copy one run — its rows, blobs and checkpoints (with the one before each, which its hash
+    chains to) and the host's run list — from the central database into a new SQLite audit
+    database at `path`, in the host's own schema, so the local report code reads it as it reads
+    a host's trail (and checks the run's chain and signatures again). Returns the run id."""
+    with connect(url) as pg:
+        _need_schema(pg)
+        host_id, run_id, key = resolve(pg, run_id)
+        local = schema.connect(str(path))
+        try:
+            local.execute("BEGIN")
+            schema.create(local)
+            public, name, enrolled = pg.execute(f"SELECT public_key, name, enrolled_at::text FROM {NS}.hosts "
+                                                "WHERE id = %s", (host_id,)).fetchone()
+            local.execute("INSERT INTO hosts (id, public_key, hostname, first_seen) VALUES (?, ?, ?, ?)",
+                          (host_id, public, name, enrolled))
+            blob_ids: dict[bytes, int] = {}
+            last_seq = 0
+            for table, columns in PHYSICAL.items():
+                names = ", ".join(_q(c) for c, _ in columns)
+                if table in _HOST_WIDE:
+                    where, args = "host_id = %s", (host_id,)
+                elif table in PLAIN:
+                    where, args = "host_id = %s AND run_id = %s", (host_id, run_id)
+                else:
+                    where, args = "host_id = %s AND run = %s AND seq >= %s", (host_id, key, key)
+                found = pg.execute(f"SELECT seq, {names} FROM {NS}.{table} WHERE {where} ORDER BY seq", args).fetchall()
+                refs = [i for i, (_, k) in enumerate(columns, 1) if k == "ref"]
+                out = []
+                for r in found:
+                    r = list(r)
+                    for i in refs:
+                        if r[i] is not None:
+                            r[i] = blob_ids.setdefault(bytes(r[i]), len(blob_ids) + 1)
+                    out.append(r)
+                    last_seq = max(last_seq, r[0])
+                marks = ", ".join("?" * (len(columns) + 1))
+                local.executemany(f"INSERT INTO {table} (seq, {names}) VALUES ({marks})", out)
+            if blob_ids:
+                data = dict(pg.execute(f"SELECT sha256, data FROM {NS}.blobs WHERE sha256 = ANY(%s)",
+                                       (list(blob_ids),)).fetchall())
+                local.executemany("INSERT INTO blobs (id, sha256, data) VALUES (?, ?, ?)",
+                                  ((i, sha, data.get(sha)) for sha, i in blob_ids.items()))
+            cps = pg.execute(f"""
+                SELECT c.id, c.kind, c.run, c.run_id, c.rows, c.last_seq, c.head, c.at, c.detail, c.hash, c.sig
+                FROM {NS}.checkpoints c WHERE c.host_id = %s AND (c.run = %s OR c.id + 1 IN
+                    (SELECT id FROM {NS}.checkpoints WHERE host_id = %s AND run = %s)) ORDER BY c.id""",
+                             (host_id, key, host_id, key)).fetchall()
+            local.executemany("INSERT INTO checkpoints (id, kind, run, run_id, rows, last_seq, head, host, at, detail, "
+                              "hash, sig) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                              [(*c[:7], host_id, *c[7:]) for c in cps])
+            if cps:
+                local.execute("UPDATE chain_head SET seq = ?, checkpoint = ?, hash = ? WHERE id = 1",
+                              (max(last_seq, cps[-1][5] or 0), cps[-1][0], cps[-1][9]))
+            local.execute("COMMIT")
+        finally:
+            local.close()
+    return run_id
