@@ -15,7 +15,9 @@ def __getattr__(name: str) -> str:
         from importlib import metadata
 
         try:
-            return metadata.version("amdflash")
+            version = metadata.version("amdflash")
         except metadata.PackageNotFoundError:   # running from a tree that was never installed
-            return "0+unknown"
+            version = "0+unknown"
+        globals()["__version__"] = version       # asked once: the metadata scan is slow
+        return version
     raise AttributeError(f"module 'amdflash' has no attribute {name!r}")
