@@ -178,14 +178,16 @@ class Lab:
         wait_for(lambda: _port_open(self.coordinator_port), 20, "the labgrid coordinator to listen")
 
     def add_host(self, name: str, boards: int, *, realtime: float = 0.0, seed: int = 0, seed_step: int = 1,
-                 faults: dict[int, list[str]] | None = None, transport: str = "asm24") -> Host:
+                 faults: dict[int, list[str]] | None = None, transport: str = "asm24",
+                 content: str | bytes | None = None) -> Host:
         """A host with `boards` emulated boards (board i: seed + i * seed_step, faults[i]) and its
         exporter configuration; the exporter is started by start_exporter."""
         host = Host(name, self.root / name / "audit.sqlite")
         for i in range(boards):
             host.boards.append(create_board(self.root / name / f"board{i}", seed=seed + i * seed_step,
                                             realtime_scale=realtime,
-                                            transport=transport, faults=(faults or {}).get(i)))
+                                            transport=transport, faults=(faults or {}).get(i),
+                                            **({"content": content} if content is not None else {})))
         host.config = self.root / name / "exporter.yaml"
         self.amdflash("--db", str(host.db), "fleet", "exporter-config", "--no-hardware",
                       *[a for b in host.boards for a in ("--sim", str(b))], "-o", str(host.config))

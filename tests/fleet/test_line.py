@@ -73,6 +73,26 @@ def test_one_fleet_flash_writes_four_boards_on_each_of_two_hosts(lab: Lab, fleet
     assert set(verified.statuses().values()) == {"succeeded"}
 
 
+def test_blank_boards_are_flashed_only_with_expect_part_passed_to_their_hosts(lab: Lab, fleet_image: Path) -> None:
+    from amdflash.stages.transport.sim.synth import PART_KEY
+
+    host = lab.add_host("hosta", 2, seed=300, content="blank", transport="ideal")
+    lab.start_exporter("hosta")
+    places = {p["place"] for p in lab.make_places("line=b")}
+
+    refused = flash(lab, fleet_image, "line=b")           # a blank board's part number cannot be read
+    assert refused.code == 2 and set(refused.statuses().values()) == {"refused"}, refused
+    assert all("--expect-part" in (b["error"] or "") for b in refused.boards.values())
+
+    done = lab.fleet("flash", str(fleet_image), "--where", "line=b", "--yes", "--expect-part", PART_KEY)
+    assert done.code == 0 and done.statuses() == {name: "succeeded" for name in places}, done
+    for board in host.boards:
+        assert flash_of(board) == fleet_image.read_bytes()
+    for row in done.boards.values():                      # the host's run records the part vouched for
+        report = json.loads(lab.amdflash("--db", str(host.db), "report", row["run_id"], "--format", "json").stdout)
+        assert report["arguments"]["expect_part"] == PART_KEY
+
+
 def test_info_and_dump_run_on_each_board(lab: Lab, fleet_image: Path, tmp_path: Path) -> None:
     places = two_hosts(lab, 1)
     info = lab.fleet("info")
