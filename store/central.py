@@ -515,7 +515,8 @@ def _batch(every: list[Checkpoint], todo: list[Checkpoint], batch_rows: int) -> 
             break
         if c.kind in RUN_KINDS:
             rows_before[c.run] = c.rows or 0
-    out, total = [], 0
+    out: list[Checkpoint] = []
+    total = 0
     for c in todo:
         n = (c.rows or 0) - rows_before.get(c.run, 0) if c.kind in RUN_KINDS else 0
         if out and total + n > batch_rows:
@@ -529,13 +530,13 @@ def _batch(every: list[Checkpoint], todo: list[Checkpoint], batch_rows: int) -> 
 
 def _spans(every: list[Checkpoint], batch: list[Checkpoint], run_keys: dict[str, int]) -> list[tuple]:
     """(run key, run_id, first seq, last seq) of the spans that the batch's checkpoints seal."""
-    last: dict[Any, int] = {}
+    last: dict[Any, Any] = {}
     spans = []
     wanted = {c.id for c in batch}
     for c in every:
         if c.kind not in RUN_KINDS:
             continue
-        lo = last.get(c.run, run_keys.get(c.run_id, c.run))
+        lo = last.get(c.run, run_keys.get(c.run_id or "", c.run))
         if c.id in wanted:
             spans.append((c.run, c.run_id, lo, c.last_seq))
         last[c.run] = (c.last_seq or 0) + 1
@@ -675,6 +676,7 @@ def materialize(url: str, run_id: str, path: Path) -> str:
             last_seq = 0
             for table, columns in PHYSICAL.items():
                 names = ", ".join(_q(c) for c, _ in columns)
+                args: tuple[Any, ...]
                 if table in _HOST_WIDE:
                     where, args = "host_id = %s", (host_id,)
                 elif table in PLAIN:

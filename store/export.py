@@ -134,7 +134,7 @@ def export(conn: sqlite3.Connection, out: TextIO, fmt: str, run_ids: list[str] |
             writer.write({"record": "host", "id": ident, "public_key": public.hex(), "hostname": hostname,
                           "machine_id": machine, "first_seen": first_seen})
         # Only sealed rows: what a run recorded after its last checkpoint cannot be verified yet.
-        sealed = {c.run: c.last_seq for c in all_cps if c.kind in RUN_KINDS}
+        sealed: dict[Any, Any] = {c.run: c.last_seq for c in all_cps if c.kind in RUN_KINDS}
         sealed.update({c.run_id: c.last_seq for c in all_cps if c.kind in RUN_KINDS})
         seen_blobs: set[int] = set()
         for table, seq, row in _rows(conn, None if run_ids is None else [keys_of_runs[r] for r in runs], runs):

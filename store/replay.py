@@ -224,7 +224,7 @@ class _Replayer:
             while pending < len(verifies) and checkpoints[pending] < n:
                 self._check(verifies[pending])
                 pending += 1
-            board.reg_write(offset, value.to_bytes(4, "little") if value is not None else bytes(data))
+            board.reg_write(offset, value.to_bytes(4, "little") if value is not None else bytes(data or b""))
             self.last_n, self.last_seq = n, seq
             self.result.writes_applied += 1
         stopped_early = until is not None and self.result.writes_applied < self.result.writes_total

@@ -175,7 +175,7 @@ def _start_method() -> str:
 # one (a Ctrl-C landing between start and the caller's cleanup), multiprocessing's own exit
 # handler would wait for it forever. This handler, registered after multiprocessing's and so
 # run before it, tells each one to finish.
-_STARTED: "weakref.WeakSet[AuditWriter]" = weakref.WeakSet()
+_STARTED: weakref.WeakSet[AuditWriter] = weakref.WeakSet()
 
 
 @atexit.register

@@ -271,7 +271,8 @@ def print_summary(result: Any) -> None:
         note = r.error or (f"resumed {r.resumes}" if r.resumes else "") or (r.output or "")
         if r.resumes and r.error:
             note = f"resumed {r.resumes}; {note}"
-        print(f"{r.board[-34:]:34} {r.host[:12]:12} {r.run_id or '-':26} {r.status:12} {modelled:>10} {wall:>8}  {note}")
+        run_id = r.run_id or "-"
+        print(f"{r.board[-34:]:34} {r.host[:12]:12} {run_id:26} {r.status:12} {modelled:>10} {wall:>8}  {note}")
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
 

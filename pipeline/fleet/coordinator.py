@@ -85,7 +85,7 @@ class Coordinator:
         self.session: ClientSession | None = None
         self.lost_at: float | None = None
 
-    async def open(self) -> "Coordinator":
+    async def open(self) -> Coordinator:
         self.session = ClientSession(self.address, asyncio.get_running_loop())
         try:
             await self.session.start()

@@ -47,7 +47,8 @@ def _group(kind: str, key: str) -> str:
     return f"{kind}-" + "".join(c if c.isalnum() else "_" for c in key.lower())
 
 
-def board_entry(listed: dict[str, Any], db: str, command: str, sim_dir: str | None = None) -> tuple[str, dict[str, Any]]:
+def board_entry(listed: dict[str, Any], db: str, command: str,
+                sim_dir: str | None = None) -> tuple[str, dict[str, Any]]:
     """(group name, resource attributes) of one board as `amdflash list` shows it."""
     if sim_dir is not None:
         spec = f"sim:{os.path.abspath(sim_dir)}"
@@ -161,7 +162,7 @@ def _scalar(value: Any) -> str:
 def render(groups: dict[str, dict[str, Any]], notes: list[str]) -> str:
     lines = [
         f"## labgrid exporter configuration for {socket.gethostname()}, written by "
-        f"'amdflash fleet exporter-config' at {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}.",
+        f"'amdflash fleet exporter-config' at {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}.",
         "## Regenerate it when boards are plugged or unplugged, then restart the exporter",
         "## (README, 'Running a line'). host is the exporter's --hostname: clients SSH there.",
     ]

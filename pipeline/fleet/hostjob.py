@@ -32,7 +32,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 EXIT_TO_STATUS = {0: "succeeded", 1: "failed", 2: "refused", 130: "interrupted"}
 
@@ -114,7 +115,7 @@ class ForkedCli:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 code = main(argv)
-            except BaseException:  # noqa: BLE001 - whatever happens, the child exits here
+            except BaseException:
                 import traceback
 
                 traceback.print_exc()
@@ -240,8 +241,9 @@ def run(specs: list[str], db: str | None, job: str, image: str | None,
     host = socket.gethostname()
     before = cli_json(global_args, "runs", "--format", "json") or []
     known = {r["run_id"] for r in before}
-    results = {spec: {"board": spec, "host": host, "job": job, "run_id": None, "resumes": None, "status": None,
-                      "error": None, "output": None, "exit_code": None} for spec in specs}
+    results: dict[str, dict[str, Any]] = {
+        spec: {"board": spec, "host": host, "job": job, "run_id": None, "resumes": None, "status": None,
+               "error": None, "output": None, "exit_code": None} for spec in specs}
     groups = _plan(specs, before, job, image, results, flash_args)
 
     clocks0 = {spec: _modelled_clock(spec) for spec in specs}
@@ -319,7 +321,7 @@ def main(specs: list[str], db: str | None, job: str, image: str | None, flash_ar
         print(json.dumps({"started": True, "pid": os.getpid()}), flush=True)
     try:
         results = run(specs, db, job, image, flash_args)
-    except Exception as e:  # noqa: BLE001 - the client gets a result whatever happened here
+    except Exception as e:
         results = [{"board": spec, "host": socket.gethostname(), "job": job, "status": "failed", "exit_code": 1,
                     "error": f"the fleet job failed on {socket.gethostname()}: {type(e).__name__}: {e}"}
                    for spec in specs]

@@ -22,7 +22,8 @@ import json
 import shlex
 import subprocess
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import attr
 from labgrid.driver.common import Driver

@@ -25,7 +25,8 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from amdflash.pipeline.fleet.coordinator import BoardPlace, Coordinator
 from amdflash.pipeline.fleet.labgrid_board import JobError, parse_results, started
@@ -108,7 +109,8 @@ def _driver(board: BoardPlace) -> Any:
     target = Target(board.place)
     resource = target_factory.make_resource(target, board.cls, board.resource, board.args)
     resource.extra = board.extra   # labgrid's proxy settings for this exporter
-    driver = AmdflashDriver(target, None)
+    # labgrid ships no type information: mypy cannot see the fields its attrs base class adds.
+    driver = AmdflashDriver(target, None)  # type: ignore[call-arg]
     target.activate(driver)
     return driver
 
@@ -166,6 +168,7 @@ class FleetRun:
                 if why:
                     row.status, row.error = "skipped", f"not taken: {why}"
                 else:
+                    assert token is not None   # taken: a reservation token, no reason
                     jobs.append(_Job(board, token, row))
             self._batches = batches(jobs, self.parallel)
             await self._run_batches(coordinator, jobs)
@@ -254,7 +257,7 @@ class FleetRun:
         try:
             async with self._prepare:   # labgrid's SSH connection manager is not thread-safe
                 argv = await asyncio.to_thread(self._command, batch)
-        except Exception as e:  # noqa: BLE001 - SSH or copying failed: nothing ran on the boards
+        except Exception as e:
             for job in batch.jobs:
                 job.row.status, job.row.error = "unreachable", f"{batch.host}: {e}"
             return
@@ -338,7 +341,7 @@ class FleetRun:
         try:
             await asyncio.to_thread(job.driver.fetch, row.output, local)
             row.output = str(local)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             row.status, row.error = "failed", f"dump made on {job.board.host} but not copied here: {e}"
 
     def _coordinator_note(self, coordinator: Coordinator) -> None:
