@@ -17,6 +17,8 @@ import sqlite_utils
 
 from amdflash.pipeline import config
 from amdflash.pipeline.errors import Refusal
+from amdflash.store.migrate import prepare
+from amdflash.store.schema import SchemaError
 from amdflash.store.writer import AuditWriter, StoreUnavailable
 
 OURS = "meta"   # every amdflash database has this table, with its schema version
@@ -90,8 +92,9 @@ def open_writer(path_text: str) -> AuditWriter:
             raise Refusal(f"audit database {path} is not writable: permission denied")
         _check_existing(path)
     try:
+        prepare(str(path), host_key_path())      # created, or upgraded from an older amdflash's
         writer = AuditWriter(str(path), key_path=host_key_path()).open()
-    except StoreUnavailable as e:
+    except (StoreUnavailable, SchemaError) as e:
         raise Refusal(str(e)) from None
     try:
         _prove_writable(path)
@@ -129,7 +132,6 @@ def open_for_reading(path: str):
     """The audit database read-only, upgraded first if an older amdflash made it."""
     from amdflash.store import schema
     from amdflash.store.queries import open_readonly
-    from amdflash.store.writer import StoreUnavailable, prepare
 
     if not Path(path).exists():
         raise Refusal(f"no audit database at {path}")

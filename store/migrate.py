@@ -20,9 +20,11 @@ import sqlite3
 import struct
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from amdflash.store import schema
+from amdflash.store import writer
 from amdflash.store.writer import Assembler, ChainWriter, Signer, default_anchor, now_iso, sign_and_insert
 
 V1_TABLES: dict[str, tuple[str, ...]] = {
@@ -166,3 +168,9 @@ def _copy(conn: sqlite3.Connection, writer: ChainWriter) -> None:
         assembler.write(offset, value, None if data is None else bytes(data), clock, seq)
     for assembler in assemblers.values():
         assembler.finish()
+
+
+def prepare(path: str, key_path: Path) -> None:
+    """Create the schema, or migrate an older one (signing with the host key at `key_path`),
+    or refuse a database that is not ours; proves it writable (else StoreUnavailable)."""
+    writer.prepare(path, upgrade=lambda conn: migrate(conn, path, Signer.load(key_path)))

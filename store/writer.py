@@ -38,6 +38,7 @@ import struct
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,11 +129,11 @@ class FrameReader:
 
 # -- opening a database -------------------------------------------------------------------------
 
-def prepare(path: str, key_path: Path) -> None:
-    """Create the schema, or migrate an older one, or refuse a database that is not ours.
-    Proves the database writable (else StoreUnavailable)."""
-    from amdflash.store import migrate
-
+def prepare(path: str, upgrade: Callable[[sqlite3.Connection], None] | None = None) -> None:
+    """Create the schema, or upgrade an older one with `upgrade` (store.migrate.prepare hands
+    it down: the migration is built on this module, so this module does not import it), or
+    refuse a database that is not ours or that needs an upgrade and got none. Proves the
+    database writable (else StoreUnavailable)."""
     try:
         conn = connect(path)
         try:
@@ -150,7 +151,10 @@ def prepare(path: str, key_path: Path) -> None:
                     conn.execute("ROLLBACK")
                     raise
             elif found < SCHEMA_VERSION:
-                migrate.migrate(conn, path, Signer.load(key_path))
+                if upgrade is None:
+                    raise SchemaError(f"audit database {path} has schema version {found}; it must be upgraded "
+                                      "first (every amdflash command does that when it opens it)")
+                upgrade(conn)
             elif found > SCHEMA_VERSION:
                 raise SchemaError(f"audit database {path} has schema version {found}; this amdflash understands "
                                   f"{SCHEMA_VERSION} (upgrade amdflash)")
@@ -210,7 +214,7 @@ class AuditWriter:
         except (OSError, keys.KeyError_) as e:
             raise StoreUnavailable(f"host key {self.key_path}: {e}") from None
         try:
-            prepare(self.path, self.key_path)
+            prepare(self.path)
         except SchemaError as e:
             raise StoreUnavailable(str(e)) from None
         method = _start_method()

@@ -284,4 +284,4 @@ def cmd_job(args: argparse.Namespace) -> int:
         raise Refusal(f"fleet job {args.job} needs an image")
     if _flash_args(args) and args.job != "flash":
         raise Refusal("--force and --expect-part are for flash jobs only")
-    return hostjob.main(args.job_boards, args.db, args.job, args.image, _flash_args(args))
+    return hostjob.main(args.main, args.job_boards, args.db, args.job, args.image, _flash_args(args))

@@ -32,26 +32,26 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
-from collections.abc import Sequence
 
 EXIT_TO_STATUS = {0: "succeeded", 1: "failed", 2: "refused", 130: "interrupted"}
 
+CliMain = Callable[[list[str]], int]   # amdflash's command line: argv in, exit status out
 
-def cli_json(global_args: list[str], *argv: str, attempts: int = 10) -> Any:
+
+def cli_json(cli_main: CliMain, global_args: list[str], *argv: str, attempts: int = 10) -> Any:
     """Run a read-only amdflash command in this process; its JSON output, or None on refusal
     (such as no audit database yet).
 
     Another job of this host may be creating the audit database at this very moment (the
     first flash on a new host); a query that fails for that is tried again shortly.
     """
-    from amdflash.pipeline.cli import main
-
     for attempt in range(attempts):
         out, err = io.StringIO(), io.StringIO()
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                code = main([*global_args, "-q", *argv])
+                code = cli_main([*global_args, "-q", *argv])
         except sqlite3.Error:
             if attempt == attempts - 1:
                 raise
@@ -79,11 +79,11 @@ def unfinished_flash(runs: list[dict[str, Any]], spec: str, image_sha256: str) -
     return None
 
 
-def _modelled_clock(spec: str) -> float | None:
+def _modelled_clock(cli_main: CliMain, spec: str) -> float | None:
     """An emulated board's own clock (its cost model's seconds); hardware has none."""
     if not spec.startswith("sim:"):
         return None
-    stats = cli_json([], "sim", "stats", spec[4:])
+    stats = cli_json(cli_main, [], "sim", "stats", spec[4:])
     return float(stats["modelled_seconds"]) if stats else None
 
 
@@ -96,9 +96,7 @@ class ForkedCli:
     be signalled or killed on its own, and its output comes back through pipes.
     """
 
-    def __init__(self, argv: list[str]):
-        from amdflash.pipeline.cli import main
-
+    def __init__(self, cli_main: CliMain, argv: list[str]):
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         sys.stdout.flush()
@@ -114,7 +112,7 @@ class ForkedCli:
                 os.dup2(err_w, 2)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
-                code = main(argv)
+                code = cli_main(argv)
             except BaseException:
                 import traceback
 
@@ -234,21 +232,21 @@ def _errors(text: str, spec: str) -> list[str]:
     return own + common
 
 
-def run(specs: list[str], db: str | None, job: str, image: str | None,
+def run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: str | None,
         flash_args: Sequence[str] = ()) -> list[dict[str, Any]]:
     global_args = ["--db", db] if db else []
     specs = [_spec_as_recorded(s) for s in specs]
     host = socket.gethostname()
-    before = cli_json(global_args, "runs", "--format", "json") or []
+    before = cli_json(cli_main, global_args, "runs", "--format", "json") or []
     known = {r["run_id"] for r in before}
     results: dict[str, dict[str, Any]] = {
         spec: {"board": spec, "host": host, "job": job, "run_id": None, "resumes": None, "status": None,
                "error": None, "output": None, "exit_code": None} for spec in specs}
     groups = _plan(specs, before, job, image, results, flash_args)
 
-    clocks0 = {spec: _modelled_clock(spec) for spec in specs}
+    clocks0 = {spec: _modelled_clock(cli_main, spec) for spec in specs}
     wall0 = time.monotonic()
-    procs = [ForkedCli([*global_args, "-q", *argv, *[a for s in boards for a in ("--board", s)]])
+    procs = [ForkedCli(cli_main, [*global_args, "-q", *argv, *[a for s in boards for a in ("--board", s)]])
              for boards, argv in groups]
     threading.Thread(target=_watch_stdin, args=(procs,), daemon=True).start()
 
@@ -270,7 +268,7 @@ def run(specs: list[str], db: str | None, job: str, image: str | None,
         w.join()
     wall = round(time.monotonic() - wall0, 3)
 
-    after = [r for r in (cli_json(global_args, "runs", "--format", "json") or []) if r["run_id"] not in known]
+    after = [r for r in (cli_json(cli_main, global_args, "runs", "--format", "json") or []) if r["run_id"] not in known]
     for (boards, _argv), proc, (stdout, stderr) in zip(groups, procs, outputs):
         code = proc.returncode
         assert code is not None
@@ -283,7 +281,7 @@ def run(specs: list[str], db: str | None, job: str, image: str | None,
             report: dict[str, Any] = {}
             if ours:
                 result["run_id"] = ours[-1]["run_id"]
-                report = cli_json(global_args, "report", result["run_id"], "--format", "json") or {}
+                report = cli_json(cli_main, global_args, "report", result["run_id"], "--format", "json") or {}
                 result.update(status=report.get("status"), error=report.get("error"),
                               result_sha256=report.get("result_sha256"))
             result["wall_seconds"] = _seconds(report) or wall
@@ -301,7 +299,7 @@ def run(specs: list[str], db: str | None, job: str, image: str | None,
             if job == "info":
                 result["lines"] = _lines_for(out_text, spec, alone)
     for spec in specs:
-        clock0, clock1 = clocks0[spec], _modelled_clock(spec)
+        clock0, clock1 = clocks0[spec], _modelled_clock(cli_main, spec)
         results[spec]["modelled_seconds"] = (round(clock1 - clock0, 3)
                                              if clock0 is not None and clock1 is not None else None)
         if job == "dump" and results[spec]["status"] != "succeeded" and results[spec]["output"]:
@@ -311,7 +309,10 @@ def run(specs: list[str], db: str | None, job: str, image: str | None,
     return [results[spec] for spec in specs]
 
 
-def main(specs: list[str], db: str | None, job: str, image: str | None, flash_args: Sequence[str] = ()) -> int:
+def main(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: str | None,
+         flash_args: Sequence[str] = ()) -> int:
+    """The host side of a fleet job. `cli_main` is amdflash's command line (`pipeline.cli.main`),
+    handed down by it so that this module never imports back up to it."""
     # The client's connection may drop; the jobs go on (their trail is here) and a write to
     # the dead pipe must not kill us before the runs are recorded.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -320,7 +321,7 @@ def main(specs: list[str], db: str | None, job: str, image: str | None, flash_ar
     with contextlib.suppress(BrokenPipeError, OSError):
         print(json.dumps({"started": True, "pid": os.getpid()}), flush=True)
     try:
-        results = run(specs, db, job, image, flash_args)
+        results = run(cli_main, specs, db, job, image, flash_args)
     except Exception as e:
         results = [{"board": spec, "host": socket.gethostname(), "job": job, "status": "failed", "exit_code": 1,
                     "error": f"the fleet job failed on {socket.gethostname()}: {type(e).__name__}: {e}"}

@@ -180,22 +180,9 @@ def test_the_graph_covers_every_layer(graph: Graph) -> None:
     assert len(graph.files) > 100
 
 
-# Cycles through code owned by other branches at the time of writing (store/, pipeline/fleet/),
-# to be broken there. The test fails on any other cycle, and on one of these once it is gone
-# (so that this list only ever shrinks).
-KNOWN = [
-    ["amdflash.store.migrate", "amdflash.store.writer"],
-    ["amdflash.pipeline.cli", "amdflash.pipeline.fleet", "amdflash.pipeline.fleet.commands",
-     "amdflash.pipeline.fleet.hostjob"],
-]
-
-
 def test_no_import_cycles(graph: Graph) -> None:
     cycles = find_cycles(graph.edges)
-    new = [c for c in cycles if c not in KNOWN]
-    assert new == [], "import cycles:\n" + "\n".join(" ↔ ".join(c) for c in new)
-    gone = [c for c in KNOWN if c not in cycles]
-    assert gone == [], f"no longer a cycle, remove it from KNOWN: {gone}"
+    assert cycles == [], "import cycles:\n" + "\n".join(" ↔ ".join(c) for c in cycles)
 
 
 def test_the_check_finds_a_cycle() -> None:

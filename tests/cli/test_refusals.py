@@ -91,7 +91,7 @@ def test_a_foreign_sqlite_database_is_refused_and_left_as_it_was(amdflash, make_
 
 def test_the_store_itself_never_adds_tables_to_a_foreign_database(tmp_path):
     from amdflash.store.schema import SchemaError
-    from amdflash.store.writer import prepare
+    from amdflash.store.migrate import prepare
 
     foreign = tmp_path / "other.db"
     con = sqlite3.connect(foreign)

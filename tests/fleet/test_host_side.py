@@ -169,11 +169,11 @@ def test_a_query_of_an_audit_database_being_created_never_fails(tmp_path: Path) 
     db.touch()                                   # the file exists, its tables do not yet
     timer = threading.Timer(0.5, lambda: shutil.copy(made, db))
     timer.start()
-    assert cli_json(["--db", str(db)], "runs", "--format", "json") is None     # an empty file: no runs yet
+    assert cli_json(main, ["--db", str(db)], "runs", "--format", "json") is None     # an empty file: no runs yet
     timer.join()
-    runs = cli_json(["--db", str(db)], "runs", "--format", "json")
+    runs = cli_json(main, ["--db", str(db)], "runs", "--format", "json")
     assert [r["command"] for r in runs] == ["info"]
-    assert cli_json(["--db", str(tmp_path / "none.sqlite")], "runs", "--format", "json") is None   # no database
+    assert cli_json(main, ["--db", str(tmp_path / "none.sqlite")], "runs", "--format", "json") is None   # no database
 
 
 def test_driver_flashes_resumes_a_killed_flash_and_dumps(tmp_path: Path) -> None:
