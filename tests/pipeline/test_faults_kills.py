@@ -156,11 +156,18 @@ def test_kill_points_cover_every_phase(kill_points):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("phase", PHASES)
-def test_a_flash_killed_in_each_phase_resumes_to_the_image(tmp_path, kill_points, phase):
+def test_a_flash_killed_in_each_phase_resumes_to_the_image(tmp_path, kill_points, reference_phases, phase):
+    reference_total = max(n for writes in reference_phases.values() for n in writes)
     for n in kill_points[phase]:
-        case = Case(tmp_path / f"{phase}-{n}")
-        case.kill_after(n)
-        killed = case.flash()
+        for attempt in range(3):
+            case = Case(tmp_path / f"{phase}-{n}-{attempt}")
+            case.kill_after(n)
+            killed = case.flash()
+            if killed.returncode != 0:
+                break
+            # This flash issued fewer writes than the reference (its busy polls follow the
+            # host's timing) and ended before the point: the same point, counted from the end.
+            n -= int(reference_total - case.writes())
         assert killed.returncode == -signal.SIGKILL, (phase, n, killed.stderr)
         resumed = case.resume()
         assert resumed.returncode == 0, (phase, n, resumed.stderr)
