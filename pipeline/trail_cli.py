@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from amdflash.pipeline import commands, output
@@ -44,14 +45,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    rows = commands.runs(commands.db_path(args))
-    if args.format == "json":
+    return print_runs(commands.runs(commands.db_path(args)), args.format, "no runs recorded", run_line)
+
+
+def print_runs(rows: list[dict[str, Any]], fmt: str, none: str, line: Callable[[dict[str, Any]], str]) -> int:
+    """A list of runs as `runs` prints it: JSON, or one `line` per run (`none` if there is none)."""
+    if fmt == "json":
         output.result_json(rows, indent=2)
         return EXIT_OK
     if not rows:
-        output.note("no runs recorded")
+        output.note(none)
     for r in rows:
-        output.result(run_line(r))
+        output.result(line(r))
     return EXIT_OK
 
 

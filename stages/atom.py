@@ -59,8 +59,8 @@ class Source(Protocol):
 
     size: int
 
-    def read(self, offset: int, size: int) -> bytes:
-        """Up to `size` bytes at `offset` (fewer at the end, none outside)."""
+    def read(self, at: int, count: int) -> bytes:
+        """Up to `count` bytes at `at` (fewer at the end, none outside)."""
         ...
 
 
@@ -69,10 +69,10 @@ class BytesSource:
         self.data = data
         self.size = len(data)
 
-    def read(self, offset: int, size: int) -> bytes:
-        if offset < 0 or size <= 0:
+    def read(self, at: int, count: int) -> bytes:
+        if at < 0 or count <= 0:
             return b""
-        return bytes(self.data[offset:offset + size])
+        return bytes(self.data[at:at + count])
 
 
 class UnitSource:
@@ -85,17 +85,17 @@ class UnitSource:
         self.unit = unit
         self.units: dict[int, bytes] = {}
 
-    def read(self, offset: int, size: int) -> bytes:
-        if offset < 0 or size <= 0 or offset >= self.size:
+    def read(self, at: int, count: int) -> bytes:
+        if at < 0 or count <= 0 or at >= self.size:
             return b""
-        end = min(offset + size, self.size)
+        end = min(at + count, self.size)
         out = bytearray()
-        for base in range(offset - offset % self.unit, end, self.unit):
+        for base in range(at - at % self.unit, end, self.unit):
             if base not in self.units:
                 self.units[base] = self._read_unit(base, min(self.unit, self.size - base))
             out += self.units[base]
-        start = offset % self.unit
-        return bytes(out[start:start + end - offset])
+        start = at % self.unit
+        return bytes(out[start:start + end - at])
 
 
 def take(src: Source, offset: int, size: int, what: str, error: type[ValueError] = AtomError) -> bytes:

@@ -134,18 +134,11 @@ def cmd_enroll(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from amdflash.pipeline.trail_cli import run_line
+    from amdflash.pipeline.trail_cli import print_runs, run_line
     from amdflash.store.central import runs
 
-    rows = runs(_url(args.source, "--from"))
-    if args.format == "json":
-        output.result_json(rows, indent=2)
-        return EXIT_OK
-    if not rows:
-        output.note("no runs in the central database")
-    for r in rows:
-        output.result(f"{r['host']:16} {run_line(r)}")
-    return EXIT_OK
+    return print_runs(runs(_url(args.source, "--from")), args.format, "no runs in the central database",
+                      lambda r: f"{r['host']:16} {run_line(r)}")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
