@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from amdflash.pipeline.auditdb import host_key_path, open_for_reading
+from amdflash.pipeline.checks import output_file
 from amdflash.pipeline.errors import EXIT_OK, Refusal
 
 def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction) -> None:
@@ -16,7 +17,7 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
                     "audit trail. Keep a copy apart from the database: 'amdflash audit verify --key FILE' then "
                     "proves the trail was sealed on this host. The private key is created on first use in the "
                     "data directory (mode 0600) and never leaves it.")
-    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="also write the public key to FILE")
+    p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="also write the public key to FILE")
     p.set_defaults(func=cmd_key)
 
     p = audit_sub.add_parser(
@@ -28,7 +29,7 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
                     "images of archived runs stay where they are (--backups keep, default) or move into "
                     "FILE.backups/ (--backups move). The database file is compacted afterwards.")
     p.add_argument("--before", required=True, metavar="DATE", help="ISO date or time (UTC), e.g. 2026-01-01")
-    p.add_argument("-o", "--output", required=True, type=Path, metavar="FILE", help="the archive file (JSONL)")
+    p.add_argument("-o", "--output", required=True, type=output_file, metavar="FILE", help="the archive file (JSONL)")
     p.add_argument("--backups", choices=("keep", "move"), default="keep",
                    help="backup images of archived runs: keep them in place (default) or move them beside FILE")
     p.set_defaults(func=cmd_archive)

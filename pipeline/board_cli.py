@@ -14,6 +14,7 @@ from typing import Any
 from collections.abc import Sequence
 
 from amdflash.pipeline import commands, output
+from amdflash.pipeline.checks import output_file
 from amdflash.pipeline.errors import EXIT_OK, Refusal
 from amdflash.pipeline.results import ProbeResult, RunOutcome
 from amdflash.stages.navi31.psp import DISABLED_REASON, ERRORS, TRANSFER_TYPE_GATED
@@ -98,7 +99,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("address", type=number, metavar="ADDRESS",
                    help="flash byte address, decimal or 0x hex (0 .. 0x1fffff)")
     p.add_argument("size", type=number, metavar="SIZE", help="bytes to read, decimal or 0x hex (at least 1)")
-    p.add_argument("-o", "--output", type=Path, metavar="FILE",
+    p.add_argument("-o", "--output", type=output_file, metavar="FILE",
                    help="write the bytes to FILE instead of hex (32 bytes a line) on stdout")
     board_options(p)
     engine_options(p)
@@ -107,7 +108,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("dump", help="dump the whole 2 MiB flash to a file",
                        description="Dump the whole flash to OUTPUT. Writes OUTPUT only when the dump is "
                                    "complete. " + ro)
-    p.add_argument("output", type=Path, metavar="OUTPUT",
+    p.add_argument("output", type=output_file, metavar="OUTPUT",
                    help="the file to write (2 MiB); with several --board a template: {serial}, {n} (place in "
                         "the --board list) or {spec}, e.g. dump-{serial}.bin")
     p.add_argument("--via", choices=("rom-sw", "aperture"), default="rom-sw",

@@ -7,6 +7,7 @@ byte past the flash size, so no input can exhaust memory or block forever.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import stat
@@ -78,6 +79,20 @@ def writable_output(path: Path, what: str = "output") -> None:
         raise Refusal(f"cannot write {what} {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise Refusal(f"cannot write {what} {path}: permission denied")
+
+
+def output_file(text: str) -> Path:
+    """argparse type of every option that names a file to write. Writers create a new file and
+    rename it into place, which would replace a device node (`-o /dev/zero`), a FIFO or a
+    socket with a regular file; such a path is a usage error before anything runs."""
+    path = Path(text)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return path          # not there yet (or unreachable): the command's own checks say why
+    if not stat.S_ISREG(mode):
+        raise argparse.ArgumentTypeError(f"{path} is {_kind(mode)}; give the name of a regular file to write")
+    return path
 
 
 def board_specs(texts: list[str] | None, unbind_driver: bool = False) -> list[BoardSpec]:

@@ -321,6 +321,8 @@ def audit_verify(db: str | None = None, run: str | None = None, keys: Sequence[P
     path = db or default_db()
     if anchor is not None and not anchor.exists():
         raise Refusal(f"no anchor file at {anchor}")
+    if anchor is not None and not anchor.is_file():
+        raise Refusal(f"anchor {anchor} is not a regular file")
     reader = auditdb.open_reader(path)
     try:
         if run:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from amdflash.pipeline.errors import UsageError
 APP = "amdflash"
 ENV_DB = "AMDFLASH_DB"
 ENV_CONFIG = "AMDFLASH_CONFIG"
+MAX_CONFIG_BYTES = 1 << 20   # a settings file is a few lines; anything this big is the wrong file
 
 # key -> the types it accepts; what each key means is in the module docstring.
 KEYS: dict[str, tuple[type, ...]] = {
@@ -60,12 +62,19 @@ def load(path: Path | None = None) -> dict[str, Any]:
     """The config file's settings ({} when there is none); UsageError if it is malformed."""
     path = path or config_path()
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):   # a FIFO would block and /dev/zero never ends
+            raise UsageError(f"config file {path} is not a regular file")
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            text = f.read(MAX_CONFIG_BYTES + 1)
+        if len(text) > MAX_CONFIG_BYTES:
+            raise UsageError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes; is it the right file?")
+        data = tomllib.loads(text.decode("utf-8"))
     except FileNotFoundError:
         if (_chosen or os.environ.get(ENV_CONFIG)) and path == config_path():   # named, so it must exist
             raise UsageError(f"config file {path} does not exist") from None
         return {}
+    except UnicodeDecodeError as e:
+        raise UsageError(f"config file {path} is not UTF-8 text (byte {e.start}); is it the right file?") from None
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise UsageError(f"config file {path}: {e}") from None
     for key, value in data.items():

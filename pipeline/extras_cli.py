@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from amdflash.pipeline import output
+from amdflash.pipeline.checks import output_file
 from amdflash.pipeline.errors import EXIT_OK, Refusal
 
 UDEV_RULES_FILE = "70-amdflash.rules"
@@ -42,7 +43,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("man", help="print the manual page (roff), generated from the command line itself",
                        description="Print amdflash(1) in roff, generated from the argument parser, so it never "
                                    "disagrees with --help. View it with: amdflash man | man -l -")
-    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the page to FILE (e.g. amdflash.1)")
+    p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="write the page to FILE (e.g. amdflash.1)")
     p.set_defaults(func=cmd_man)
 
 

@@ -11,6 +11,7 @@ from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
 from amdflash.stages import ifwi
 from amdflash.stages.atom import BytesSource
 from amdflash.stages.partitions import LayoutError, read_layout
+from amdflash.store.files import NotAFile, read_regular
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -55,11 +56,18 @@ def image_report(data: bytes) -> dict[str, Any]:
     return report
 
 
+IMAGE_INFO_LIMIT = 256 << 20
+
+
 def cmd_image_info(args: argparse.Namespace) -> int:
     try:
-        data = args.file.read_bytes()
+        # Any size is described (a wrong size is one of the problems it names), but only a
+        # regular file is read, and never more than any flash part holds.
+        data = read_regular(args.file, IMAGE_INFO_LIMIT)
     except OSError as e:
         raise Refusal(f"cannot read image {args.file}: {e.strerror}") from None
+    except NotAFile as e:
+        raise Refusal(f"image {e}") from None
     report = image_report(data)
     if args.format == "json":
         print(json.dumps({k: v for k, v in report.items() if k != "lines"}, indent=2))

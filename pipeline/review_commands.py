@@ -11,6 +11,7 @@ from typing import Any
 from collections.abc import Callable
 
 from amdflash.pipeline.commands import db_path
+from amdflash.pipeline.checks import output_file
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
 
 DATASETTE_METADATA = "datasette_metadata.json"
@@ -46,7 +47,7 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
                     "complete record. Read-only.")
     p.add_argument("--run", metavar="RUN_ID", help="only this run (a unique prefix is enough)")
     p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", help="default jsonl")
-    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE (default stdout)")
+    p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="write to FILE (default stdout)")
     p.set_defaults(func=cmd_audit_export)
 
     p = audit_sub.add_parser(
@@ -55,7 +56,7 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
                     "runs by status, failed units with the transactions of their last attempt, one board's "
                     "history, each run's seals, and a description of every table and column. datasette is optional: "
                     "pip install 'amdflash[datasette]'.")
-    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE (default stdout)")
+    p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="write to FILE (default stdout)")
     p.add_argument("--name", help="the database name datasette will use: the audit DB's file name without "
                                   "extension (default: taken from --db / AMDFLASH_DB / the default path)")
     p.set_defaults(func=cmd_datasette_metadata)

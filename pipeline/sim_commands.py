@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from amdflash.pipeline.checks import read_image
+from amdflash.pipeline.checks import output_file, read_image
 from amdflash.pipeline.errors import Refusal
 from amdflash.stages.transport.sim import Board, create_board
 from amdflash.stages.transport.sim.create import BoardExistsError
@@ -92,7 +92,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         description="Copy the board's flash array to FILE: the physical truth, read "
                                     "without any driver. Writes only FILE.")
     i.add_argument("path", type=Path, metavar="PATH", help="the board directory")
-    i.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="the file to write (2 MiB)")
+    i.add_argument("-o", "--output", type=output_file, required=True, metavar="FILE", help="the file to write (2 MiB)")
     i.set_defaults(func=cmd_image)
 
     s = ssub.add_parser("stats", help="print the board's counters as JSON",
@@ -106,7 +106,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     y = ssub.add_parser("synth", help="write a synthetic IFWI image (labelled synthetic)",
                         description="Write a 2 MiB synthetic IFWI with the Navi31 layout and seeded "
                                     "pseudo-random payloads. Not an AMD image.")
-    y.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="the file to write (2 MiB)")
+    y.add_argument("-o", "--output", type=output_file, required=True, metavar="FILE", help="the file to write (2 MiB)")
     y.add_argument("--seed", type=_int, default=0, metavar="N",
                    help="seed of the pseudo-random payloads (default 0); the same seed gives the same image")
     y.set_defaults(func=cmd_synth)

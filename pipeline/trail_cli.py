@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
 from amdflash.pipeline import commands, output
-from amdflash.pipeline.checks import writable_output
+from amdflash.pipeline.checks import output_file, writable_output
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK
 from amdflash.store.read_checks import describe as describe_reads
 
@@ -31,7 +30,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     p.add_argument("--format", choices=("text", "json", "html"), default="text",
                    help="text (default), json (the object every board command prints with --json) or html")
     p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
-    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the report to FILE instead of stdout")
+    p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="write the report to FILE (default stdout)")
     p.set_defaults(func=cmd_report)
 
     a = sub.add_parser("audit", help="check or export the audit trail",

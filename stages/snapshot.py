@@ -22,10 +22,10 @@ from collections.abc import Iterable, Sequence
 
 from amdflash.stages.confirm import Confirmation, Noise, Ranges, UnconfirmedRead, confirm
 from amdflash.stages.device import Device
-from amdflash.stages.flash.spinor import READ, FlashIdentity, SpiNor
+from amdflash.stages.flash.spinor import FlashIdentity, SpiNor
 from amdflash.stages.identify import record_identity
 from amdflash.stages.navi31 import regs as R
-from amdflash.stages.navi31.romsw import Request, RomSw
+from amdflash.stages.navi31.romsw import RomSw
 
 # Everything the ROM_SW and aperture paths may touch, captured before any change.
 SNAPSHOT_REGISTERS = (
@@ -103,11 +103,10 @@ def read_unit(dev: Device, address: int, size: int, reads: int = 1, purpose: str
         return nor.read(address, size)
     if address < 0 or size < 0 or address + size > nor.chip.size:
         raise ValueError(f"range {address:#x}+{size:#x} is outside the {nor.chip.size // 1024} KiB flash")
-    spi = nor.spi
 
     def chain(ranges: Ranges) -> Iterable[bytes]:
         # One chain for all copies: in chained RX mode each read costs one transaction.
-        return list(spi.read_chain(Request(READ, a, 3, n) for a, n in ranges))
+        return list(nor.read_ranges(ranges))
 
     return keep(dev, confirm(chain, address, size, reads, read_checks(dev).noise), purpose)
 

@@ -18,7 +18,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from amdflash.store.files import NotAFile, read_regular
+
 PUBLIC_PREFIX = "amdflash-ed25519"
+KEY_FILE_LIMIT = 64 * 1024   # a PEM key is a few hundred bytes
 
 
 class KeyError_(RuntimeError):
@@ -49,7 +52,9 @@ def load_private(path: Path) -> Ed25519PrivateKey:
     if mode & 0o077:
         raise KeyError_(f"host key {path} is readable by others (mode {mode:o}); chmod 600 it")
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        key = serialization.load_pem_private_key(read_regular(path, KEY_FILE_LIMIT), password=None)
+    except NotAFile as e:
+        raise KeyError_(f"host key {e}") from None
     except (ValueError, TypeError) as e:
         raise KeyError_(f"host key {path} is not a PEM Ed25519 private key ({e})") from None
     if not isinstance(key, Ed25519PrivateKey):
@@ -72,8 +77,8 @@ def fingerprint(public: bytes) -> str:
 def read_public(path: Path) -> bytes:
     """A public key from a file written by `amdflash audit key` (or PEM)."""
     try:
-        text = path.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError) as e:
+        text = read_regular(path, KEY_FILE_LIMIT).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError, NotAFile) as e:
         raise KeyError_(f"cannot read public key {path}: {e}") from None
     if text.startswith(PUBLIC_PREFIX):
         try:

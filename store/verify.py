@@ -31,9 +31,11 @@ from amdflash.store.chain import (
     run_genesis,
     segment_head,
 )
+from amdflash.store.files import read_regular
 from amdflash.store.schema import PHYSICAL, PLAIN, RUN_END_SQL
 
 RUN_KINDS = ("commit", "final", "migrated")
+ANCHOR_LIMIT = 1 << 30    # one short line per checkpoint: millions of runs fit
 
 
 @contextlib.contextmanager
@@ -389,7 +391,8 @@ def read_anchor(path: Path | None) -> list[tuple[int, dict[str, Any]]] | None:
     if path is None or not path.exists():
         return None
     entries = []
-    for n, text in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+    content = read_regular(path, ANCHOR_LIMIT).decode("utf-8", errors="replace")
+    for n, text in enumerate(content.splitlines(), 1):
         if text.strip():
             try:
                 entries.append((n, json.loads(text)))

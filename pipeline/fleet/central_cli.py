@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from amdflash.pipeline import output
+from amdflash.pipeline.checks import output_file
 from amdflash.pipeline.errors import EXIT_OK, Refusal, UsageError
 
 ENV_CENTRAL = "AMDFLASH_CENTRAL"
@@ -86,7 +87,7 @@ def add_fleet_parsers(fsub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("text", "json", "html"), default="text",
                    help="text (default), json or html, as 'amdflash report' prints them")
     p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
-    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the report to FILE instead of stdout")
+    p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="write the report to FILE (default stdout)")
     p.add_argument("--key", type=Path, action="append", metavar="PUBFILE",
                    help="the signatures must be by this public key (repeatable)")
     p.set_defaults(func=cmd_report)

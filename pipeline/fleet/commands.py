@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from amdflash.pipeline.errors import Refusal
+from amdflash.pipeline.checks import output_file
 
 EXTRA_HINT = "the fleet commands need labgrid: pip install 'amdflash[fleet]'"
 FLASH_SIZE = 2 * 1024 * 1024   # the GD25LQ16E: 2 MiB
@@ -80,7 +81,7 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
                     "native PCI boards by address, emulated boards named with --sim) as NetworkAmdflashBoard "
                     "resources with spec, chip, JEDEC id, unique ID, bridge serial, the host's audit database "
                     "and amdflash command. Probes the boards (registers restored); records nothing.")
-    p.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
+    p.add_argument("-o", "--output", type=output_file, help="write here instead of stdout")
     p.add_argument("--sim", action="append", default=[], metavar="DIR", help="also export this emulated board")
     p.add_argument("--no-hardware", action="store_true", help="only the --sim boards: do not look for USB/PCI boards")
     p.add_argument("--command", metavar="CMD", dest="amdflash_command",
@@ -242,7 +243,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise Refusal("--parallel must be at least 1")
     output_dir = getattr(args, "output_dir", None)
     if output_dir is not None:
-        output_dir.mkdir(parents=True, exist_ok=True)
+        if output_dir.exists() and not output_dir.is_dir():
+            raise Refusal(f"{output_dir} exists and is not a directory (the dumps go there, one per board)")
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise Refusal(f"cannot create directory {output_dir}: {e.strerror}") from None
     fleet = FleetRun(args.coordinator, where, args.job, image.resolve() if image else None, output_dir,
                      args.parallel, args.exporter_grace, _flash_args(args))
     try:

@@ -236,8 +236,19 @@ class SpiNor:
 
     def read_chunks(self, address: int, count: int) -> Iterator[bytes]:
         self._check_range(address, count)
-        requests = [Request(READ, a, 3, min(MAX_CHUNK, address + count - a))
-                    for a in range(address, address + count, MAX_CHUNK)]
+        return self.read_ranges((a, min(MAX_CHUNK, address + count - a))
+                                for a in range(address, address + count, MAX_CHUNK))
+
+    def read_ranges(self, ranges: Iterable[tuple[int, int]]) -> Iterator[bytes]:
+        """The bytes of each (address, size ≤ one window) as one read chain. Like every access
+        to the array, it waits for a page program still running: a busy chip ignores a read
+        and the line shows 0xFF, which a fast link would otherwise take for the content."""
+        requests = []
+        for address, size in ranges:
+            if not 0 < size <= MAX_CHUNK:
+                raise ValueError(f"a chained read takes 1..{MAX_CHUNK} bytes, not {size}")
+            self._check_range(address, size)
+            requests.append(Request(READ, address, 3, size))
         if self._busy is None:
             return self.spi.read_chain(requests)
         return self._read_after_busy(requests)

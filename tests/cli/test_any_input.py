@@ -90,6 +90,9 @@ def check_any_input(scene: dict[str, Path], tokens: list[str], capsys: pytest.Ca
     event(f"exit {code}")
     assert code in (0, 1, 2, 130), (tokens, code, err)
     assert "Traceback" not in err and "Traceback" not in out, (tokens, err)
+    # No command replaces what it was pointed at: writers rename a new file into place, which
+    # would turn a FIFO (or, as root, /dev/zero) into a regular file.
+    assert (scene["root"] / "fifo").is_fifo() and Path("/dev/zero").is_char_device(), tokens
     if code == 2:
         for name in ("board", "cmp"):
             assert _state(scene[name]) == before[name], (tokens, err)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import sqlite3
 import subprocess
 import sys
@@ -218,3 +219,70 @@ def test_errors_inside_task_groups_are_unwrapped_to_their_cause(amdflash, monkey
     assert r.code == 1 and r.err_lines == ["error: internal error KeyError: 'missing' (-v shows where)"]
     r = amdflash("runs", "-v")
     assert "Traceback" in r.err      # asked for: -v shows where
+
+
+# Every option that names a file to write, with what it needs to get that far.
+OUTPUT_OPTIONS = [
+    ("man", "-o"), ("report", "latest", "-o"), ("audit", "export", "-o"), ("audit", "datasette-metadata", "-o"),
+    ("audit", "key", "-o"), ("audit", "archive", "--before", "2020-01-01", "-o"), ("sim", "image", "sim:x", "-o"),
+    ("sim", "synth", "-o"), ("fleet", "report", "--from", "postgresql://nowhere/x", "-o"),
+    ("read", "0", "16", "-o"), ("dump",),
+]
+
+
+@pytest.mark.parametrize("argv", OUTPUT_OPTIONS, ids=lambda a: " ".join(a))
+def test_an_output_that_is_a_fifo_or_directory_is_never_replaced(amdflash, tmp_path, argv):
+    # Writers create a new file and rename it into place: given a device or a FIFO, that
+    # would replace the node itself (as root, `man -o /dev/zero` used to replace /dev/zero).
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    refused(amdflash(*argv, fifo), "is a FIFO; give the name of a regular file to write")
+    assert fifo.is_fifo()
+    refused(amdflash(*argv, tmp_path), "is a directory; give the name of a regular file to write")
+
+
+def _memory_cap() -> None:
+    # Reading /dev/zero never ends: should a regression read it, the process fails at 2 GiB
+    # instead of taking the machine's memory.
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+@pytest.mark.parametrize("option", ["--key", "--anchor"])
+def test_key_and_anchor_files_that_are_fifos_or_devices_are_refused_unread(amdflash, amdflash_process, make_board,
+                                                                           tmp_path, option):
+    assert amdflash("info", "--board", f"sim:{make_board(transport='ideal')}").code == 0   # a database to verify
+    fifo = tmp_path / "key.fifo"
+    os.mkfifo(fifo)
+    r = amdflash_process("audit", "verify", option, fifo, timeout=30)     # would block in open()
+    refused(r, "not a regular file")
+    r = amdflash_process("audit", "verify", option, "/dev/zero", timeout=30, preexec_fn=_memory_cap)
+    refused(r, "not a regular file")
+
+
+def test_image_info_reads_only_regular_files(amdflash_process, tmp_path):
+    fifo = tmp_path / "image.fifo"
+    os.mkfifo(fifo)
+    refused(amdflash_process("image", "info", fifo, timeout=30), "is a FIFO, not a regular file")
+    refused(amdflash_process("image", "info", "/dev/zero", timeout=30, preexec_fn=_memory_cap),
+            "is a device, not a regular file")
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda p: os.mkfifo(p), "is not a regular file"),
+    (lambda p: p.mkdir(), "is not a regular file"),
+    (lambda p: p.write_bytes(b"\xaa\x55" * 8), "is not UTF-8 text (byte 0)"),
+    (lambda p: p.write_bytes(b"# " + b"x" * (2 << 20)), "is larger than"),
+])
+def test_a_config_file_that_is_no_settings_file_is_a_usage_error(amdflash_process, tmp_path, make, needle):
+    config = tmp_path / "config.toml"
+    make(config)
+    refused(amdflash_process("--config", config, "runs", timeout=30), needle)
+    r = amdflash_process("--config", "/dev/zero", "runs", timeout=30, preexec_fn=_memory_cap)
+    refused(r, "is not a regular file")
+
+
+def test_fleet_dump_into_something_that_is_not_a_directory_is_refused(amdflash, tmp_path):
+    target = tmp_path / "dumps"
+    target.write_bytes(b"keep me")
+    refused(amdflash("fleet", "dump", target), "exists and is not a directory")
+    assert target.read_bytes() == b"keep me"

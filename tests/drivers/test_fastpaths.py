@@ -33,6 +33,7 @@ def test_every_completion_is_observed_on_every_profile(open_board, profile):
     assert o.nor.read(0x10000, 20 * 0x1000) == image[0x10000:0x10000 + 20 * 0x1000]
     stats = o.board.stats()
     assert stats["protocol_violations"] == 0 and stats["unobserved_completions"] == 0
+    assert stats["ignored_while_busy"] == 0        # nothing but status reads reached the busy chip
     assert o.engine.completions == o.engine.transactions
 
 

@@ -46,7 +46,7 @@ def test_a_run_records_each_fast_path_verdict_and_the_boards_diagnostics(cli, ma
     assert any(d.startswith("status and window in one read: ok") for d in verdicts)
     assert not any("early observe" in d for d in verdicts)
     (diag,) = rows(tmp_path, "SELECT detail FROM stages WHERE stage = 'transport' AND event = 'diagnostics'")
-    assert diag == ("protocol violations 0, unobserved completions 0",)
+    assert diag == ("protocol violations 0, unobserved completions 0, ignored while busy 0",)
 
 
 def test_reads_sent_too_early_are_recorded_with_the_run(cli, make_board, tmp_path, monkeypatch):

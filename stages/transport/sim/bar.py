@@ -14,7 +14,7 @@ from amdflash.stages.transport.base import BoardIdentity
 from amdflash.stages.transport.sim.board import Board
 from amdflash.stages.transport.sim.state import C
 
-DIAGNOSTIC_COUNTERS = ("protocol_violations", "unobserved_completions")
+DIAGNOSTIC_COUNTERS = ("protocol_violations", "unobserved_completions", "ignored_while_busy")
 
 
 class SimBar:

@@ -245,6 +245,7 @@ class NorChip:
                     return self._suspend(out, rx_len)
                 if op == 0x66:
                     return self._handlers[0x66](out, rx_len)
+                self.board.count("ignored_while_busy")
                 return _ff(rx_len)
             self._finish_operation()
         flags = state[_FLAGS]

@@ -60,6 +60,7 @@ COUNTER_NAMES = (
     "sleep_seconds",
     "protocol_violations",
     "unobserved_completions",
+    "ignored_while_busy",      # commands the busy chip did not hear (it answers only status, suspend, reset)
 )
 C = {name: i for i, name in enumerate(COUNTER_NAMES)}
 
