@@ -154,8 +154,10 @@ def flash_ops(current: bytes, image: bytes, first: int = 0, count: int | None = 
               chip: ChipInfo = GD25LQ16E, kept_reads: int = 1, profile: CostProfile = ASM24,
               prescale: int = DEFAULT_PRESCALE) -> list[Op]:
     """Writing `image` over `current` in units first..first+count: read every unit, erase
-    and program what the quickest cover needs, read back every written unit. Units kept as
-    they are count `kept_reads` reads (2 when reads of kept data are confirmed)."""
+    and program what the quickest cover needs, read back every written unit. Every read is
+    of kept data (the backup of a unit about to change, a unit found equal to the image, a
+    passing read-back), so each counts `kept_reads` times (2 when such reads are confirmed,
+    as amdflash's are by default)."""
     unit = chip.unit
     count = chip.size // unit - first if count is None else count
     addresses = [(first + i) * unit for i in range(count)]
@@ -164,14 +166,13 @@ def flash_ops(current: bytes, image: bytes, first: int = 0, count: int | None = 
     erases = cover(plans, [e.size for e in chip.erase_types], plan_costs(profile, chip, prescale))
     plans = apply_cover(plans, erases, page_size)
     per_unit = unit // CHUNK
-    kept = sum(1 for p in plans if p.action == "skip")
     written = [p for p in plans if p.action != "skip"]
-    ops = read_ops(per_unit * (len(plans) + (kept_reads - 1) * kept))[:-1]   # the backup chain runs on
+    ops = read_ops(per_unit * len(plans) * kept_reads)[:-1]   # the backup chain runs on
     for e in sorted(erases, key=lambda e: e.address):
         ops += erase_ops(e.size, chip)
         ops += program_ops(sum(len(p.pages) for p in written if e.address <= p.address < e.address + e.size), chip)
     ops += program_ops(sum(len(p.pages) for p in written if p.action == "program"), chip)
-    verify = read_ops(per_unit * len(written))
+    verify = read_ops(per_unit * len(written) * kept_reads)
     if verify:
         # The verify chain continues the backup chain: its first read already delivers.
         verify[0] = Op(verify[0].wire, delivers=CHUNK)
