@@ -17,20 +17,12 @@ from amdflash.pipeline.errors import Refusal
 from amdflash.stages import ifwi
 from amdflash.stages.navi31 import aperture
 from amdflash.stages.open_transport import BoardSpec, BoardSpecError, parse_spec
+from amdflash.store.files import NotAFile, kind_of, read_regular
 
 FLASH_SIZE = 0x200000
 UNIT = 0x1000
 SECTORS = FLASH_SIZE // UNIT
 PRESCALE_MAX = 15
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def read_image(path: Path, what: str = "image") -> bytes:
@@ -40,16 +32,15 @@ def read_image(path: Path, what: str = "image") -> bytes:
     except OSError as e:
         raise Refusal(f"cannot read {what} {path}: {e.strerror}") from None
     if not stat.S_ISREG(st.st_mode):
-        raise Refusal(f"{what} {path} is {_kind(st.st_mode)}, not a regular file")
+        raise Refusal(f"{what} {path} is {kind_of(st.st_mode)}, not a regular file")
     if st.st_size != FLASH_SIZE:
         raise Refusal(f"{what} {path} is {st.st_size:#x} bytes; a Navi31 flash image is exactly {FLASH_SIZE:#x}")
     try:
-        # O_NONBLOCK: should the path become a FIFO after the stat, the open does not hang.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(FLASH_SIZE + 1)
+        data = read_regular(path, FLASH_SIZE)     # it may have been swapped since the stat
     except OSError as e:
         raise Refusal(f"cannot read {what} {path}: {e.strerror}") from None
+    except NotAFile as e:
+        raise Refusal(f"{what} {e}") from None
     if len(data) != FLASH_SIZE:
         raise Refusal(f"{what} {path} changed while it was read ({len(data):#x} bytes)")
     return data
@@ -91,7 +82,7 @@ def output_file(text: str) -> Path:
     except OSError:
         return path          # not there yet (or unreachable): the command's own checks say why
     if not stat.S_ISREG(mode):
-        raise argparse.ArgumentTypeError(f"{path} is {_kind(mode)}; give the name of a regular file to write")
+        raise argparse.ArgumentTypeError(f"{path} is {kind_of(mode)}; give the name of a regular file to write")
     return path
 
 

@@ -170,7 +170,10 @@ class AuditedBar:
             self._before_start(int.from_bytes(data[_CNTL - offset:_CNTL - offset + 4], "little") if whole else None)
         if offset < _COMMAND + 4 and _COMMAND < end:
             # A streamed write that carries ROM_SW_COMMAND (with STATUS and the TX data): the
-            # opcode the next CNTL write starts is in it, and the durability gate needs it.
+            # opcode the next CNTL write starts is in it, and the durability gate needs it. A
+            # block that covers only part of it keeps the other bytes the board holds.
+            if self._command is None and not (offset <= _COMMAND and _COMMAND + 4 <= end):
+                self._command = int.from_bytes(self.raw.read_block(_COMMAND, 4), "little")
             word = bytearray((self._command or 0).to_bytes(4, "little"))
             for i in range(max(offset, _COMMAND), min(end, _COMMAND + 4)):
                 word[i - _COMMAND] = data[i - offset]

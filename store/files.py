@@ -15,6 +15,16 @@ class NotAFile(ValueError):
     """The path exists but is not a regular file of a sensible size."""
 
 
+def kind_of(mode: int) -> str:
+    """What a file that is not a regular one is, for messages ("a FIFO", ...)."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def read_regular(path: Path, limit: int) -> bytes:
     """The bytes of the regular file at `path`: NotAFile if it is something else or larger than
     `limit` bytes; OSError (FileNotFoundError, PermissionError, ...) as the system reports it."""
@@ -23,9 +33,7 @@ def read_regular(path: Path, limit: int) -> bytes:
     with os.fdopen(fd, "rb") as f:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
-                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
-            raise NotAFile(f"{path} is {kind}, not a regular file")
+            raise NotAFile(f"{path} is {kind_of(mode)}, not a regular file")
         data = f.read(limit + 1)
     if len(data) > limit:
         raise NotAFile(f"{path} is larger than {limit} bytes; is it the right file?")

@@ -264,7 +264,7 @@ def test_image_info_reads_only_regular_files(amdflash_process, tmp_path):
     os.mkfifo(fifo)
     refused(amdflash_process("image", "info", fifo, timeout=30), "is a FIFO, not a regular file")
     refused(amdflash_process("image", "info", "/dev/zero", timeout=30, preexec_fn=_memory_cap),
-            "is a device, not a regular file")
+            "is a character device, not a regular file")
 
 
 @pytest.mark.parametrize("make,needle", [

@@ -193,10 +193,11 @@ class _Recorder:
 
 
 class _Raw:
-    def __init__(self, events: list[str]):
+    def __init__(self, events: list[str], command: int = 0):
         from amdflash.stages.transport.sim.clock import SimClock  # noqa: F401 - only its interface is used
 
         self.events = events
+        self.command = command       # what the board's ROM_SW_COMMAND holds
         self.clock = type("Clock", (), {"now": staticmethod(lambda: 0.0)})()
         self.identity = None
 
@@ -208,14 +209,14 @@ class _Raw:
 
     def read_block(self, offset: int, size: int) -> bytes:
         self.events.append(f"read {offset:#x}")
-        return bytes(size)
+        return self.command.to_bytes(4, "little")[:size] if offset == R.ROM_SW_COMMAND else bytes(size)
 
 
-def _gated(*writes) -> list[str]:  # noqa: ANN002
+def _gated(*writes, command: int = 0) -> list[str]:  # noqa: ANN002
     from amdflash.stages.open_transport import AuditedBar
 
     events: list[str] = []
-    bar = AuditedBar(_Raw(events), _Recorder(events))
+    bar = AuditedBar(_Raw(events, command), _Recorder(events))
     for write in writes:
         write(bar)
     return events
@@ -248,3 +249,15 @@ def test_a_command_the_run_never_wrote_is_read_before_the_gate_decides():
     """A CNTL = 0 clear before any COMMAND write re-sends whatever COMMAND held: the gate reads it."""
     events = _gated(lambda bar: bar.write32(R.ROM_SW_CNTL, 0))
     assert events == [f"record {R.ROM_SW_CNTL:#x}", f"read {R.ROM_SW_COMMAND:#x}", f"write {R.ROM_SW_CNTL:#x}"]
+
+
+def test_a_block_that_writes_part_of_command_keeps_the_opcode_the_board_holds():
+    """A block that covers only COMMAND's address bytes leaves its opcode byte as the board
+    holds it (here a page program): the gate reads it rather than taking it for 0, so the
+    program's CNTL write still waits for its durable row."""
+    events = _gated(lambda bar: bar.write_block(R.ROM_SW_COMMAND + 1, b"\x00\x10\x00"),
+                    lambda bar: bar.write32(R.ROM_SW_CNTL, 3 << 16 | 4),
+                    command=0x02)
+    assert events == [f"record {R.ROM_SW_COMMAND + 1:#x}", f"read {R.ROM_SW_COMMAND:#x}",
+                      f"block {R.ROM_SW_COMMAND + 1:#x}",
+                      f"record {R.ROM_SW_CNTL:#x}", "durable", f"write {R.ROM_SW_CNTL:#x}"]

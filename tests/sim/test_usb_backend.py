@@ -316,6 +316,25 @@ def test_kernel_driver_must_be_detached_before_claiming(make_board, open_backend
     Host(dev)                                                        # now opens as docs/bridge.md says
 
 
+def test_the_root_hub_is_never_claimed_nor_its_setting_changed(make_board, open_backend):
+    """The hub driver keeps the root hub: it cannot be detached, claimed or have its alternate
+    setting selected; what it does not support stalls."""
+    backend = open_backend([make_board()])
+    [hub] = list(usb.core.find(find_all=True, backend=backend, idVendor=0x1D6B))
+    with pytest.raises(usb.core.USBError) as busy:
+        hub.detach_kernel_driver(0)
+    assert busy.value.errno == errno.EBUSY
+    with pytest.raises(usb.core.USBError) as claimed:
+        usb.util.claim_interface(hub, 0)
+    assert claimed.value.errno == errno.EBUSY
+    with pytest.raises(usb.core.USBError) as unclaimed:
+        hub.set_interface_altsetting(0, 0)
+    assert unclaimed.value.errno in (errno.EBUSY, errno.ENOENT)
+    with pytest.raises(usb.core.USBError) as stall:
+        hub.ctrl_transfer(0xC0, 0xE4, 0xB450, 0, 1)
+    assert stall.value.errno == errno.EPIPE
+
+
 # -- XDATA and the link ------------------------------------------------------------------------
 
 def test_xdata_read_and_write(make_board, open_backend):

@@ -335,7 +335,9 @@ class _RootHub(_SimDevice):
             strings=["Linux 6.6.0 xhci-hcd", "xHCI Host Controller", "0000:00:14.0"],
             bos=_BOS, bus=bus, address=1, port=None)
 
-    def control(self, request_type: int, request: int, value: int, index: int, buf: memoryview) -> int:
+    def control(self, request_type: int, request: int, value: int, index: int, buf: memoryview,
+                timeout: int = 0) -> int:
+        # The hub answers at once: `timeout` is taken only to share the bridges' signature.
         if request_type == 0x80 and request == 6:
             answer = self.descriptors.get(value)
         elif request_type == 0x80 and request == 0:
@@ -986,9 +988,7 @@ class SimUsbBackend(usb.backend.IBackend):
         if altsetting >= len(dev.descriptors.interfaces):
             raise usb_error(LIBUSB_ERROR_NOT_FOUND)
         with dev.lock:
-            # On a claimed root hub this call would fail (its control takes no timeout); nothing
-            # selects a root hub's alternate setting. Left as found: the emulator is unchanged.
-            dev.control(0x01, 0x0B, altsetting, intf, memoryview(b""), KERNEL_TIMEOUT_MS)  # type: ignore[call-arg]
+            dev.control(0x01, 0x0B, altsetting, intf, memoryview(b""), KERNEL_TIMEOUT_MS)
         dev.alt = altsetting
 
     def claim_interface(self, dev_handle: _Handle, intf: int) -> None:
