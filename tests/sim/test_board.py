@@ -309,3 +309,17 @@ def test_real_time_board_follows_wall_time_and_charges_are_slept(make_board):
         t0 = b.clock.now()
         time.sleep(0.02)
         assert b.clock.now() == t0
+
+
+def test_the_aperture_sees_a_page_program_that_ended_unwatched(make_board):
+    """The board's clock runs whichever path the host reads: a page program whose time has
+    passed is in the flash when the aperture reads it, though no one touched ROM_SW since."""
+    with Board(make_board(content=b"\xff" * 0x200000)) as b:
+        release_pads(b)
+        txn(b, 0x06)
+        w32(b, R.ROM_SW_STATUS, 0)                    # a page program of zeros at 0, then hands off
+        w32(b, R.ROM_SW_COMMAND, 0x02)
+        b.reg_write(R.ROM_SW_DATA, bytes(256))
+        w32(b, R.ROM_SW_CNTL, 3 << 16 | 256)
+        b.clock.sleep(5e-3)                           # its SPI time and the page's busy time
+        assert aperture_read(b, 0, 4) == bytes(16)

@@ -188,3 +188,35 @@ def test_strict_is_the_default_and_sim_create_can_make_a_lenient_board(make_boar
     stats = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "sim", "stats", str(path)],
                            capture_output=True, text=True).stdout
     assert '"protocol_violations": 0' in stats and '"unobserved_completions": 0' in stats
+
+
+def test_a_status_cleared_before_it_was_read_observes_nothing(make_board):
+    """Writing 0 to STATUS and reading the 0 back is not seeing the done bit: a driver that
+    clears STATUS without polling for done after a transaction is counted."""
+    with Board(make_board()) as b:
+        start_read(b)
+        b.clock.sleep(READ_256)
+        w32(b, R.ROM_SW_STATUS, 0)                    # done erased unseen
+        assert r32(b, R.ROM_SW_STATUS) == 0
+        w32(b, R.ROM_SW_COMMAND, 0x05)
+        assert b.stats()["unobserved_completions"] == 1
+
+
+def test_pads_taken_back_while_a_read_runs_leave_the_chip_unheard(make_board):
+    """The pads must stay the engine's for the whole transfer: a restore that lands mid-way
+    leaves a capture of all ones, as if the pads had never been released."""
+    with Board(make_board(content=bytes(0x200000))) as b:
+        start_read(b)
+        b.clock.sleep(READ_256 / 2)
+        w32(b, R.GPIOPAD_MASK, R.SPI_PAD_BITS)       # taken back mid-transfer
+        b.clock.sleep(READ_256)
+        assert r32(b, R.ROM_SW_STATUS) & R.ROM_SW_DONE
+        start_read(b, 0x100)                          # pads released again: the next read is heard
+        b.clock.sleep(READ_256)
+        block = b.reg_read(R.ROM_SW_STATUS, 12 + 256)  # the window shows the first read's capture
+        assert block[0] & R.ROM_SW_DONE and block[12:] == b"\xff" * 256
+        start_read(b, 0x200)
+        b.clock.sleep(READ_256)
+        block = b.reg_read(R.ROM_SW_STATUS, 12 + 256)
+        assert block[12:] == bytes(256)                # the second read, heard in full
+        assert b.stats()["protocol_violations"] == 0

@@ -50,7 +50,11 @@ class RomAperture:
 
     def _read_data(self) -> int:
         address = _ADDRESS.unpack_from(self._pointer)[0]
-        raw = self.board.chip.aperture_read(address % self.window, 4)
+        board = self.board
+        # A ROM_SW transaction whose time has passed reaches the chip first (the board's clock
+        # runs whichever path the host reads through).
+        board.engine.settle(board.clock.now())
+        raw = board.chip.aperture_read(address % self.window, 4)
         if self.board.faults.read_flip:
             raw = self.board.engine._flip(raw)   # the noisy SPI line the ROM_SW engine reads through too
         if bswap32(self.board.get32(R.ROM_CNTL)) & R.ROM_CNTL_AUTO_INCREMENT:

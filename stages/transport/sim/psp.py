@@ -393,7 +393,9 @@ class PspMailbox:
         A protected chip ignores erase and program at once, so a refusal costs no busy time."""
         first = address & ~(synth.SECTOR - 1)
         last = (address + len(data) + synth.SECTOR - 1) & ~(synth.SECTOR - 1)
-        sectors = bytearray(self.board.files.flash[first:last])
+        board = self.board
+        board.engine.settle(board.clock.now())        # a ROM_SW transaction already over lands first
+        sectors = bytearray(board.files.flash[first:last])
         sectors[address - first:address - first + len(data)] = data
         if not self.board.chip.psp_update(first, bytes(sectors)):
             return False, 0.0

@@ -120,8 +120,11 @@ class RomSwEngine:
         if self._state[-1] & IN_FLIGHT:
             self.settle(now)
         flags = self._state[-1]
-        if flags & UNOBSERVED and offset <= R.ROM_SW_STATUS < offset + size:
-            self._state[-1] = flags = flags & ~UNOBSERVED     # STATUS is read (first, in ascending order)
+        if (flags & UNOBSERVED and offset <= R.ROM_SW_STATUS < offset + size
+                and _U32.unpack_from(self._regs, R.ROM_SW_STATUS)[0] & R.ROM_SW_DONE):
+            # The done bit is read (STATUS first, in ascending order). A STATUS the host cleared
+            # before reading it observes nothing: the completion stays unobserved.
+            self._state[-1] = flags = flags & ~UNOBSERVED
         if offset + size > R.ROM_SW_DATA:
             if flags & IN_FLIGHT:
                 self._violation("the data window was read", now)
@@ -217,7 +220,10 @@ class RomSwEngine:
             rx = self._noise(rx_len)
         else:
             out = self._wire_out(cntl, data_size, receiving)
-            rx = board.chip.transaction(out, rx_len, ends) if flags & PADS_OPEN else b"\xff" * rx_len
+            # The pads must be the engine's for the whole transfer: taken back while it runs
+            # (a restore sent too early), the chip never hears a complete command.
+            pads = flags & PADS_OPEN and self._pads_released()
+            rx = board.chip.transaction(out, rx_len, ends) if pads else b"\xff" * rx_len
             if receiving and board.faults.read_flip:
                 rx = self._flip(rx)
         regs = self._regs
