@@ -58,6 +58,21 @@ def check_ifwi(data: bytes, path: Path) -> None:
         raise Refusal(f"image {path}: " + "; ".join(problems))
 
 
+def backup_folder(path: Path) -> Path:
+    """The folder a flash keeps its backup of the original content in: a directory it can
+    write, or one it can create (checked before the run, not when the backup is written)."""
+    if path.exists() or path.is_symlink():
+        if not path.is_dir():
+            raise Refusal(f"backup folder {path} exists and is not a directory; move it away "
+                          "(flash keeps its backups of the original content there)")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise Refusal(f"cannot write backup folder {path}: permission denied")
+    elif path.parent.is_dir() and not os.access(path.parent, os.W_OK | os.X_OK):
+        # (No folder there at all: the audit database's own check names that.)
+        raise Refusal(f"cannot create backup folder {path}: permission denied")
+    return path
+
+
 def writable_output(path: Path, what: str = "output") -> None:
     """A file we are about to create: its directory exists and is writable, and it is not a
     directory or a device itself."""
@@ -94,9 +109,11 @@ def board_specs(texts: list[str] | None, unbind_driver: bool = False) -> list[Bo
         raise Refusal(str(e)) from None
     seen: set[str] = set()
     for s in specs:
-        if str(s) in seen:
-            raise Refusal(f"board {s} is named twice")
-        seen.add(str(s))
+        # The same emulated board through a symlink is the same board (its lock says so too).
+        key = f"sim:{os.path.realpath(s.selector)}" if s.kind == "sim" else str(s)
+        if key in seen:
+            raise Refusal(f"board {s} is named twice" + (f" (it is {key})" if key != str(s) else ""))
+        seen.add(key)
         if s.kind == "sim" and not (Path(s.selector) / "board.json").is_file():
             raise Refusal(f"{s.selector} is not an emulated board (create one with 'amdflash sim create')")
     if unbind_driver:

@@ -205,7 +205,7 @@ def flash(session: Session, image: Path, options: FlashOptions = FlashOptions(),
                  "sector_count": count, "force": options.force, "retries": options.retries,
                  "expect_part": options.expect_part, "unknown_chip_ok": options.unknown_chip_ok,
                  **_engine_args(engine)}
-    backups = Path(session.db_path).parent / "backups"
+    backups = checks.backup_folder(Path(session.db_path).parent / "backups")
     return _run(session, specs, "flash", arguments,
                 lambda s, i: jobs.FlashJob(engine, data, options.start_sector, count, options.clear_cmp,
                                            options.retries, backups,
@@ -223,7 +223,7 @@ def resume(session: Session, run_id: str | None = None, image: Path | None = Non
     a = plan.arguments
     engine = _engine(EngineOptions(a.get("prescale", 8), a.get("rx_mode", "chained"), a.get("restore_each", False),
                                    a.get("reads", 2)))
-    backups = Path(session.db_path).parent / "backups"
+    backups = checks.backup_folder(Path(session.db_path).parent / "backups")
 
     def body(spec: BoardSpec, info: RunInfo) -> JobBody:
         info.resumes_run_id = plan.run_id

@@ -113,7 +113,7 @@ class ReadJob:
         for address in range(self.address, self.address + self.size, UNIT):
             dev.stop.check()
             n = min(UNIT, self.address + self.size - address)
-            chunks.append(await dev.call(read_unit, dev, address, n, self.engine.reads, "read"))
+            chunks.append(await dev.call(read_unit, dev, address, n, self.engine.reads, "read", at=("read", address)))
             done += n
             dev.progress("read", done, self.size)
         data = b"".join(chunks)
@@ -147,7 +147,8 @@ class DumpJob:
             with open(tmp, "wb") as f:
                 for i, address in enumerate(range(0, FLASH_SIZE, UNIT)):
                     dev.stop.check()
-                    data = await dev.call(read_unit, dev, address, UNIT, self.engine.reads, "dump")
+                    data = await dev.call(read_unit, dev, address, UNIT, self.engine.reads, "dump",
+                                          at=("dump", address))
                     f.write(data)
                     digest.update(data)
                     dev.progress("dump", i + 1, FLASH_SIZE // UNIT)
@@ -212,7 +213,7 @@ class VerifyJob:
         bad = 0
         for i, address in enumerate(range(0, FLASH_SIZE, UNIT)):
             dev.stop.check()
-            got = await dev.call(read_unit, dev, address, UNIT, self.engine.reads, "verify")
+            got = await dev.call(read_unit, dev, address, UNIT, self.engine.reads, "verify", at=("verify", address))
             digest.update(got)
             mm = record_verify(dev, address, UNIT, got, self.image[address:address + UNIT], 1)
             if mm:

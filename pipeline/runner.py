@@ -180,7 +180,8 @@ def stage(recorder: AuditSink, name: str, event: str, detail: str | None = None)
 
 def _message(e: BaseException) -> str:
     text = str(e) or type(e).__name__
-    return text
+    where = getattr(e, "where", None)     # the stage and unit a failure without an address of its own hit
+    return f"{where}: {text}" if where else text
 
 
 async def run_boards(make_body: Callable[[BoardSpec], tuple[JobBody, RunInfo]], specs: list[BoardSpec],

@@ -124,6 +124,9 @@ def render_text(rep: dict[str, Any]) -> str:
     lines.append(f"chain      {'intact' if c.get('ok') else 'BROKEN: ' + str(c.get('problem'))}; checkpoint "
                  f"#{c.get('checkpoint')} ({c.get('sealed')}) head {c.get('head')}")
     lines.append(f"signature  {c.get('signature')}; signed by {c.get('signed_by')}")
+    if c.get("unsealed_rows"):
+        lines.append(f"unsealed   the run's last {c['unsealed_rows']} row(s) are not sealed by any checkpoint "
+                     "(still being written, or their writer died): what they say is not verified")
     return "\n".join(lines)
 
 

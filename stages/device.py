@@ -75,9 +75,17 @@ class Device:
     nor: SpiNor | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run blocking device I/O in this board's worker thread slot."""
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+    async def call(self, fn: Callable[..., T], *args: Any, at: tuple[str, int] | None = None) -> T:
+        """Run blocking device I/O in this board's worker thread slot. `at` (stage, unit
+        address): a failure that names no address of its own is marked as happening there."""
+        try:
+            return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        except Exception as e:
+            if at is not None and getattr(e, "address", None) is None:
+                stage, address = at
+                e.stage, e.address = stage, address  # type: ignore[attr-defined]
+                e.where = f"{stage} of unit {address:#08x}"  # type: ignore[attr-defined]
+            raise
 
     @property
     def clock(self):

@@ -42,7 +42,7 @@ async def erase_stage(dev: Device, work: ObjectReceiveStream[WorkItem], out: Obj
             record_intent(dev, item.units, item.erase, durable=False)
             await anyio.to_thread.run_sync(dev.recorder.durable)
             if item.erase is not None:
-                await dev.call(erase_now, dev, item.erase)
+                await dev.call(erase_now, dev, item.erase, at=("erase", item.erase.address))
                 for u in item.units:
                     dev.recorder.add("units", address=u.address, size=u.size, state="erased", action=u.label,
                                      wanted_sha256=None, detail=f"{item.erase.size // 1024}K erase",

@@ -24,7 +24,7 @@ async def program_stage(dev: Device, units: ObjectReceiveStream[UnitPlan], out: 
     done = 0
     async with units, out:
         async for unit in units:
-            pages = await dev.call(program_unit, dev, unit)
+            pages = await dev.call(program_unit, dev, unit, at=("program", unit.address))
             dev.recorder.add("units", address=unit.address, size=unit.size, state="programmed",
                              action=unit.label, wanted_sha256=None, detail=f"{pages} pages",
                              clock=dev.clock.now())

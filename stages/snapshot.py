@@ -165,7 +165,7 @@ async def read_backup(dev: Device, addresses: Sequence[int], unit: int, reads: i
     for i, address in enumerate(addresses):
         if dev.stop:
             break
-        data = await dev.call(read_unit, dev, address, unit, reads, "backup")
+        data = await dev.call(read_unit, dev, address, unit, reads, "backup", at=("backup", address))
         dev.recorder.add("backup_units", address=address, size=unit,
                          sha256=hashlib.sha256(data).hexdigest(), data=data)
         dev.progress("backup", i + 1, len(addresses))

@@ -86,7 +86,7 @@ async def verify_stage(dev: Device, units: ObjectReceiveStream[UnitPlan], total_
     done = retried = 0
     async with units:
         async for unit in units:
-            attempts = await dev.call(verify_unit, dev, unit, retries, reads)
+            attempts = await dev.call(verify_unit, dev, unit, retries, reads, at=("verify", unit.address))
             retried += attempts > 1
             done += 1
             dev.progress("verify", done, total_units)

@@ -522,9 +522,13 @@ def _chain(c: dict[str, Any]) -> str:
             ("chain_head", "chain head", c.get("head")),
             ("checkpoint_hash", "checkpoint hash", c.get("checkpoint_hash")),
             ("signed_by", "signed by", c.get("signed_by")),
-            ("signature", "signature", c.get("signature"))]
+            ("signature", "signature", c.get("signature")),
+            ("unsealed_rows", "not sealed",
+             f"the run's last {c['unsealed_rows']} row(s): no checkpoint seals them (still being written, or "
+             "their writer died), so what they say is not verified" if c.get("unsealed_rows") else None)]
     cells = "".join(f"<tr><th>{escape(label)}</th><td data-field=\"{key}\" class=\"mono\"{_ok_attr(key, c)}>"
-                    f"{_value(value)}</td></tr>" for key, label, value in rows)
+                    f"{_value(value)}</td></tr>" for key, label, value in rows
+                    if value is not None or key != "unsealed_rows")
     return (f"<section id=\"chain\"><h2>Audit chain</h2><table class=\"kv {kind}\">{cells}</table>"
             f"<p class=\"muted\">This run's rows ({c.get('rows')}) and its {c.get('checkpoints')} checkpoints were "
             f"checked when this report was made. 'amdflash audit verify --run RUN_ID --key PUBFILE' checks the "

@@ -6,6 +6,7 @@ an intact database is never reported broken because it grew during the check.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import sqlite3
@@ -32,7 +33,7 @@ from amdflash.store.chain import (
     segment_head,
 )
 from amdflash.store.files import read_regular
-from amdflash.store.schema import PHYSICAL, PLAIN, RUN_END_SQL
+from amdflash.store.schema import LOGICAL, PHYSICAL, PLAIN, RUN_END_SQL, TERMINAL
 
 RUN_KINDS = ("commit", "final", "migrated")
 ANCHOR_LIMIT = 1 << 30    # one short line per checkpoint: millions of runs fit
@@ -149,6 +150,7 @@ def verify_database(conn: sqlite3.Connection, keyfiles: list[Path] | None = None
 
     def body(check: KeyCheck) -> None:
         with snapshot(conn):
+            check_schema(conn)
             checkpoints = load_checkpoints(conn)
             report.checkpoints = len(checkpoints)
             through, base, report.archived = _base(checkpoints)
@@ -162,7 +164,7 @@ def verify_database(conn: sqlite3.Connection, keyfiles: list[Path] | None = None
             for run_id, chain in by_id.items():
                 if runs.get(run_id) != chain.checkpoints[0].run:
                     raise Broken(f"run {run_id} has checkpoints but its runs row is missing or moved")
-            report.rows, report.unsealed = check_runs(conn, runs, by_id)
+            report.rows, report.unsealed = check_runs(conn, runs, by_id, whole=True)
             _check_blobs(conn, "SELECT id, sha256, data FROM blobs")
             report.runs = len(runs)
             report.head = checkpoints[-1] if checkpoints else None
@@ -177,6 +179,7 @@ def verify_run(conn: sqlite3.Connection, run_id: str, keyfiles: list[Path] | Non
 
     def body(check: KeyCheck) -> None:
         with snapshot(conn):
+            check_schema(conn)
             row = conn.execute("SELECT seq FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             if row is None:
                 raise Broken(f"no run {run_id} in the database")
@@ -201,26 +204,27 @@ def verify_run(conn: sqlite3.Connection, run_id: str, keyfiles: list[Path] | Non
     return _checked(report, keyfiles, body)
 
 
-def check_runs(conn: sqlite3.Connection, runs: dict[str, int],
-               chains: dict[str, RunChain]) -> tuple[int, dict[str, int]]:
+def check_runs(conn: sqlite3.Connection, runs: dict[str, int], chains: dict[str, RunChain],
+               whole: bool = False) -> tuple[int, dict[str, int]]:
     """Recompute the heads of `runs` (run_id -> key) from their rows and compare them with
-    their checkpoints (`chains`). Returns (rows checked, unsealed rows by run).
+    their checkpoints (`chains`). Returns (rows checked, unsealed rows by run). `whole`:
+    `runs` are all the database's, so every row of every table must lie in one of them.
 
     SQLite builds each segment's canonical text itself (one grouped query per table over all
     segments); a run whose heads do not match is then checked again row by row, which names
-    the segment that differs. Rows after a run's last checkpoint are looked for only in runs
-    that recorded no end: rows after a final checkpoint belong to no view of the run, and
-    the whole-database check counts every row of every table against the sealed spans."""
+    the segment that differs. Rows after a run's last checkpoint are counted: the writer
+    seals a run's end with the row that records it, so a run sealed as ended has none, and
+    an end no checkpoint seals was not written by it."""
     segments: list[tuple[int, str, int, int, int]] = []   # (id, run_id, k, lo, hi)
     tails: dict[str, int] = {}                              # run_id -> first unsealed seq
+    ended = {r for r, c in chains.items() if r in runs and c.checkpoints[-1].kind == "final"}
     for run_id, key in runs.items():
         chain = chains.get(run_id)
         lo = key
         for k, hi in enumerate(chain.bounds if chain else []):
             segments.append((len(segments) + 1, run_id, k, lo, hi))
             lo = hi + 1
-        if chain is None or chain.checkpoints[-1].kind != "final":
-            tails[run_id] = lo
+        tails[run_id] = lo
     rows = [(i, runs[r], r, lo, hi) for i, r, _, lo, hi in segments]
     where = {i: (r, k) for i, r, k, _, _ in segments}
     digests: dict[tuple[str, int, str], bytes] = {}
@@ -248,15 +252,33 @@ def check_runs(conn: sqlite3.Connection, runs: dict[str, int],
                 seen[table] = seen.get(table, 0) + n
             for run_id, lo in tails.items():
                 column, value = ("run_id", run_id) if table in PLAIN else ("run", runs[run_id])
-                n = conn.execute(f"SELECT count(*) FROM {table} WHERE seq >= ? AND +{column} = ?",
-                                 (lo, value)).fetchone()[0]
+                if run_id in ended:
+                    # A run sealed as ended: its index finds any row added after (a table
+                    # without one, the bulk log, is left to the whole database's count).
+                    if table not in INDEXED:
+                        continue
+                    sql = f"SELECT count(*) FROM {table} WHERE {column} = ? AND seq >= ?"
+                    n = conn.execute(sql, (value, lo)).fetchone()[0]
+                else:
+                    n = conn.execute(f"SELECT count(*) FROM {table} WHERE seq >= ? AND +{column} = ?",
+                                     (lo, value)).fetchone()[0]
                 if n:
                     unsealed[run_id] = unsealed.get(run_id, 0) + n
                     seen[table] = seen.get(table, 0) + n
-        if len(runs) > 1:
+        if whole:
             _no_strays(conn, seen)
     finally:
         conn.execute("DELETE FROM _segments")
+    for run_id, n in unsealed.items():
+        if run_id in ended:
+            raise Broken(f"run {run_id}: {n} row(s) after its final checkpoint #{chains[run_id].checkpoints[-1].id}, "
+                         "which sealed its end: added after the fact")
+        ended = conn.execute(f"SELECT status FROM run_status WHERE run_id = ? AND seq >= ? "
+                             f"AND status IN ({', '.join('?' * len(TERMINAL))}) LIMIT 1",
+                             (run_id, tails[run_id], *TERMINAL)).fetchone()
+        if ended:
+            raise Broken(f"run {run_id}: its end ('{ended[0]}') is in rows no checkpoint seals; amdflash "
+                         "seals a run's end as it records it: added after the fact")
     total = 0
     for run_id, key in runs.items():
         chain = chains.get(run_id)
@@ -270,6 +292,7 @@ def check_runs(conn: sqlite3.Connection, runs: dict[str, int],
 
 
 BULK = "log_spi"
+INDEXED = {t.physical for t in LOGICAL.values() if t.index}   # tables with a per-run index
 PARALLEL_SEGMENTS = 64     # from this many segments on, a second thread hashes half of the bulk table
 
 
@@ -361,6 +384,42 @@ def _no_strays(conn: sqlite3.Connection, seen: dict[str, int]) -> None:
             raise Broken(f"{table} seq {row[0]}: a row of no run in the database (its run was removed)")
         raise Broken(f"{table}: {total - seen.get(table, 0)} row(s) outside what their runs sealed (before a run "
                      "began, or after its final checkpoint): added after the fact")
+
+
+@functools.cache
+def _expected_schema() -> tuple[dict[tuple[str, str], str], dict[str, list[tuple]]]:
+    """amdflash's own schema objects ((type, name) -> SQL) and its constant tables' rows, as
+    this version creates them."""
+    fresh = sqlite3.connect(":memory:")
+    try:
+        schema.create(fresh)
+        objects = {(t, n): sql for t, n, sql in fresh.execute(
+            "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL")}
+        helpers = {h: fresh.execute(f"SELECT * FROM {h} ORDER BY 1").fetchall() for h in schema.HELPERS}
+    finally:
+        fresh.close()
+    return objects, helpers
+
+
+def check_schema(conn: sqlite3.Connection) -> None:
+    """The views a reviewer reads the trail through, the triggers that keep it append-only
+    and the constant tables the views decode with are amdflash's own: none was redefined,
+    dropped or added (rows are chained and signed; these definitions are checked here)."""
+    objects, helpers = _expected_schema()
+    found = {(t, n): sql for t, n, sql in conn.execute(
+        "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL")}
+    for (kind, name), sql in objects.items():
+        got = found.get((kind, name))
+        if got is None:
+            raise Broken(f"{kind} {name} is missing: amdflash's schema was changed")
+        if got != sql:
+            raise Broken(f"{kind} {name} is not amdflash's definition of it: it was redefined")
+    for kind, name in sorted(set(found) - set(objects)):
+        if kind in ("view", "trigger") and not name.startswith("v1_"):
+            raise Broken(f"{kind} {name} is not part of amdflash's schema: it was added")
+    for helper, rows in helpers.items():
+        if conn.execute(f"SELECT * FROM {helper} ORDER BY 1").fetchall() != rows:
+            raise Broken(f"table {helper}, which the views decode with, does not hold its constant rows")
 
 
 def _hash_before(conn: sqlite3.Connection, ident: int, through: int, base: bytes) -> bytes:

@@ -654,9 +654,13 @@ class ChainWriter:
         runs written to are sealed when the commit is durable, when a run ended, or when
         `seal_rows` rows or `seal_seconds` have passed since the last seal."""
         if not self.open_rows:
-            if durable:
-                self._sync_wal()
-            return
+            if not (durable and self.dirty):
+                if durable:
+                    self._sync_wal()
+                return
+            # Rows committed earlier but not sealed yet: a durable commit (the last one, when
+            # the host has died) seals them in a transaction of its own.
+            self._begin()
         conn = self.conn
         seal = durable or any(r.ended for r in self.dirty.values()) or self.unsealed >= self.seal_rows \
             or time.monotonic() - self.sealed_at >= self.seal_seconds

@@ -66,6 +66,13 @@ class ProtectionLayout:
     sec: Bit | None = None
     cmp: Bit | None = None
     table: tuple[tuple[Side, int], ...] | None = None  # per BP value, for "table" layouts
+    # SRP1 (status register protect 1): set, the status registers ignore every write until
+    # a power cycle (or for ever, with SRP0), whatever WP# does.
+    srp1: Bit | None = None
+
+    def status_locked(self, regs: Sequence[int]) -> bool:
+        """The status registers cannot be written by software (SRP1 set)."""
+        return self.srp1 is not None and bool(regs[self.srp1[0]] >> self.srp1[1] & 1)
 
     @property
     def scheme(self) -> str:
@@ -80,6 +87,8 @@ class ProtectionLayout:
         names = [f"BP={bp}"] + [f"{name}={int(value)}" for name, bit, value in
                                 (("TB", self.tb, tb), ("SEC", self.sec, sec), ("CMP", self.cmp, cmp))
                                 if bit is not None]
+        if self.status_locked(regs):
+            names.append("SRP1=1 (status registers locked)")
         if self.table is not None:
             side, length = self.table[bp]
             start = 0 if side == "bottom" else size - length
@@ -107,8 +116,9 @@ class ProtectionLayout:
         return out
 
 
-# BP2..BP0 in SR1 bits 2..4, TB bit 5, SEC bit 6, CMP in SR2 bit 6 (GD25LQ16E, W25Q16DW).
-BP_TB_SEC_CMP = ProtectionLayout(bp=((0, 2), (0, 3), (0, 4)), tb=(0, 5), sec=(0, 6), cmp=(1, 6))
+# BP2..BP0 in SR1 bits 2..4, TB bit 5, SEC bit 6, CMP in SR2 bit 6, SRP1 in SR2 bit 0
+# (GD25LQ16E, W25Q16DW).
+BP_TB_SEC_CMP = ProtectionLayout(bp=((0, 2), (0, 3), (0, 4)), tb=(0, 5), sec=(0, 6), cmp=(1, 6), srp1=(1, 0))
 
 
 def decode(sr1: int, sr2: int, size: int = 0x200000) -> Protection:

@@ -29,6 +29,10 @@ def refusal(ident: FlashIdentity, lo: int, hi: int, clear_cmp: bool, unknown_chi
     assert layout is not None, "every part in the chip table has a protection layout"
     if clear_cmp and layout.cmp is None:
         return f"--clear-cmp: the {chip.name} has no CMP bit ({ident.protection.describe()})"
+    if clear_cmp and ident.protection.cmp and layout.status_locked(ident.registers):
+        return (f"--clear-cmp: the status registers are locked (SR2.SRP1=1; {ident.protection.describe()}): "
+                "the chip would ignore the write that clears CMP; only a power cycle (or nothing, for a "
+                "one-time lock) unlocks them")
     current = ident.protection
     after = layout.decode(layout.without_cmp(ident.registers), chip.size) if clear_cmp else current
     if current.overlaps(lo, hi - lo) and current.cmp and not clear_cmp:

@@ -424,9 +424,12 @@ class RomSw:
                 return
             if clock.now() >= deadline:
                 self._engine_answers = False
-                raise RomSwTimeout(
-                    f"ROM_SW transaction timed out after {self.options.timeout:g} s "
-                    f"(ROM_SW_STATUS={status:#010x}); the engine may be gated after SOS boot")
+                # Gating stops the engine from the first transaction; one that stops after
+                # answering is hung (the engine, the link or the board), not gated.
+                why = (f"the engine stopped answering after {self.completions} completed transactions"
+                       if self.completions else "the engine may be gated after SOS boot")
+                raise RomSwTimeout(f"ROM_SW transaction timed out after {self.options.timeout:g} s "
+                                   f"(ROM_SW_STATUS={status:#010x}); {why}")
             clock.sleep(self.options.poll_interval)
 
     def spi_estimate(self, wire_bytes: int, margin: bool = True) -> float:

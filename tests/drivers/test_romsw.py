@@ -90,7 +90,7 @@ def test_stall_times_out_and_registers_are_restored(open_board):
     o = open_board(faults=["stall-after=200"], engine={"timeout": 0.05})
     before = registers(o.board)
     with o.engine:
-        with pytest.raises(RomSwTimeout):
+        with pytest.raises(RomSwTimeout, match=r"the engine stopped answering after \d+ completed transactions"):
             for _ in range(200):
                 o.engine.read(0x05)
     assert registers(o.board) == before

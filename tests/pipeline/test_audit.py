@@ -56,9 +56,12 @@ def test_triggers_refuse_update_and_delete_and_views_are_read_only(flashed):
 def _tamper(db, sql: str, *args) -> None:  # noqa: ANN001
     """Change the database the way someone with write access to the file could."""
     con = sqlite3.connect(db)
-    for (trigger,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
-        con.execute(f"DROP TRIGGER {trigger}")
+    triggers = con.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'").fetchall()
+    for name, _ in triggers:
+        con.execute(f"DROP TRIGGER {name}")
     con.execute(sql, args)
+    for _, definition in triggers:      # and puts them back, so the schema looks untouched
+        con.execute(definition)
     con.commit()
     con.close()
 
@@ -103,7 +106,12 @@ def test_a_row_added_after_a_runs_final_seal_is_found(cli, make_board, flashed):
     _tamper(flashed, "INSERT INTO log_units (seq, run, address, size, state, action, detail, clock) "
                      "VALUES (?, ?, 0, 4096, 'verified', 'skip', 'added', 0)", top + 1, key)
     r = cli("audit", "verify")
-    assert r.code == 1 and "outside what their runs sealed" in r.out and last < top
+    assert r.code == 1 and "1 row(s) after its final checkpoint" in r.out and last < top
+    con = sqlite3.connect(flashed)
+    run_id = con.execute("SELECT run_id FROM runs WHERE seq = ?", [key]).fetchone()[0]
+    con.close()
+    r = cli("audit", "verify", "--run", run_id)        # the run's own check finds it too
+    assert r.code == 1 and "1 row(s) after its final checkpoint" in r.out
 
 
 def test_a_removed_row_is_found(cli, flashed):
@@ -129,7 +137,8 @@ def test_truncating_the_tail_is_found_in_the_database_and_by_the_anchor(cli, fla
             last - 1, last - 1)
     r = cli("audit", "verify")
     assert r.code == 1
-    assert "a row of run" in r.out or "after its last checkpoint" in r.out or f"checkpoint #{last}" in r.out
+    assert ("a row of run" in r.out or "after its last checkpoint" in r.out or f"checkpoint #{last}" in r.out
+            or "is in rows no checkpoint seals" in r.out)
 
 
 def test_a_database_replaced_whole_by_an_older_copy_is_found_by_the_anchor(cli, make_board, image, db, tmp_path):
@@ -352,3 +361,103 @@ def test_reading_one_run_costs_that_run_whatever_was_recorded_after_it(cli, make
     after = _vm_steps(db, run_id)
     for name, steps in before.items():
         assert after[name] <= steps * 1.05 + 5, (name, before, after)
+
+
+# -- rows and definitions no checkpoint vouches for --------------------------------------------
+
+def _run_id(db) -> str:  # noqa: ANN001
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT run_id FROM runs ORDER BY seq DESC LIMIT 1").fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_an_end_added_to_a_sealed_run_is_found_even_in_a_one_run_database(cli, flashed):
+    """A plain INSERT (the triggers refuse only UPDATE and DELETE) of a later status row for a
+    run sealed as ended: the database's check, the run's check and its report all say so."""
+    run_id = _run_id(flashed)
+    con = sqlite3.connect(flashed)
+    top = con.execute("SELECT seq FROM chain_head").fetchone()[0]
+    con.execute("INSERT INTO run_status (seq, run_id, status, detail, at) VALUES (?, ?, 'failed', 'x', 'now')",
+                [top + 1, run_id])
+    con.commit()
+    con.close()
+    for argv in (("audit", "verify"), ("audit", "verify", "--run", run_id)):
+        r = cli(*argv)
+        assert r.code == 1 and "1 row(s) after its final checkpoint" in r.out, (argv, r.out)
+    assert "BROKEN" in cli("report", run_id).out
+
+
+def test_a_bulk_row_added_after_the_only_runs_seal_is_found(cli, flashed):
+    """The whole database's count of rows against sealed spans applies with one run too."""
+    con = sqlite3.connect(flashed)
+    top, key = con.execute("SELECT h.seq, r.seq FROM chain_head h, runs r").fetchone()
+    con.execute("INSERT INTO log_writes (seq, run, offset, value, data, clock) VALUES (?, ?, 0, 0, NULL, 0)",
+                [top + 1, key])
+    con.commit()
+    con.close()
+    r = cli("audit", "verify")
+    assert r.code == 1 and "outside what their runs sealed" in r.out
+
+
+def test_a_run_made_up_with_an_end_no_checkpoint_seals_is_found(cli, flashed):
+    con = sqlite3.connect(flashed)
+    top = con.execute("SELECT seq FROM chain_head").fetchone()[0]
+    con.execute("INSERT INTO runs (seq, run_id, command, at) VALUES (?, 'made-up', 'flash', 'now')", [top + 1])
+    con.execute("INSERT INTO run_status (seq, run_id, status, at) VALUES (?, 'made-up', 'succeeded', 'now')",
+                [top + 2])
+    con.commit()
+    con.close()
+    for argv in (("audit", "verify"), ("audit", "verify", "--run", "made-up")):
+        r = cli(*argv)
+        assert r.code == 1 and "its end ('succeeded') is in rows no checkpoint seals" in r.out, (argv, r.out)
+
+
+def test_the_views_triggers_and_constant_tables_are_amdflashs_own(cli, flashed):
+    """What a reviewer reads through is checked too: a redefined view, a dropped or added
+    trigger and a changed constant table are each named."""
+    import shutil
+
+    pristine = flashed.with_name("pristine.sqlite")
+    shutil.copy(flashed, pristine)
+
+    def changed(*statements: str) -> str:
+        shutil.copy(pristine, flashed)
+        con = sqlite3.connect(flashed)
+        for sql in statements:
+            con.execute(sql)
+        con.commit()
+        con.close()
+        r = cli("audit", "verify")
+        assert r.code == 1, r.out
+        return r.out
+
+    assert cli("audit", "verify").code == 0
+    assert "view units is not amdflash's definition" in changed(
+        "DROP VIEW units", "CREATE VIEW units AS SELECT seq, 'x' AS run_id, 0 AS address, 0 AS size, "
+        "'verified' AS state, 'skip' AS action, NULL AS wanted_sha256, NULL AS detail, 0 AS clock FROM log_units")
+    assert "trigger log_units_no_delete is missing" in changed("DROP TRIGGER log_units_no_delete")
+    assert "trigger sneaky is not part of amdflash's schema" in changed(
+        "CREATE TRIGGER sneaky AFTER INSERT ON log_units BEGIN SELECT 1; END")
+    trigger = "CREATE TRIGGER _byte_no_update BEFORE UPDATE ON _byte BEGIN SELECT RAISE(ABORT, " \
+              "'audit rows are append-only (_byte)'); END"
+    assert "table _byte, which the views decode with" in changed(
+        "DROP TRIGGER _byte_no_update", "UPDATE _byte SET b = x'00' WHERE i = 7", trigger)
+
+
+def test_a_killed_hosts_writer_seals_every_row_it_committed(tmp_path):
+    """The host dies mid-flash (the board's kill-after-writes fault); its writer outlives it and
+    seals what it committed: no row is left unsealed, the chain is intact."""
+    from tests.pipeline.test_faults_kills import Case
+
+    case = Case(tmp_path)
+    case.kill_after(51000)                      # mid-programming
+    assert case.flash().returncode != 0
+    deadline = time.monotonic() + 30            # the writer finishes on its own after the host
+    while True:
+        r = case.cli("audit", "verify")
+        if "unsealed" not in r.stdout or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert r.returncode == 0 and "intact" in r.stdout and "unsealed" not in r.stdout, r.stdout

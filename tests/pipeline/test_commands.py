@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 
 import pytest
@@ -271,3 +272,60 @@ def test_unwritable_database_refuses_before_touching_the_board(cli, make_board, 
     assert flash_content(board) == b"\xff" * MiB2
     with Board(board) as b:
         assert b.stats()["reg_writes"] == 0
+
+
+def test_clear_cmp_is_refused_up_front_when_the_status_registers_are_locked(cli, make_board, image, db):
+    """SR2.SRP1 set (power-supply lock-down): the chip would ignore the status write that
+    clears CMP. Refused before any write, with the lock named; `info` shows it."""
+    from tests.sim.test_board import release_pads, txn
+
+    board = make_board(cmp=True, transport="ideal")
+    with Board(board) as b:
+        release_pads(b)
+        txn(b, 0x06)
+        txn(b, 0x01, tx=bytes((0x00, 0x41)))       # SR1 = 0, SR2 = CMP | SRP1
+        txn(b, 0x35, rx=2)                          # COMMAND left holding a read, as a driver leaves it
+    assert "SRP1=1 (status registers locked)" in cli("info", "--board", f"sim:{board}").out
+    before, regs = flash_content(board), registers(board)
+    r = cli("flash", image, "--yes", "--clear-cmp", "--board", f"sim:{board}")
+    assert r.code == 2 and "status registers are locked" in r.err, r.err
+    assert flash_content(board) == before and registers(board) == regs
+    con = sqlite3.connect(db)
+    sent = {op for (op,) in con.execute("SELECT DISTINCT opcode FROM spi_transactions WHERE run_id = ?",
+                                        [last_run(cli)["run_id"]])}
+    con.close()
+    assert sent and not sent & {0x01, 0x06, 0x31}                # no write enable, no status write
+
+
+def test_one_board_named_twice_through_a_symlink_is_refused_up_front(cli, make_board, image, tmp_path):
+    board = make_board(transport="ideal")
+    link = tmp_path / "alias"
+    link.symlink_to(board)
+    before = flash_content(board)
+    r = cli("flash", image, "--yes", "--board", f"sim:{board}", "--board", f"sim:{link}")
+    assert r.code == 2 and "is named twice" in r.err and str(board) in r.err, r.err
+    assert flash_content(board) == before
+
+
+def test_a_backup_folder_that_is_a_file_is_refused_before_the_run(cli, make_board, image, db):
+    board = make_board(transport="ideal")
+    (db.parent / "backups").write_text("not a folder")
+    before = flash_content(board)
+    r = cli("flash", image, "--yes", "--board", f"sim:{board}")
+    assert r.code == 2 and "backup folder" in r.err and "is not a directory" in r.err, r.err
+    assert flash_content(board) == before
+    assert not db.exists() or "flash" not in cli("runs").out          # no run was started
+
+
+def test_a_failure_without_an_address_of_its_own_names_the_stage_and_unit(cli, make_board, image, db):
+    """The engine stops answering mid-flash: the error says in which stage and unit, and the
+    errors row holds both; the hint does not blame gating on an engine that had answered."""
+    board = make_board(transport="ideal", faults=["stall-after=15000"])
+    r = cli("flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}")
+    assert r.code == 1, r.err
+    assert re.search(r"(backup|erase|program|verify) of unit 0x[0-9a-f]{6}: ROM_SW transaction timed out", r.err), r.err
+    assert "stopped answering after" in r.err and "gated" not in r.err
+    con = sqlite3.connect(db)
+    stage, address = con.execute("SELECT stage, address FROM errors").fetchone()
+    con.close()
+    assert stage in ("backup", "erase", "program", "verify") and address % 0x1000 == 0

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from amdflash.store import keys
 from amdflash.store.chain import GENESIS, iter_canonical, load_checkpoints, run_genesis, segment_head
-from amdflash.store.schema import PHYSICAL, PLAIN, drop_triggers
+from amdflash.store.schema import PHYSICAL, PLAIN, add_triggers, drop_triggers
 from tests.pipeline.conftest import cli, db, image  # noqa: F401 - fixtures: in-process CLI with its own database
 
 
@@ -56,6 +56,7 @@ def forge(db: Path, run_id: str, attacker: Ed25519PrivateKey | None, anchor: Pat
                                  "key": keys.fingerprint(cp.public_key), "at": cp.at}))
         prev = cp.hash
     con.execute("UPDATE chain_head SET hash = ? WHERE id = 1", [prev])
+    add_triggers(con)                  # the forger covers the tracks: the schema is amdflash's again
     con.execute("COMMIT")
     con.close()
     if anchor is not None:
@@ -97,6 +98,8 @@ def _flash_and_change(cli, make_board, image, db) -> str:  # noqa: ANN001
     con = sqlite3.connect(db)
     con.execute("DROP TRIGGER log_units_no_update")
     con.execute("UPDATE log_units SET detail = 'x' WHERE seq = (SELECT max(seq) FROM log_units)")
+    con.execute("CREATE TRIGGER log_units_no_update BEFORE UPDATE ON log_units "
+                "BEGIN SELECT RAISE(ABORT, 'audit rows are append-only (log_units)'); END")
     con.commit()
     con.close()
     return json.loads(cli("runs", "--format", "json").out)[-1]["run_id"]

@@ -258,6 +258,8 @@ def test_chain_status_intact_and_broken(recorded: Recorded, pages, tmp_path: Pat
                       "ORDER BY seq LIMIT 1 OFFSET 50", [recorded.runs["clean"]]).fetchone()[0]
     dst.execute("DROP TRIGGER log_spi_no_update")
     dst.execute("UPDATE log_spi SET command = 0 WHERE seq = ?", [seq])
+    dst.execute("CREATE TRIGGER log_spi_no_update BEFORE UPDATE ON log_spi "
+                "BEGIN SELECT RAISE(ABORT, 'audit rows are append-only (log_spi)'); END")
     dst.commit()
     dst.close()
     db = open_readonly(str(copy))
