@@ -338,6 +338,9 @@ def test_a_run_whose_host_died(recorded: Recorded) -> None:
     assert "stages without an end run off its right edge" in text
     assert page.field_attrs["chain"]["data-ok"] == "true"
     assert "the run recorded no end" in page.fields["checkpoint"]
+    # The rows after its last checkpoint are shown as what they are: not verified.
+    assert re.fullmatch(r"the run's last \d+ row\(s\): no checkpoint seals them .* not verified",
+                        page.fields["unsealed_rows"])
     # Power was lost while the 64 KiB block was being programmed: 3 units verified, the 4th programmed.
     block = [page.category(ERASED_BLOCK + i * UNIT) for i in range(16)]
     assert block[:3] == ["erase"] * 3 and block[3] == "erase unverified"
