@@ -273,11 +273,11 @@ def check_runs(conn: sqlite3.Connection, runs: dict[str, int], chains: dict[str,
         if run_id in ended:
             raise Broken(f"run {run_id}: {n} row(s) after its final checkpoint #{chains[run_id].checkpoints[-1].id}, "
                          "which sealed its end: added after the fact")
-        ended = conn.execute(f"SELECT status FROM run_status WHERE run_id = ? AND seq >= ? "
-                             f"AND status IN ({', '.join('?' * len(TERMINAL))}) LIMIT 1",
-                             (run_id, tails[run_id], *TERMINAL)).fetchone()
-        if ended:
-            raise Broken(f"run {run_id}: its end ('{ended[0]}') is in rows no checkpoint seals; amdflash "
+        end = conn.execute(f"SELECT status FROM run_status WHERE run_id = ? AND seq >= ? "
+                           f"AND status IN ({', '.join('?' * len(TERMINAL))}) LIMIT 1",
+                           (run_id, tails[run_id], *TERMINAL)).fetchone()
+        if end:
+            raise Broken(f"run {run_id}: its end ('{end[0]}') is in rows no checkpoint seals; amdflash "
                          "seals a run's end as it records it: added after the fact")
     total = 0
     for run_id, key in runs.items():

@@ -461,3 +461,19 @@ def test_a_killed_hosts_writer_seals_every_row_it_committed(tmp_path):
             break
         time.sleep(0.2)
     assert r.returncode == 0 and "intact" in r.stdout and "unsealed" not in r.stdout, r.stdout
+
+
+def test_several_runs_still_being_written_are_shown_unsealed_not_broken(cli, flashed):
+    """Two runs whose writers have not sealed their rows yet (no end among them): intact, and
+    each is listed as unsealed."""
+    con = sqlite3.connect(flashed)
+    top = con.execute("SELECT seq FROM chain_head").fetchone()[0]
+    for i, run_id in enumerate(("live-1", "live-2")):
+        con.execute("INSERT INTO runs (seq, run_id, command, at) VALUES (?, ?, 'dump', 'now')", [top + 1 + 2 * i, run_id])
+        con.execute("INSERT INTO stages (seq, run_id, stage, event, at) VALUES (?, ?, 'open_transport', 'start', 'now')",
+                    [top + 2 + 2 * i, run_id])
+    con.commit()
+    con.close()
+    r = cli("audit", "verify")
+    assert r.code == 0 and "intact" in r.out, r.out
+    assert "run live-1: its last 2 row(s)" in r.out and "run live-2: its last 2 row(s)" in r.out, r.out
