@@ -388,8 +388,8 @@ def _first_error_event(db: sqlite_utils.Database, rep: dict[str, Any]) -> tuple[
                       "ORDER BY seq LIMIT 1", [run_id]):
         found.append((r["seq"], f"stage {r['stage']} failed: {r['detail'] or ''}"))
     if not found and rep["status"] in ("failed", "interrupted"):
-        for r in db.query("SELECT seq, status, detail FROM run_status WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
-                          [run_id]):
+        for r in db.query("SELECT seq, status, detail FROM run_status WHERE run_id = ? AND status != 'running' "
+                          "ORDER BY seq DESC LIMIT 1", [run_id]):
             found.append((r["seq"], f"run {r['status']}: {r['detail'] or 'no detail recorded'}"))
     return min(found) if found else None
 
@@ -400,6 +400,10 @@ def _first_error(db: sqlite_utils.Database, rep: dict[str, Any]) -> str:
         return ("<section id=\"first-error\"><h2>First error</h2><p class=\"warn\" data-field=\"first-error\">"
                 "no error recorded, but the run recorded no end either: its host may have died mid-run "
                 "('amdflash resume' finishes it)</p></section>")
+    if event is None and rep["status"] == "interrupted" and rep.get("ended") is None:
+        return ("<section id=\"first-error\"><h2>First error</h2><p class=\"warn\" data-field=\"first-error\">"
+                "no error recorded, and the run recorded no end: its host died mid-run, and a later run "
+                "resumed it</p></section>")
     if event is None:
         return "<section id=\"first-error\"><h2>First error</h2><p class=\"ok\">no error recorded</p></section>"
     seq, text = event

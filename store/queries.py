@@ -50,14 +50,27 @@ def resolve_run(db: sqlite_utils.Database, run_id: str) -> str:
 
 
 def runs(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+    """Every run, oldest first. A run that recorded no end but was resumed by a later run is
+    over (its host died): it shows as "interrupted", never as "running" for ever."""
     with snapshot(db.conn):
-        return [dict(r) for r in db.query("""
+        rows = [dict(r) for r in db.query("""
             SELECT r.run_id, r.command, r.board_spec, r.at AS started, r.image_sha256, r.resumes_run_id,
                    (SELECT status FROM run_status s WHERE s.run_id = r.run_id ORDER BY seq DESC LIMIT 1) AS status,
                    (SELECT at FROM run_status s WHERE s.run_id = r.run_id ORDER BY seq DESC LIMIT 1) AS updated,
                    (SELECT unique_id FROM boards b WHERE b.run_id = r.run_id ORDER BY seq LIMIT 1) AS unique_id,
                    (SELECT emulated FROM boards b WHERE b.run_id = r.run_id ORDER BY seq LIMIT 1) AS emulated
             FROM runs r ORDER BY r.seq""")]
+    resumed = {r["resumes_run_id"] for r in rows if r["resumes_run_id"]}
+    for r in rows:
+        r["status"] = shown_status(r["status"], r["run_id"] in resumed)
+    return rows
+
+
+def shown_status(recorded: str | None, resumed: bool) -> str:
+    """A run's status as shown: its last recorded one, except that a run with no end on record
+    ("running", or nothing yet) that a later run resumed has ended, interrupted."""
+    status = recorded or "running"
+    return "interrupted" if status == "running" and resumed else status
 
 
 def latest_unfinished(db: sqlite_utils.Database, board_spec: str) -> str | None:
@@ -141,7 +154,7 @@ def _report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] | None)
         "run_id": run_id,
         "command": run["command"],
         "arguments": json.loads(run["arguments"] or "{}"),
-        "status": status.get("status", "running"),
+        "status": shown_status(status.get("status"), bool(resumed_by(db, run_id))),
         "emulated": bool(board.get("emulated")) if board else None,
         "started": run["at"],
         "ended": status.get("at") if status.get("status") != "running" else None,

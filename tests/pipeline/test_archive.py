@@ -111,6 +111,13 @@ def test_a_run_whose_resume_is_newer_stays_with_it(cli, make_board, image, db, t
     time.sleep(0.01)
     assert cli("resume", "--yes", "--board", f"sim:{board}").code == 0
     resume = json.loads(cli("runs", "--format", "json").out)[-1]["run_id"]
+    # Resumed, the killed run is over though its end was never recorded: not "running" for ever.
+    shown = {r["run_id"]: r["status"] for r in json.loads(cli("runs", "--format", "json").out)}
+    assert shown[killed["run_id"]] == "interrupted"
+    rep = json.loads(cli("report", killed["run_id"], "--format", "json").out)
+    assert rep["status"] == "interrupted" and rep["ended"] is None
+    assert cli("report", killed["run_id"], "--format", "html", "-o", tmp_path / "killed.html").code == 0
+    assert "its host died mid-run, and a later run resumed it" in (tmp_path / "killed.html").read_text()
     r = cli("audit", "archive", "--before", _started(db, resume), "-o", tmp_path / "a.jsonl")
     assert r.code == 2          # the killed run's lineage ended only with the resume, after the date
     r = cli("audit", "archive", "--before", "2999-01-01", "-o", tmp_path / "b.jsonl")
