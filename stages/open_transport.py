@@ -137,7 +137,11 @@ class AuditedBar:
             self._command = value
         elif offset == _CNTL:
             self._before_start(value)
-        self.raw.write32(offset, value)
+        try:
+            self.raw.write32(offset, value)
+        except Exception as e:
+            self._not_sent(offset, e)
+            raise
 
     def _before_start(self, cntl: int | None) -> None:
         """Gate the transaction a CNTL write starts (`cntl` None: the write did not carry the
@@ -178,7 +182,22 @@ class AuditedBar:
             for i in range(max(offset, _COMMAND), min(end, _COMMAND + 4)):
                 word[i - _COMMAND] = data[i - offset]
             self._command = int.from_bytes(word, "little")
-        self.raw.write_block(offset, data)
+        try:
+            self.raw.write_block(offset, data)
+        except Exception as e:
+            self._not_sent(offset, e)
+            raise
+
+    def _not_sent(self, offset: int, error: Exception) -> None:
+        """The write's row is on record already (it is recorded before it is sent); say that it
+        never reached the board, so the trail does not count it as received."""
+        import contextlib
+        import datetime as dt
+
+        with contextlib.suppress(Exception):      # the write's own failure is what propagates
+            self.recorder.add("stages", stage="transport", event="write failed",
+                              detail=f"the register write to {offset:#07x} just recorded did not reach the "
+                                     f"board: {error}", at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"))
 
     def close(self) -> None:
         self.raw.close()

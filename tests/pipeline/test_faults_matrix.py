@@ -12,6 +12,7 @@ outcome (it takes a few minutes).
 from __future__ import annotations
 
 import json
+import sqlite3
 import os
 import re
 import signal
@@ -333,3 +334,23 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def test_writes_a_disconnected_bridge_never_took_are_marked_not_sent(tmp_path):
+    """The bridge goes away mid-flash: the trail records each write before sending it, so the
+    writes that failed (the last one, then the restore's) are on record; a `stages` row says
+    of each that it did not reach the board, and those rows make up the difference between
+    the writes on record and the writes the board counted."""
+    rig = Rig(tmp_path, "flash", via_usb=True)
+    rig.fault("usb-disconnect-after=20000")
+    run = rig.job()
+    assert run.code == 1, run.err
+    con = sqlite3.connect(tmp_path / "audit.sqlite")
+    run_id = con.execute("SELECT run_id FROM runs ORDER BY seq DESC LIMIT 1").fetchone()[0]
+    recorded = con.execute("SELECT count(*) FROM register_writes WHERE run_id = ?", [run_id]).fetchone()[0]
+    not_sent = con.execute("SELECT count(*) FROM stages WHERE run_id = ? AND stage = 'transport' "
+                           "AND event = 'write failed'", [run_id]).fetchone()[0]
+    con.close()
+    with Board(rig.board) as b:
+        received = int(b.stats()["reg_writes"])
+    assert not_sent >= 1 and recorded - not_sent == received, (recorded, not_sent, received)
