@@ -1,10 +1,13 @@
 """Stage: open the transport named by a board spec, lock the board, audit every write."""
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.base import Bar5, BoardIdentity
@@ -137,11 +140,7 @@ class AuditedBar:
             self._command = value
         elif offset == _CNTL:
             self._before_start(value)
-        try:
-            self.raw.write32(offset, value)
-        except Exception as e:
-            self._not_sent(offset, e)
-            raise
+        self._send(self.raw.write32, offset, value)
 
     def _before_start(self, cntl: int | None) -> None:
         """Gate the transaction a CNTL write starts (`cntl` None: the write did not carry the
@@ -182,22 +181,20 @@ class AuditedBar:
             for i in range(max(offset, _COMMAND), min(end, _COMMAND + 4)):
                 word[i - _COMMAND] = data[i - offset]
             self._command = int.from_bytes(word, "little")
+        self._send(self.raw.write_block, offset, data)
+
+    def _send(self, write: Callable[[int, Any], None], offset: int, payload: Any) -> None:
+        """Send a write whose row is on record already (rows are recorded before they are sent).
+        If it fails, a row says it never reached the board, so the trail does not count it as
+        received; the write's own failure is what propagates."""
         try:
-            self.raw.write_block(offset, data)
+            write(offset, payload)
         except Exception as e:
-            self._not_sent(offset, e)
+            with contextlib.suppress(Exception):
+                self.recorder.add("stages", stage="transport", event="write failed",
+                                  detail=f"the register write to {offset:#07x} just recorded did not reach the "
+                                         f"board: {e}", at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"))
             raise
-
-    def _not_sent(self, offset: int, error: Exception) -> None:
-        """The write's row is on record already (it is recorded before it is sent); say that it
-        never reached the board, so the trail does not count it as received."""
-        import contextlib
-        import datetime as dt
-
-        with contextlib.suppress(Exception):      # the write's own failure is what propagates
-            self.recorder.add("stages", stage="transport", event="write failed",
-                              detail=f"the register write to {offset:#07x} just recorded did not reach the "
-                                     f"board: {error}", at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"))
 
     def close(self) -> None:
         self.raw.close()

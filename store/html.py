@@ -396,14 +396,13 @@ def _first_error_event(db: sqlite_utils.Database, rep: dict[str, Any]) -> tuple[
 
 def _first_error(db: sqlite_utils.Database, rep: dict[str, Any]) -> str:
     event = _first_error_event(db, rep)
-    if event is None and rep["status"] == "running":
+    no_end = {"running": "no error recorded, but the run recorded no end either: its host may have died "
+                         "mid-run ('amdflash resume' finishes it)",
+              "interrupted": "no error recorded, and the run recorded no end: its host died mid-run, and a "
+                             "later run resumed it"}
+    if event is None and rep.get("ended") is None and rep["status"] in no_end:
         return ("<section id=\"first-error\"><h2>First error</h2><p class=\"warn\" data-field=\"first-error\">"
-                "no error recorded, but the run recorded no end either: its host may have died mid-run "
-                "('amdflash resume' finishes it)</p></section>")
-    if event is None and rep["status"] == "interrupted" and rep.get("ended") is None:
-        return ("<section id=\"first-error\"><h2>First error</h2><p class=\"warn\" data-field=\"first-error\">"
-                "no error recorded, and the run recorded no end: its host died mid-run, and a later run "
-                "resumed it</p></section>")
+                f"{no_end[rep['status']]}</p></section>")
     if event is None:
         return "<section id=\"first-error\"><h2>First error</h2><p class=\"ok\">no error recorded</p></section>"
     seq, text = event
@@ -526,13 +525,12 @@ def _chain(c: dict[str, Any]) -> str:
             ("chain_head", "chain head", c.get("head")),
             ("checkpoint_hash", "checkpoint hash", c.get("checkpoint_hash")),
             ("signed_by", "signed by", c.get("signed_by")),
-            ("signature", "signature", c.get("signature")),
-            ("unsealed_rows", "not sealed",
-             f"the run's last {c['unsealed_rows']} row(s): no checkpoint seals them (still being written, or "
-             "their writer died), so what they say is not verified" if c.get("unsealed_rows") else None)]
+            ("signature", "signature", c.get("signature"))]
+    if c.get("unsealed_rows"):
+        rows.append(("unsealed_rows", "not sealed", f"the run's last {c['unsealed_rows']} row(s): no checkpoint "
+                     "seals them (still being written, or their writer died), so what they say is not verified"))
     cells = "".join(f"<tr><th>{escape(label)}</th><td data-field=\"{key}\" class=\"mono\"{_ok_attr(key, c)}>"
-                    f"{_value(value)}</td></tr>" for key, label, value in rows
-                    if value is not None or key != "unsealed_rows")
+                    f"{_value(value)}</td></tr>" for key, label, value in rows)
     return (f"<section id=\"chain\"><h2>Audit chain</h2><table class=\"kv {kind}\">{cells}</table>"
             f"<p class=\"muted\">This run's rows ({c.get('rows')}) and its {c.get('checkpoints')} checkpoints were "
             f"checked when this report was made. 'amdflash audit verify --run RUN_ID --key PUBFILE' checks the "

@@ -150,11 +150,12 @@ def _report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] | None)
         detail = board.get("detail")
     checked = verify_run(db.conn, run_id, keyfiles)
     cp = last_checkpoint(db, run_id)
+    resumes = resumed_by(db, run_id)
     return {
         "run_id": run_id,
         "command": run["command"],
         "arguments": json.loads(run["arguments"] or "{}"),
-        "status": shown_status(status.get("status"), bool(resumed_by(db, run_id))),
+        "status": shown_status(status.get("status"), bool(resumes)),
         "emulated": bool(board.get("emulated")) if board else None,
         "started": run["at"],
         "ended": status.get("at") if status.get("status") != "running" else None,
@@ -166,7 +167,7 @@ def _report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] | None)
         "tool_revision": run["tool_revision"],
         "clock_sync": run["clock_sync"],
         "resumes_run_id": run["resumes_run_id"],
-        "resumed_by": resumed_by(db, run_id),
+        "resumed_by": resumes,
         "finished_by": finished_by(db, run_id),
         "board": {
             "spec": run["board_spec"],

@@ -55,9 +55,9 @@ class RomAperture:
         # runs whichever path the host reads through).
         board.engine.settle(board.clock.now())
         raw = board.chip.aperture_read(address % self.window, 4)
-        if self.board.faults.read_flip:
-            raw = self.board.engine._flip(raw)   # the noisy SPI line the ROM_SW engine reads through too
-        if bswap32(self.board.get32(R.ROM_CNTL)) & R.ROM_CNTL_AUTO_INCREMENT:
+        if board.faults.read_flip:
+            raw = board.engine._flip(raw)   # the noisy SPI line the ROM_SW engine reads through too
+        if bswap32(board.get32(R.ROM_CNTL)) & R.ROM_CNTL_AUTO_INCREMENT:
             _ADDRESS.pack_into(self._pointer, 0, (address + 4) & 0xFFFFFF)
         return int.from_bytes(raw, "little")
 

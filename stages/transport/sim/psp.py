@@ -397,7 +397,7 @@ class PspMailbox:
         board.engine.settle(board.clock.now())        # a ROM_SW transaction already over lands first
         sectors = bytearray(board.files.flash[first:last])
         sectors[address - first:address - first + len(data)] = data
-        if not self.board.chip.psp_update(first, bytes(sectors)):
+        if not board.chip.psp_update(first, bytes(sectors)):
             return False, 0.0
         return True, (last - first) // synth.SECTOR * SECTOR_ERASE_SECONDS + _program_seconds(sectors)
 
