@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from amdflash.pipeline.auditdb import host_key_path, open_for_reading
 from amdflash.pipeline.checks import output_file
 from amdflash.pipeline.errors import EXIT_OK, Refusal
+from amdflash.pipeline import output
+from amdflash.stages.files import write_new
 
 def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction) -> None:
     p = audit_sub.add_parser(
@@ -62,11 +63,11 @@ def cmd_key(args: argparse.Namespace) -> int:
         raise Refusal(f"host key {path}: {e}") from None
     public = keys.public_bytes(key)
     line = keys.public_line(public)
-    print(line)
-    print(f"fingerprint {keys.fingerprint(public)}  (private key: {path})", file=sys.stderr)
+    output.result(line)
+    output.note(f"fingerprint {keys.fingerprint(public)}  (private key: {path})")
     if args.output:
-        args.output.write_text(line + "\n")
-        print(f"wrote {args.output}", file=sys.stderr)
+        write_new(args.output, line + "\n")
+        output.note(f"wrote {args.output}")
     return EXIT_OK
 
 
@@ -90,5 +91,5 @@ def cmd_archive(args: argparse.Namespace) -> int:
         result = archive(path, host_key_path(), before, args.output, move_backups=args.backups == "move")
     except ArchiveRefused as e:
         raise Refusal(str(e)) from None
-    print(result.describe())
+    output.result(result.describe())
     return EXIT_OK

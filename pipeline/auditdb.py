@@ -20,6 +20,7 @@ from amdflash.pipeline.errors import Refusal
 from amdflash.store.migrate import prepare
 from amdflash.store.schema import SchemaError
 from amdflash.store.writer import AuditWriter, StoreUnavailable
+from amdflash.stages.files import private_dir, private_file, readonly_uri
 
 OURS = "meta"   # every amdflash database has this table, with its schema version
 
@@ -44,7 +45,7 @@ def _tables(conn: sqlite3.Connection) -> list[str]:
 def _check_existing(path: Path) -> list[str]:
     """An existing file must be an amdflash database (or empty); its tables."""
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
+        conn = sqlite3.connect(readonly_uri(path), uri=True, timeout=30.0)
         try:
             tables = _tables(conn)
         finally:
@@ -78,11 +79,17 @@ def open_writer(path_text: str) -> AuditWriter:
     why = _describe(path)
     if why:
         raise Refusal(f"audit database {path} is not usable: {why}")
-    directory = path.parent
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise Refusal(f"audit database {path}: cannot create directory {directory} ({e.strerror})") from None
+    directory = path.parent if str(path.parent) else Path(".")
+    if directory.resolve() == config.data_dir().resolve():
+        # Our own data directory (made on first use): the trail and the backups of flash
+        # content are the owner's alone.
+        try:
+            private_dir(directory, tighten=True)
+        except OSError as e:
+            raise Refusal(f"audit database {path}: cannot create directory {directory} ({e.strerror})") from None
+    elif not directory.is_dir():
+        # A directory the user named: a typo must not silently grow a tree of directories.
+        raise Refusal(f"audit database {path}: directory {directory} does not exist (create it first)")
     if not os.access(directory, os.W_OK | os.X_OK):
         # SQLite keeps its WAL and lock files beside the database.
         raise Refusal(f"audit database {path}: directory {directory} is not writable")
@@ -91,6 +98,12 @@ def open_writer(path_text: str) -> AuditWriter:
         if not os.access(path, os.R_OK | os.W_OK):
             raise Refusal(f"audit database {path} is not writable: permission denied")
         _check_existing(path)
+    try:
+        for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            if name == path or name.exists():
+                private_file(name)   # 0600 before SQLite writes: its WAL and -shm take the same mode
+    except OSError as e:
+        raise Refusal(f"audit database {path}: {e.strerror}") from None
     try:
         prepare(str(path), host_key_path())      # created, or upgraded from an older amdflash's
         writer = AuditWriter(str(path), key_path=host_key_path()).open()

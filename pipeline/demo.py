@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from amdflash.pipeline.errors import EXIT_OK, Refusal
+from amdflash.pipeline import output
 
 DEFAULT_DIR = Path("amdflash-demo")
 DEFAULT_SEED = 4
@@ -84,7 +85,7 @@ class _Narrator:
         self.step = 0
 
     def say(self, text: str = "") -> None:
-        print(text, flush=True)
+        output.result(text)
 
     def run(self, title: str, why: str, *argv: str) -> int:
         """One real CLI command, announced as the user would type it."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from amdflash.pipeline import output
 from amdflash.pipeline.checks import output_file
 from amdflash.pipeline.errors import EXIT_OK, Refusal
+from amdflash.stages.files import write_new
 
 UDEV_RULES_FILE = "70-amdflash.rules"
 UDEV_DIR = Path("/etc/udev/rules.d")
@@ -57,7 +58,7 @@ def cmd_udev_rules(args: argparse.Namespace) -> int:
         raise Refusal(f"{args.dir} is not a directory (is udev installed?)")
     if not os.access(args.dir, os.W_OK):
         raise Refusal(f"cannot write {target}: permission denied (run as root, e.g. with sudo)")
-    target.write_text(rules, encoding="utf-8")
+    write_new(target, rules)
     output.note(f"wrote {target}; now run: udevadm control --reload && udevadm trigger")
     return EXIT_OK
 
@@ -82,7 +83,7 @@ def manpage(parser: argparse.ArgumentParser) -> str:
 def cmd_man(args: argparse.Namespace) -> int:
     text = manpage(args.root_parser)   # the whole command line, as main() built it
     if args.output:
-        args.output.write_text(text, encoding="utf-8")
+        write_new(args.output, text)
         output.note(f"wrote {args.output}")
     else:
         output.result(text.rstrip("\n"))

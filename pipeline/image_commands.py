@@ -12,6 +12,7 @@ from amdflash.stages import ifwi
 from amdflash.stages.atom import BytesSource
 from amdflash.stages.partitions import LayoutError, read_layout
 from amdflash.store.files import NotAFile, read_regular
+from amdflash.pipeline import output
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -72,14 +73,14 @@ def cmd_image_info(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps({k: v for k, v in report.items() if k != "lines"}, indent=2))
     else:
-        print(f"image         {args.file} ({report['size']:#x} bytes) sha256={report['sha256']}")
+        output.result(f"image         {args.file} ({report['size']:#x} bytes) sha256={report['sha256']}")
         for problem in report["problems"]:
-            print(f"problem       {problem}")
+            output.result(f"problem       {problem}")
         for line in report.get("lines", []):
-            print(line)
+            output.result(line)
         if report["part_number"]:
-            print(f"image is for part {report['part_number']} (ISH_A → partition A → its ATOM image; "
+            output.result(f"image is for part {report['part_number']} (ISH_A → partition A → its ATOM image; "
                   f"boards are compared on its first ten characters)")
         else:
-            print(f"no part number: {report['error']}")
+            output.result(f"no part number: {report['error']}")
     return EXIT_OK if report["part_number"] else EXIT_FAILED

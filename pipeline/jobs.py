@@ -31,6 +31,7 @@ from amdflash.stages.snapshot import (UnitRead, file_sha256, keep, partial_path,
                                       read_identity, read_unit, write_backup)
 from amdflash.stages.verify import first_mismatch, record_verify
 from amdflash.store.originals import original_units
+from amdflash.stages.files import new_file, write_new
 
 FLASH_SIZE = 0x200000
 UNIT = 0x1000
@@ -120,7 +121,7 @@ class ReadJob:
         stage(dev.recorder, "read", "end")
         sha = hashlib.sha256(data).hexdigest()
         if self.output:
-            self.output.write_bytes(data)
+            write_new(self.output, data)
             info.output.append(f"wrote {self.output} ({len(data):#x} bytes) sha256={sha}")
         else:
             info.output += [data[i:i + 32].hex() for i in range(0, len(data), 32)]
@@ -141,21 +142,15 @@ class DumpJob:
             return await self._aperture(dev, info)
         await identify(dev, self.engine, info)
         stage(dev.recorder, "dump", "start")
-        tmp = self.output.with_name(f".{self.output.name}.partial")
         digest = hashlib.sha256()
-        try:
-            with open(tmp, "wb") as f:
-                for i, address in enumerate(range(0, FLASH_SIZE, UNIT)):
-                    dev.stop.check()
-                    data = await dev.call(read_unit, dev, address, UNIT, self.engine.reads, "dump",
-                                          at=("dump", address))
-                    f.write(data)
-                    digest.update(data)
-                    dev.progress("dump", i + 1, FLASH_SIZE // UNIT)
-        except BaseException:
-            tmp.unlink(missing_ok=True)   # a dump is written whole or not at all
-            raise
-        tmp.replace(self.output)
+        with new_file(self.output) as f:      # whole or not at all; nothing planted is followed
+            for i, address in enumerate(range(0, FLASH_SIZE, UNIT)):
+                dev.stop.check()
+                data = await dev.call(read_unit, dev, address, UNIT, self.engine.reads, "dump",
+                                      at=("dump", address))
+                f.write(data)
+                digest.update(data)
+                dev.progress("dump", i + 1, FLASH_SIZE // UNIT)
         sha = digest.hexdigest()
         dev.recorder.add("backups", sha256=sha, size=FLASH_SIZE, path=str(self.output.resolve()), at=None)
         stage(dev.recorder, "dump", "end", sha)
@@ -187,7 +182,7 @@ class DumpJob:
         data = await dev.call(run)
         aperture.check_raw_dump(data)
         sha = hashlib.sha256(data).hexdigest()
-        self.output.write_bytes(data)
+        write_new(self.output, data)
         dev.recorder.add("backups", sha256=sha, size=FLASH_SIZE, path=str(self.output.resolve()), at=None)
         stage(dev.recorder, "dump", "end", sha)
         info.output.append(f"wrote {self.output} ({FLASH_SIZE:#x} bytes via ROM aperture) sha256={sha}")

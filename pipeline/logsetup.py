@@ -18,6 +18,8 @@ from typing import Any
 
 import structlog
 
+from amdflash.pipeline.terminal import printable
+
 QUIET, NORMAL, VERBOSE, TRACE = -1, 0, 1, 2
 
 
@@ -57,7 +59,8 @@ def _human(logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
     shown = {k: v for k, v in event.items() if k != "event" and (k not in _CONTEXT or level == "debug")
              and v is not None}
     fields = " ".join(f"{k}={v}" for k, v in shown.items())
-    text = f"{message} {fields}".strip() if fields else message
+    # Messages quote file names, serials, part numbers and trail rows: never raw to a terminal.
+    text = printable(f"{message} {fields}".strip() if fields else message, multiline=True)
     if level in ("warning", "error", "critical", "debug"):
         return f"{'warning' if level == 'warning' else level}: {text}"
     return text

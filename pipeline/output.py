@@ -1,5 +1,8 @@
 """Where the CLI's words go: results on stdout, human messages and errors on stderr.
 
+Every line is made printable first (`terminal.printable`): what a board, an image, a file
+name or the trail says never reaches the terminal as control sequences.
+
 stdout carries results only (text, or JSON objects), so it can be piped; a reader that
 stops early (`| head`) ends the output quietly, without a traceback and without changing
 the exit status. Messages go through the logger, so --log-json keeps stderr pure JSON and
@@ -13,6 +16,7 @@ import sys
 from typing import Any
 
 from amdflash.pipeline.logsetup import logger
+from amdflash.pipeline.terminal import printable
 
 _closed = False
 
@@ -32,7 +36,7 @@ def result(text: str = "") -> None:
     if _closed:
         return
     try:
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(printable(text, multiline=True) + "\n")
         sys.stdout.flush()
     except BrokenPipeError:
         _stdout_gone()

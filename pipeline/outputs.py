@@ -27,15 +27,22 @@ def has_fields(template: Path) -> bool:
     return any(f in str(template) for f in FIELDS)
 
 
+def field_value(text: str) -> str:
+    """A value a board or the user's spec gave, as part of a file name: letters, digits, '.',
+    '-' and '_' only, starting and ending with neither '.' nor '_' — a serial cannot reach another directory."""
+    safe = _UNSAFE.sub("_", text).strip("_.")
+    return safe or "unknown"
+
+
 def for_board(template: Path, n: int, spec: BoardSpec) -> Path:
     """The template with {n} and {spec} filled in, and {serial} if the spec already names it."""
-    text = str(template).replace("{n}", str(n)).replace("{spec}", _UNSAFE.sub("_", str(spec)).strip("_"))
+    text = str(template).replace("{n}", str(n)).replace("{spec}", field_value(str(spec)))
     serial = known_serial(spec)
     return Path(text.replace("{serial}", serial) if serial else text)
 
 
 def with_serial(path: Path, serial: str | None) -> Path:
-    return Path(str(path).replace("{serial}", serial or "unknown"))
+    return Path(str(path).replace("{serial}", field_value(serial or "unknown")))
 
 
 def known_serial(spec: BoardSpec) -> str | None:
@@ -43,9 +50,10 @@ def known_serial(spec: BoardSpec) -> str | None:
         return spec.selector
     if spec.kind == "sim":
         try:
-            return json.loads((Path(spec.selector) / "board.json").read_text()).get("serial")
-        except (OSError, ValueError):
+            serial = json.loads((Path(spec.selector) / "board.json").read_text()).get("serial")
+        except (OSError, ValueError, AttributeError):
             return None
+        return field_value(str(serial)) if serial else None
     return None
 
 

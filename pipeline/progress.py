@@ -29,6 +29,7 @@ from rich.text import Text
 
 from amdflash.pipeline.events import RowTap, TappedRecorder, debug_tap, wants_trace
 from amdflash.pipeline.logsetup import QUIET, logger, settings
+from amdflash.pipeline.terminal import printable
 
 UNIT = 0x1000
 # Bytes per unit each stage counts in; stages not listed count items (ifwi-all).
@@ -237,7 +238,7 @@ class ProgressBoard:
             table.add_column(name, overflow="fold")
         table.add_column("state", overflow="fold")
         for b in boards:
-            cells: list[Any] = [Text(b.board)]
+            cells: list[Any] = [Text(printable(b.board))]
             for name in names:
                 s = b.stages.get(name)
                 cells.append(self._cell(b, s) if s else Text("-", style="dim"))

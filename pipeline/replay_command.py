@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
+from amdflash.pipeline import output
 
 DESCRIPTION = """\
 Rebuild the board of RUN_ID as the run found it — flash content from the run's backup,
@@ -75,7 +76,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(result.to_json(), indent=2))
     else:
-        print(render_text(result))
+        output.result(render_text(result))
     return EXIT_OK if result.identical else EXIT_FAILED
 
 

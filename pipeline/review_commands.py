@@ -3,6 +3,7 @@ audit datasette-metadata."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
@@ -13,6 +14,8 @@ from collections.abc import Callable
 from amdflash.pipeline.commands import db_path
 from amdflash.pipeline.checks import output_file
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
+from amdflash.pipeline import output
+from amdflash.stages.files import new_file, write_new
 
 DATASETTE_METADATA = "datasette_metadata.json"
 # The database key of the packaged metadata: datasette names a database by its file stem.
@@ -104,22 +107,19 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
                 return EXIT_FAILED
         else:
             # Written aside and renamed: an interrupted export never leaves a plausible file.
-            partial = args.output.with_name(args.output.name + ".partial")
-            try:
-                with open(partial, "w", encoding="utf-8", newline="") as f:
-                    summary = export(db.conn, f, args.format, [run_id] if run_id else None)
-                os.replace(partial, args.output)
-            except BaseException:
-                partial.unlink(missing_ok=True)
-                raise
+            with new_file(args.output) as raw:
+                text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+                summary = export(db.conn, text, args.format, [run_id] if run_id else None)
+                text.flush()
+                text.detach()      # new_file closes (and fsyncs) the file itself
     finally:
         db.conn.close()
     scope = f"run {run_id}" if run_id else "the whole trail"
     where = f"wrote {args.output}" if args.output else "exported"
     head = f"; last checkpoint #{summary.head.id} hash {summary.head.hash.hex()}" if summary.head else ""
     left = f"; {summary.unsealed} rows not sealed yet were left out" if summary.unsealed else ""
-    print(f"{where}: {summary.rows} rows and {summary.checkpoints} signed checkpoints of {scope}, "
-          f"{args.format}{head}{left}", file=sys.stderr)
+    output.note(f"{where}: {summary.rows} rows and {summary.checkpoints} signed checkpoints of {scope}, "
+                f"{args.format}{head}{left}")
     return EXIT_OK
 
 
@@ -133,7 +133,7 @@ def cmd_verify_export(path: Path, keyfiles: list[Path] | None = None) -> int:
         report = verify_export(path, keyfiles)
     except KeyError_ as e:
         raise Refusal(str(e)) from None
-    print(report.describe())
+    output.result(report.describe())
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
@@ -172,7 +172,7 @@ def cmd_datasette_metadata(args: argparse.Namespace) -> int:
     if args.output is None:
         sys.stdout.write(text)
     else:
-        args.output.write_text(text, encoding="utf-8")
-        print(f"wrote {args.output} (database name {name!r})\n"
-              f"  browse: datasette {db} -m {args.output}   (pip install 'amdflash[datasette]')", file=sys.stderr)
+        write_new(args.output, text)
+        output.note(f"wrote {args.output} (database name {name!r})\n"
+                    f"  browse: datasette {db} -m {args.output}   (pip install 'amdflash[datasette]')")
     return EXIT_OK

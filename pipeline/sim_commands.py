@@ -13,6 +13,8 @@ from amdflash.stages.transport.sim.create import BoardExistsError
 from amdflash.stages.transport.sim.faults import FAULT_HELP, Faults, FaultSpecError
 from amdflash.stages.transport.sim.catalog import DEFAULT_PART, all_parts
 from amdflash.stages.transport.sim.state import COUNTER_NAMES, BoardFiles
+from amdflash.pipeline import output
+from amdflash.stages.files import write_new
 
 
 def _int(text: str) -> int:
@@ -143,23 +145,23 @@ def cmd_create(args: argparse.Namespace) -> int:
     files = BoardFiles(path)
     try:
         cfg = files.config
-        print(f"created emulated board {path} (synthetic hardware, not an AMD device)")
-        print(f"  spec:      sim:{path}")
-        print(f"  content:   {cfg['content']}   transport: {cfg['transport']}   seed: {cfg['seed']}")
-        print(f"  serial:    {cfg['serial']}   unique id: {cfg['unique_id']}")
-        print(f"  chip:      {all_parts()[cfg['chip']].description}")
+        output.result(f"created emulated board {path} (synthetic hardware, not an AMD device)")
+        output.result(f"  spec:      sim:{path}")
+        output.result(f"  content:   {cfg['content']}   transport: {cfg['transport']}   seed: {cfg['seed']}")
+        output.result(f"  serial:    {cfg['serial']}   unique id: {cfg['unique_id']}")
+        output.result(f"  chip:      {all_parts()[cfg['chip']].description}")
         variant = [k for k, v in cfg["variant"].items() if v]
         if not cfg.get("strict", True):
             variant.append("lenient (protocol violations counted, not raised)")
         if args.cmp or args.bp:
             variant.append(f"SR: CMP={int(args.cmp)} BP={args.bp}")
         if variant:
-            print(f"  variant:   {', '.join(variant)}")
+            output.result(f"  variant:   {', '.join(variant)}")
         if cfg.get("bridge"):
-            print(f"  bridge:    {_describe_bridge(cfg['bridge'])}")
+            output.result(f"  bridge:    {_describe_bridge(cfg['bridge'])}")
         faults = Faults.from_json(cfg["faults"]).describe()
         if faults:
-            print(f"  faults:    {', '.join(faults)}")
+            output.result(f"  faults:    {', '.join(faults)}")
     finally:
         files.close()
     return 0
@@ -171,10 +173,10 @@ def cmd_image(args: argparse.Namespace) -> int:
         data = bytes(files.flash[:])
     finally:
         files.close()
-    args.output.write_bytes(data)
+    write_new(args.output, data)
     import hashlib
 
-    print(f"wrote {args.output} ({len(data):#x} bytes) sha256={hashlib.sha256(data).hexdigest()}")
+    output.result(f"wrote {args.output} ({len(data):#x} bytes) sha256={hashlib.sha256(data).hexdigest()}")
     return 0
 
 
@@ -187,7 +189,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
             if name not in ("modelled_seconds", "spi_seconds", "flash_busy_seconds", "sleep_seconds"):
                 stats[name] = int(stats[name])
         json.dump(stats, sys.stdout, indent=2)
-        print()
+        output.result()
         if args.reset:
             for i in range(len(COUNTER_NAMES)):
                 counters[i] = 0.0
@@ -201,10 +203,10 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from amdflash.stages.transport.sim.synth import synthetic_ifwi
 
     data = synthetic_ifwi(args.seed)
-    args.output.write_bytes(data)
+    write_new(args.output, data)
     import hashlib
 
-    print(f"wrote synthetic IFWI {args.output} (seed {args.seed}, not an AMD image) "
+    output.result(f"wrote synthetic IFWI {args.output} (seed {args.seed}, not an AMD image) "
           f"sha256={hashlib.sha256(data).hexdigest()}")
     return 0
 
@@ -221,7 +223,7 @@ def cmd_fault(args: argparse.Namespace) -> int:
         files.config["faults"] = faults.to_json()
         files.save_config()
         _restart_fault_counts(files, faults)
-        print(f"faults on {args.path}: {', '.join(faults.describe()) or 'none'}")
+        output.result(f"faults on {args.path}: {', '.join(faults.describe()) or 'none'}")
     finally:
         files.close()
     return 0

@@ -9,6 +9,7 @@ from amdflash.pipeline import commands, output
 from amdflash.pipeline.checks import output_file, writable_output
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK
 from amdflash.store.read_checks import describe as describe_reads
+from amdflash.stages.files import write_new
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
@@ -76,7 +77,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         text = render_text(rep)
     if args.output:
-        args.output.write_text(text)
+        write_new(args.output, text)
         output.note(f"wrote {args.output}")
     else:
         output.result(text)

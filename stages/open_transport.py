@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.base import Bar5, BoardIdentity
-from amdflash.stages.transport.lock import BoardLock, sim_key
+from amdflash.stages.transport.lock import BoardLock, sim_lock
 
 if TYPE_CHECKING:
     from amdflash.stages.transport.amdgpu import AmdgpuBoard
@@ -73,7 +73,7 @@ def open_transport(spec: BoardSpec, announce=print) -> tuple[Bar5 | AmdgpuBoard,
 
         if not os.path.isfile(os.path.join(spec.selector, "board.json")):
             raise BoardSpecError(f"{spec.selector} is not an emulated board (create one with 'amdflash sim create')")
-        lock = BoardLock(sim_key(spec.selector)).acquire()
+        lock = sim_lock(spec.selector).acquire()
         try:
             return SimBar5(spec.selector), lock
         except BaseException:

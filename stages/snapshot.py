@@ -26,6 +26,7 @@ from amdflash.stages.flash.spinor import FlashIdentity, SpiNor
 from amdflash.stages.identify import record_identity
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.navi31.romsw import RomSw
+from amdflash.stages.files import PRIVATE, create_new, private_dir
 
 # Everything the ROM_SW and aperture paths may touch, captured before any change.
 SNAPSHOT_REGISTERS = (
@@ -181,12 +182,13 @@ def partial_path(backup_dir: Path, run_id: str) -> Path:
 def write_backup(backup_dir: Path, run_id: str, units: Iterable[bytes]) -> tuple[str, int, Path]:
     """Write the image, fsync it, name it by its SHA-256 and fsync the directory: once this
     returns, the file survives a crash of the host. Returns (sha256, size, path)."""
-    backup_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(backup_dir, tighten=True)    # flash content: the owner's alone (0700, files 0600)
     tmp = partial_path(backup_dir, run_id)
+    tmp.unlink(missing_ok=True)   # a killed run's leftover (resume removes it too)
     digest = hashlib.sha256()
     size = 0
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(create_new(tmp, PRIVATE), "wb") as f:
             for data in units:
                 f.write(data)
                 digest.update(data)

@@ -26,6 +26,7 @@ from amdflash.store.chain import Checkpoint, load_checkpoints
 from amdflash.store.export import export, verify_export
 from amdflash.store.verify import RUN_KINDS, _base
 from amdflash.store.writer import ChainWriter, Signer, default_anchor, now_iso, sign_and_insert
+from amdflash.stages.files import PRIVATE, create_new, private_dir
 
 
 class ArchiveRefused(RuntimeError):
@@ -91,7 +92,7 @@ def archive(db_path: str, key_path: Path, before: dt.datetime, out: Path, move_b
             raise
         for path in moved:
             target = out.with_name(out.name + ".backups") / Path(path).name
-            target.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(target.parent)
             shutil.move(path, target)
         ChainWriter(conn, signer, default_anchor(db_path))._write_anchor(seal)
         conn.execute("VACUUM")
@@ -152,7 +153,9 @@ def _prefix(conn: sqlite3.Connection, checkpoints: list[Checkpoint], runs: dict[
 
 def _write(conn: sqlite3.Connection, out: Path, runs: list[str], k: int) -> _Written:
     partial = out.with_name(out.name + ".partial")
-    with open(partial, "w", encoding="utf-8", newline="") as f:
+    partial.unlink(missing_ok=True)
+    # The record itself (rows and the flash content they refer to): the owner's alone.
+    with os.fdopen(create_new(partial, PRIVATE), "w", encoding="utf-8", newline="") as f:
         export(conn, f, "jsonl", runs, scope="archive", through=k)
         f.flush()
         os.fsync(f.fileno())
@@ -175,7 +178,10 @@ def _backups(conn: sqlite3.Connection, runs: set[str], out: Path) -> list[str]:
     marks = ",".join("?" * len(runs))
     theirs = {p for (p,) in conn.execute(f"SELECT path FROM backups WHERE run_id IN ({marks})", list(runs))}
     kept = {p for (p,) in conn.execute(f"SELECT path FROM backups WHERE run_id NOT IN ({marks})", list(runs))}
-    return sorted(p for p in theirs - kept if p and Path(p).is_file())
+    # Only amdflash's own backup files move: a path a row names elsewhere is never touched.
+    own = (Path(conn.execute("PRAGMA database_list").fetchone()[2]).parent / "backups").resolve()
+    return sorted(p for p in theirs - kept
+                  if p and Path(p).is_file() and not Path(p).is_symlink() and Path(p).resolve().parent == own)
 
 
 def _prune(conn: sqlite3.Connection, runs: set[str], k: int) -> int:

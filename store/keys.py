@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from amdflash.store.files import NotAFile, read_regular
+from amdflash.stages.files import create_new, private_dir
 
 PUBLIC_PREFIX = "amdflash-ed25519"
 KEY_FILE_LIMIT = 64 * 1024   # a PEM key is a few hundred bytes
@@ -32,12 +33,12 @@ def load_or_create(path: Path) -> Ed25519PrivateKey:
     """The host key at `path`, created (mode 0600, in a directory of its own) if missing."""
     if path.exists():
         return load_private(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = create_new(path, 0o600)
     except FileExistsError:
         return load_private(path)   # another amdflash process made it first
     with os.fdopen(fd, "wb") as f:

@@ -36,6 +36,7 @@ each checkpoint — signed with the recording host's key — seals a run's chain
 from __future__ import annotations
 
 import sqlite3
+from amdflash.stages.files import readonly_uri
 from dataclasses import dataclass
 
 SCHEMA_VERSION = 2
@@ -302,7 +303,7 @@ def _split(script: str) -> list[str]:
 def connect(path: str, readonly: bool = False) -> sqlite3.Connection:
     """A connection in autocommit mode: every transaction is explicit (BEGIN ... COMMIT)."""
     if readonly:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0, isolation_level=None,
+        conn = sqlite3.connect(readonly_uri(path), uri=True, timeout=30.0, isolation_level=None,
                                check_same_thread=False)
     else:
         conn = sqlite3.connect(path, timeout=30.0, check_same_thread=False, isolation_level=None)

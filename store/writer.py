@@ -717,7 +717,7 @@ class ChainWriter:
         line = json.dumps({"checkpoint": cp.id, "hash": cp.hash.hex(), "sig": cp.sig.hex(),
                            "key": keys.fingerprint(cp.public_key), "at": cp.at}, separators=(",", ":")) + "\n"
         try:
-            fd = os.open(self.anchor, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(self.anchor, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 os.write(fd, line.encode())
             finally:

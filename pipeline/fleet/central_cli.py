@@ -17,6 +17,7 @@ from pathlib import Path
 from amdflash.pipeline import output
 from amdflash.pipeline.checks import output_file
 from amdflash.pipeline.errors import EXIT_OK, Refusal, UsageError
+from amdflash.stages.files import write_new
 
 ENV_CENTRAL = "AMDFLASH_CENTRAL"
 
@@ -160,7 +161,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         text = page if page is not None else render_text(rep)
     if args.output:
-        args.output.write_text(text)
+        write_new(args.output, text)
         output.note(f"wrote {args.output}")
     else:
         output.result(text)

@@ -12,6 +12,8 @@ from typing import Any
 
 from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.checks import output_file
+from amdflash.pipeline import output
+from amdflash.stages.files import write_new
 
 EXTRA_HINT = "the fleet commands need labgrid: pip install 'amdflash[fleet]'"
 FLASH_SIZE = 2 * 1024 * 1024   # the GD25LQ16E: 2 MiB
@@ -168,14 +170,12 @@ def cmd_exporter_config(args: argparse.Namespace) -> int:
         raise Refusal(str(e)) from None
     text = render(groups, notes)
     if args.output:
-        tmp = args.output.with_name(args.output.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(args.output)   # an exporter restarting meanwhile never reads half a file
-        print(f"wrote {args.output}: {len(groups)} board(s)", file=sys.stderr)
+        write_new(args.output, text)   # renamed into place: an exporter restarting never reads half a file
+        output.note(f"wrote {args.output}: {len(groups)} board(s)")
     else:
         sys.stdout.write(text)
     for note in notes:
-        print(f"note: {note}", file=sys.stderr)
+        output.note(f"note: {note}")
     return 0
 
 
@@ -221,7 +221,7 @@ async def _places(args: argparse.Namespace, tags: dict[str, str]) -> int:
     else:
         for p in listed:
             tag_text = ",".join(f"{k}={v}" for k, v in sorted(p["tags"].items()))
-            print(f"{p['place']:40} {'created' if p['created'] else 'exists ':8} {tag_text:30} {p['spec']}")
+            output.result(f"{p['place']:40} {'created' if p['created'] else 'exists ':8} {tag_text:30} {p['spec']}")
     return 0
 
 
@@ -268,9 +268,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def print_summary(result: Any) -> None:
     for row in result.rows:
         for line in row.lines:
-            print(f"[{row.board}] {line}")
+            output.result(f"[{row.board}] {line}")
     header = f"{'board':34} {'host':12} {'run':26} {'status':12} {'modelled s':>10} {'wall s':>8}  note"
-    print(header)
+    output.result(header)
     for r in result.rows:
         modelled = f"{r.modelled_seconds:.2f}" if r.modelled_seconds is not None else "-"
         wall = f"{r.wall_seconds:.2f}" if r.wall_seconds is not None else "-"
@@ -278,9 +278,9 @@ def print_summary(result: Any) -> None:
         if r.resumes and r.error:
             note = f"resumed {r.resumes}; {note}"
         run_id = r.run_id or "-"
-        print(f"{r.board[-34:]:34} {r.host[:12]:12} {run_id:26} {r.status:12} {modelled:>10} {wall:>8}  {note}")
+        output.result(f"{r.board[-34:]:34} {r.host[:12]:12} {run_id:26} {r.status:12} {modelled:>10} {wall:>8}  {note}")
     for note in result.notes:
-        print(f"note: {note}", file=sys.stderr)
+        output.note(f"note: {note}")
 
 
 def cmd_job(args: argparse.Namespace) -> int:

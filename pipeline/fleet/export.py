@@ -87,26 +87,19 @@ def previous_identities(path: Path | None) -> dict[str, dict[str, Any]]:
 def _list_sim(d: str, earlier: dict[str, Any] | None) -> dict[str, Any] | None:
     """`amdflash list` of one emulated board, or what an earlier configuration knew while it is busy.
 
-    A job reaches an emulated board by its sim: spec, which the command line locks by path;
-    listing it through the emulated USB bridge would not see that lock, so it is taken here.
+    The emulated bridge in front of the board takes the board's own lock (its directory, as a
+    job's sim: spec does), so a board busy with a job lists as busy without being touched.
     """
-    from amdflash.stages.transport.lock import BoardBusy, BoardLock, sim_key
-
-    try:
-        lock = BoardLock(sim_key(d)).acquire()
-    except BoardBusy as e:
-        if not earlier:
-            return None
-        return {"kind": "usb", "spec": "usb:0", "serial": earlier.get("bridge_serial"), "emulated": True,
-                "status": f"busy (pid {e.pid})" if e.pid else "busy",
-                **{k: earlier[k] for k in ("chip", "jedec", "unique_id") if k in earlier}}
-    try:
-        found = _list_boards(d)
-    finally:
-        lock.release()
+    found = _list_boards(d)
     if len(found) != 1:
         raise RuntimeError(f"{d}: expected one emulated bridge, amdflash list shows {len(found)}")
-    return found[0]
+    entry = found[0]
+    if not str(entry.get("status") or "").startswith("busy"):
+        return entry
+    if not earlier:
+        return None
+    return {**entry, "serial": entry.get("serial") or earlier.get("bridge_serial"),
+            **{k: earlier[k] for k in ("chip", "jedec", "unique_id") if k in earlier}}
 
 
 def host_boards(sim_dirs: list[str], hardware: bool, db: str, command: str,

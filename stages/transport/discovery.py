@@ -29,7 +29,8 @@ from amdflash.stages.transport.amdgpu import AmdgpuBoard, AmdgpuDevice, find_amd
 from amdflash.stages.transport.base import Bar5, TransportError
 from amdflash.stages.transport.lock import BoardBusy, BoardLock
 from amdflash.stages.transport.pci import SYSFS_PCI_DEVICES, PciBar5, PciDevice, find_devices, normalise_address
-from amdflash.stages.transport.usb import BridgeInfo, LinkDown, UnexpectedDevice, UsbBar5, default_backend, find_bridges
+from amdflash.stages.transport.usb import (BridgeInfo, LinkDown, UnexpectedDevice, UsbBar5, default_backend,
+                                           device_node, find_bridges)
 
 ENV_SIM_USB = "AMDFLASH_SIM_USB"
 ENV_SYSFS_PCI = "AMDFLASH_SYSFS_PCI"
@@ -133,10 +134,19 @@ def select_usb(bridges: list[BridgeInfo], selector: str) -> int:
     raise TransportError(f"usb:{selector}: expected a bridge index (usb:0) or an 8-hex-digit serial")
 
 
+def usb_lock(backend: Any, bridge: BridgeInfo) -> BoardLock:
+    """The bridge's lock: its device node, or what the backend says is the board behind it
+    (an emulated bridge: the board's directory, the very lock its sim: spec takes)."""
+    hook = getattr(backend, "lock_path_for", None)
+    if hook is not None:
+        return BoardLock(bridge.lock_key, hook(bridge.device))
+    return BoardLock(bridge.lock_key, device_node(bridge.bus, bridge.address))
+
+
 def _open_usb(scan: UsbScan, index: int) -> tuple[Bar5, BoardLock]:
     bridge = scan.usable[index]
     try:
-        lock = BoardLock(bridge.lock_key).acquire()
+        lock = usb_lock(scan.backend, bridge).acquire()
     except BaseException:
         scan.close()
         raise
@@ -158,7 +168,7 @@ def sysfs_root() -> Path:
 
 
 def _open_pci(device: PciDevice, announce: Announce, unbind_driver: bool) -> tuple[Bar5, BoardLock]:
-    lock = BoardLock(device.spec).acquire()
+    lock = BoardLock(device.spec, device.path).acquire()
     try:
         return PciBar5(device, unbind_driver=unbind_driver, announce=announce), lock
     except BaseException:
@@ -192,7 +202,7 @@ def _open_amdgpu(device: AmdgpuDevice, unbind_driver: bool) -> tuple[AmdgpuBoard
     if unbind_driver:
         raise TransportError(f"{device.spec} works through the bound amdgpu driver; --unbind-driver contradicts it "
                              f"(use pci:{device.address} --unbind-driver for the ROM_SW path)")
-    lock = BoardLock(device.pci.spec).acquire()   # the PCI key: never amdgpu and ROM_SW at once
+    lock = BoardLock(device.pci.spec, device.path).acquire()   # the PCI device's: never amdgpu and ROM_SW at once
     try:
         return AmdgpuBoard(device), lock
     except BaseException:
@@ -259,10 +269,10 @@ def open_spec(spec: Spec, announce: Announce = _stderr) -> tuple[Bar5 | AmdgpuBo
 
 # -- listing --------------------------------------------------------------------------------------
 
-def _lock_for_listing(key: str, entry: dict[str, Any]) -> BoardLock | None:
+def _lock_for_listing(lock: BoardLock, entry: dict[str, Any]) -> BoardLock | None:
     """The board's lock, or None with the entry saying who holds it: `list` never waits."""
     try:
-        return BoardLock(key).acquire()
+        return lock.acquire()
     except BoardBusy as e:
         entry["status"] = f"busy (pid {e.pid})" if e.pid else "busy"
         return None
@@ -278,7 +288,7 @@ def _list_usb(index: int | None, bridge: BridgeInfo, scan: UsbScan, probe: Probe
     if bridge.error:
         entry["error"] = bridge.error
         return entry
-    lock = _lock_for_listing(bridge.lock_key, entry)
+    lock = _lock_for_listing(usb_lock(scan.backend, bridge), entry)
     if lock is None:
         return entry
     try:
@@ -309,7 +319,7 @@ def _list_pci(device: PciDevice, announce: Announce, probe: Probe) -> dict[str, 
     if device.driver:
         entry["status"] = f"kernel driver {device.driver} bound: not probed (see --unbind-driver)"
         return entry
-    lock = _lock_for_listing(device.spec, entry)
+    lock = _lock_for_listing(BoardLock(device.spec, device.path), entry)
     if lock is None:
         return entry
     try:

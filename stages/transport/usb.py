@@ -26,6 +26,8 @@ The transport clock is the backend's `clock_for(device)` when the backend offers
 from __future__ import annotations
 
 import errno
+import os
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +41,7 @@ from amdflash.stages.transport.base import BoardIdentity, Clock, TransportError,
 BRIDGE_IDS: tuple[tuple[int, int], ...] = ((0xADD1, 0x0001), (0x3801, 0x0001))
 PRODUCT_PREFIXES = ("custom", "AS2462")
 BLANK_SERIAL = "ffffffff"
+SERIAL_FORMAT = re.compile(r"[0-9a-f]{8}")   # what the firmware reports (docs/bridge.md)
 LANGID_EN_US = 0x0409
 UDEV_RULES = (
     'SUBSYSTEMS=="usb", ATTRS{idVendor}=="add1", ATTRS{idProduct}=="0001", TAG+="uaccess"\n'
@@ -95,6 +98,14 @@ def default_backend() -> Any:
         return libusb_package.get_libusb1_backend()
     except Exception:
         return None
+
+
+def device_node(bus: int | None, address: int | None) -> str | None:
+    """The bridge's device node (usbfs), the object its lock is taken on; None where there is none."""
+    if bus is None or address is None:
+        return None
+    path = f"/dev/bus/usb/{bus:03d}/{address:03d}"
+    return path if os.path.exists(path) else None
 
 
 def clock_for(backend: Any, device: usb.core.Device) -> Clock:
@@ -205,6 +216,13 @@ def _describe(device: usb.core.Device) -> BridgeInfo:
         except usb.core.USBError:
             pass
     bridge = BridgeInfo(**info)
+    if bridge.serial is not None and not bridge.foreign_firmware and not SERIAL_FORMAT.fullmatch(bridge.serial):
+        # The firmware reports 8 lowercase hex digits; anything else is not our bridge speaking,
+        # and the string would go on to name files and fill terminals: it is shown escaped, not used.
+        shown = bridge.serial.encode("unicode_escape", "backslashreplace").decode("ascii")[:64]
+        return BridgeInfo(**{**info, "serial": None,
+                             "error": f"serial string '{shown}' is not the 8 lowercase hex digits the custom "
+                                      "ASM24 firmware reports: bridge not used"})
     if bridge.foreign_firmware:
         return BridgeInfo(**{**info, "error": f"product {bridge.product!r} is not the custom ASM24 firmware "
                                                f"(expected a name starting {' or '.join(PRODUCT_PREFIXES)})"})

@@ -165,10 +165,10 @@ def test_bad_arguments_are_one_line_usage_errors(amdflash, make_board, argv, nee
 
 
 def test_a_busy_board_is_a_refused_run_on_record(amdflash, make_board):
-    from amdflash.stages.transport.lock import BoardLock, sim_key
+    from amdflash.stages.transport.lock import sim_lock
 
     board = make_board(transport="ideal")
-    with BoardLock(sim_key(board)):
+    with sim_lock(board):
         r = amdflash("info", "--board", f"sim:{board}")
     refused(r, f"board busy (pid {os.getpid()})")
     runs = amdflash("runs", "--json")

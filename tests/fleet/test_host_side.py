@@ -62,7 +62,7 @@ def test_a_board_busy_with_a_job_keeps_its_identity_when_the_configuration_is_re
     never waits for that board, and its published identity stays what it was."""
     from labgrid.remote.config import ResourceConfig
 
-    from amdflash.stages.transport.lock import BoardLock, sim_key
+    from amdflash.stages.transport.lock import sim_lock
 
     locks = {"AMDFLASH_LOCK_DIR": str(tmp_path / "locks")}
     monkeypatch.setenv("AMDFLASH_LOCK_DIR", locks["AMDFLASH_LOCK_DIR"])
@@ -74,13 +74,13 @@ def test_a_board_busy_with_a_job_keeps_its_identity_when_the_configuration_is_re
         return {r["NetworkAmdflashBoard"]["spec"]: r["NetworkAmdflashBoard"]
                 for r in ResourceConfig(str(out), {"hostname": "h"}).data.values()}
 
-    with BoardLock(sim_key(busy)):
+    with sim_lock(busy):
         first = amdflash(*args, cwd=tmp_path, env=locks)             # no earlier file: left out, said so
         assert first.returncode == 0 and "busy with a job" in first.stderr
         assert list(published()) == [f"sim:{idle}"]
     assert amdflash(*args, cwd=tmp_path, env=locks).returncode == 0
     before = published()
-    with BoardLock(sim_key(busy)):
+    with sim_lock(busy):
         again = amdflash(*args, cwd=tmp_path, env=locks)
     assert again.returncode == 0 and "identity is kept" in again.stderr
     assert published() == before

@@ -88,7 +88,7 @@ def run_cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
 HOLDER = """
 import sys
 from amdflash.stages.transport.lock import BoardLock
-lock = BoardLock(sys.argv[1]).acquire()
+lock = BoardLock(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None).acquire()
 print("locked", flush=True)
 sys.stdin.read()
 """
@@ -97,8 +97,8 @@ sys.stdin.read()
 class LockHolder:
     """Another process holding a board's lock until `release()`."""
 
-    def __init__(self, key: str):
-        self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, key], stdin=subprocess.PIPE,
+    def __init__(self, key: str, resource: str | None = None):
+        self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, key, *([resource] if resource else [])], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=dict(os.environ))
         assert self.proc.stdout is not None
         assert self.proc.stdout.readline().strip() == "locked"
@@ -118,8 +118,8 @@ class LockHolder:
 def hold_lock() -> Iterator[Callable[[str], LockHolder]]:
     holders: list[LockHolder] = []
 
-    def make(key: str) -> LockHolder:
-        h = LockHolder(key)
+    def make(key: str, resource: str | None = None) -> LockHolder:
+        h = LockHolder(key, resource)
         holders.append(h)
         return h
 

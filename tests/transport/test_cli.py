@@ -48,7 +48,7 @@ def test_list_text_and_json(make_board, tmp_path):
 
 def test_a_board_held_by_another_process_exits_2_board_busy(make_board, tmp_path, hold_lock):
     path = make_board()
-    holder = hold_lock(sim_key(path))
+    holder = hold_lock(sim_key(path), str(path))
     result = run_cli(tmp_path, "info", "--board", f"sim:{path}")
     assert result.returncode == 2, result.stderr
     assert f"board busy (pid {holder.pid})" in result.stderr and "Traceback" not in result.stderr
@@ -57,8 +57,10 @@ def test_a_board_held_by_another_process_exits_2_board_busy(make_board, tmp_path
 
 
 def test_a_usb_bridge_held_by_another_process_exits_2_and_list_shows_it(make_board, tmp_path, hold_lock):
+    """The other process holds the board by its sim: path; the emulated bridge in front of the
+    same board is the same board (one lock, on the board directory)."""
     path = make_board()
-    holder = hold_lock(f"usb:{serial_of(path)}")
+    holder = hold_lock(sim_key(path), str(path))
     env = sim_usb_env(path)
     result = run_cli(tmp_path, "info", "--board", f"usb:{serial_of(path)}", env=env)
     assert result.returncode == 2, result.stderr

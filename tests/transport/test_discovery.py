@@ -107,7 +107,7 @@ def test_a_second_open_of_the_same_bridge_is_busy_and_releases_everything(sim_us
 
 def test_the_lock_is_taken_before_the_board_is_touched(sim_usb, hold_lock):
     [path] = sim_usb(1)
-    holder = hold_lock(f"usb:{serial_of(path)}")
+    holder = hold_lock(f"usb:{serial_of(path)}", str(path))   # the board the bridge fronts
     from amdflash.stages.transport.sim import Board
 
     board = Board(path)
@@ -129,7 +129,7 @@ def test_list_reports_identity_link_flash_and_failures(make_board, monkeypatch, 
     busy = make_board()
     paths = [good, gated, dead, other, busy]
     monkeypatch.setenv(discovery.ENV_SIM_USB, ",".join(map(str, paths)))
-    holder = hold_lock(f"usb:{serial_of(busy)}")
+    holder = hold_lock(f"usb:{serial_of(busy)}", str(busy))
     messages: list[str] = []
     boards = discovery.list_boards(messages.append, probe=probe_flash)
     assert any("EMULATED" in m for m in messages)
@@ -164,6 +164,6 @@ def test_list_restores_the_engine_registers(sim_usb):
 
 def test_sim_specs_still_lock_by_path(make_board):
     path = make_board()
-    with BoardLock(sim_key(path)):
+    with BoardLock(sim_key(path), path):
         with pytest.raises(BoardBusy):
             opened(f"sim:{path}")

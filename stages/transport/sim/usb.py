@@ -169,6 +169,8 @@ class BridgeOptions:
     gpu_crs_reads: int = 0            # the GPU answers its first N config requests with CRS
     gpu_abort_offsets: tuple[int, ...] = ()   # BAR5 dwords whose reads complete with CA
     usb2: bool = False                # plugged into a USB 2 port: high speed, 512-byte packets
+    serial_string: str | None = None  # what the serial descriptor says instead of the board's serial
+                                      # (another firmware, or a device forging ours: any string)
 
     @classmethod
     def resolve(cls, *layers: Mapping[str, Any]) -> BridgeOptions:
@@ -375,7 +377,7 @@ class _Asm24(_SimDevice):
                         idProduct=options.product_id, bcdDevice=0x0001),
             config=dict(bConfigurationValue=1, iConfiguration=0, bmAttributes=0xC0, bMaxPower=0),
             interfaces=_usb2_interfaces() if self.usb2 else _usb3_interfaces(),
-            strings=["tiny", options.product, serial],
+            strings=["tiny", options.product, serial if options.serial_string is None else options.serial_string],
             bos=_BOS, bus=hub.descriptors.device.bus, address=address, port=port,
             speed=LIBUSB_SPEED_HIGH if self.usb2 else LIBUSB_SPEED_SUPER)
 
@@ -901,6 +903,11 @@ class SimUsbBackend(usb.backend.IBackend):
         busy periods that only pass when accesses are charged.
         """
         return self._bridge(device).board.clock
+
+    def lock_path_for(self, device: Any) -> Path:
+        """The object whose lock is this bridge's: the board directory, which `sim:PATH` locks
+        too, so a board reached both ways is one board to every process."""
+        return Path(self._bridge(device).board.path).resolve()
 
     def diagnostics_for(self, device: Any) -> Callable[[], dict[str, int]]:
         """For a transport that records what the board saw go wrong while it had it open."""

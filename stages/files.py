@@ -1,0 +1,112 @@
+"""Files amdflash creates, made so that no other local user can steer or read them.
+
+amdflash runs as root beside other users, and writes into directories they may share (a
+dump into /tmp, a report next to an image). A name there may already be taken by a link
+to a file root owns, or by a file someone else holds open. So every file is created new,
+never opened through a link (O_CREAT | O_EXCL | O_NOFOLLOW), under a name nobody can
+guess, filled, fsynced, and only then renamed to the name asked for: what is at that name
+is replaced (a link itself, never its target) or, without overwrite, left alone.
+
+Modes: what holds flash content or the record — the audit database with its WAL, the
+anchor, keys, backups — is 0600 in 0700 directories; an output the user names (a dump, a
+report, an export) gets the user's umask, but never more open than 0644.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+PRIVATE = 0o600
+PRIVATE_DIR = 0o700
+OUTPUT = 0o644      # the most open an output may be; the umask narrows it further
+
+
+class OutputExists(FileExistsError):
+    """The output's name is taken and overwriting was not asked for."""
+
+
+def create_new(path: Path, mode: int = PRIVATE) -> int:
+    """A file descriptor of a new file at `path` (never an existing file, never through a link)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
+def private_dir(path: Path, tighten: bool = False) -> Path:
+    """`path` as a directory: made 0700 if missing (missing parents as the system makes them);
+    with `tighten`, an existing one of ours that others can enter is narrowed to 0700 (our
+    own data directory; never a directory the user chose, which may be shared on purpose)."""
+    try:
+        os.mkdir(path, PRIVATE_DIR)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, PRIVATE_DIR)
+    except FileExistsError:
+        st = os.lstat(path)
+        if tighten and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.chmod(path, PRIVATE_DIR)
+    return path
+
+
+def private_file(path: Path) -> None:
+    """Make sure the file at `path` is readable by its owner only: an empty one is created
+    0600 if missing (SQLite then gives its WAL and shared-memory files the same mode); one we
+    own that others can read is narrowed to 0600."""
+    try:
+        os.close(create_new(path, PRIVATE))
+        return
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+        os.chmod(path, PRIVATE)
+
+
+def _partial(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{secrets.token_hex(6)}.partial")
+
+
+@contextlib.contextmanager
+def new_file(path: Path, mode: int = OUTPUT, overwrite: bool = True) -> Iterator[BinaryIO]:
+    """A whole file, written through the yielded file object: under a fresh unguessable name
+    beside `path`, fsynced, then renamed to `path` — so an interrupted write never leaves a
+    plausible file, and nothing planted at either name is followed. Without `overwrite`, an
+    existing `path` is left as it was (OutputExists), checked atomically by the link that
+    puts the new file in place."""
+    tmp = _partial(path)
+    fd = create_new(tmp, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path, follow_symlinks=False)
+            except FileExistsError:
+                raise OutputExists(f"{path} exists (use --overwrite to replace it)") from None
+            os.unlink(tmp)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_new(path: Path, data: bytes | str, mode: int = OUTPUT, overwrite: bool = True) -> Path:
+    """`new_file` for content already in memory (text is written as UTF-8)."""
+    with new_file(path, mode, overwrite) as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+    return path
+
+
+def readonly_uri(path: str | os.PathLike[str]) -> str:
+    """An SQLite URI that opens `path` read-only: the path percent-encoded, so a name with
+    '#', '?' or '%' in it opens that very file and not another."""
+    return Path(os.path.abspath(path)).as_uri() + "?mode=ro"
