@@ -78,7 +78,9 @@ def archive(db_path: str, key_path: Path, before: dt.datetime, out: Path, move_b
                               json.dumps({"through_checkpoint": k, "through_hash": by_id[k].hash.hex(),
                                           "after_checkpoint": through, "runs": result.runs, "file": str(out),
                                           "file_sha256": result.sha256, "rows": rows,
-                                          "backups": "moved" if move_backups else "kept", "moved": moved},
+                                          "backups": "moved" if move_backups else "kept", "moved": moved,
+                                          # appended to the anchor after the commit, like every seal
+                                          "anchor": os.path.abspath(default_anchor(db_path))},
                                          sort_keys=True))
             sign_and_insert(conn, signer, seal, last.hash)
             conn.execute("UPDATE chain_head SET checkpoint = ?, hash = ? WHERE id = 1", (seal.id, seal.hash))
