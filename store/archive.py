@@ -70,7 +70,7 @@ def archive(db_path: str, key_path: Path, before: dt.datetime, out: Path, move_b
                 raise ArchiveRefused(f"no run can be archived before {before.isoformat()}: none ended by then "
                                      "(with its whole resume lineage), or they are interleaved with newer runs")
             by_id = {c.id: c for c in checkpoints}
-            result = _write(conn, out, sorted(chosen, key=lambda r: runs[r]), k)
+            result = _write(conn, out, sorted(chosen, key=lambda r: runs[r]), k, signer)
             moved = _backups(conn, chosen, out) if move_backups else []
             rows = _prune(conn, chosen, k)
             last = checkpoints[-1]
@@ -152,10 +152,10 @@ def _prefix(conn: sqlite3.Connection, checkpoints: list[Checkpoint], runs: dict[
         k = min(c.id for c in checkpoints if c.run_id == late[0].run_id) - 1
 
 
-def _write(conn: sqlite3.Connection, out: Path, runs: list[str], k: int) -> _Written:
+def _write(conn: sqlite3.Connection, out: Path, runs: list[str], k: int, signer: Signer) -> _Written:
     partial = out.with_name(out.name + ".partial")
     with open(partial, "w", encoding="utf-8", newline="") as f:
-        export(conn, f, "jsonl", runs, scope="archive", through=k)
+        export(conn, f, "jsonl", signer.key, runs, scope="archive", through=k)
         f.flush()
         os.fsync(f.fileno())
     check = verify_export(partial)
