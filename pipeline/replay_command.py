@@ -25,9 +25,13 @@ Only register writes are recorded. That is enough for ROM_SW flash runs: the rea
 made (status polls, data windows) change no state, and the ideal profile needs no polls.
 Units the run did not back up stay 0xFF and are left out of every comparison.
 
+Only a run whose record verifies is replayed (its rows as its checkpoints seal them: see
+'amdflash audit verify --run'); rows of an unsealed tail (a host that died with its writer)
+are replayed as recorded, and said to be unverified.
+
 Writes nothing but the temporary emulated board, which is deleted afterwards; the audit
-database is opened read-only. Exit 0 identical, 1 diverged, 2 refused (unknown run, run
-without a backup, an --image that is not the run's image)."""
+database is opened read-only. Exit 0 identical, 1 diverged or the run does not verify, 2
+refused (unknown run, run without a backup, an --image that is not the run's image)."""
 
 
 def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction) -> None:
