@@ -41,8 +41,8 @@ def _last_status(db: sqlite_utils.Database, rows: RunRows) -> dict[str, Any]:
 
 
 def resolve_run(db: sqlite_utils.Database, run_id: str) -> str:
-    rows = [r["run_id"] for r in db.query("SELECT run_id FROM runs WHERE substr(run_id, 1, ?) = ? ORDER BY seq",
-                                          [len(run_id), run_id])]
+    rows = list(dict.fromkeys(r["run_id"] for r in db.query(
+        "SELECT run_id FROM runs WHERE substr(run_id, 1, ?) = ? ORDER BY seq", [len(run_id), run_id])))
     if not rows:
         raise RunNotFound(f"no run {run_id!r} in the audit database")
     if len(rows) > 1 and run_id not in rows:
