@@ -23,7 +23,7 @@ from amdflash.pipeline.results import (DumpResult, FlashResult, IfwiResult, Info
 from amdflash.pipeline.runner import JobBody, RunInfo, RunResult, new_run_id, run_boards
 from amdflash.stages.open_transport import BoardSpec
 from amdflash.stages.part_check import PartPolicy
-from amdflash.store.queries import RunNotFound
+from amdflash.store.queries import RunNotFound, RunReport
 
 EngineOptions = jobs.EngineOptions
 R = TypeVar("R", bound=RunOutcome)
@@ -107,15 +107,13 @@ def _key_list(keys: Sequence[Path] | None) -> list[Path] | None:
     return None if keys is None else list(keys)
 
 
-def _report(reader: Any, run_id: str, keys: Sequence[Path] | None = None) -> dict[str, Any]:
+def _report(reader: Any, run_id: str, keys: Sequence[Path] | None = None) -> RunReport:
     """A run's report object (`report --format json`), with what its confirmed reads found;
-    its signatures checked against `keys` (trusted public key files) when given."""
+    its signatures checked against `keys` (trusted public key files) when given. A run that
+    does not verify is refused (store.run_rows.RunUnverified: exit 1, naming the problem)."""
     from amdflash.store.queries import report
-    from amdflash.store.read_checks import read_checks
 
-    rep = report(reader, run_id, _key_list(keys))
-    rep["reads"] = read_checks(reader, rep["run_id"])
-    return rep
+    return report(reader, run_id, _key_list(keys))
 
 
 def _reports(db: str, runs: list[RunResult]) -> dict[str, dict[str, Any]]:
@@ -124,7 +122,7 @@ def _reports(db: str, runs: list[RunResult]) -> dict[str, dict[str, Any]]:
         return {}
     reader = auditdb.open_reader(db)
     try:
-        found = {}
+        found: dict[str, dict[str, Any]] = {}
         for run_id in ids:
             try:
                 found[run_id] = _report(reader, run_id)
@@ -291,18 +289,20 @@ def report(run_id: str, db: str | None = None, html: bool = False,
     """One run's report (the `report --format json` object), and its HTML page if asked.
     `keys`: trusted public key files the run's signatures must be by."""
     from amdflash.store.keys import KeyError_
+    from amdflash.store.verify import snapshot
 
     reader = auditdb.open_reader(db or default_db())
     try:
-        try:
-            rep = _report(reader, run_id, keys)
-        except (RunNotFound, KeyError_) as e:
-            raise Refusal(str(e)) from None
-        page = None
-        if html:
-            from amdflash.store.html import render
+        with snapshot(reader.conn):     # the page reads what the report verified, nothing newer
+            try:
+                rep = _report(reader, run_id, keys)
+            except (RunNotFound, KeyError_) as e:
+                raise Refusal(str(e)) from None
+            page = None
+            if html:
+                from amdflash.store.html import render
 
-            page = render(reader, rep)
+                page = render(reader, rep)
         return rep, page
     finally:
         reader.conn.close()

@@ -26,9 +26,13 @@ Only register writes are recorded. That is enough for ROM_SW flash runs: the rea
 made (status polls, data windows) change no state, and the ideal profile needs no polls.
 Units the run did not back up stay 0xFF and are left out of every comparison.
 
+Only a run whose record verifies is replayed (its rows as its checkpoints seal them: see
+'amdflash audit verify --run'); rows of an unsealed tail (a host that died with its writer)
+are replayed as recorded, and said to be unverified.
+
 Writes nothing but the temporary emulated board, which is deleted afterwards; the audit
-database is opened read-only. Exit 0 identical, 1 diverged, 2 refused (unknown run, run
-without a backup, an --image that is not the run's image)."""
+database is opened read-only. Exit 0 identical, 1 diverged or the run does not verify, 2
+refused (unknown run, run without a backup, an --image that is not the run's image)."""
 
 
 def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction) -> None:
@@ -59,6 +63,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from amdflash.pipeline.commands import db_path
     from amdflash.store.queries import RunNotFound, resolve_run
     from amdflash.store.replay import ReplayRefused, replay
+    from amdflash.store.run_rows import open_run
 
     db = open_for_reading(db_path(args))
     try:
@@ -66,7 +71,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             run_id = resolve_run(db, args.run_id)
         except RunNotFound as e:
             raise Refusal(str(e)) from None
-        image = _image(db, run_id, args.image)
+        # The image path comes from the run's own (verified) runs row, never from a row added beside it.
+        image = _image(db, open_run(db.conn, run_id).key, run_id, args.image)
         try:
             result = replay(db, run_id, until=args.until, image=image)
         except ReplayRefused as e:
@@ -80,9 +86,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return EXIT_OK if result.identical else EXIT_FAILED
 
 
-def _image(db, run_id: str, given: Path | None) -> bytes | None:
+def _image(db, key: int, run_id: str, given: Path | None) -> bytes | None:
     """The run's image: --image (must match the run), else the recorded path if it still matches."""
-    run = next(db.query("SELECT image_path, image_sha256 FROM runs WHERE run_id = ?", [run_id]))
+    run = next(db.query("SELECT image_path, image_sha256 FROM runs WHERE seq = ?", [key]))
     if given is not None:
         try:
             data = given.read_bytes()

@@ -13,8 +13,10 @@ from amdflash.pipeline.auditdb import open_reader
 from amdflash.pipeline.checks import read_image
 from amdflash.pipeline.errors import Refusal
 from amdflash.stages.open_transport import BoardSpec
-from amdflash.store.queries import (RunNotFound, finished_by, has_intents, latest_unfinished, report, resolve_run,
-                                    run_chain, runs, unit_states, writes_since)
+from amdflash.store.queries import (RunNotFound, has_intents, latest_unfinished, report, resolve_run, run_chain, runs,
+                                    unit_states, writes_since)
+from amdflash.store.run_rows import RunRows
+from amdflash.store.verify import snapshot
 
 BLANK_UIDS = ("f" * 32, "0" * 32, "")      # "": a part with no unique ID amdflash can read
 
@@ -34,7 +36,8 @@ def plan_resume(db_path: str, spec: BoardSpec, run_id: str | None, image: Path |
     db = open_reader(db_path)
     try:
         try:
-            return _plan(db, spec, run_id, image)
+            with snapshot(db.conn):
+                return _plan(db, spec, run_id, image)
         except RunNotFound as e:
             raise Refusal(str(e)) from None
     finally:
@@ -49,12 +52,21 @@ def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | N
         if not found:
             raise Refusal(f"no unfinished flash run of {spec} to resume")
         run_id = found
+    # Every run of the lineage must verify (RunUnverified, exit 1, names what does not match):
+    # what the resume skips, which board it accepts and which backup it keeps come from them.
+    lineage = run_chain(db, run_id)
+    unsealed = next((r for r in lineage if r.sealed is None), None)
+    if unsealed is not None:
+        # Its runs row (image, arguments, board) is vouched for by no checkpoint. Nor did it write
+        # anything: every erase, program and status write is sealed before it reaches the board.
+        raise Refusal(f"run {unsealed.run_id} has no sealed rows: nothing it recorded is verified, and it wrote "
+                      "nothing to the flash; start a new flash instead")
     rep = report(db, run_id)
     if rep["command"] not in ("flash", "resume"):
         raise Refusal(f"run {run_id} is a {rep['command']} run; only flash runs can be resumed")
     if rep["status"] == "succeeded":
         raise Refusal(f"run {run_id} already succeeded; nothing to resume")
-    done = finished_by(db, run_id)
+    done = rep["finished_by"]
     if done:
         raise Refusal(f"run {run_id} was already completed by resume run {done}; nothing to resume")
     arguments = rep["arguments"]
@@ -67,14 +79,15 @@ def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | N
     if sha != rep["image_sha256"]:
         raise Refusal(f"image {image_file} is not the image of run {run_id} "
                       f"(sha256 {sha[:16]}…, the run used {str(rep['image_sha256'])[:16]}…)")
-    lineage = run_chain(db, run_id)
+    # Units a run verified are skipped only if a checkpoint seals that: a row in an unsealed
+    # tail (a host that died with its writer) vouches for nothing, so its unit is redone.
     verified: set[int] = set()
-    for rid in lineage:
-        verified |= {a for a, u in unit_states(db, rid).items() if u["state"] == "verified"}
+    for rows in lineage:
+        verified |= {a for a, u in unit_states(db, rows, sealed_only=True).items() if u["state"] == "verified"}
     identity: dict[str, str] = {}
-    for rid in lineage:
-        b = report(db, rid)["board"]
-        if b["unique_id"] or b["chip"]:
+    for rows in lineage:
+        b = _board(db, rows)
+        if b.get("unique_id") or b.get("chip"):
             identity = {"unique_id": b["unique_id"] or "", "jedec_chip": b["chip"] or "",
                         "bridge_serial": b["bridge_serial"] or ""}
             break
@@ -82,22 +95,30 @@ def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | N
         # An unprogrammed unique ID tells no two boards apart: then only the same spec will do.
         raise Refusal(f"the flash of run {run_id} has no usable unique ID ({identity['unique_id']}); "
                       f"resume it with the same --board {rep['board']['spec']}")
+    ids = [r.run_id for r in lineage]
     if identity:
         if identity["unique_id"]:
-            later = writes_since(db, lineage[0], identity["unique_id"], lineage)
+            later = writes_since(db, lineage[0], identity["unique_id"], ids)
         else:   # a part without a readable unique ID: the board is known by its spec alone
-            later = _spec_writes_since(db, lineage, rep["board"]["spec"])
+            later = _spec_writes_since(db, ids, rep["board"]["spec"])
         if later:
             raise Refusal(f"run {later[0]['run_id']} ({later[0]['command']}) wrote this board after run "
                           f"{run_id} began; resuming would overwrite it — start a new flash instead")
     else:
-        if any(has_intents(db, rid) for rid in lineage):
+        if any(has_intents(db, rows) for rows in lineage):
             raise Refusal(f"run {run_id} began writing but recorded no board identity; refusing to guess")
         if str(spec) != rep["board"]["spec"]:
             raise Refusal(f"run {run_id} died before identifying its board; resume it with the same "
                           f"--board {rep['board']['spec']}")
     return ResumePlan(run_id, arguments, image, str(image_file.resolve()), frozenset(verified), identity,
-                      tuple(lineage))
+                      tuple(ids))
+
+
+def _board(db: Any, rows: RunRows) -> dict[str, Any]:
+    """The run's identified board, as its sealed rows record it (the last row naming a chip)."""
+    boards = list(db.query(f"SELECT unique_id, chip, bridge_serial FROM boards WHERE {rows.sealed_sql} ORDER BY seq",
+                           rows.sealed_args))
+    return next((b for b in reversed(boards) if b.get("chip")), boards[0] if boards else {})
 
 
 def _spec_writes_since(db: Any, lineage: list[str], spec: str) -> list[dict[str, Any]]:

@@ -45,9 +45,9 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
         "export", help="export audit rows with their signed checkpoints (JSONL or CSV) for archiving",
         description="Write every audit row (or one run's rows) in seq order with its table, seq and all columns, "
                     "the bytes they refer to, and the signed checkpoints that seal them, with the signing hosts' "
-                    "public keys. The file can be checked later on its own, without the database: "
-                    "'amdflash audit verify --export FILE [--key PUBFILE]'; one run's export is that run's "
-                    "complete record. Read-only.")
+                    "public keys, the whole file sealed with this host's key. The file can be checked later on "
+                    "its own, without the database: 'amdflash audit verify --export FILE [--key PUBFILE]'; one "
+                    "run's export is that run's complete record. Reads the database only.")
     p.add_argument("--run", metavar="RUN_ID", help="only this run (a unique prefix is enough)")
     p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", help="default jsonl")
     p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="write to FILE (default stdout)")
@@ -86,9 +86,15 @@ def _open_db(args: argparse.Namespace):
 
 
 def cmd_audit_export(args: argparse.Namespace) -> int:
+    from amdflash.pipeline.auditdb import host_key_path
     from amdflash.store.export import export
+    from amdflash.store.keys import KeyError_, load_or_create
     from amdflash.store.queries import RunNotFound, resolve_run
 
+    try:
+        key = load_or_create(host_key_path())      # seals the export: this host's key, made on first use
+    except KeyError_ as e:
+        raise Refusal(str(e)) from None
     db = _open_db(args)
     try:
         run_id = None
@@ -99,7 +105,7 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
                 raise Refusal(str(e)) from None
         if args.output is None:
             try:
-                summary = export(db.conn, sys.stdout, args.format, [run_id] if run_id else None)
+                summary = export(db.conn, sys.stdout, args.format, key, [run_id] if run_id else None)
                 sys.stdout.flush()
             except BrokenPipeError:
                 # The reader stopped early (| head): no traceback, and none again at exit.
@@ -109,7 +115,7 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
             # Written aside and renamed: an interrupted export never leaves a plausible file.
             with new_file(args.output) as raw:
                 text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
-                summary = export(db.conn, text, args.format, [run_id] if run_id else None)
+                summary = export(db.conn, text, args.format, key, [run_id] if run_id else None)
                 text.flush()
                 text.detach()      # new_file closes (and fsyncs) the file itself
     finally:
@@ -124,7 +130,7 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
 
 
 def cmd_verify_export(path: Path, keyfiles: list[Path] | None = None) -> int:
-    from amdflash.store.export import verify_export
+    from amdflash.store.export import ExportFormatError, verify_export
     from amdflash.store.keys import KeyError_
 
     if not path.is_file():
@@ -133,6 +139,8 @@ def cmd_verify_export(path: Path, keyfiles: list[Path] | None = None) -> int:
         report = verify_export(path, keyfiles)
     except KeyError_ as e:
         raise Refusal(str(e)) from None
+    except ExportFormatError as e:     # not an export at all: nothing to verify
+        raise Refusal(f"{path} is not a well-formed amdflash export: {e}") from None
     output.result(report.describe())
     return EXIT_OK if report.ok else EXIT_FAILED
 

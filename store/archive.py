@@ -71,7 +71,7 @@ def archive(db_path: str, key_path: Path, before: dt.datetime, out: Path, move_b
                 raise ArchiveRefused(f"no run can be archived before {before.isoformat()}: none ended by then "
                                      "(with its whole resume lineage), or they are interleaved with newer runs")
             by_id = {c.id: c for c in checkpoints}
-            result = _write(conn, out, sorted(chosen, key=lambda r: runs[r]), k)
+            result = _write(conn, out, sorted(chosen, key=lambda r: runs[r]), k, signer)
             moved = _backups(conn, chosen, out) if move_backups else []
             rows = _prune(conn, chosen, k)
             last = checkpoints[-1]
@@ -79,7 +79,9 @@ def archive(db_path: str, key_path: Path, before: dt.datetime, out: Path, move_b
                               json.dumps({"through_checkpoint": k, "through_hash": by_id[k].hash.hex(),
                                           "after_checkpoint": through, "runs": result.runs, "file": str(out),
                                           "file_sha256": result.sha256, "rows": rows,
-                                          "backups": "moved" if move_backups else "kept", "moved": moved},
+                                          "backups": "moved" if move_backups else "kept", "moved": moved,
+                                          # appended to the anchor after the commit, like every seal
+                                          "anchor": os.path.abspath(default_anchor(db_path))},
                                          sort_keys=True))
             sign_and_insert(conn, signer, seal, last.hash)
             conn.execute("UPDATE chain_head SET checkpoint = ?, hash = ? WHERE id = 1", (seal.id, seal.hash))
@@ -151,12 +153,12 @@ def _prefix(conn: sqlite3.Connection, checkpoints: list[Checkpoint], runs: dict[
         k = min(c.id for c in checkpoints if c.run_id == late[0].run_id) - 1
 
 
-def _write(conn: sqlite3.Connection, out: Path, runs: list[str], k: int) -> _Written:
+def _write(conn: sqlite3.Connection, out: Path, runs: list[str], k: int, signer: Signer) -> _Written:
     partial = out.with_name(out.name + ".partial")
     partial.unlink(missing_ok=True)
     # The record itself (rows and the flash content they refer to): the owner's alone.
     with os.fdopen(create_new(partial, PRIVATE), "w", encoding="utf-8", newline="") as f:
-        export(conn, f, "jsonl", runs, scope="archive", through=k)
+        export(conn, f, "jsonl", signer.key, runs, scope="archive", through=k)
         f.flush()
         os.fsync(f.fileno())
     check = verify_export(partial)

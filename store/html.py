@@ -18,7 +18,8 @@ from typing import Any
 import sqlite_utils
 from amdflash.stages.flash import protection as prot
 from amdflash.stages.navi31 import regs as R
-from amdflash.store.queries import transactions_between, unit_states
+from amdflash.store.queries import RunReport, transactions_between, unit_states
+from amdflash.store.run_rows import RunRows
 
 FLASH_SIZE = 0x200000
 UNIT = 0x1000
@@ -55,16 +56,17 @@ OPCODES = {
 }
 
 
-def render(db: sqlite_utils.Database, rep: dict[str, Any]) -> str:
-    """The page of one run, from its report (store.queries.report, which checked its chain)."""
-    run_id = rep["run_id"]
+def render(db: sqlite_utils.Database, rep: RunReport) -> str:
+    """The page of one run, from its report (store.queries.report, which verified the run and
+    read it through its verified rows: so does this page)."""
+    run_id, rows = rep["run_id"], rep.rows
     body = [
         _header(rep),
         _identity(rep),
-        _sector_map(rep, unit_states(db, run_id)),
+        _sector_map(rep, unit_states(db, rows)),
         _timeline(rep),
         _verifies(rep),
-        _first_error(db, rep),
+        _first_error(db, rep, rows),
         _chain(rep["chain"]),
     ]
     return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
@@ -160,12 +162,21 @@ def _value(value: Any) -> str:
     return value if isinstance(value, _Html) else escape(str(value))
 
 
-def _run_link(run_id: str | None) -> _Html | None:
+# What amdflash's run ids look like (pipeline.runner: UTC time, then 8 hex digits). Only such
+# a value becomes a link: the href is built here, never taken from the trail, so no scheme
+# (javascript:, data:, http:) or path can reach the page through a recorded value.
+RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}-[0-9a-f]{8}")
+
+
+def _run_link(run_id: str | None) -> _Html | str | None:
     """Another run, linked to its report file by the name that
-    `amdflash report RUN_ID --format html -o RUN_ID.html` gives."""
+    `amdflash report RUN_ID --format html -o RUN_ID.html` gives; a value that is not a run id
+    is shown as text, not linked."""
     if not run_id:
         return None
-    return _Html(f"<a class=\"mono\" href=\"{escape(run_id)}.html\">{escape(run_id)}</a>")
+    if not RUN_ID.fullmatch(run_id):
+        return run_id
+    return _Html(f"<a class=\"mono\" href=\"{run_id}.html\">{run_id}</a>")
 
 
 @dataclass(frozen=True)
@@ -371,31 +382,30 @@ def _hex(value: int | None, digits: int) -> str:
 
 # -- the first error and the register writes before it ----------------------------------------
 
-def _first_error_event(db: sqlite_utils.Database, rep: dict[str, Any]) -> tuple[int, str] | None:
+def _first_error_event(db: sqlite_utils.Database, rep: dict[str, Any], rows: RunRows) -> tuple[int, str] | None:
     """(seq, description) of the earliest failure on record: a failed verify, an error, a failed stage."""
-    run_id = rep["run_id"]
+    where, args = rows.sql, rows.args
     found: list[tuple[int, str]] = []
     for r in db.query("SELECT seq, address, attempt, mismatch_address, flash_byte, image_byte FROM verifies "
-                      "WHERE run_id = ? AND ok = 0 ORDER BY seq LIMIT 1", [run_id]):
+                      f"WHERE {where} AND ok = 0 ORDER BY seq LIMIT 1", args):
         found.append((r["seq"], f"verify of unit {_hex(r['address'], 6)} failed (attempt {r['attempt']}): "
                                 f"{_hex(r['mismatch_address'], 6)} flash={_hex(r['flash_byte'], 2)} "
                                 f"image={_hex(r['image_byte'], 2)}"))
-    for r in db.query("SELECT seq, stage, message, address FROM errors WHERE run_id = ? ORDER BY seq LIMIT 1",
-                      [run_id]):
-        where = f" at {_hex(r['address'], 6)}" if r["address"] is not None else ""
-        found.append((r["seq"], f"error{' in ' + r['stage'] if r['stage'] else ''}{where}: {r['message']}"))
-    for r in db.query("SELECT seq, stage, detail FROM stages WHERE run_id = ? AND event = 'fail' "
-                      "ORDER BY seq LIMIT 1", [run_id]):
+    for r in db.query(f"SELECT seq, stage, message, address FROM errors WHERE {where} ORDER BY seq LIMIT 1", args):
+        at = f" at {_hex(r['address'], 6)}" if r["address"] is not None else ""
+        found.append((r["seq"], f"error{' in ' + r['stage'] if r['stage'] else ''}{at}: {r['message']}"))
+    for r in db.query(f"SELECT seq, stage, detail FROM stages WHERE {where} AND event = 'fail' ORDER BY seq LIMIT 1",
+                      args):
         found.append((r["seq"], f"stage {r['stage']} failed: {r['detail'] or ''}"))
     if not found and rep["status"] in ("failed", "interrupted"):
-        for r in db.query("SELECT seq, status, detail FROM run_status WHERE run_id = ? AND status != 'running' "
-                          "ORDER BY seq DESC LIMIT 1", [run_id]):
+        for r in db.query(f"SELECT seq, status, detail FROM run_status WHERE {where} AND status != 'running' "
+                          "ORDER BY seq DESC LIMIT 1", args):
             found.append((r["seq"], f"run {r['status']}: {r['detail'] or 'no detail recorded'}"))
     return min(found) if found else None
 
 
-def _first_error(db: sqlite_utils.Database, rep: dict[str, Any]) -> str:
-    event = _first_error_event(db, rep)
+def _first_error(db: sqlite_utils.Database, rep: dict[str, Any], rows: RunRows) -> str:
+    event = _first_error_event(db, rep, rows)
     no_end = {"running": "no error recorded, but the run recorded no end either: its host may have died "
                          "mid-run ('amdflash resume' finishes it)",
               "interrupted": "no error recorded, and the run recorded no end: its host died mid-run, and a "
@@ -406,41 +416,44 @@ def _first_error(db: sqlite_utils.Database, rep: dict[str, Any]) -> str:
     if event is None:
         return "<section id=\"first-error\"><h2>First error</h2><p class=\"ok\">no error recorded</p></section>"
     seq, text = event
-    title, transactions = _attempt(db, rep, seq)
-    rows = "".join(_transaction_row(t) for t in transactions) or \
+    title, transactions = _attempt(db, rows, seq)
+    table = "".join(_transaction_row(t) for t in transactions) or \
         "<tr><td colspan=\"7\" class=\"muted\">none on record</td></tr>"
     run_error = (f"<p>The run ended: <span data-field=\"run-error\">{escape(rep['error'])}</span></p>"
                  if rep["error"] else "")
+    # A row in the unsealed tail (a run whose host died with its writer) is what the trail
+    # holds, but no checkpoint vouches for it: said where it is shown.
+    unsealed = (" <span class=\"warn\" data-field=\"first-error-unsealed\">not sealed by any checkpoint: "
+                "not verified</span>" if rows.unsealed(seq) else "")
     return (f"<section id=\"first-error\"><h2>First error</h2><p class=\"bad\" data-field=\"first-error\" "
-            f"data-seq=\"{seq}\">{escape(text)} <span class=\"muted\">(audit seq {seq})</span></p>{run_error}"
-            f"<h3 data-field=\"attempt\">{escape(title)}</h3><table class=\"grid writes\"><thead><tr>"
+            f"data-seq=\"{seq}\">{escape(text)} <span class=\"muted\">(audit seq {seq})</span>{unsealed}</p>"
+            f"{run_error}<h3 data-field=\"attempt\">{escape(title)}</h3><table class=\"grid writes\"><thead><tr>"
             f"<th>n</th><th>seq</th><th>clock (s)</th><th>command</th><th>address</th><th>data</th>"
-            f"<th>register writes</th></tr></thead><tbody>{rows}</tbody></table></section>")
+            f"<th>register writes</th></tr></thead><tbody>{table}</tbody></table></section>")
 
 
-def _attempt(db: sqlite_utils.Database, rep: dict[str, Any], seq: int) -> tuple[str, list[dict[str, Any]]]:
+def _attempt(db: sqlite_utils.Database, rows: RunRows, seq: int) -> tuple[str, list[dict[str, Any]]]:
     """The ROM_SW transactions that explain the failure at `seq`.
 
     A unit that failed verification: its last attempt — from its last intent (the erase of
     a retry, or of its block) to the failure — keeping the transactions on the unit (erase,
     page programs, the read-back) and, for a retry, which runs alone, everything. Any other
     failure: the run's last transactions before it."""
-    run_id = rep["run_id"]
-    failed = list(db.query("SELECT seq, address, size FROM units WHERE run_id = ? AND state = 'failed' AND seq >= ? "
-                           "ORDER BY seq LIMIT 1", [run_id, seq]))
+    failed = list(db.query(f"SELECT seq, address, size FROM units WHERE {rows.sql} AND state = 'failed' AND seq >= ? "
+                           "ORDER BY seq LIMIT 1", [*rows.args, seq]))
     if failed:
         unit = failed[0]
-        start = list(db.query("SELECT seq, detail FROM units WHERE run_id = ? AND address = ? AND state = 'intent' "
-                              "AND seq < ? ORDER BY seq DESC LIMIT 1", [run_id, unit["address"], unit["seq"]]))
+        start = list(db.query(f"SELECT seq, detail FROM units WHERE {rows.sql} AND address = ? AND state = 'intent' "
+                              "AND seq < ? ORDER BY seq DESC LIMIT 1", [*rows.args, unit["address"], unit["seq"]]))
         if start:
             retry = (start[0]["detail"] or "").startswith("retry")
             lo, hi = unit["address"], unit["address"] + (unit["size"] or UNIT)
-            rows = [t for t in transactions_between(db, run_id, start[0]["seq"], unit["seq"] + 1)
-                    if retry or _touches(t, lo, hi)]
+            found = [t for t in transactions_between(db, rows, start[0]["seq"], unit["seq"] + 1)
+                     if retry or _touches(t, lo, hi)]
             what = "retry" if retry else "attempt (its erase, page programs and read-back)"
-            return (f"The last {what} of unit {lo:#08x}: {len(rows)} ROM_SW transactions", rows)
-    rows = transactions_between(db, run_id, 0, seq)[-TRANSACTIONS_BEFORE_ERROR:]
-    return f"The last {len(rows)} ROM_SW transactions before it", rows
+            return (f"The last {what} of unit {lo:#08x}: {len(found)} ROM_SW transactions", found)
+    found = transactions_between(db, rows, 0, seq)[-TRANSACTIONS_BEFORE_ERROR:]
+    return f"The last {len(found)} ROM_SW transactions before it", found
 
 
 _ERASE_SPAN = {0x20: 0x1000, 0x52: 0x8000, 0xD8: 0x10000, 0x60: FLASH_SIZE, 0xC7: FLASH_SIZE}
@@ -560,7 +573,7 @@ td.num { text-align: right; white-space: nowrap; }
 .badge { border-radius: 10px; padding: 2px 10px; font-weight: 600; color: #fff; background: var(--muted); }
 .badge.ok { background: #2f8f4e; } .badge.bad { background: var(--failed); } .badge.warn { background: #c77b12; }
 .badge.emulated { background: #6b4fbb; }
-p.ok, td.ok { color: #2f8f4e; } p.warn { color: #c77b12; font-weight: 600; }
+p.ok, td.ok { color: #2f8f4e; } p.warn, span.warn { color: #c77b12; font-weight: 600; }
 p.bad, td.bad { color: var(--failed); font-weight: 600; } td.open { color: #c77b12; }
 table { border-collapse: collapse; }
 table.kv th { text-align: left; font-weight: 500; color: var(--muted); padding: 2px 16px 2px 0; vertical-align: top;

@@ -14,7 +14,8 @@ from typing import Any
 
 import sqlite_utils
 from amdflash.store import schema
-from amdflash.store.verify import snapshot
+from amdflash.store.run_rows import RunRows, RunUnverified, open_run
+from amdflash.store.verify import VerifyReport, snapshot
 
 
 class RunNotFound(LookupError):
@@ -34,14 +35,14 @@ def open_readonly(path: str) -> sqlite_utils.Database:
     return sqlite_utils.Database(conn)
 
 
-def _last_status(db: sqlite_utils.Database, run_id: str) -> dict[str, Any]:
-    rows = list(db.query("SELECT * FROM run_status WHERE run_id = ? ORDER BY seq DESC LIMIT 1", [run_id]))
-    return rows[0] if rows else {}
+def _last_status(db: sqlite_utils.Database, rows: RunRows) -> dict[str, Any]:
+    found = list(db.query(f"SELECT * FROM run_status WHERE {rows.sql} ORDER BY seq DESC LIMIT 1", rows.args))
+    return found[0] if found else {}
 
 
 def resolve_run(db: sqlite_utils.Database, run_id: str) -> str:
-    rows = [r["run_id"] for r in db.query("SELECT run_id FROM runs WHERE substr(run_id, 1, ?) = ? ORDER BY seq",
-                                          [len(run_id), run_id])]
+    rows = list(dict.fromkeys(r["run_id"] for r in db.query(
+        "SELECT run_id FROM runs WHERE substr(run_id, 1, ?) = ? ORDER BY seq", [len(run_id), run_id])))
     if not rows:
         raise RunNotFound(f"no run {run_id!r} in the audit database")
     if len(rows) > 1 and run_id not in rows:
@@ -81,11 +82,11 @@ def latest_unfinished(db: sqlite_utils.Database, board_spec: str) -> str | None:
     return None
 
 
-def unit_states(db: sqlite_utils.Database, run_id: str) -> dict[int, dict[str, Any]]:
-    """The latest state row of every unit of the run."""
+def unit_states(db: sqlite_utils.Database, rows: RunRows, sealed_only: bool = False) -> dict[int, dict[str, Any]]:
+    """The latest state row of every unit of the run (`sealed_only`: as its checkpoints seal them)."""
     states: dict[int, dict[str, Any]] = {}
-    for u in db.query("SELECT seq, address, size, state, action, detail FROM units WHERE run_id = ? ORDER BY seq",
-                      [run_id]):
+    where, args = (rows.sealed_sql, rows.sealed_args) if sealed_only else (rows.sql, rows.args)
+    for u in db.query(f"SELECT seq, address, size, state, action, detail FROM units WHERE {where} ORDER BY seq", args):
         prev = states.get(u["address"])
         action = u["action"] if u["state"] != "verified" or not prev else prev["action"]
         intended = (prev or {}).get("intended", False) or u["state"] not in ("planned", "verified")
@@ -93,69 +94,118 @@ def unit_states(db: sqlite_utils.Database, run_id: str) -> dict[int, dict[str, A
     return states
 
 
-def run_chain(db: sqlite_utils.Database, run_id: str) -> list[str]:
-    """Run ids from the original flash to this one, following resumes."""
-    chain = [run_id]
+def run_chain(db: sqlite_utils.Database, run_id: str) -> list[RunRows]:
+    """The runs from the original flash to this one, following resumes, each verified (a run
+    that does not verify is refused: RunUnverified)."""
+    chain = [open_run(db.conn, run_id)]
+    seen = {run_id}
     while True:
-        rows = list(db.query("SELECT resumes_run_id FROM runs WHERE run_id = ?", [chain[-1]]))
-        parent = rows[0]["resumes_run_id"] if rows else None
-        if not parent or parent in chain:
+        parent = db.conn.execute("SELECT resumes_run_id FROM runs WHERE seq = ?", (chain[-1].key,)).fetchone()[0]
+        if not parent or parent in seen:
             return list(reversed(chain))
-        chain.append(parent)
+        seen.add(parent)
+        chain.append(open_run(db.conn, resolve_run(db, parent)))
+
+
+class _Related:
+    """Other runs a report speaks of (the runs that resumed it): each verified once, and its
+    status taken from its own verified rows; a run that does not verify is named as such and
+    never makes this one look interrupted or finished."""
+
+    def __init__(self, db: sqlite_utils.Database, keyfiles: list[Path] | None = None):
+        self.db, self.keyfiles = db, keyfiles
+        self.status: dict[str, str | None] = {}
+
+    def of(self, run_id: str) -> str | None:
+        """The run's last recorded status ("running" if none), or None if it does not verify."""
+        if run_id not in self.status:
+            try:
+                rows = open_run(self.db.conn, run_id, self.keyfiles)
+            except RunUnverified:
+                self.status[run_id] = None
+            else:
+                self.status[run_id] = _last_status(self.db, rows).get("status") or "running"
+        return self.status[run_id]
+
+    def resumed_by(self, run_id: str) -> list[dict[str, Any]]:
+        """The runs that resumed this one, with their status ("does not verify" for a forged one)."""
+        return [{"run_id": r, "status": self.of(r) or "does not verify", "verified": self.of(r) is not None}
+                for r in self._children(run_id)]
+
+    def finished_by(self, run_id: str) -> str | None:
+        """The run that completed this run's work through resumes, if any."""
+        todo = [run_id]
+        while todo:
+            for child in self._children(todo.pop()):
+                status = self.of(child)
+                if status == "succeeded":
+                    return child
+                if status is not None:
+                    todo.append(child)
+        return None
+
+    def _children(self, run_id: str) -> list[str]:
+        return list(dict.fromkeys(r for (r,) in self.db.conn.execute(
+            "SELECT run_id FROM runs WHERE resumes_run_id = ? ORDER BY seq", (run_id,))))
 
 
 def resumed_by(db: sqlite_utils.Database, run_id: str) -> list[dict[str, Any]]:
-    """The runs that resumed this one, with their status."""
-    return [{"run_id": r["run_id"], "status": _last_status(db, r["run_id"]).get("status", "running")}
-            for r in db.query("SELECT run_id FROM runs WHERE resumes_run_id = ? ORDER BY seq", [run_id])]
+    """The runs that resumed this one, with their status (each verified)."""
+    return _Related(db).resumed_by(run_id)
 
 
-def last_checkpoint(db: sqlite_utils.Database, run_id: str) -> dict[str, Any] | None:
-    rows = list(db.query(
-        "SELECT c.id, c.kind, c.rows, c.last_seq, c.head, c.hash, c.at, h.public_key FROM checkpoints c "
-        "JOIN runs r ON r.seq = c.run LEFT JOIN hosts h ON h.id = c.host WHERE r.run_id = ? "
-        "ORDER BY c.id DESC LIMIT 1", [run_id]))
-    return rows[0] if rows else None
+def finished_by(db: sqlite_utils.Database, run_id: str) -> str | None:
+    """The run that completed this run's work through resumes, if any (each verified)."""
+    return _Related(db).finished_by(run_id)
 
 
-def report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] | None = None) -> dict[str, Any]:
-    """Everything a reviewer needs about one run, including its chain checked (O(the run))."""
+class RunReport(dict):
+    """`report`'s object (plain JSON), carrying the verified rows it was read through, for the
+    HTML page that renders it."""
+
+    rows: RunRows
+
+
+def report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] | None = None) -> RunReport:
+    """Everything a reviewer needs about one run, read only once its chain verifies (O(the
+    run)); a run that does not verify is refused (RunUnverified), never rendered."""
     with snapshot(db.conn):
-        return _report(db, resolve_run(db, run_id), keyfiles)
+        return _report(db, open_run(db.conn, resolve_run(db, run_id), keyfiles), keyfiles)
 
 
-def _report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] | None) -> dict[str, Any]:
+def _report(db: sqlite_utils.Database, rows: RunRows, keyfiles: list[Path] | None) -> RunReport:
     from amdflash.store.keys import fingerprint
-    from amdflash.store.verify import verify_run
+    from amdflash.store.read_checks import read_checks
 
-    run = next(db.query("SELECT * FROM runs WHERE run_id = ?", [run_id]))
-    status = _last_status(db, run_id)
-    boards = list(db.query("SELECT * FROM boards WHERE run_id = ? ORDER BY seq", [run_id]))
+    run_id, where, args = rows.run_id, rows.sql, rows.args
+    run = next(db.query("SELECT * FROM runs WHERE seq = ?", [rows.key]))
+    status = _last_status(db, rows)
+    boards = list(db.query(f"SELECT * FROM boards WHERE {where} ORDER BY seq", args))
     board = next((b for b in reversed(boards) if b.get("chip")), boards[0] if boards else {})
-    writes, transactions = counts(db.conn, run_id)
+    writes, transactions = counts(db.conn, rows)
     units = [{"address": u["address"], "size": u["size"], "action": u["action"], "state": u["state"]}
-             for u in sorted(unit_states(db, run_id).values(), key=lambda u: u["address"])]
-    errors = list(db.query("SELECT stage, message, address, at FROM errors WHERE run_id = ? ORDER BY seq", [run_id]))
-    stages = list(db.query("SELECT seq, stage, event, detail, at FROM stages WHERE run_id = ? ORDER BY seq", [run_id]))
-    verifies = next(db.query(
-        "SELECT count(*) AS total, sum(ok) AS ok FROM verifies WHERE run_id = ?", [run_id]))
+             for u in sorted(unit_states(db, rows).values(), key=lambda u: u["address"])]
+    errors = list(db.query(f"SELECT stage, message, address, at FROM errors WHERE {where} ORDER BY seq", args))
+    stages = list(db.query(f"SELECT seq, stage, event, detail, at FROM stages WHERE {where} ORDER BY seq", args))
+    verifies = next(db.query(f"SELECT count(*) AS total, sum(ok) AS ok FROM verifies WHERE {where}", args))
     failed_verifies = list(db.query(
         "SELECT address, attempt, mismatch_address, flash_byte, image_byte FROM verifies "
-        "WHERE run_id = ? AND ok = 0 ORDER BY seq", [run_id]))
-    backups = list(db.query("SELECT sha256, size, path FROM backups WHERE run_id = ? ORDER BY seq", [run_id]))
+        f"WHERE {where} AND ok = 0 ORDER BY seq", args))
+    backups = list(db.query(f"SELECT sha256, size, path FROM backups WHERE {where} ORDER BY seq", args))
     summary = json.loads(status["summary"]) if status.get("summary") else {}
     try:
         detail = json.loads(board["detail"]) if board.get("detail") else None
     except ValueError:
         detail = board.get("detail")
-    checked = verify_run(db.conn, run_id, keyfiles)
-    cp = last_checkpoint(db, run_id)
-    resumes = resumed_by(db, run_id)
-    return {
+    checked = rows.check
+    cp = checked.head
+    related = _Related(db, keyfiles)      # the runs it names are held to the same keys
+    resumes = related.resumed_by(run_id)
+    rep = RunReport({
         "run_id": run_id,
         "command": run["command"],
         "arguments": json.loads(run["arguments"] or "{}"),
-        "status": shown_status(status.get("status"), bool(resumes)),
+        "status": shown_status(status.get("status"), any(r["verified"] for r in resumes)),
         "emulated": bool(board.get("emulated")) if board else None,
         "started": run["at"],
         "ended": status.get("at") if status.get("status") != "running" else None,
@@ -168,7 +218,7 @@ def _report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] | None)
         "clock_sync": run["clock_sync"],
         "resumes_run_id": run["resumes_run_id"],
         "resumed_by": resumes,
-        "finished_by": finished_by(db, run_id),
+        "finished_by": related.finished_by(run_id),
         "board": {
             "spec": run["board_spec"],
             "emulated": bool(board.get("emulated")) if board else None,
@@ -193,108 +243,99 @@ def _report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] | None)
         "errors": errors,
         "error": status.get("detail") if status.get("status") != "succeeded" else None,
         "summary": summary,
+        "reads": read_checks(db, rows),
         "chain": {
             "ok": checked.ok,
             "problem": checked.problem,
             "rows": checked.rows,
             "checkpoints": checked.checkpoints,
-            "checkpoint": cp["id"] if cp else None,
-            "sealed": cp["kind"] if cp else None,
-            "head": cp["head"].hex() if cp and cp["head"] else None,
-            "checkpoint_hash": cp["hash"].hex() if cp else None,
-            "signed_by": fingerprint(cp["public_key"]) if cp and cp["public_key"] else None,
-            "unsealed_rows": sum(checked.unsealed.values()),
-            "signature": ("verified against the given key" if checked.trusted else
-                          "valid under the key recorded in the database (not checked against a trusted key)")
-            if checked.ok else "not valid: " + str(checked.problem),
+            "checkpoint": cp.id if cp else None,
+            "sealed": cp.kind if cp else None,
+            "head": cp.head.hex() if cp and cp.head else None,
+            "checkpoint_hash": cp.hash.hex() if cp else None,
+            "signed_by": fingerprint(cp.public_key) if cp and cp.public_key else None,
+            "unsealed_rows": rows.unsealed_rows,
+            "signature": _signature(checked),
         },
-    }
+    })
+    rep.rows = rows
+    return rep
 
 
-def counts(conn: sqlite3.Connection, run_id: str) -> tuple[int, int]:
-    """(register writes, SPI transactions) of a run, counted from the compact rows."""
-    span = _span(conn, run_id)
-    if span is None:
-        return 0, 0
-    key, first, last = span
+def _signature(checked: VerifyReport) -> str:
+    """What the run's signatures prove, and of which rows."""
+    if not checked.checkpoints:
+        return "none: no checkpoint seals any row of this run yet, so nothing in it is verified"
+    how = ("verified against the given key" if checked.trusted else
+           "valid under the key recorded in the database (not checked against a trusted key)")
+    unsealed = sum(checked.unsealed.values())
+    return how if not unsealed else f"{how}, for its sealed rows; its last {unsealed} row(s) are not sealed"
+
+
+def counts(conn: sqlite3.Connection, rows: RunRows) -> tuple[int, int]:
+    """(register writes, SPI transactions) of a run, counted from the compact rows of its seq
+    span: from its runs row to its final checkpoint (or the last row recorded, for a run that
+    recorded no end)."""
+    key = rows.key
+    last = conn.execute(f"SELECT {schema.RUN_END_SQL} FROM runs r WHERE r.seq = ?", (key,)).fetchone()[0]
     writes, transactions = conn.execute(
         f"SELECT coalesce(sum(length(coalesce(shape, '{schema.DEFAULT_SHAPE}'))), 0), "
         "coalesce(sum(1 + (again IS NOT NULL)), 0) FROM log_spi WHERE seq BETWEEN ? AND ? AND run = ?",
-        (first, last, key)).fetchone()
+        (key, last, key)).fetchone()
     raw = conn.execute("SELECT count(*) FROM log_writes WHERE seq BETWEEN ? AND ? AND run = ?",
-                       (first, last, key)).fetchone()[0]
+                       (key, last, key)).fetchone()[0]
     return writes + raw, transactions
 
 
-def _span(conn: sqlite3.Connection, run_id: str) -> tuple[int, int, int] | None:
-    """(run key, first seq, last seq) of a run's rows: from its runs row to its final checkpoint
-    (or the last row recorded, for a run that recorded no end)."""
-    row = conn.execute(f"SELECT r.seq, {schema.RUN_END_SQL} FROM runs r WHERE r.run_id = ?", (run_id,)).fetchone()
-    if row is None:
+def register_snapshot(db: sqlite_utils.Database, rows: RunRows, label: str,
+                      sealed_only: bool = False) -> dict[int, int] | None:
+    where, args = (rows.sealed_sql, rows.sealed_args) if sealed_only else (rows.sql, rows.args)
+    found = list(db.query(f"SELECT registers FROM register_snapshots WHERE {where} AND label = ? "
+                          "ORDER BY seq LIMIT 1", [*args, label]))
+    if not found:
         return None
-    return row[0], row[0], row[1]
+    return {int(k, 16): v for k, v in json.loads(found[0]["registers"]).items()}
 
 
-def register_snapshot(db: sqlite_utils.Database, run_id: str, label: str) -> dict[int, int] | None:
-    rows = list(db.query("SELECT registers FROM register_snapshots WHERE run_id = ? AND label = ? ORDER BY seq LIMIT 1",
-                         [run_id, label]))
-    if not rows:
-        return None
-    return {int(k, 16): v for k, v in json.loads(rows[0]["registers"]).items()}
-
-
-def has_intents(db: sqlite_utils.Database, run_id: str) -> bool:
-    return bool(list(db.query("SELECT 1 FROM units WHERE run_id = ? AND state = 'intent' LIMIT 1", [run_id])))
-
-
-def finished_by(db: sqlite_utils.Database, run_id: str) -> str | None:
-    """The run that completed this run's work through resumes, if any."""
-    todo = [run_id]
-    while todo:
-        current = todo.pop()
-        for r in db.query("SELECT run_id FROM runs WHERE resumes_run_id = ?", [current]):
-            if _last_status(db, r["run_id"]).get("status") == "succeeded":
-                return r["run_id"]
-            todo.append(r["run_id"])
-    return None
+def has_intents(db: sqlite_utils.Database, rows: RunRows) -> bool:
+    return bool(list(db.query(f"SELECT 1 FROM units WHERE {rows.sql} AND state = 'intent' LIMIT 1", rows.args)))
 
 
 # -- a run's register writes and transactions ---------------------------------------------------
 
-def iter_register_writes(db: sqlite_utils.Database, run_id: str,
+def iter_register_writes(db: sqlite_utils.Database, rows: RunRows,
                          until: int | None = None) -> Iterator[tuple[int, int, int, int | None, bytes | None]]:
     """(seq, n, offset, value, data) of the run's register writes in issue order (n)."""
     yield from db.conn.execute(
-        "SELECT seq, n, offset, value, data FROM register_writes WHERE run_id = ? AND n <= ? ORDER BY n",
-        [run_id, until if until is not None else 2 ** 62])
+        f"SELECT seq, n, offset, value, data FROM register_writes WHERE {rows.sql} AND n <= ? ORDER BY n",
+        [*rows.args, until if until is not None else 2 ** 62])
 
 
-def register_write_order(db: sqlite_utils.Database, run_id: str) -> Iterator[tuple[int, int]]:
+def register_write_order(db: sqlite_utils.Database, rows: RunRows) -> Iterator[tuple[int, int]]:
     """(seq, n) of the run's register writes in seq order: how they interleave with other rows.
     The writes of one ROM_SW transaction share the seq of its row."""
-    yield from db.conn.execute("SELECT seq, n FROM register_writes WHERE run_id = ? ORDER BY seq, n", [run_id])
+    yield from db.conn.execute(f"SELECT seq, n FROM register_writes WHERE {rows.sql} ORDER BY seq, n", rows.args)
 
 
-def transactions_between(db: sqlite_utils.Database, run_id: str, after: int, before: int) -> list[dict[str, Any]]:
+def transactions_between(db: sqlite_utils.Database, rows: RunRows, after: int, before: int) -> list[dict[str, Any]]:
     """The run's ROM_SW transactions recorded with seq in (after, before), decoded."""
-    rows = [dict(r) for r in db.query(
+    found = [dict(r) for r in db.query(
         "SELECT t.seq, t.n, t.opcode, t.address, t.address_bytes, t.tx_len, t.rx_len, t.clock, "
         f"coalesce(s.shape, '{schema.DEFAULT_SHAPE}') AS shape FROM spi_transactions t JOIN log_spi s ON s.seq = t.seq "
-        "WHERE t.run_id = ? AND t.seq > ? AND t.seq < ? ORDER BY t.seq, t.n", [run_id, after, before])]
-    for i, row in enumerate(rows):
+        f"WHERE {rows.where('t')} AND t.seq > ? AND t.seq < ? ORDER BY t.seq, t.n", [*rows.args, after, before])]
+    for i, row in enumerate(found):
         # A row shared by a repeated transaction: each transaction's own writes.
         parts = re.findall(r"[^Nn]*[Nn]", row["shape"]) or [row["shape"]]
-        repeat = i and rows[i - 1]["seq"] == row["seq"]
+        repeat = i and found[i - 1]["seq"] == row["seq"]
         row["writes"] = parts[min(1, len(parts) - 1)] if repeat else parts[0]
-    return rows
+    return found
 
 
-def writes_since(db: sqlite_utils.Database, run_id: str, unique_id: str, lineage: list[str]) -> list[dict[str, Any]]:
-    """Runs that may have written the board (same flash unique ID) after `run_id` began,
+def writes_since(db: sqlite_utils.Database, first: RunRows, unique_id: str, lineage: list[str]) -> list[dict[str, Any]]:
+    """Runs that may have written the board (same flash unique ID) after `first` began,
     other than those in `lineage` (the run and its resumes)."""
-    start = next(db.query("SELECT min(seq) AS s FROM runs WHERE run_id = ?", [run_id]))["s"]
     rows = db.query(
         "SELECT DISTINCT r.run_id, r.command, r.at FROM runs r JOIN boards b ON b.run_id = r.run_id "
         "WHERE r.seq > ? AND b.unique_id = ? AND r.command IN ('flash', 'resume', 'ifwi-all') ORDER BY r.seq",
-        [start, unique_id])
+        [first.key, unique_id])
     return [dict(r) for r in rows if r["run_id"] not in lineage]

@@ -5,13 +5,13 @@ import json
 from typing import Any
 
 import sqlite_utils
+from amdflash.store.run_rows import RunRows
 
 
-def read_checks(db: sqlite_utils.Database, run_id: str) -> dict[str, Any]:
+def read_checks(db: sqlite_utils.Database, rows: RunRows) -> dict[str, Any]:
     """The run's read policy (from its --reads argument; None for runs without one) and
     its disagreements; a board with any is flagged by the report."""
-    arguments = [r["arguments"] for r in db.query("SELECT arguments FROM runs WHERE run_id = ? ORDER BY seq LIMIT 1",
-                                                  [run_id])]
+    arguments = [r["arguments"] for r in db.query("SELECT arguments FROM runs WHERE seq = ?", [rows.key])]
     reads = json.loads(arguments[0] or "{}").get("reads") if arguments else None
     policy = None
     if isinstance(reads, int):
@@ -19,9 +19,9 @@ def read_checks(db: sqlite_utils.Database, run_id: str) -> dict[str, Any]:
                   else "1 read per byte: kept bytes are NOT confirmed (--reads 1)")
     counts = {r["purpose"]: (r["n"], r["unresolved"]) for r in db.query(
         "SELECT purpose, count(*) AS n, sum(resolved = 0) AS unresolved FROM read_disagreements "
-        "WHERE run_id = ? GROUP BY purpose ORDER BY min(seq)", [run_id])}
+        f"WHERE {rows.sql} GROUP BY purpose ORDER BY min(seq)", rows.args)}
     first = list(db.query("SELECT address, purpose, reads, differing, resolved FROM read_disagreements "
-                          "WHERE run_id = ? ORDER BY resolved, seq LIMIT 5", [run_id]))
+                          f"WHERE {rows.sql} ORDER BY resolved, seq LIMIT 5", rows.args))
     return {
         "policy": policy,
         "confirmed": isinstance(reads, int) and reads >= 2,

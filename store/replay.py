@@ -42,6 +42,7 @@ from amdflash.store.queries import (
     register_write_order,
     resolve_run,
 )
+from amdflash.store.run_rows import RunRows, open_run
 from amdflash.store.verify import snapshot
 
 FLASH_SIZE = 0x200000
@@ -128,46 +129,46 @@ def _replay(db: sqlite_utils.Database, run_id: str, until: int | None, image: by
         run_id = resolve_run(db, run_id)
     except RunNotFound as e:
         raise ReplayRefused(str(e)) from None
-    run = next(db.query("SELECT command, image_sha256 FROM runs WHERE run_id = ? ORDER BY seq LIMIT 1", [run_id]))
+    rows = open_run(db.conn, run_id)      # a run that does not verify is not replayed (RunUnverified)
+    run = next(db.query("SELECT command, image_sha256 FROM runs WHERE seq = ?", [rows.key]))
     backup = {r["address"]: bytes(r["data"]) for r in
-              db.query("SELECT address, data FROM backup_units WHERE run_id = ? ORDER BY seq", [run_id])}
+              db.query(f"SELECT address, data FROM backup_units WHERE {rows.sql} ORDER BY seq", rows.args)}
     if not backup:
         raise ReplayRefused(f"run {run_id} ({run['command']}) recorded no backup: there is no starting content "
                             "to replay from")
     if image is not None and hashlib.sha256(image).hexdigest() != run["image_sha256"]:
         image = None
-    result = _start(db, run_id, run["command"], until, len(backup))
+    result = _start(db, rows, run["command"], until, len(backup))
+    if rows.unsealed_rows:
+        result.notes.append(f"the run's last {rows.unsealed_rows} row(s) are not sealed by any checkpoint (its "
+                            "host died with its writer): they are replayed as recorded, but not verified")
     if image is None:
         result.notes.append("the run's image is not available (or not the run's): a unit whose recorded "
                             "read-back matched the image is compared by hash only")
     with tempfile.TemporaryDirectory(prefix="amdflash-replay-", dir=workdir) as tmp:
         board = build_board(Path(tmp) / "board", backup, result.status_registers,
-                            register_snapshot(db, run_id, "before") or {}, result.notes)
+                            register_snapshot(db, rows, "before") or {}, result.notes)
         try:
-            _Replayer(db, run_id, board, backup, image, result).run(until)
+            _Replayer(db, rows, board, backup, image, result).run(until)
         finally:
             board.close()
     return result
 
 
-def _start(db: sqlite_utils.Database, run_id: str, command: str, until: int | None, backed_up: int) -> ReplayResult:
-    status = list(db.query("SELECT status, result_sha256 FROM run_status WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
-                           [run_id]))
-    board = list(db.query("SELECT sr1, sr2, sr3 FROM boards WHERE run_id = ? ORDER BY seq LIMIT 1", [run_id]))
+def _start(db: sqlite_utils.Database, rows: RunRows, command: str, until: int | None, backed_up: int) -> ReplayResult:
+    status = list(db.query(f"SELECT status, result_sha256 FROM run_status WHERE {rows.sql} ORDER BY seq DESC LIMIT 1",
+                           rows.args))
+    board = list(db.query(f"SELECT sr1, sr2, sr3 FROM boards WHERE {rows.sql} ORDER BY seq LIMIT 1", rows.args))
     sr1, sr2, sr3 = ((board[0][k] or 0) if board else 0 for k in ("sr1", "sr2", "sr3"))
     result = ReplayResult(
-        run_id=run_id, command=command, status=status[0]["status"] if status else "running",
-        writes_total=_count_writes(db, run_id), writes_applied=0, until=until, units_backed_up=backed_up,
+        run_id=rows.run_id, command=command, status=status[0]["status"] if status else "running",
+        writes_total=counts(db.conn, rows)[0], writes_applied=0, until=until, units_backed_up=backed_up,
         status_registers=(sr1, sr2, sr3), result_sha256=status[0]["result_sha256"] if status else None)
     if result.status == "running":
         result.notes.append("the run recorded no end (its host died?): writes it had issued but not yet handed "
                             "to the audit writer are not on record, so the board may have received more than "
                             "this replay applies")
     return result
-
-
-def _count_writes(db: sqlite_utils.Database, run_id: str) -> int:
-    return counts(db.conn, run_id)[0]
 
 
 def build_board(path: Path, backup: dict[int, bytes], status: tuple[int, int, int],
@@ -207,9 +208,9 @@ def _set_status(board, status: tuple[int, int, int], notes: list[str]) -> None:
 
 
 class _Replayer:
-    def __init__(self, db: sqlite_utils.Database, run_id: str, board, backup: dict[int, bytes],
+    def __init__(self, db: sqlite_utils.Database, rows: RunRows, board, backup: dict[int, bytes],
                  image: bytes | None, result: ReplayResult):
-        self.db, self.run_id, self.board = db, run_id, board
+        self.db, self.rows, self.board = db, rows, board
         self.backup, self.image, self.result = backup, image, result
         self.flash = board.files.flash
         self.last_n: int | None = None
@@ -220,7 +221,7 @@ class _Replayer:
         checkpoints = self._checkpoints(verifies)
         pending = 0
         board = self.board
-        for seq, n, offset, value, data in iter_register_writes(self.db, self.run_id, until):
+        for seq, n, offset, value, data in iter_register_writes(self.db, self.rows, until):
             while pending < len(verifies) and checkpoints[pending] < n:
                 self._check(verifies[pending])
                 pending += 1
@@ -239,10 +240,10 @@ class _Replayer:
             self._compare_result()
 
     def _verifies(self) -> list[_Verify]:
-        rows = self.db.conn.execute(
+        found = self.db.conn.execute(
             "SELECT seq, address, size, ok, attempt, expected_sha256, actual_sha256, mismatch_address, "
-            "flash_byte, image_byte FROM verifies WHERE run_id = ? ORDER BY seq", [self.run_id]).fetchall()
-        return [_Verify(*r) for r in rows]
+            f"flash_byte, image_byte FROM verifies WHERE {self.rows.sql} ORDER BY seq", self.rows.args).fetchall()
+        return [_Verify(*r) for r in found]
 
     def _checkpoints(self, verifies: list[_Verify]) -> list[int]:
         """Per verify row, the highest write n recorded before it (0: none).
@@ -254,7 +255,7 @@ class _Replayer:
         seqs: list[int] = []
         highest: list[int] = []
         top, crossed = 0, False
-        for seq, n in register_write_order(self.db, self.run_id):
+        for seq, n in register_write_order(self.db, self.rows):
             crossed |= n < top
             top = max(top, n)
             seqs.append(seq)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import sqlite_utils
 from amdflash.store.queries import open_readonly, register_snapshot
+from amdflash.store.run_rows import open_run
+from amdflash.store.verify import snapshot
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,8 @@ def find_stranded(path: str | None, key: str, current_run: str) -> StrandedRun |
         return None
     db = open_readonly(path)
     try:
-        return _find(db, key, current_run)
+        with snapshot(db.conn):
+            return _find(db, key, current_run)
     except sqlite3.OperationalError:
         return None   # not an amdflash database yet (no tables): nothing was stranded
     finally:
@@ -62,19 +65,26 @@ def _find(db: sqlite_utils.Database, key: str, current_run: str) -> StrandedRun 
             settled.add(json.loads(detail)["run"])
         except (TypeError, ValueError, KeyError):
             continue
-    for run_id in runs:
+    for run_id in dict.fromkeys(runs):
         if run_id == current_run:
             continue
-        before = register_snapshot(db, run_id, "before")
+        if not conn.execute("SELECT 1 FROM register_snapshots WHERE run_id = ? AND label = 'before' LIMIT 1",
+                            [run_id]).fetchone():
+            continue
+        # Its "before" values are about to be written to the board: only from a run whose
+        # record verifies (RunUnverified otherwise: nothing is written), and only as a
+        # checkpoint seals them (a snapshot in an unsealed tail vouches for nothing).
+        rows = open_run(conn, run_id)
+        before = register_snapshot(db, rows, "before", sealed_only=True)
         if before is None:
             continue
-        if register_snapshot(db, run_id, "after restore") is not None or run_id in settled:
+        if register_snapshot(db, rows, "after restore") is not None or run_id in settled:
             return None
-        command = conn.execute("SELECT command FROM runs WHERE run_id = ? ORDER BY seq LIMIT 1", [run_id]).fetchone()
-        uid = conn.execute("SELECT unique_id FROM boards WHERE run_id = ? AND unique_id IS NOT NULL "
-                           "ORDER BY seq LIMIT 1", [run_id]).fetchone()
-        status = conn.execute("SELECT status FROM run_status WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
-                              [run_id]).fetchone()
+        command = conn.execute("SELECT command FROM runs WHERE seq = ?", [rows.key]).fetchone()
+        uid = conn.execute(f"SELECT unique_id FROM boards WHERE {rows.sql} AND unique_id IS NOT NULL "
+                           "ORDER BY seq LIMIT 1", rows.args).fetchone()
+        status = conn.execute(f"SELECT status FROM run_status WHERE {rows.sql} ORDER BY seq DESC LIMIT 1",
+                              rows.args).fetchone()
         if status is None or status[0] == "running":
             outcome = "it never finished: its host was killed or lost"
         else:

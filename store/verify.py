@@ -66,6 +66,8 @@ class VerifyReport:
     archived: str | None = None              # what an archive seal vouches for
     anchor: str | None = None                # what the anchor file said
     ended: bool | None = None                # run scope: did the run record its end
+    key: int | None = None                   # run scope: the run's key (the seq of its runs row)
+    sealed: int | None = None                # run scope: the last seq its checkpoints seal (None: none)
     unsealed: dict[str, int] = field(default_factory=dict)   # run -> rows after its last checkpoint
     problem: str | None = None
     seconds: float = 0.0
@@ -81,6 +83,8 @@ class VerifyReport:
         how = "verified against the given --key" if self.trusted else \
             "valid under the keys recorded in the database; pass --key PUBFILE to prove who signed"
         lines.append(f"signatures  {how}: {signers}")
+        if self.key is not None and not self.checkpoints:
+            lines.append("no checkpoint seals any row of this run yet: nothing in it is verified")
         for run_id, n in self.unsealed.items():
             lines.append(f"unsealed    run {run_id}: its last {n} row(s) are committed but not sealed yet (the run "
                          "is still being written, or its writer died before sealing them): not verifiable")
@@ -159,8 +163,13 @@ def verify_database(conn: sqlite3.Connection, keyfiles: list[Path] | None = None
                              "checkpoints were removed")
             check_checkpoint_chain(checkpoints, base, check)
             _check_head(conn, checkpoints)
-            runs = dict(conn.execute("SELECT run_id, seq FROM runs").fetchall())
             by_id = {c.run_id: c for c in _chains(checkpoints).values()}
+            runs: dict[str, int] = {}
+            for run_id, key in conn.execute("SELECT run_id, seq FROM runs ORDER BY seq"):
+                chain = by_id.get(run_id)
+                # A run has one runs row: the one its checkpoints name (check_runs names any other).
+                if run_id not in runs or (chain is not None and key == chain.checkpoints[0].run):
+                    runs[run_id] = key
             for run_id, chain in by_id.items():
                 if runs.get(run_id) != chain.checkpoints[0].run:
                     raise Broken(f"run {run_id} has checkpoints but its runs row is missing or moved")
@@ -168,7 +177,7 @@ def verify_database(conn: sqlite3.Connection, keyfiles: list[Path] | None = None
             _check_blobs(conn, "SELECT id, sha256, data FROM blobs")
             report.runs = len(runs)
             report.head = checkpoints[-1] if checkpoints else None
-        report.anchor = check_anchor(anchor, anchored, {c.id: c for c in checkpoints}, through)
+        report.anchor = check_anchor(anchor, anchored, checkpoints, through)
 
     return _checked(report, keyfiles, body)
 
@@ -180,9 +189,8 @@ def verify_run(conn: sqlite3.Connection, run_id: str, keyfiles: list[Path] | Non
     def body(check: KeyCheck) -> None:
         with snapshot(conn):
             check_schema(conn)
-            row = conn.execute("SELECT seq FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-            if row is None:
-                raise Broken(f"no run {run_id} in the database")
+            row = _run_key(conn, run_id)
+            report.key = row[0]
             checkpoints = load_checkpoints(conn, "WHERE c.run = ?", (row[0],))
             through, base, _ = _base(load_checkpoints(conn, "WHERE c.kind = 'archive'"))
             for cp in checkpoints:
@@ -199,9 +207,23 @@ def verify_run(conn: sqlite3.Connection, run_id: str, keyfiles: list[Path] | Non
                                            "WHERE p.seq BETWEEN ? AND ? AND p.run = ?", (row[0], end, row[0]))
             report.runs = 1
             report.checkpoints, report.head = len(checkpoints), checkpoints[-1] if checkpoints else None
+            report.sealed = checkpoints[-1].last_seq if checkpoints else None
             report.ended = bool(checkpoints) and checkpoints[-1].kind == "final"
 
     return _checked(report, keyfiles, body)
+
+
+def _run_key(conn: sqlite3.Connection, run_id: str) -> tuple[int]:
+    """(seq of the run's runs row,): the one its checkpoints name, or its only one (check_runs
+    names any other)."""
+    keys = [k for (k,) in conn.execute("SELECT seq FROM runs WHERE run_id = ? ORDER BY seq", (run_id,))]
+    if not keys:
+        raise Broken(f"no run {run_id} in the database")
+    if len(keys) > 1:
+        named = {k for (k,) in conn.execute(
+            f"SELECT DISTINCT run FROM checkpoints WHERE run IN ({', '.join('?' * len(keys))})", keys)}
+        keys = sorted(named & set(keys)) or keys
+    return (keys[0],)
 
 
 def check_runs(conn: sqlite3.Connection, runs: dict[str, int], chains: dict[str, RunChain],
@@ -215,6 +237,8 @@ def check_runs(conn: sqlite3.Connection, runs: dict[str, int], chains: dict[str,
     the segment that differs. Rows after a run's last checkpoint are counted: the writer
     seals a run's end with the row that records it, so a run sealed as ended has none, and
     an end no checkpoint seals was not written by it."""
+    for run_id, key in runs.items():
+        _outside_before(conn, run_id, key)
     segments: list[tuple[int, str, int, int, int]] = []   # (id, run_id, k, lo, hi)
     tails: dict[str, int] = {}                              # run_id -> first unsealed seq
     ended = {r for r, c in chains.items() if r in runs and c.checkpoints[-1].kind == "final"}
@@ -289,6 +313,30 @@ def check_runs(conn: sqlite3.Connection, runs: dict[str, int], chains: dict[str,
             checked = _exact(conn, run_id, key, chain)
         total += checked
     return total + sum(unsealed.values()), unsealed
+
+
+def _outside_before(conn: sqlite3.Connection, run_id: str, key: int) -> None:
+    """A run's rows begin with its runs row (seq `key`): its first span starts there, so a row
+    of the run with a lower seq (or a second runs row) lies outside every span it sealed —
+    added after the fact, whatever its seq. Found through each table's per-run index, at the
+    cost of that run; the bulk tables have none, and no per-run read sees their rows outside
+    the run's seq span (the views walk it), so the whole database's count finds those."""
+    other = conn.execute("SELECT seq FROM runs WHERE run_id = ? AND seq != ? ORDER BY seq LIMIT 1",
+                         (run_id, key)).fetchone()
+    if other:
+        raise Broken(f"runs seq {other[0]}: a second runs row for run {run_id} (its own is seq {key}): "
+                     "added after the fact")
+    first: tuple[int, str] | None = None
+    for table in PHYSICAL:
+        if table == "runs" or table not in INDEXED:
+            continue
+        column, value = ("run_id", run_id) if table in PLAIN else ("run", key)
+        seq = conn.execute(f"SELECT min(seq) FROM {table} WHERE {column} = ? AND seq < ?", (value, key)).fetchone()[0]
+        if seq is not None and (first is None or seq < first[0]):
+            first = seq, table
+    if first is not None:
+        raise Broken(f"{first[1]} seq {first[0]}: a row of run {run_id} before its first row (runs seq {key}), "
+                     "outside every span its checkpoints seal: added after the fact")
 
 
 BULK = "log_spi"
@@ -460,27 +508,115 @@ def read_anchor(path: Path | None) -> list[tuple[int, dict[str, Any]]] | None:
     return entries
 
 
+# -- witnesses of the chain: the anchor file (here), the central record (store.central) ---------
+
+def local_checkpoints(conn: sqlite3.Connection) -> tuple[int, list[Checkpoint]]:
+    """(the last checkpoint archive seals took away, the checkpoints after it) of this
+    database, in one snapshot: what a witness of the chain compares with what it saw — the
+    anchor file (check_anchor), or an off-host record (`audit verify --central`)."""
+    with snapshot(conn):
+        checkpoints = load_checkpoints(conn)
+    return _base(checkpoints)[0], checkpoints
+
+
+@dataclass(frozen=True)
+class Witnessed:
+    """One checkpoint as a witness saw it."""
+
+    where: str          # e.g. "anchor FILE line N"
+    id: int
+    hash: bytes
+    at: str | None = None
+
+
+def compare_witness(seen: list[Witnessed], checkpoints: list[Checkpoint], through: int) -> int:
+    """Every checkpoint a witness saw must still be in the database, unchanged (those an
+    archive seal took away excepted: the seal vouches for them). Returns the newest id seen."""
+    by_id = {c.id: c for c in checkpoints}
+    newest = 0
+    for w in seen:
+        newest = max(newest, w.id)
+        if w.id <= through:
+            continue
+        cp = by_id.get(w.id)
+        if cp is None:
+            raise Broken(f"{w.where} names checkpoint #{w.id} ({w.at}), which the database does not have: its tail "
+                         "was removed or it was replaced by an older copy")
+        if cp.hash != w.hash:
+            raise Broken(f"{w.where}: checkpoint #{w.id} in the database differs from the one witnessed at {w.at}: "
+                         "the database was rewritten")
+    return newest
+
+
+def anchor_claims(checkpoints: list[Checkpoint]) -> list[tuple[Checkpoint, str]]:
+    """The checkpoints that record (signed, in their detail) that they were appended to an
+    anchor file, with its path: the newest of every seal a writer with an anchor made, and
+    archive seals. They are how the database remembers that it is anchored."""
+    out = []
+    for cp in checkpoints:
+        if cp.detail and '"anchor"' in cp.detail:
+            try:
+                recorded = json.loads(cp.detail).get("anchor")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(recorded, str):
+                out.append((cp, recorded))
+    return out
+
+
+ANCHOR_SETTLE = (0.05, 0.1, 0.25, 0.5)   # seconds between re-reads of an anchor that looks short
+
+
 def check_anchor(path: Path | None, entries: list[tuple[int, dict[str, Any]]] | None,
-                 checkpoints: dict[int, Checkpoint], through: int) -> str | None:
-    """Every checkpoint the anchor file saw must still be in the database, unchanged."""
+                 checkpoints: list[Checkpoint], through: int) -> str | None:
+    """The anchor file against the database: every checkpoint it saw must still be there,
+    unchanged; and once the trail has been anchored (its checkpoints say so), the anchor
+    must exist and reach the newest seal but one (the newest may still be on its way: the
+    writer appends it just after committing it)."""
     if path is None:
         return None
+    claims = anchor_claims([c for c in checkpoints if c.id > through])
     if entries is None:
-        return f"{path}: no anchor file (nothing to compare)"
-    newest = 0
+        if claims:
+            cp, recorded = claims[-1]
+            raise Broken(f"no anchor file at {path}, but the trail is anchored: checkpoint #{cp.id} records that it "
+                         f"was appended to {recorded}. The anchor was deleted or moved (a database whose tail was "
+                         "cut looks like this); pass --anchor FILE if it is elsewhere")
+        return f"{path}: no anchor file (nothing to compare; no checkpoint records an anchor)"
+    newest = compare_witness(_witnessed(path, entries), checkpoints, through)
+    if len(claims) >= 2 and newest < claims[-2][0].id:
+        newest = _settled_newest(path, checkpoints, claims[-2][0].id, newest)
+        if newest < claims[-2][0].id:
+            cp, recorded = claims[-2]
+            raise Broken(f"anchor {path} is shorter than the trail: its newest entry is checkpoint #{newest or '-'}, "
+                         f"but checkpoints #{cp.id} and #{claims[-1][0].id} record that they were appended to "
+                         f"{recorded}: it was trimmed or replaced by an older copy (or appending to it failed)")
+    return f"{path}: {len(entries)} entries, the newest checkpoint #{newest}, all in the database unchanged"
+
+
+def _witnessed(path: Path, entries: list[tuple[int, dict[str, Any]]]) -> list[Witnessed]:
+    out = []
     for n, entry in entries:
         try:
-            ident, digest = int(entry["checkpoint"]), bytes.fromhex(entry["hash"])
+            out.append(Witnessed(f"anchor {path} line {n}", int(entry["checkpoint"]), bytes.fromhex(entry["hash"]),
+                                 entry.get("at")))
         except (ValueError, KeyError, TypeError):
             raise Broken(f"anchor {path} line {n} is not an anchor entry") from None
-        newest = max(newest, ident)
-        if ident <= through:
-            continue    # archived: the seal vouches for it
-        cp = checkpoints.get(ident)
-        if cp is None:
-            raise Broken(f"anchor {path} line {n} names checkpoint #{ident} ({entry.get('at')}), which the database "
-                         "does not have: its tail was removed or it was replaced by an older copy")
-        if cp.hash != digest:
-            raise Broken(f"anchor {path} line {n}: checkpoint #{ident} in the database differs from the one anchored "
-                         f"at {entry.get('at')}: the database was rewritten")
-    return f"{path}: {len(entries)} entries, the newest checkpoint #{newest}, all in the database unchanged"
+    return out
+
+
+def _settled_newest(path: Path, checkpoints: list[Checkpoint], needed: int, newest: int) -> int:
+    """The anchor read again, after the database: a writer appends a seal's entry just after
+    committing it, so one read before the snapshot may lag it. Entries that match the
+    snapshot, or are newer than it, count."""
+    by_id = {c.id: c.hash for c in checkpoints}
+    top = checkpoints[-1].id if checkpoints else 0
+    for pause in ANCHOR_SETTLE:
+        entries = read_anchor(path) or []
+        for w in _witnessed(path, entries):
+            if w.id > top or by_id.get(w.id) == w.hash:
+                newest = max(newest, w.id)
+        if newest >= needed:
+            break
+        time.sleep(pause)
+    return newest

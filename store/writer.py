@@ -515,6 +515,9 @@ class ChainWriter:
         self.conn = conn
         self.signer = signer
         self.anchor = anchor
+        # Signed into the newest checkpoint of every seal (the one appended to the anchor): the
+        # database itself then remembers that it is anchored, and where (store.verify.check_anchor).
+        self.anchor_detail = json.dumps({"anchor": os.path.abspath(anchor)}) if anchor is not None else None
         if not conn.in_transaction:
             # A commit survives the death of any process; barriers fsync the WAL themselves.
             conn.execute("PRAGMA synchronous=NORMAL")
@@ -685,7 +688,8 @@ class ChainWriter:
         head = conn.execute("SELECT checkpoint, hash FROM chain_head WHERE id = 1").fetchone()
         ident, prev = head[0], head[1] or chain.GENESIS
         newest = None
-        for run in self.dirty.values():
+        last = len(self.dirty) - 1
+        for i, run in enumerate(self.dirty.values()):
             digests = {t: h.digest() for t, h in run.hashers.items()}
             run.head = chain.segment_head(run.head, digests)
             run.rows += run.segment_rows
@@ -693,7 +697,7 @@ class ChainWriter:
             ident += 1
             kind = self.kind or ("final" if run.ended else "commit")
             cp = chain.Checkpoint(ident, kind, run.run_id, run.rows, run.last_seq, run.head, self.signer.public,
-                                  now_iso(), None, run=run.key, host=self.host)
+                                  now_iso(), self.anchor_detail if i == last else None, run=run.key, host=self.host)
             sign_and_insert(conn, self.signer, cp, prev)
             prev, newest = cp.hash, cp
         self.dirty = {}

@@ -59,7 +59,7 @@ def test_round_trip_verifies_clean_and_holds_every_row(cli, db, trail, tmp_path,
     checkpoints = conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
     conn.close()
     assert sum(rec["record"] == "checkpoint" for rec in records) == checkpoints
-    assert records[0]["record"] == "header" and records[-1]["record"] == "end"
+    assert records[0]["record"] == "header" and [r["record"] for r in records[-2:]] == ["end", "seal"]
 
 
 def test_files_parse_with_standard_libraries(cli, trail, tmp_path):  # noqa: F811
@@ -110,9 +110,9 @@ def test_removed_rows_are_found_even_when_the_end_record_is_fixed(cli, trail, tm
     out = _export(cli, tmp_path, "jsonl")
     lines = out.read_text().splitlines(keepends=True)
     kept = [line for i, line in enumerate(lines) if not (i > 5 and '"table":"log_spi"' in line and i % 5 == 0)]
-    end = json.loads(kept[-1])
+    end = json.loads(kept[-2])
     end["rows"] = sum('"record":"row"' in line for line in kept)
-    kept[-1] = json.dumps(end, separators=(",", ":")) + "\n"
+    kept[-2] = json.dumps(end, separators=(",", ":")) + "\n"
     out.write_text("".join(kept))
     r = cli("audit", "verify", "--export", out)
     assert r.code == 1 and "do not match checkpoint" in r.out

@@ -1,0 +1,66 @@
+"""Issue 18, from attack 5: the HTML report linked `resumes_run_id` (and the runs that resumed
+a run) by pasting the recorded value into href, so a value such as "javascript:..." became a
+live link. A run id comes from the trail: a signed trail can still carry any text there (a
+host that wrote it, a bug, an import), so the page links only run-id shaped values, to
+run pages it builds itself, and shows anything else as escaped text."""
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+from amdflash.pipeline.cli import main
+from amdflash.store import schema, writer
+
+HOSTILE = 'javascript:alert(document.domain)//"><b>x</b>'
+HOSTILE_CHILD = "javascript:fetch('//evil')//"
+GOOD = "20260101T000000-0123abcd"
+
+
+class Links(HTMLParser):
+    def __init__(self, text: str):
+        super().__init__()
+        self.hrefs: list[str] = []
+        self.tags: list[str] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        self.hrefs += [v or "" for k, v in attrs if k == "href"]
+
+
+def _trail(db: Path, key: Path) -> None:
+    """Three runs written and sealed by the ordinary writer, as a host would: GOOD claims to
+    resume HOSTILE, and HOSTILE_CHILD resumes GOOD."""
+    conn = schema.connect(str(db))
+    conn.execute("BEGIN")
+    schema.create(conn)
+    conn.execute("COMMIT")
+    w = writer.ChainWriter(conn, writer.Signer.load(key), None)
+    at = "2026-01-01T00:00:00+00:00"
+    for run_id, resumes in ((GOOD, HOSTILE), (HOSTILE_CHILD, GOOD)):
+        w.add(("runs", run_id, "resume", "{}", "root", None, "hosta", None, "0.1.0", None, None, None, None,
+               "sim:/b", resumes, at))
+        w.add(("run_status", run_id, "failed", "x", None, "{}", at))
+        w.commit(True)
+    w.close()
+
+
+def test_only_run_ids_become_links_and_never_a_scheme_from_the_trail(tmp_path, capsys, host_key):  # noqa: ANN001
+    db = tmp_path / "audit.sqlite"
+    _trail(db, host_key)
+    out = tmp_path / "report.html"
+    assert main(["-q", "--db", str(db), "report", GOOD, "--format", "html", "-o", str(out)]) == 0
+    text = out.read_text()
+    links = Links(text)
+    assert links.hrefs == [], links.hrefs          # neither the resumed nor the resuming run is a run id
+    assert "javascript:" in text and "<b>x</b>" not in text     # shown, escaped, as text
+
+
+def test_a_run_id_is_linked_to_its_page(tmp_path, capsys, host_key):  # noqa: ANN001
+    db = tmp_path / "audit.sqlite"
+    _trail(db, host_key)
+    out = tmp_path / "report.html"
+    assert main(["-q", "--db", str(db), "report", HOSTILE_CHILD, "--format", "html", "-o", str(out)]) == 0
+    hrefs = Links(out.read_text()).hrefs
+    assert hrefs == [f"{GOOD}.html"] and all(re.fullmatch(r"[0-9]{8}T[0-9]{6}-[0-9a-f]{8}\.html", h) for h in hrefs)
