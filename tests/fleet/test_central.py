@@ -340,7 +340,7 @@ def test_fleet_flash_passes_expect_part_and_force_to_each_host() -> None:
         fleet = fleet_run.FleetRun("127.0.0.1:9", {}, job, Path("/img.bin"), flash_args=extra)
         jobs = [SimpleNamespace(board=SimpleNamespace(host="hosta"), spec=f"sim:/b{i}", driver=None) for i in range(2)]
         original = fleet_run._driver
-        fleet_run._driver = lambda board: Driver()
+        fleet_run._driver = lambda board, *settings: Driver()
         try:
             fleet._command(SimpleNamespace(jobs=jobs))
         finally:
