@@ -207,7 +207,7 @@ def cmd_places(args: argparse.Namespace) -> int:
 
 async def _places(args: argparse.Namespace, tags: dict[str, str], allow: Any) -> int:
     from amdflash.pipeline.fleet.coordinator import Coordinator, CoordinatorError
-    from amdflash.pipeline.fleet.trust import board_problem
+    from amdflash.pipeline.fleet.trust import board_problem, shown
 
     try:
         coordinator = await Coordinator(args.coordinator).open()
@@ -220,7 +220,8 @@ async def _places(args: argparse.Namespace, tags: dict[str, str], allow: Any) ->
                 continue
             refused = board_problem(entry.cls, entry.args, entry.extra, allow, exporter)
             if refused:   # no place for it: the coordinator's word is not the operator's
-                print(f"note: refused the board resource {exporter}/{group}/{name}: {refused}", file=sys.stderr)
+                print(f"note: refused the board resource {shown(f'{exporter}/{group}/{name}')}: {refused}",
+                      file=sys.stderr)
                 continue
             path = (exporter, group, entry.cls, name)
             existing = [p for p, place in coordinator.places.items() if place.hasmatch(path)]

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 from amdflash.pipeline.fleet.coordinator import BoardPlace, Coordinator
 from amdflash.pipeline.fleet.labgrid_board import JobError, parse_results, started
-from amdflash.pipeline.fleet.trust import HOST_KEY_FAILED, Allowlist, board_problem
+from amdflash.pipeline.fleet.trust import HOST_KEY_FAILED, Allowlist, board_problem, shown
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
 #: Row status → exit status (the worst row decides, as for multi-board runs).
@@ -177,8 +177,9 @@ class FleetRun:
                 if refused:
                     # The coordinator's word is not the operator's: reported, never run.
                     row.status, row.error = "refused", f"resource refused, nothing run: {refused}"
-                    self.notes.append(f"refused the board resource {board.exporter}/{board.group}/{board.resource} "
-                                      f"of place {board.place}: {refused}")
+                    self.notes.append(f"refused the board resource "
+                                      f"{shown(f'{board.exporter}/{board.group}/{board.resource}')} of place "
+                                      f"{shown(board.place)}: {refused}")
                     continue
                 if self.stopping:
                     row.status, row.error = "not started", "stopped by the operator before it started"

@@ -97,7 +97,8 @@ def board_problem(cls: str, args: Mapping[str, Any], extra: Mapping[str, Any], a
     if not isinstance(host, str) or not _HOST.fullmatch(host):
         return f"its host {host!r} is not a host name"
     if exporter is not None and host != exporter:
-        return f"exporter {exporter} publishes it for host {host}: an exporter publishes only its own host's boards"
+        return (f"exporter {shown(exporter)} publishes it for host {host}: an exporter publishes only its own "
+                "host's boards")
     if host not in allow.hosts:
         return f"host {host} is not in the operator's allowlist ({allow.describe()}; --hosts or fleet_hosts)"
     if extra.get("proxy_required"):
@@ -133,6 +134,11 @@ def _spec_ok(spec: str, kind: Any) -> bool:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def shown(name: str) -> str:
+    """A name the coordinator gave (exporter, group, place), safe for a terminal."""
+    return name if name.isprintable() and len(name) <= 120 else _short(name)
 
 
 def ssh_argv(host: str, command: list[str]) -> list[str]:
