@@ -19,8 +19,25 @@ the transaction of the push:
 
 Any failure raises and the whole batch is rolled back, naming the first checkpoint or row
 that does not verify. Every table refuses UPDATE, DELETE and TRUNCATE (triggers, for the
-owner too); hosts push with the `amdflash_push` role, which may only SELECT and INSERT, and
-only an administrator enrols host keys.
+owner too); only an administrator enrols host keys.
+
+Who pushes what, and who reads what, is decided by the database too:
+
+* each host is enrolled with its key, its name and the one login that pushes for it
+  (`hosts.login`); a checkpoint or blob of a host is accepted only from that login (the
+  session's `session_user`, which SET ROLE cannot change) or from an administrator (a
+  superuser) — a push login that holds another host's stolen key still cannot push for it;
+* a run ID belongs to the host whose push stored it first (`run_owners`): another host's
+  push of the same run ID is refused;
+* every host has a blob quota (its own, set at enrolment, else the default set at setup):
+  a push whose blobs would take the host over it is refused, naming the host and the quota;
+* push logins (members of `amdflash_push`) may INSERT into the tables but not read them:
+  they read their own host's rows through the `own_*` views (security-barrier views that
+  keep the rows of the hosts the session may read). PostgreSQL's row-level security
+  policies would say the same, but a table with row-level security refuses COPY FROM,
+  which is what makes a push fast; the checks above are triggers owned by the
+  administrator (SECURITY DEFINER), so they read what the pushing login may not.
+  Reviewers (`amdflash_read`) read every table.
 
 Tables mirror the host's physical tables (store/schema.py) with `host_id` added; a blob
 reference is the blob's SHA-256 instead of a local id. The column names and values are the
@@ -28,6 +45,7 @@ host's, so the canonical text — and so every hash — is the same on both side
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -39,7 +57,8 @@ from amdflash.store.chain import Checkpoint, load_checkpoints
 from amdflash.store.schema import PHYSICAL, PLAIN
 
 NS = "amdflash"                       # the PostgreSQL schema holding everything
-CENTRAL_VERSION = 1
+CENTRAL_VERSION = 2
+DEFAULT_BLOB_QUOTA = 64 << 30   # bytes of blobs per host, unless set at setup or enrolment
 PUSH_ROLE, READ_ROLE = "amdflash_push", "amdflash_read"
 RUN_KINDS = ("commit", "final", "migrated")
 _PG_TYPES = {"int": "bigint", "text": "text", "blob": "bytea", "ref": "bytea"}
@@ -50,6 +69,11 @@ class CentralError(RuntimeError):
 
 
 # -- schema ------------------------------------------------------------------------------------
+
+# The checks run as the administrator who set the database up (push logins may not read the
+# tables they check against), with a search path nobody else can add to.
+_DEFINER = "SECURITY DEFINER SET search_path = pg_catalog, pg_temp"
+
 
 def _q(column: str) -> str:
     """A column name quoted for PostgreSQL (`offset` is a reserved word there)."""
@@ -103,7 +127,7 @@ def _segment_function() -> str:
        AND {_run_match(table, 'NEW.run', 'NEW.run_id')};
     total := total + n; digests := digests || digest;""")
     return f"""
-CREATE FUNCTION {NS}.check_span() RETURNS trigger LANGUAGE plpgsql AS $fn$
+CREATE FUNCTION {NS}.check_span() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $fn$
 DECLARE
     run_key bigint; prev record; lo bigint; head bytea; rows_before bigint;
     n bigint; digest bytea; digests bytea := ''::bytea; total bigint := 0;
@@ -145,7 +169,8 @@ def _sealed_function(table: str) -> str:
                     if table in PLAIN else "n.run").format(ns=NS)
     refs = [c for c, k in PHYSICAL[table] if k == "ref"]
     missing = " OR ".join(f"(n.{_q(c)} IS NOT NULL AND NOT EXISTS "
-                          f"(SELECT 1 FROM {NS}.blobs b WHERE b.sha256 = n.{_q(c)}))" for c in refs)
+                          f"(SELECT 1 FROM {NS}.blobs b WHERE b.host_id = n.host_id "
+                          f"AND b.sha256 = n.{_q(c)}))" for c in refs)
     blobs_check = f"""SELECT n.seq, n.host_id INTO bad FROM new_rows n WHERE {missing} ORDER BY n.seq LIMIT 1;
         IF FOUND THEN
             RAISE EXCEPTION 'refused: first bad row {table} seq % of host %: it refers to bytes the central '
@@ -158,7 +183,7 @@ def _sealed_function(table: str) -> str:
     # within the spans of its new checkpoints (a run's spans are contiguous): one grouped
     # query. Only when that fails are the rows looked at one by one, to name the first bad one.
     return f"""
-CREATE FUNCTION {NS}.sealed_{table}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+CREATE FUNCTION {NS}.sealed_{table}() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $fn$
 DECLARE bad record; grp record;
 BEGIN
     SELECT g.host_id, g.r INTO grp
@@ -212,9 +237,18 @@ CREATE TABLE {NS}.meta (key text PRIMARY KEY, value text);
 INSERT INTO {NS}.meta VALUES ('central_version', '{CENTRAL_VERSION}'),
                             ('host_schema_version', '{schema.SCHEMA_VERSION}');
 CREATE TABLE {NS}.hosts (id serial PRIMARY KEY, public_key bytea NOT NULL UNIQUE CHECK (length(public_key) = 32),
-                         name text NOT NULL UNIQUE, enrolled_at timestamptz NOT NULL DEFAULT now(),
+                         name text NOT NULL UNIQUE, login text NOT NULL UNIQUE,
+                         blob_quota bigint CHECK (blob_quota >= 0),
+                         enrolled_at timestamptz NOT NULL DEFAULT now(),
                          enrolled_by text NOT NULL DEFAULT current_user);
-CREATE TABLE {NS}.blobs (sha256 bytea PRIMARY KEY, data bytea NOT NULL);
+-- Blobs are kept per host: a host's rows refer to its own copy, its quota counts them, and
+-- no push can learn from the dedup whether another host holds some bytes.
+CREATE TABLE {NS}.blobs (host_id integer NOT NULL, sha256 bytea NOT NULL, data bytea NOT NULL,
+                         PRIMARY KEY (host_id, sha256));
+-- Bookkeeping, not record: the bytes of each host's blobs (for its quota), and which host
+-- stored each run ID first.
+CREATE TABLE {NS}.blob_usage (host_id integer PRIMARY KEY, bytes bigint NOT NULL);
+CREATE TABLE {NS}.run_owners (run_id text PRIMARY KEY, host_id integer NOT NULL);
 CREATE TABLE {NS}.checkpoints (
     host_id integer NOT NULL REFERENCES {NS}.hosts, id bigint NOT NULL, kind text NOT NULL, run bigint,
     run_id text, rows bigint, last_seq bigint, head bytea, at text NOT NULL, detail text,
@@ -234,6 +268,19 @@ END $fn$;
 
 CREATE FUNCTION {NS}.host_name(ident integer) RETURNS text LANGUAGE sql STABLE AS
     $fn$ SELECT coalesce((SELECT name FROM {NS}.hosts WHERE id = ident), '#' || ident) $fn$;
+
+-- Who the session is: an administrator (a superuser) may push and read for every host; a
+-- login pushes for the one host bound to it; a reviewer (amdflash_read) reads every host.
+CREATE FUNCTION {NS}.is_admin() RETURNS boolean LANGUAGE sql STABLE AS
+    $fn$ SELECT coalesce((SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = session_user), false) $fn$;
+CREATE FUNCTION {NS}.may_push(ident integer) RETURNS boolean LANGUAGE sql STABLE {_DEFINER} AS
+    $fn$ SELECT {NS}.is_admin() OR EXISTS (SELECT 1 FROM {NS}.hosts WHERE id = ident AND login = session_user) $fn$;
+CREATE FUNCTION {NS}.readable_hosts() RETURNS integer[] LANGUAGE sql STABLE {_DEFINER} AS $fn$
+    SELECT coalesce(array_agg(id), '{{}}') FROM {NS}.hosts
+     WHERE login = session_user OR {NS}.is_admin() OR pg_has_role(session_user, '{READ_ROLE}', 'MEMBER') $fn$;
+CREATE FUNCTION {NS}.refused_login(ident integer) RETURNS text LANGUAGE sql STABLE {_DEFINER} AS $fn$
+    SELECT format('login %s is bound to %s and may push only that host''s checkpoints and blobs', session_user,
+                  coalesce('host ' || (SELECT name FROM {NS}.hosts WHERE login = session_user), 'no host')) $fn$;
 
 -- Ed25519 (RFC 8032) signature check: PostgreSQL has none built in; python3-cryptography does it.
 CREATE FUNCTION {NS}.ed25519_verify(public_key bytea, signature bytea, message bytea) RETURNS boolean
@@ -266,7 +313,50 @@ BEGIN
 END $fn$;
 CREATE TRIGGER blobs_verified BEFORE INSERT ON {NS}.blobs FOR EACH ROW EXECUTE FUNCTION {NS}.check_blob();
 
-CREATE FUNCTION {NS}.check_checkpoint() RETURNS trigger LANGUAGE plpgsql AS $fn$
+-- Per statement: every new blob is of a host the session may push for, and the host stays
+-- within its quota (its own, else the default).
+CREATE FUNCTION {NS}.blobs_owned() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $fn$
+DECLARE grp record; quota bigint; used bigint;
+BEGIN
+    FOR grp IN SELECT host_id, sum(octet_length(data))::bigint AS bytes FROM new_rows GROUP BY host_id LOOP
+        IF NOT {NS}.may_push(grp.host_id) THEN
+            RAISE EXCEPTION 'refused: blobs of host %: %', {NS}.host_name(grp.host_id), {NS}.refused_login(grp.host_id)
+                USING ERRCODE = 'insufficient_privilege';
+        END IF;
+        SELECT coalesce(h.blob_quota, (SELECT value::bigint FROM {NS}.meta WHERE key = 'blob_quota')) INTO quota
+          FROM {NS}.hosts h WHERE h.id = grp.host_id;
+        INSERT INTO {NS}.blob_usage AS u VALUES (grp.host_id, grp.bytes)
+            ON CONFLICT (host_id) DO UPDATE SET bytes = u.bytes + EXCLUDED.bytes RETURNING u.bytes INTO used;
+        IF quota IS NOT NULL AND used > quota THEN
+            RAISE EXCEPTION 'refused: host % would hold % bytes of blobs, over its quota of % bytes (this push adds %)',
+                {NS}.host_name(grp.host_id), used, quota, grp.bytes USING ERRCODE = 'program_limit_exceeded';
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END $fn$;
+CREATE TRIGGER blobs_owned AFTER INSERT ON {NS}.blobs REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {NS}.blobs_owned();
+
+-- A run ID is the host's that stored it first: the first push inserts it here, any other
+-- host's push of the same run ID then finds it taken (and a concurrent one waits on the key).
+CREATE FUNCTION {NS}.runs_owned() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $fn$
+DECLARE bad record;
+BEGIN
+    INSERT INTO {NS}.run_owners (run_id, host_id)
+        SELECT DISTINCT ON (run_id) run_id, host_id FROM new_rows ORDER BY run_id, seq ON CONFLICT (run_id) DO NOTHING;
+    SELECT n.run_id, n.host_id, o.host_id AS owner INTO bad FROM new_rows n
+      JOIN {NS}.run_owners o ON o.run_id = n.run_id WHERE o.host_id <> n.host_id ORDER BY n.seq LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'refused: run % of host %: that run ID was stored first by host %; a run ID belongs to the '
+                        'host that sealed and pushed it first', bad.run_id, {NS}.host_name(bad.host_id),
+            {NS}.host_name(bad.owner) USING ERRCODE = 'unique_violation';
+    END IF;
+    RETURN NULL;
+END $fn$;
+CREATE TRIGGER runs_owned AFTER INSERT ON {NS}.runs REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {NS}.runs_owned();
+
+CREATE FUNCTION {NS}.check_checkpoint() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $fn$
 DECLARE
     key bytea; prev bytea; last_id bigint; computed bytea; who text; prior record;
 BEGIN
@@ -276,6 +366,9 @@ BEGIN
     IF key IS NULL THEN
         RAISE EXCEPTION 'refused: %: no enrolled host #%', who, NEW.host_id
             USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF NOT {NS}.may_push(NEW.host_id) THEN
+        RAISE EXCEPTION 'refused: %: %', who, {NS}.refused_login(NEW.host_id) USING ERRCODE = 'insufficient_privilege';
     END IF;
     SELECT max(id) INTO last_id FROM {NS}.checkpoints WHERE host_id = NEW.host_id;
     IF NEW.id IS DISTINCT FROM coalesce(last_id, 0) + 1 THEN
@@ -325,19 +418,35 @@ CREATE TRIGGER checkpoints_verified BEFORE INSERT ON {NS}.checkpoints FOR EACH R
 CREATE CONSTRAINT TRIGGER checkpoints_span_verified AFTER INSERT ON {NS}.checkpoints
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {NS}.check_span();
 {"".join(_sealed_function(t) for t in PHYSICAL)}
+{_own_views()}
 """
+
+
+def _own_views() -> str:
+    """`own_T`: the rows of T of the hosts the session may read (a push login: its own host's)."""
+    mine = f"= ANY ((SELECT {NS}.readable_hosts())::integer[])"   # one call per query (an InitPlan)
+    views = [f"CREATE VIEW {NS}.own_hosts WITH (security_barrier) AS "
+             f"SELECT id, name, login, public_key, blob_quota FROM {NS}.hosts WHERE id {mine};",
+             f"CREATE VIEW {NS}.own_blob_usage WITH (security_barrier) AS "
+             f"SELECT * FROM {NS}.blob_usage WHERE host_id {mine};"]
+    views += [f"CREATE VIEW {NS}.own_{t} WITH (security_barrier) AS SELECT * FROM {NS}.{t} WHERE host_id {mine};"
+              for t in ("blobs", "checkpoints", *PHYSICAL)]
+    return "\n".join(views)
 
 
 def _roles_sql() -> str:
     data = ", ".join(f"{NS}.{t}" for t in ("blobs", "checkpoints", *PHYSICAL))
-    everything = f"{data}, {NS}.hosts, {NS}.meta"
+    everything = f"{data}, {NS}.hosts, {NS}.blob_usage, {NS}.run_owners"
+    own = ", ".join(f"{NS}.own_{t}" for t in ("hosts", "blob_usage", "blobs", "checkpoints", *PHYSICAL))
     create = "\n".join(f"""DO $do$ BEGIN
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN CREATE ROLE {role} NOLOGIN; END IF;
 END $do$;""" for role in (PUSH_ROLE, READ_ROLE))
+    # Push logins insert but never read the tables: their own host's rows, through own_*.
     return f"""{create}
 REVOKE ALL ON ALL TABLES IN SCHEMA {NS} FROM PUBLIC;
 GRANT USAGE ON SCHEMA {NS} TO {PUSH_ROLE}, {READ_ROLE};
-GRANT SELECT ON {everything} TO {PUSH_ROLE}, {READ_ROLE};
+GRANT SELECT ON {NS}.meta, {own} TO {PUSH_ROLE}, {READ_ROLE};
+GRANT SELECT ON {everything} TO {READ_ROLE};
 GRANT INSERT ON {data} TO {PUSH_ROLE};
 """
 
@@ -364,8 +473,9 @@ def installed(pg: Any) -> bool:
     return row is not None and row[0] is not None
 
 
-def setup(url: str) -> str:
-    """Create the central schema, its checks and the roles (once, as an administrator)."""
+def setup(url: str, blob_quota: int = DEFAULT_BLOB_QUOTA) -> str:
+    """Create the central schema, its checks and the roles (once, as an administrator).
+    `blob_quota`: the bytes of blobs each host may store unless its enrolment says otherwise."""
     with connect(url) as pg:
         import psycopg  # connect() said so if it is missing
 
@@ -374,6 +484,7 @@ def setup(url: str) -> str:
             return f"the central database is already set up (version {version[0] if version else '?'})"
         try:
             pg.execute(_schema_sql())
+            pg.execute(f"INSERT INTO {NS}.meta VALUES ('blob_quota', %s)", (str(blob_quota),))
             pg.execute(_roles_sql())
             _self_test(pg)
             pg.commit()
@@ -382,8 +493,9 @@ def setup(url: str) -> str:
             if "plpython3u" in str(e) or "cryptography" in str(e):
                 hint = " (the server needs PL/Python: apt-get install postgresql-plpython3-NN python3-cryptography)"
             raise CentralError(f"cannot set up the central database: {_first_line(e)}{hint}") from None
-    return (f"central database set up: schema {NS}, roles {PUSH_ROLE} (hosts push: SELECT, INSERT) and "
-            f"{READ_ROLE} (reviewers: SELECT); enrol each host's key with 'amdflash fleet enroll'")
+    return (f"central database set up: schema {NS}, roles {PUSH_ROLE} (hosts push: INSERT, and read their own "
+            f"host's rows) and {READ_ROLE} (reviewers: SELECT); {blob_quota} bytes of blobs per host; enrol each "
+            "host's key and login with 'amdflash fleet enroll'")
 
 
 def _self_test(pg: Any) -> None:
@@ -400,18 +512,32 @@ def _self_test(pg: Any) -> None:
         raise CentralError(f"the server's Ed25519 check does not work (answered {tuple(good)})")
 
 
-def enroll(url: str, public_key: bytes, name: str) -> int:
-    """Trust a host's public key (an administrator's act: the push role cannot do it)."""
+def enroll(url: str, public_key: bytes, name: str, login: str | None = None, blob_quota: int | None = None) -> int:
+    """Trust a host's public key under `name` and bind it to the one login that pushes for it
+    (default: a role named like the host; made, LOGIN and in amdflash_push, if it does not
+    exist — its password or other authentication is the administrator's to set). An
+    administrator's act: the push role cannot do it. `blob_quota`: this host's, in bytes
+    (default: the database's)."""
+    login = login or name
     with connect(url) as pg:
         import psycopg
+        from psycopg import sql
 
         _need_schema(pg)
+        taken = pg.execute(f"SELECT name, login, public_key = %s FROM {NS}.hosts WHERE name = %s OR login = %s "
+                           "OR public_key = %s", (public_key, name, login, public_key)).fetchone()
+        if taken:
+            what = ("this key" if taken[2] else f"host name {name!r}" if taken[0] == name else f"login {login!r}")
+            raise CentralError(f"{what} is already enrolled (host {taken[0]}, login {taken[1]})")
         try:
-            row = pg.execute(f"INSERT INTO {NS}.hosts (public_key, name) VALUES (%s, %s) RETURNING id",
-                             (public_key, name)).fetchone()
+            role = sql.Identifier(login)
+            if pg.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (login,)).fetchone() is None:
+                pg.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(role, sql.Identifier(PUSH_ROLE)))
+            else:
+                pg.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(PUSH_ROLE), role))
+            row = pg.execute(f"INSERT INTO {NS}.hosts (public_key, name, login, blob_quota) VALUES (%s, %s, %s, %s) "
+                             "RETURNING id", (public_key, name, login, blob_quota)).fetchone()
             pg.commit()
-        except psycopg.errors.UniqueViolation:
-            raise CentralError(f"host name {name!r} or this key is already enrolled") from None
         except psycopg.Error as e:
             raise CentralError(f"cannot enrol the host: {_first_line(e)}") from None
     return int(row[0])
@@ -421,6 +547,11 @@ def _need_schema(pg: Any) -> None:
     if not installed(pg):
         raise CentralError("the central database is not set up: run 'amdflash fleet central-setup URL' "
                            "as its administrator first")
+    version = pg.execute(f"SELECT value FROM {NS}.meta WHERE key = 'central_version'").fetchone()
+    if version is None or version[0] != str(CENTRAL_VERSION):
+        raise CentralError(f"the central database has version {version[0] if version else '?'} of the central "
+                           f"schema; this amdflash needs version {CENTRAL_VERSION} (host logins, per-host blobs): "
+                           "set up a new central database with 'amdflash fleet central-setup'")
 
 
 # -- push --------------------------------------------------------------------------------------
@@ -460,9 +591,9 @@ def _signing_key(checkpoints: list[Checkpoint]) -> bytes:
 def push(local: sqlite3.Connection, url: str, batch_rows: int = 500_000) -> PushReport:
     """Send what the central database lacks of this trail: the checkpoints after the last one
     it holds for this host, the rows they seal and the blobs those rows refer to; in batches
-    of whole checkpoints, each one transaction that the database verifies before it commits."""
-    from amdflash.store.keys import fingerprint
-
+    of whole checkpoints, each one transaction that the database verifies before it commits.
+    Refuses (CentralError, nothing sent) when this trail contradicts what the central database
+    already holds for the host: a checkpoint rewritten, or the tail it holds missing here."""
     started = time.perf_counter()
     report = PushReport()
     with connect(url) as pg:
@@ -474,15 +605,10 @@ def push(local: sqlite3.Connection, url: str, batch_rows: int = 500_000) -> Push
             every = load_checkpoints(local)
             if not every:
                 raise CentralError("this audit database has no checkpoints: nothing to push")
-            public = _signing_key(every)
-            row = pg.execute(f"SELECT id, name FROM {NS}.hosts WHERE public_key = %s", (public,)).fetchone()
-            if row is None:
-                raise CentralError(f"this host's key {fingerprint(public)} is not enrolled in the central database: "
-                                   "its administrator runs 'amdflash fleet enroll' with the output of "
-                                   "'amdflash audit key'")
-            host_id, report.host = row
+            host_id, report.host = _own_host(pg, _signing_key(every))
+            _refuse_contradiction(pg, host_id, report.host, every)
             while True:
-                stored = pg.execute(f"SELECT coalesce(max(id), 0) FROM {NS}.checkpoints WHERE host_id = %s",
+                stored = pg.execute(f"SELECT coalesce(max(id), 0) FROM {NS}.own_checkpoints WHERE host_id = %s",
                                     (host_id,)).fetchone()[0]
                 pg.commit()
                 report.through = stored
@@ -505,6 +631,132 @@ def push(local: sqlite3.Connection, url: str, batch_rows: int = 500_000) -> Push
             local.execute("COMMIT")
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _own_host(pg: Any, public: bytes) -> tuple[int, str]:
+    """(id, name) of the host enrolled with this key, if this session may push for it."""
+    from amdflash.store.keys import fingerprint
+
+    row = pg.execute(f"SELECT id, name FROM {NS}.own_hosts WHERE public_key = %s", (public,)).fetchone()
+    if row is None:
+        login = pg.execute("SELECT session_user").fetchone()[0]
+        raise CentralError(f"this trail's key {fingerprint(public)} is not enrolled in the central database as a host "
+                           f"that login {login} may push or read: its administrator enrols the key and binds it to "
+                           "this host's login ('amdflash fleet enroll --key FILE --name HOST --login LOGIN', FILE "
+                           "from 'amdflash audit key')")
+    return int(row[0]), str(row[1])
+
+
+def _refuse_contradiction(pg: Any, host_id: int, host: str, every: list[Checkpoint]) -> None:
+    """Refuse to push a trail that contradicts what the central database holds for the host.
+
+    Each checkpoint's hash covers the one before it, so when the newest checkpoint stored
+    centrally is here unchanged, so is everything before it: one row answers the common case.
+    Otherwise every stored checkpoint is compared, to name the first that differs."""
+    last = pg.execute(f"SELECT id, hash FROM {NS}.own_checkpoints WHERE host_id = %s ORDER BY id DESC LIMIT 1",
+                      (host_id,)).fetchone()
+    if last is None:
+        return
+    through, through_hash = archived_through(every)
+    mine = {c.id: c.hash for c in every}
+    ident, digest = int(last[0]), bytes(last[1])
+    if mine.get(ident) == digest or (ident == through and through_hash == digest) or ident < through:
+        return   # (archived before it was pushed: the push loop says so)
+    found = compare(every, central_checkpoints(pg, host_id), host)
+    if not found.ok:
+        raise CentralError(f"refused: this trail contradicts the central record: {found.problem}; nothing was pushed")
+
+
+def archived_through(checkpoints: list[Checkpoint]) -> tuple[int, bytes | None]:
+    """(the last checkpoint `audit archive` took out of this database, its hash), or (0, None)."""
+    seals = [c for c in checkpoints if c.kind == "archive"]
+    if not seals:
+        return 0, None
+    info = json.loads(seals[-1].detail or "{}")
+    return int(info["through_checkpoint"]), bytes.fromhex(info["through_hash"])
+
+
+def central_checkpoints(pg: Any, host_id: int) -> list[tuple[int, bytes, str]]:
+    """(id, hash, when it was pushed) of every checkpoint the central database holds for the host."""
+    return [(int(i), bytes(h), str(at)) for i, h, at in pg.execute(
+        f"SELECT id, hash, pushed_at::text FROM {NS}.own_checkpoints WHERE host_id = %s ORDER BY id", (host_id,))]
+
+
+@dataclass
+class Comparison:
+    """This trail against what the central database holds for its host (the off-host anchor)."""
+
+    host: str
+    problem: str | None = None     # the first contradiction, naming its checkpoint
+    first: int | None = None       # the first checkpoint that differs or is missing here
+    matched: int = 0               # central checkpoints that this database holds unchanged (or archived)
+    central_last: int = 0          # the newest checkpoint central holds for the host
+    unpushed: int = 0              # checkpoints here after it: not pushed yet
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+    def describe(self, where: str) -> str:
+        if not self.ok:
+            return f"audit chain BROKEN against the central record ({where}): {self.problem}"
+        if not self.central_last:
+            return (f"central     {where}: holds no checkpoint of host {self.host} yet (nothing to compare); "
+                    f"{self.unpushed} checkpoint(s) here not pushed yet")
+        return (f"central     {where}: host {self.host}'s checkpoints 1..#{self.central_last} as pushed "
+                f"({self.matched} compared) are all in this database unchanged; {self.unpushed} newer checkpoint(s) "
+                "here not pushed yet")
+
+
+def compare(local: list[Checkpoint], central: list[tuple[int, bytes, str]], host: str) -> Comparison:
+    """Every checkpoint central holds for the host must be in this database unchanged (a
+    checkpoint `audit archive` took away: its seal's hash of the last one archived); the
+    first that is not is named. Checkpoints here after central's newest are not pushed yet."""
+    found = Comparison(host, central_last=central[-1][0] if central else 0)
+    mine = {c.id: c.hash for c in local}
+    through, through_hash = archived_through(local)
+    last_here = max(mine, default=through)
+    for ident, digest, pushed in central:
+        if ident < through:
+            found.matched += 1            # archived here; the seal vouches for them through #through
+            continue
+        here = mine.get(ident, through_hash if ident == through else None)
+        if here == digest:
+            found.matched += 1
+            continue
+        found.first = ident
+        if here is not None:
+            found.problem = (f"checkpoint #{ident} differs from the one the central database holds for host {host} "
+                             f"(pushed {pushed}): this trail was rewritten after it was pushed")
+        elif ident > last_here:
+            found.problem = (f"the central database holds host {host}'s checkpoints through #{found.central_last} "
+                             f"and this database's last is #{last_here}: checkpoint #{ident} (pushed {pushed}) and "
+                             "the ones after it are missing here: its tail was cut, or it was rolled back to an "
+                             "older copy")
+        else:
+            found.problem = (f"checkpoint #{ident}, which the central database holds for host {host} (pushed "
+                             f"{pushed}), is missing from this database: it was removed")
+        return found
+    found.unpushed = sum(1 for ident in mine if ident > found.central_last)
+    return found
+
+
+def verify_against(local: sqlite3.Connection, url: str, host_key: bytes | None = None) -> Comparison:
+    """Compare this trail's every checkpoint with what the central database holds for its host
+    (the host its checkpoints' key is enrolled as; for a trail with none, `host_key`'s)."""
+    local.execute("BEGIN")
+    try:
+        every = load_checkpoints(local)
+    finally:
+        local.execute("COMMIT")
+    public = _signing_key(every) if every else host_key
+    if public is None:
+        raise CentralError("this audit database has no checkpoints and there is no host key to name its host: "
+                           "nothing to compare")
+    with connect(url) as pg:
+        _need_schema(pg)
+        host_id, host = _own_host(pg, public)
+        return compare(every, central_checkpoints(pg, host_id), host)
 
 
 def _batch(every: list[Checkpoint], todo: list[Checkpoint], batch_rows: int) -> list[Checkpoint]:
@@ -562,21 +814,21 @@ def _send(local: sqlite3.Connection, pg: Any, host_id: int, every: list[Checkpoi
         spans_rows = f"FROM _push s CROSS JOIN {table} p ON {on}"
         rows[table] = local.execute(f"SELECT {host_id}, p.seq, {names} {spans_rows}{joins} ORDER BY p.seq").fetchall()
         referenced += [f"SELECT p.{c} {spans_rows}" for c, k in columns if k == "ref"]
-    blobs: list[tuple[bytes, bytes]] = []
+    blobs: list[tuple[int, bytes, bytes]] = []
     if referenced:
         local_blobs = local.execute(f"SELECT sha256, data FROM blobs WHERE id IN ({' UNION '.join(referenced)})"
                                     ).fetchall()
-        have = {bytes(r[0]) for r in pg.execute(f"SELECT sha256 FROM {NS}.blobs WHERE sha256 = ANY(%s)",
-                                                ([s for s, _ in local_blobs],))}
-        blobs = [(s, d) for s, d in local_blobs if s not in have]
+        have = {bytes(r[0]) for r in pg.execute(f"SELECT sha256 FROM {NS}.own_blobs WHERE host_id = %s AND "
+                                                "sha256 = ANY(%s)", (host_id, [s for s, _ in local_blobs]))}
+        blobs = [(host_id, s, d) for s, d in local_blobs if s not in have]
     with pg.cursor() as cur:
         if blobs:
-            with cur.copy(f"COPY {NS}.blobs (sha256, data) FROM STDIN (FORMAT BINARY)") as copy:
-                copy.set_types(["bytea", "bytea"])
+            with cur.copy(f"COPY {NS}.blobs (host_id, sha256, data) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["int4", "bytea", "bytea"])
                 for b in blobs:
                     copy.write_row(b)
             report.blobs += len(blobs)
-            report.blob_bytes += sum(len(d) for _, d in blobs)
+            report.blob_bytes += sum(len(d) for _, _, d in blobs)
         with cur.copy(f"COPY {NS}.checkpoints (host_id, id, kind, run, run_id, rows, last_seq, head, at, detail, "
                       "hash, sig, pushed_in, pushed_by) FROM STDIN") as copy:
             for c in batch:
@@ -620,9 +872,12 @@ def _unsealed(local: sqlite3.Connection, every: list[Checkpoint]) -> int:
 
 # -- reading -----------------------------------------------------------------------------------
 
-def runs(url: str) -> list[dict[str, Any]]:
-    """Every run of every host, in the row shape of the local `runs` (store.queries.runs),
-    with the host's enrolled name added."""
+def runs(url: str, host: str | None = None) -> list[dict[str, Any]]:
+    """Every run of every host (or of `host`), in the row shape of the local `runs`
+    (store.queries.runs), with the host's enrolled name added. A run's status is the one the
+    host's own `runs` shows (store.queries.shown_status: resumed and never ended is interrupted)."""
+    from amdflash.store.queries import shown_status
+
     with connect(url) as pg:
         _need_schema(pg)
         cur = pg.execute(f"""
@@ -633,37 +888,63 @@ def runs(url: str) -> list[dict[str, Any]]:
                                AND s.run_id = r.run_id ORDER BY s.seq DESC LIMIT 1) s ON true
             LEFT JOIN LATERAL (SELECT unique_id, emulated FROM {NS}.boards b WHERE b.host_id = r.host_id
                                AND b.run_id = r.run_id ORDER BY b.seq LIMIT 1) b ON true
-            ORDER BY r.at, h.name, r.seq""")
+            WHERE %(host)s::text IS NULL OR h.name = %(host)s
+            ORDER BY r.at, h.name, r.seq""", {"host": host})
         names = [d.name for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur]
+        rows = [dict(zip(names, row, strict=True)) for row in cur]
+    resumed = {(r["host"], r["resumes_run_id"]) for r in rows if r["resumes_run_id"]}
+    for r in rows:
+        r["status"] = shown_status(r["status"], (r["host"], r["run_id"]) in resumed)
+    return rows
 
 
-def resolve(pg: Any, run_id: str) -> tuple[int, str, int]:
-    """(host id, run id, run key) of a run named by a unique prefix."""
-    found = pg.execute(f"SELECT host_id, run_id, seq FROM {NS}.runs WHERE left(run_id, %s) = %s ORDER BY run_id",
-                       (len(run_id), run_id)).fetchall()
+class AmbiguousRun(CentralError):
+    """A run named by an ID or prefix that runs of several hosts match."""
+
+
+def split_run(name: str, host: str | None = None) -> tuple[str | None, str]:
+    """(host, run id or prefix) from `HOST/RUN` or `RUN` (with `--host HOST`)."""
+    if "/" in name:
+        named, _, name = name.partition("/")
+        if host is not None and host != named:
+            raise AmbiguousRun(f"run {named}/{name} names host {named}, and --host says {host}")
+        host = named
+    return host, name
+
+
+def resolve(pg: Any, run_id: str, host: str | None = None) -> tuple[int, str, int]:
+    """(host id, run id, run key) of a run named by a unique prefix (`HOST/RUN`, or `host`)."""
+    host, run_id = split_run(run_id, host)
+    found = pg.execute(f"SELECT r.host_id, r.run_id, r.seq, h.name FROM {NS}.runs r JOIN {NS}.hosts h "
+                       "ON h.id = r.host_id WHERE left(r.run_id, %s) = %s AND (%s::text IS NULL OR h.name = %s) "
+                       "ORDER BY r.run_id, h.name", (len(run_id), run_id, host, host)).fetchall()
     exact = [r for r in found if r[1] == run_id]
     if exact:
         found = exact
+    where = f" of host {host}" if host else ""
     if not found:
-        raise CentralError(f"no run {run_id!r} in the central database")
+        raise CentralError(f"no run {run_id!r}{where} in the central database")
     if len(found) > 1:
-        raise CentralError(f"run id {run_id!r} is ambiguous in the central database ({len(found)} runs match)")
-    return found[0]
+        hosts = sorted({r[3] for r in found})
+        if len(hosts) > 1:
+            raise AmbiguousRun(f"run id {run_id!r} matches runs of hosts {', '.join(hosts)} in the central "
+                               f"database: name one as HOST/RUN (e.g. {hosts[0]}/{found[0][1]}) or with --host")
+        raise AmbiguousRun(f"run id {run_id!r} is ambiguous{where} in the central database ({len(found)} runs match)")
+    return found[0][:3]
 
 
 # Tables copied whole for the run's host: the report follows resumes and their outcome.
 _HOST_WIDE = ("runs", "run_status", "boards")
 
 
-def materialize(url: str, run_id: str, path: Path) -> str:
+def materialize(url: str, run_id: str, path: Path, host: str | None = None) -> str:
     """Copy one run — its rows, blobs and checkpoints (with the one before each, which its hash
     chains to) and the host's run list — from the central database into a new SQLite audit
     database at `path`, in the host's own schema, so the local report code reads it as it reads
     a host's trail (and checks the run's chain and signatures again). Returns the run id."""
     with connect(url) as pg:
         _need_schema(pg)
-        host_id, run_id, key = resolve(pg, run_id)
+        host_id, run_id, key = resolve(pg, run_id, host)
         local = schema.connect(str(path))
         try:
             local.execute("BEGIN")
@@ -696,8 +977,8 @@ def materialize(url: str, run_id: str, path: Path) -> str:
                 marks = ", ".join("?" * (len(columns) + 1))
                 local.executemany(f"INSERT INTO {table} (seq, {names}) VALUES ({marks})", out)
             if blob_ids:
-                data = dict(pg.execute(f"SELECT sha256, data FROM {NS}.blobs WHERE sha256 = ANY(%s)",
-                                       (list(blob_ids),)).fetchall())
+                data = dict(pg.execute(f"SELECT sha256, data FROM {NS}.blobs WHERE host_id = %s AND sha256 = ANY(%s)",
+                                       (host_id, list(blob_ids))).fetchall())
                 local.executemany("INSERT INTO blobs (id, sha256, data) VALUES (?, ?, ?)",
                                   ((i, sha, data.get(sha)) for sha, i in blob_ids.items()))
             cps = pg.execute(f"""

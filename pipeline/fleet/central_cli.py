@@ -1,5 +1,5 @@
-"""The central record on the command line: `audit push`, `fleet central-setup`, `fleet enroll`,
-`fleet runs` and `fleet report`.
+"""The central record on the command line: `audit push`, `audit verify --central`,
+`fleet central-setup`, `fleet enroll`, `fleet runs` and `fleet report`.
 
 The central readers print with the local commands' own renderers: `fleet runs` with the
 line of `amdflash runs` (the host added in front), `fleet report` by copying the run out of
@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from amdflash.pipeline import output
 from amdflash.pipeline.checks import output_file
-from amdflash.pipeline.errors import EXIT_OK, Refusal, UsageError
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal, UsageError
 from amdflash.stages.files import write_new
 
 ENV_CENTRAL = "AMDFLASH_CENTRAL"
@@ -30,6 +32,17 @@ def _url(given: str | None, option: str) -> str:
         raise UsageError(f"{option} {url}: expected a PostgreSQL URL (postgresql://USER@HOST/DB) or "
                          "a libpq connection string")
     return url
+
+
+_SIZE = re.compile(r"(\d+)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes: N, or N with K, M, G or T (binary multiples: 64G is 64 GiB)."""
+    m = _SIZE.fullmatch(text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or a number with K, M, G or T)")
+    return int(m[1]) << (10 * "_KMGT".index((m[2] or "_").upper()))
 
 
 def add_audit_parsers(audit_sub: argparse._SubParsersAction) -> None:
@@ -48,6 +61,15 @@ def add_audit_parsers(audit_sub: argparse._SubParsersAction) -> None:
                    help="text: one line for people (default); json: what was sent, as an object")
     p.set_defaults(func=cmd_push)
 
+    # `audit verify --central URL`: the central record as the trail's off-host anchor.
+    verify = audit_sub.choices["verify"]
+    verify.add_argument("--central", metavar="URL",
+                        help="also compare every checkpoint with what the central database holds for this host: a "
+                             "checkpoint rewritten, or a tail cut or rolled back after it was pushed, is BROKEN "
+                             "(exit 1, naming the first checkpoint that differs)")
+    local_verify = verify.get_default("func")
+    verify.set_defaults(func=lambda args: cmd_verify(args, local_verify))
+
 
 def add_fleet_parsers(fsub: argparse._SubParsersAction) -> None:
     p = fsub.add_parser(
@@ -55,18 +77,27 @@ def add_fleet_parsers(fsub: argparse._SubParsersAction) -> None:
         description="Create schema 'amdflash' in the central PostgreSQL database: insert-only tables mirroring "
                     "the hosts' trails, the checks that verify every push (PL/pgSQL, sha256(), and an Ed25519 "
                     "check in PL/Python — the server needs postgresql-plpython3 and python3-cryptography), and "
-                    "the roles amdflash_push (SELECT, INSERT) and amdflash_read (SELECT). Run once, as a "
-                    "superuser.")
+                    "the roles amdflash_push (INSERT; each login reads only its own host's rows, through the "
+                    "own_* views) and amdflash_read (SELECT on everything). Run once, as a superuser.")
     p.add_argument("url", metavar="URL", nargs="?", help=f"the central database (default ${ENV_CENTRAL})")
+    p.add_argument("--blob-quota", type=byte_size, default=None, metavar="SIZE",
+                   help="bytes of blobs (backups, data read and written) each host may store unless its enrolment "
+                        "sets its own; K, M, G, T multiples (default 64G)")
     p.set_defaults(func=cmd_setup)
 
     p = fsub.add_parser(
         "enroll", help="trust a host's public key in the central database (administrator)",
         description="Record a host's public key (the file 'amdflash audit key -o FILE' writes on that host) "
-                    "under a name. The central database accepts checkpoints signed by enrolled keys only.")
+                    "under a name, bound to the one login that pushes for it. The central database accepts a "
+                    "host's checkpoints only signed by its enrolled key and pushed by its login.")
     p.add_argument("--to", metavar="URL", help=f"the central database (default ${ENV_CENTRAL})")
     p.add_argument("--key", type=Path, required=True, metavar="PUBFILE", help="the host's public key file")
     p.add_argument("--name", required=True, help="the host's name in the central record")
+    p.add_argument("--login", metavar="ROLE",
+                   help="the one PostgreSQL login that pushes for this host (default: the host's name); made, in "
+                        "amdflash_push, if it does not exist (set its password or other authentication yourself)")
+    p.add_argument("--blob-quota", type=byte_size, default=None, metavar="SIZE",
+                   help="bytes of blobs this host may store (default: the one set at central-setup)")
     p.set_defaults(func=cmd_enroll)
 
     p = fsub.add_parser(
@@ -74,6 +105,7 @@ def add_fleet_parsers(fsub: argparse._SubParsersAction) -> None:
         description="The runs of every host of the line, as 'amdflash runs' lists a host's own, read from the "
                     "central database (host first). Read-only.")
     p.add_argument("--from", dest="source", metavar="URL", help=f"the central database (default ${ENV_CENTRAL})")
+    p.add_argument("--host", metavar="HOST", help="only this host's runs")
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="text: one line per run, host first (default); json: one array of objects")
     p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
@@ -81,9 +113,13 @@ def add_fleet_parsers(fsub: argparse._SubParsersAction) -> None:
 
     p = fsub.add_parser(
         "report", help="one run's report from the central database (text, JSON or HTML)",
-        description="The report of RUN_ID (a unique prefix is enough) as 'amdflash report' prints it, read "
-                    "from the central database; the run's chain and signatures are checked again on the way.")
-    p.add_argument("run_id", metavar="RUN_ID", help="the run (a unique prefix is enough)")
+        description="The report of RUN_ID (HOST/RUN_ID, or --host HOST; a unique prefix is enough) as "
+                    "'amdflash report' prints it, read from the central database; the run's chain and signatures "
+                    "are checked again on the way (exit 1 if they do not hold). A run ID that runs of several "
+                    "hosts match is refused (exit 2), naming the hosts.")
+    p.add_argument("run_id", metavar="[HOST/]RUN_ID",
+                   help="the run (a unique prefix is enough), HOST/ to name its host")
+    p.add_argument("--host", metavar="HOST", help="the run's host")
     p.add_argument("--from", dest="source", metavar="URL", help=f"the central database (default ${ENV_CENTRAL})")
     p.add_argument("--format", choices=("text", "json", "html"), default="text",
                    help="text (default), json or html, as 'amdflash report' prints them")
@@ -114,10 +150,47 @@ def cmd_push(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_setup(args: argparse.Namespace) -> int:
-    from amdflash.store.central import setup
+def cmd_verify(args: argparse.Namespace, local_verify: Callable[[argparse.Namespace], int]) -> int:
+    """`audit verify`, and with --central the comparison with the central record after it."""
+    code = local_verify(args)
+    if not args.central:
+        return code
+    from amdflash.pipeline import commands
+    from amdflash.pipeline.auditdb import host_key_path, open_reader
+    from amdflash.store.central import verify_against
 
-    output.result(setup(_url(args.url, "URL")))
+    url = _url(args.central, "--central")
+    reader = open_reader(commands.db_path(args))
+    try:
+        found = verify_against(reader.conn, url, _host_public(host_key_path()))
+    finally:
+        reader.conn.close()
+    output.result(found.describe(_where(url)))
+    return code if found.ok else EXIT_FAILED
+
+
+def _host_public(path: Path) -> bytes | None:
+    """This host's public key (names its host for a trail that has no checkpoint), if it has one."""
+    from amdflash.store import keys
+
+    if not path.exists():
+        return None
+    try:
+        return keys.public_bytes(keys.load_private(path))
+    except (OSError, keys.KeyError_):
+        return None
+
+
+def _where(url: str) -> str:
+    """The central database for a message: its URL without a password."""
+    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1@", url)
+
+
+def cmd_setup(args: argparse.Namespace) -> int:
+    from amdflash.store.central import DEFAULT_BLOB_QUOTA, setup
+
+    quota = args.blob_quota if args.blob_quota is not None else DEFAULT_BLOB_QUOTA
+    output.result(setup(_url(args.url, "URL"), quota))
     return EXIT_OK
 
 
@@ -130,8 +203,9 @@ def cmd_enroll(args: argparse.Namespace) -> int:
         public = read_public(args.key)
     except KeyError_ as e:
         raise Refusal(str(e)) from None
-    ident = enroll(url, public, args.name)
-    output.result(f"enrolled host {args.name} (#{ident}), key {fingerprint(public)}")
+    ident = enroll(url, public, args.name, args.login, args.blob_quota)
+    output.result(f"enrolled host {args.name} (#{ident}), key {fingerprint(public)}, pushed by login "
+                  f"{args.login or args.name}")
     return EXIT_OK
 
 
@@ -139,7 +213,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from amdflash.pipeline.trail_cli import print_runs, run_line
     from amdflash.store.central import runs
 
-    return print_runs(runs(_url(args.source, "--from")), args.format, "no runs in the central database",
+    return print_runs(runs(_url(args.source, "--from"), args.host), args.format, "no runs in the central database",
                       lambda r: f"{r['host']:16} {run_line(r)}")
 
 
@@ -147,14 +221,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     from amdflash.pipeline import commands
     from amdflash.pipeline.checks import writable_output
     from amdflash.pipeline.trail_cli import render_text
-    from amdflash.store.central import materialize
+    from amdflash.store.central import AmbiguousRun, materialize
 
     url = _url(args.source, "--from")
     if args.output is not None:
         writable_output(args.output, "report")
     with tempfile.TemporaryDirectory(prefix="amdflash-central-") as tmp:
         path = Path(tmp) / "run.sqlite"
-        run_id = materialize(url, args.run_id, path)
+        try:
+            run_id = materialize(url, args.run_id, path, args.host)
+        except AmbiguousRun as e:
+            raise Refusal(str(e)) from None
         rep, page = commands.report(run_id, str(path), html=args.format == "html", keys=args.key)
     if args.format == "json":
         text = json.dumps(rep, indent=2, default=str)
@@ -165,4 +242,5 @@ def cmd_report(args: argparse.Namespace) -> int:
         output.note(f"wrote {args.output}")
     else:
         output.result(text)
-    return EXIT_OK
+    # As 'audit verify --run': a chain or signature that does not hold (not by a given --key) fails.
+    return EXIT_OK if (rep.get("chain") or {}).get("ok") else EXIT_FAILED

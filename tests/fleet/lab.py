@@ -6,7 +6,10 @@ Every host name (`hosta`, `hostb`, …) is an SSH alias of 127.0.0.1 on a privat
 given to ssh through a wrapper on PATH (`ssh -F our config`): labgrid runs plain `ssh`,
 and ssh reads its per-user configuration from the passwd home, not from $HOME. Each host
 has its own audit database and its own boards. Everything listens on 127.0.0.1 only.
-Used by the fleet tests and by tests/bench/bench_fleet.py.
+The operator's config file (`AMDFLASH_CONFIG` of every command run here) allows the hosts
+added with `add_host`, each with its own database (`fleet_hosts`); `start_rogue` runs an
+exporter that publishes whatever it is given. Used by the fleet tests and by
+tests/bench/bench_fleet.py.
 """
 from __future__ import annotations
 
@@ -100,8 +103,21 @@ class Lab:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LG_", "AMDFLASH_"))}
         env["PATH"] = os.pathsep.join([str(self.ssh_dir / "bin"), str(BIN), env.get("PATH", "")])
         env["LG_COORDINATOR"] = self.address
+        env["AMDFLASH_CONFIG"] = str(self.config)
         env.update(extra)
         return env
+
+    @property
+    def config(self) -> Path:
+        """The operator's config file: the lab's hosts are the allowlist."""
+        path = self.root / "config.toml"
+        if not path.exists():
+            path.write_text("")
+        return path
+
+    def allow(self, *entries: str) -> None:
+        """Write the operator's allowlist (`fleet_hosts`)."""
+        self.config.write_text(f"fleet_hosts = {json.dumps(list(entries))}\n")
 
     def close(self) -> None:
         for proc in reversed(self.procs):
@@ -192,12 +208,22 @@ class Lab:
         self.amdflash("--db", str(host.db), "fleet", "exporter-config", "--no-hardware",
                       *[a for b in host.boards for a in ("--sim", str(b))], "-o", str(host.config))
         self.hosts[name] = host
+        self.allow(*[f"{h.name}={h.db}" for h in self.hosts.values()])
         return host
 
     def start_exporter(self, name: str) -> None:
         host = self.hosts[name]
         host.exporter = self._spawn([str(BIN / "labgrid-exporter"), "-c", self.address, "-n", name,
                                      "--hostname", name, str(host.config)], f"exporter-{name}.log")
+
+    def start_rogue(self, name: str, resources: dict[str, dict[str, Any]], hostname: str | None = None) -> Path:
+        """An exporter `name` publishing `resources` ({group: {class: attributes}}) as given: what
+        anyone who reaches the coordinator can do. Returns its configuration file."""
+        config = self.root / f"rogue-{name}.yaml"
+        config.write_text(json.dumps(resources))       # JSON is YAML
+        self._spawn([str(BIN / "labgrid-exporter"), "-c", self.address, "-n", name, "--hostname", hostname or name,
+                     str(config)], f"exporter-{name}.log")
+        return config
 
     def make_places(self, *tags: str) -> list[dict[str, Any]]:
         """`fleet places` until every board of every host has its place."""

@@ -109,8 +109,11 @@ def test_central_tables_refuse_update_delete_and_truncate_even_from_their_owner(
 
 def test_a_host_pushes_with_the_push_role(cli, make_board, image, db, central, postgres, tmp_path):
     flash(cli, make_board, image)
-    enroll(cli, central, tmp_path)
-    psql(central, "CREATE ROLE hosta_pusher LOGIN IN ROLE amdflash_push")
+    pub = tmp_path / "hosta.pub"
+    assert cli("audit", "key", "-o", pub).code == 0
+    assert cli("fleet", "enroll", "--to", central, "--key", pub, "--name", "hosta", "--login", "hosta_pusher").code == 0
+    assert psql(central, "SELECT rolcanlogin, pg_has_role('hosta_pusher', 'amdflash_push', 'MEMBER') FROM pg_roles "
+                         "WHERE rolname = 'hosta_pusher'") == "True|True"   # enroll made the login
     as_host = central.replace("postgresql://amdflash@", "postgresql://hosta_pusher@")
     r, done = push(cli, as_host)
     assert r.code == 0, r.err
@@ -125,7 +128,7 @@ def test_the_database_itself_refuses_rows_that_do_not_verify(cli, make_board, im
     assert push(cli, central)[0].code == 0
     before = central_counts(central)
     with pytest.raises(psycopg.Error, match="bytes do not hash"):
-        psql(central, "INSERT INTO amdflash.blobs VALUES (sha256('a'), 'b')")
+        psql(central, "INSERT INTO amdflash.blobs VALUES (1, sha256('a'), 'b')")
     last = load_checkpoints(sqlite3.connect(db))[-1]
     # The next checkpoint, hashed correctly, signed by someone else.
     from amdflash.store.chain import Checkpoint
@@ -177,7 +180,8 @@ def test_a_forged_trail_is_refused_naming_the_first_bad_checkpoint_and_nothing_i
     assert all(n == 0 for n in central_counts(central).values())
 
 
-def test_a_trail_rewritten_after_it_was_pushed_cannot_continue(cli, make_board, image, db, central, tmp_path):
+def test_a_trail_rewritten_after_it_was_pushed_cannot_continue(cli, make_board, image, db, central, tmp_path,
+                                                               monkeypatch):
     run_id = flash(cli, make_board, image)
     enroll(cli, central, tmp_path)
     assert push(cli, central)[0].code == 0
@@ -191,6 +195,14 @@ def test_a_trail_rewritten_after_it_was_pushed_cannot_continue(cli, make_board, 
     con.close()
     forge(db, run_id, None)                 # every hash recomputed after the change, old signatures kept
     flash(cli, make_board, image)           # new checkpoints chained onto the rewritten ones
+    r, _ = push(cli, central)               # the client sees the contradiction first, and names it
+    assert r.code == 1
+    assert "contradicts the central record: checkpoint #1 differs" in r.err and "rewritten" in r.err, r.err
+    assert central_counts(central) == stored
+    # A client that skips that check gains nothing: the database refuses the continuation itself.
+    from amdflash.store import central as central_module
+
+    monkeypatch.setattr(central_module, "_refuse_contradiction", lambda *args: None)
     r, _ = push(cli, central)
     assert r.code == 1
     assert f"checkpoint #{last + 1} of host hosta" in r.err and "changed or replaced after #" in r.err
@@ -328,7 +340,7 @@ def test_fleet_flash_passes_expect_part_and_force_to_each_host() -> None:
         fleet = fleet_run.FleetRun("127.0.0.1:9", {}, job, Path("/img.bin"), flash_args=extra)
         jobs = [SimpleNamespace(board=SimpleNamespace(host="hosta"), spec=f"sim:/b{i}", driver=None) for i in range(2)]
         original = fleet_run._driver
-        fleet_run._driver = lambda board: Driver()
+        fleet_run._driver = lambda board, *settings: Driver()
         try:
             fleet._command(SimpleNamespace(jobs=jobs))
         finally:

@@ -113,10 +113,16 @@ def test_fleet_flash_refuses_before_reserving_anything(tmp_path: Path) -> None:
         (("flash", str(good), "--where", "Line=a", "--yes", *nowhere), "tag keys"),
         (("flash", str(good), "--where", "line", "--yes", *nowhere), "not KEY=VALUE"),
         (("info", "--parallel", "0", *nowhere), "--parallel"),
-        (("info", *nowhere), "cannot reach the labgrid coordinator at 127.0.0.1:9"),
+        (("info", *nowhere), "no hosts allowed: the fleet connects only to the hosts the operator names"),
+        (("info", "--hosts", "hosta,-oProxyCommand=x", *nowhere), "'-oProxyCommand' is not a host name"),
+        (("info", "--hosts", "hosta=relative.sqlite", *nowhere), "must be an absolute, normalised path"),
+        (("info", "--hosts", "hosta", *nowhere), "cannot reach the labgrid coordinator at 127.0.0.1:9"),
+        (("places", *nowhere), "no hosts allowed"),
     ]
+    config = tmp_path / "config.toml"            # an operator who allowed no host yet
+    config.write_text("")
     for args, message in cases:
-        done = amdflash("fleet", *args, cwd=tmp_path)
+        done = amdflash("fleet", *args, cwd=tmp_path, env={"AMDFLASH_CONFIG": str(config)})
         assert done.returncode == 2, (args, done.stderr)
         assert done.stderr.strip().splitlines() == [done.stderr.strip()] and message in done.stderr, done.stderr
         assert done.stderr.startswith("error: ")

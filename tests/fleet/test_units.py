@@ -66,3 +66,23 @@ def test_push_unit_pushes_the_exporters_trail_on_a_timer() -> None:
     assert service["User"] == unit("amdflash-exporter.service")["Service"]["User"]   # and its host key
     assert "AMDFLASH_CENTRAL" in (UNITS / "amdflash-push.service").read_text()
     assert unit("amdflash-push.timer")["Timer"]["OnUnitActiveSec"]
+
+
+def seconds(span: str) -> float:
+    """A systemd time span ("30s", "1min 30s", "5min", "2h") in seconds (systemd.time(7))."""
+    units = {"us": 1e-6, "ms": 1e-3, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600}
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", span)
+    assert parts and "".join(n + u for n, u in parts) == span.replace(" ", ""), span
+    return sum(float(n) * units[u or "s"] for n, u in parts)
+
+
+def test_every_sealed_checkpoint_is_pushed_within_a_minute() -> None:
+    """The window in which a stolen key can rewrite history nobody else holds is the push
+    interval: the timer's period, plus how late systemd may fire it (AccuracySec, a minute by
+    default), plus any random delay, stays within a minute."""
+    timer = unit("amdflash-push.timer")["Timer"]
+    window = (seconds(timer["OnUnitActiveSec"]) + seconds(timer.get("AccuracySec", "1min"))
+              + seconds(timer.get("RandomizedDelaySec", "0")))
+    assert window <= 60, window
+    assert seconds(timer["OnBootSec"]) <= 60
+    assert "every 30 seconds" in (UNITS / "amdflash-push.service").read_text()
