@@ -6,10 +6,9 @@ import argparse
 from pathlib import Path
 
 from amdflash.pipeline.auditdb import host_key_path, open_for_reading
-from amdflash.pipeline.checks import output_file
+from amdflash.pipeline.checks import output_file, output_option, writable_output, write_output
 from amdflash.pipeline.errors import EXIT_OK, Refusal
 from amdflash.pipeline import output
-from amdflash.stages.files import write_new
 
 def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction) -> None:
     p = audit_sub.add_parser(
@@ -18,7 +17,7 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
                     "audit trail. Keep a copy apart from the database: 'amdflash audit verify --key FILE' then "
                     "proves the trail was sealed on this host. The private key is created on first use in the "
                     "data directory (mode 0600) and never leaves it.")
-    p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="also write the public key to FILE")
+    output_option(p, "also write the public key to FILE")
     p.set_defaults(func=cmd_key)
 
     p = audit_sub.add_parser(
@@ -30,7 +29,8 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
                     "images of archived runs stay where they are (--backups keep, default) or move into "
                     "FILE.backups/ (--backups move). The database file is compacted afterwards.")
     p.add_argument("--before", required=True, metavar="DATE", help="ISO date or time (UTC), e.g. 2026-01-01")
-    p.add_argument("-o", "--output", required=True, type=output_file, metavar="FILE", help="the archive file (JSONL)")
+    p.add_argument("-o", "--output", required=True, type=output_file, metavar="FILE",
+                   help="the archive file (JSONL); a new file, never one that exists")
     p.add_argument("--backups", choices=("keep", "move"), default="keep",
                    help="backup images of archived runs: keep them in place (default) or move them beside FILE")
     p.set_defaults(func=cmd_archive)
@@ -66,7 +66,7 @@ def cmd_key(args: argparse.Namespace) -> int:
     output.result(line)
     output.note(f"fingerprint {keys.fingerprint(public)}  (private key: {path})")
     if args.output:
-        write_new(args.output, line + "\n")
+        write_output(args, line + "\n", "public key file")
         output.note(f"wrote {args.output}")
     return EXIT_OK
 
@@ -83,8 +83,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
         raise Refusal(f"--before {args.before!r} is not an ISO date or time (e.g. 2026-01-01)") from None
     if before.tzinfo is None:
         before = before.replace(tzinfo=dt.UTC)
-    if args.output.exists():
-        raise Refusal(f"{args.output} exists; the archive is written to a new file")
+    writable_output(args.output, "archive")      # a new file: an existing one is refused
     path = db_path(args)
     open_for_reading(path).conn.close()   # refuses a missing or foreign database; upgrades an old one
     try:

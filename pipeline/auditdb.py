@@ -19,7 +19,7 @@ from amdflash.pipeline import config
 from amdflash.pipeline.errors import Refusal
 from amdflash.store.migrate import prepare
 from amdflash.store.schema import SchemaError
-from amdflash.store.writer import AuditWriter, StoreUnavailable
+from amdflash.store.writer import START_FREE, AuditWriter, StoreUnavailable, free_bytes, low_space
 from amdflash.stages.files import private_dir, private_file, readonly_uri
 
 OURS = "meta"   # every amdflash database has this table, with its schema version
@@ -93,6 +93,12 @@ def open_writer(path_text: str) -> AuditWriter:
     if not os.access(directory, os.W_OK | os.X_OK):
         # SQLite keeps its WAL and lock files beside the database.
         raise Refusal(f"audit database {path}: directory {directory} is not writable")
+    try:
+        free = free_bytes(str(path))
+    except OSError:
+        free = START_FREE
+    if free < START_FREE:
+        raise Refusal(low_space(str(path), free, START_FREE))
     existed = path.exists() and path.stat().st_size > 0
     if existed:
         if not os.access(path, os.R_OK | os.W_OK):

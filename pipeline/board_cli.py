@@ -14,13 +14,15 @@ from typing import Any
 from collections.abc import Sequence
 
 from amdflash.pipeline import commands, output
-from amdflash.pipeline.checks import output_file
+from amdflash.pipeline.checks import output_file, overwrite_option
 from amdflash.pipeline.errors import EXIT_OK, Refusal
-from amdflash.pipeline.results import ProbeResult, RunOutcome
+from amdflash.pipeline.logsetup import settings
+from amdflash.pipeline.results import ProbeResult, ReadResult, RunOutcome
 from amdflash.stages.navi31.psp import DISABLED_REASON, ERRORS, TRANSFER_TYPE_GATED
 from amdflash.stages.open_transport import SPEC_GRAMMAR
 
 DEFAULT_PRESCALE = 8
+STATE_MACHINE_ERROR = 0x11    # GET_TRANSFER_TYPE once a stream has ended: only a power cycle restarts it
 SHOWS = {"info", "read", "probe", "restore"}     # commands whose output is the point: printed even with -q
 
 
@@ -101,6 +103,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("size", type=number, metavar="SIZE", help="bytes to read, decimal or 0x hex (at least 1)")
     p.add_argument("-o", "--output", type=output_file, metavar="FILE",
                    help="write the bytes to FILE instead of hex (32 bytes a line) on stdout")
+    overwrite_option(p)
     board_options(p)
     engine_options(p)
     p.set_defaults(func=cmd_read)
@@ -111,6 +114,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("output", type=output_file, metavar="OUTPUT",
                    help="the file to write (2 MiB); with several --board a template: {serial}, {n} (place in "
                         "the --board list) or {spec}, e.g. dump-{serial}.bin")
+    overwrite_option(p)
     p.add_argument("--via", choices=("rom-sw", "aperture"), default="rom-sw",
                    help="rom-sw (default): through the ROM_SW engine, which works on a stalled board; "
                         "aperture: through ROM_INDEX/ROM_DATA after an autonomous boot, refusing a board "
@@ -232,13 +236,12 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_read(args: argparse.Namespace) -> int:
-    if args.json and args.output is None:
-        raise Refusal("read --json needs -o FILE: the JSON object describes the run, not the bytes")
-    return show(args, commands.read(session(args), args.address, args.size, args.output, engine(args)))
+    return show(args, commands.read(session(args), args.address, args.size, args.output, engine(args),
+                                           args.overwrite))
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    return show(args, commands.dump(session(args), args.output, args.via, engine(args)))
+    return show(args, commands.dump(session(args), args.output, args.via, engine(args), args.overwrite))
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -289,7 +292,10 @@ def show(args: argparse.Namespace, results: Sequence[RunOutcome]) -> int:
     quiet = args.quiet
     for r in results:
         if args.json:
-            output.result_json(r.report or _unrecorded(r))
+            shown = r.report or _unrecorded(r)
+            if isinstance(r, ReadResult) and r.output is None and r.ok:
+                shown = {**shown, "data": "".join(r.lines)}     # the bytes read, as hex
+            output.result_json(shown)
         elif r.ok and (args.command in SHOWS or not quiet):
             prefix = f"[{r.board}] " if many else ""
             # A probe's own lines are its answers in words; r.lines holds what the run said besides.
@@ -299,14 +305,19 @@ def show(args: argparse.Namespace, results: Sequence[RunOutcome]) -> int:
         if r.error:
             where = f"[{r.board}] " if many else ""
             run = f" (run {r.run_id}, {r.status})" if r.run_id else ""
-            output.error(f"{where}{r.error}{run}")
+            output.error(f"{where}{r.error}{run}", advice=r.advice)
     if many and not args.json and (not quiet or any(not r.ok for r in results)):
         output.result()
         output.result(f"{'board':40} {'status':12} {'run':26} error")
         for r in results:
             output.result(f"{r.board[-40:]:40} {r.status:12} {r.run_id:26} {r.error or ''}")
     for r in results:
-        if r.ok and r.run_id:
+        if settings().json_lines:
+            # One structured end per run, for whatever reads the JSON lines.
+            output.note("run ended", event_kind="run_end", run_id=r.run_id or None, board=r.board,
+                        command=r.command, status=r.status, exit_code=r.exit_code, error=r.error,
+                        report=f"amdflash report {r.run_id}" if r.run_id else None)
+        elif r.ok and r.run_id:
             output.note(f"run {r.run_id}: {r.status}")
     return commands.exit_code(results)
 
@@ -333,6 +344,9 @@ def probe_lines(r: ProbeResult) -> list[str]:
             said = f"{response:#x}"
         lines.append(f"{names.get(key, key):15} {said}")
     transfer_error, transfer = r.answers.get("transfer_type", (0, 0))
+    if transfer_error == STATE_MACHINE_ERROR:
+        lines.append("the bootloader takes no stream (it finished or abandoned one): power the board off and on "
+                     "before streaming again (an emulated board: amdflash sim power-cycle DIR)")
     if TRANSFER_TYPE_GATED in (transfer_error, transfer):
         lines.append("update commands are gated (transfer type 0xA): reset the card and do not initialise "
                      "a driver/SOS before streaming")

@@ -14,8 +14,10 @@ import stat
 from pathlib import Path
 
 from amdflash.pipeline.errors import Refusal
+from amdflash.pipeline.terminal import printable
 from amdflash.stages import ifwi
 from amdflash.stages.navi31 import aperture
+from amdflash.stages.files import write_new
 from amdflash.stages.open_transport import BoardSpec, BoardSpecError, parse_spec
 from amdflash.store.files import NotAFile, kind_of, read_regular
 
@@ -25,8 +27,19 @@ SECTORS = FLASH_SIZE // UNIT
 PRESCALE_MAX = 15
 
 
+def recordable(path: Path | str, what: str) -> None:
+    """A path the trail can record as text: a name that is not UTF-8 (the system hands its bytes
+    over as surrogate escapes) is refused before anything runs, with the bytes shown."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        raise Refusal(f"{what} {printable(str(path))}: the name is not valid UTF-8, and the audit trail "
+                      "records names as text; rename the file (or link it under a UTF-8 name)") from None
+
+
 def read_image(path: Path, what: str = "image") -> bytes:
     """The 2 MiB image at `path`; Refusal unless it is a regular file of exactly 2 MiB."""
+    recordable(path, what)
     try:
         st = os.stat(path)
     except OSError as e:
@@ -73,18 +86,50 @@ def backup_folder(path: Path) -> Path:
     return path
 
 
-def writable_output(path: Path, what: str = "output") -> None:
-    """A file we are about to create: its directory exists and is writable, and it is not a
-    directory or a device itself."""
+def writable_output(path: Path, what: str = "output", overwrite: bool = False) -> None:
+    """A file we are about to create: a name the trail can record and the system can hold, its
+    directory exists and is writable, and it is not a directory or a device itself — nor an
+    existing file, unless `overwrite` (nothing the user did not ask to lose is replaced)."""
+    recordable(path, what)
+    limit = _name_max(path.parent if str(path.parent) else Path("."))
+    if len(os.fsencode(path.name)) > limit:
+        raise Refusal(f"{what} {path}: the file name is {len(os.fsencode(path.name))} bytes long; "
+                      f"this file system allows {limit}")
     if path.is_dir():
         raise Refusal(f"{what} {path} is a directory")
     if path.exists() and not path.is_file():
         raise Refusal(f"{what} {path} exists and is not a regular file")
+    if (path.exists() or path.is_symlink()) and not overwrite:
+        raise Refusal(f"{what} {path} exists; amdflash does not replace a file unless --overwrite is given")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise Refusal(f"cannot write {what} {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise Refusal(f"cannot write {what} {path}: permission denied")
+
+
+def output_option(p: argparse.ArgumentParser, help: str, required: bool = False) -> None:
+    """-o/--output FILE and --overwrite."""
+    p.add_argument("-o", "--output", type=output_file, metavar="FILE", required=required, help=help)
+    overwrite_option(p)
+
+
+def write_output(args: argparse.Namespace, data: bytes | str, what: str = "output") -> None:
+    """Write args.output whole (see stages.files.write_new), after the checks every output gets."""
+    writable_output(args.output, what, args.overwrite)
+    write_new(args.output, data, overwrite=args.overwrite)
+
+
+def overwrite_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the output file if it exists (by default an existing file is refused, exit 2)")
+
+
+def _name_max(directory: Path) -> int:
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
 
 
 def output_file(text: str) -> Path:

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 from collections.abc import Sequence
 
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, Refusal, UsageError
+from amdflash.pipeline.parsing import subparsers
 
 PROG = "amdflash"
 
@@ -86,16 +87,9 @@ def _add_globals(p: argparse.ArgumentParser, counter: list[int], root: bool) -> 
                    help="print the version and exit")
 
 
-def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
-    found = []
-    for action in p._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for child in dict.fromkeys(action.choices.values()):
-                found += [child, *_subparsers(child)]
-    return found
-
-
-def build_parser() -> Parser:
+def build_parser(globals_everywhere: bool = True) -> Parser:
+    """The whole command line. `globals_everywhere`: accept the global options after the
+    command too (the CLI); the manual page lists them once instead."""
     from amdflash.pipeline import (audit_commands, board_cli, extras_cli, fleet, image_commands, replay_command,
                                    restore_command, review_commands, sim_commands, trail_cli)
 
@@ -118,7 +112,7 @@ def build_parser() -> Parser:
     fleet.add_parsers(sub, audit_sub)
     restore_command.add_parsers(sub)
     extras_cli.add_parsers(sub)
-    for child in _subparsers(p):
+    for child in subparsers(p) if globals_everywhere else ():
         _add_globals(child, counter, root=False)
     p.set_defaults(verbosity_counter=counter)
     return p
@@ -137,6 +131,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         import argcomplete
 
         argcomplete.autocomplete(parser)
+    misplaced = _misplaced_option(parser, list(argv))
+    if misplaced:
+        raise UsageError(f"{misplaced} goes after the command, e.g. 'amdflash info {misplaced} …' "
+                         f"(see '{PROG} --help')")
     # argparse will not take positionals after an option once it has matched them
     # ("sim fault PATH --clear SPEC"); commands that list SPECs say where extras belong.
     args, extra = parser.parse_known_args(list(argv))
@@ -151,6 +149,24 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         parser.error("-v and -q contradict each other")
     args.root_parser = parser
     return args
+
+
+def _misplaced_option(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """An option of the commands (`--board`, `--json`, …) typed before any command: argparse
+    would take its value for the command ("unknown command 'sim:b1'")."""
+    root = {o for a in parser._actions for o in a.option_strings}
+    commands: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            commands = set(action.choices)
+    for token in argv:
+        if token in commands or token == "--":
+            return None
+        name = token.split("=", 1)[0]
+        if name.startswith("--") and name not in root and any(
+                name in a.option_strings for sub in subparsers(parser) for a in sub._actions):
+            return name
+    return None
 
 
 def _leaf(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
@@ -199,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse(argv)
         _configure(args)
         args.main = main   # for a command that runs others (the demo): no import back up to here
+        args.build_parser = build_parser   # for the manual page, likewise
         return int(args.func(args) or 0)
     except SystemExit as e:          # --help, --version: argparse has printed what was asked
         return e.code if isinstance(e.code, int) else EXIT_OK

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import anyio
 
-from amdflash.pipeline import amdgpu_jobs, auditdb, checks, config, jobs, outputs
+from amdflash.pipeline import amdgpu_jobs, auditdb, checks, config, jobs, next_step, outputs
 from amdflash.pipeline.errors import EXIT_INTERRUPTED, Refusal
 from amdflash.pipeline.resume_plan import plan_resume
 from amdflash.pipeline.results import (DumpResult, FlashResult, IfwiResult, InfoResult, ProbeResult, ReadResult,
@@ -98,9 +98,11 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
         runs = anyio.run(run_boards, make, specs, writer, session.progress, image_path)
     finally:
         writer.close()
-    reports = _reports(session.db_path, runs)
+    reports, backups = _reports(session.db_path, runs)
     return [result(r.run_id, r.spec, command, r.status, r.exit_code, r.error, tuple(r.output), dict(r.summary),
-                   reports.get(r.run_id, {}), **extra) for r in runs]
+                   reports.get(r.run_id, {}),
+                   next_step.advice(reports[r.run_id], backups.get(r.run_id), r.run_id, r.spec)
+                   if r.run_id in reports else None, **extra) for r in runs]
 
 
 def _key_list(keys: Sequence[Path] | None) -> list[Path] | None:
@@ -116,19 +118,28 @@ def _report(reader: Any, run_id: str, keys: Sequence[Path] | None = None) -> Run
     return report(reader, run_id, _key_list(keys))
 
 
-def _reports(db: str, runs: list[RunResult]) -> dict[str, dict[str, Any]]:
+def _reports(db: str, runs: list[RunResult]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Each run's report, and the backup of the original content its flash lineage made."""
+    from amdflash.store.queries import run_chain
+
     ids = [r.run_id for r in runs if r.run_id]
     if not ids:
-        return {}
+        return {}, {}
     reader = auditdb.open_reader(db)
     try:
         found: dict[str, dict[str, Any]] = {}
+        backups: dict[str, str] = {}
         for run_id in ids:
             try:
                 found[run_id] = _report(reader, run_id)
             except RunNotFound:   # killed before its first row reached the trail
-                pass
-        return found
+                continue
+            if found[run_id]["command"] in next_step.WRITES:
+                first = run_chain(reader, run_id)[0]
+                rows = list(reader.query("SELECT path FROM backups WHERE run_id = ? ORDER BY seq LIMIT 1", [first]))
+                if rows:
+                    backups[run_id] = rows[0]["path"]
+        return found, backups
     finally:
         reader.conn.close()
 
@@ -143,34 +154,57 @@ def _engine_args(engine: EngineOptions) -> dict[str, Any]:
 def info(session: Session, engine: EngineOptions | None = None) -> list[InfoResult]:
     """Identify the flash of every board: JEDEC, SR1-3, protection, SFDP, unique ID."""
     specs, engine = session.specs(), _engine(engine)
-    return _run(session, specs, "info", _engine_args(engine), lambda s, i: jobs.InfoJob(engine), InfoResult)
+    results = _run(session, specs, "info", _engine_args(engine), lambda s, i: jobs.InfoJob(engine), InfoResult)
+    return [_with(r, lines=(*r.lines, *_unfinished(session.db_path, r))) if r.ok else r for r in results]
+
+
+def _unfinished(db_path: str, result: InfoResult) -> list[str]:
+    """A flash of this board (same flash unique ID, or same spec) that never finished: the
+    operator who looks at the board after a crash learns it here, with the command that ends it."""
+    from amdflash.store.queries import finished_by, runs
+
+    reader = auditdb.open_reader(db_path)
+    try:
+        rows = runs(reader)
+        uid = result.unique_id
+        mine = [r for r in rows if r["command"] in ("flash", "resume")
+                and ((uid and r["unique_id"] == uid) or r["board_spec"] == result.board)]
+        if not mine or mine[-1]["status"] in ("succeeded", "refused") or finished_by(reader, mine[-1]["run_id"]):
+            return []
+        last = mine[-1]
+        return [f"unfinished flash {last['run_id']} on this board ({last['status']}): "
+                f"amdflash resume {last['run_id']} --board {result.board} --yes"]
+    finally:
+        reader.conn.close()
 
 
 def read(session: Session, address: int, size: int, output: Path | None = None,
-         engine: EngineOptions | None = None) -> list[ReadResult]:
+         engine: EngineOptions | None = None, overwrite: bool = False) -> list[ReadResult]:
     """Read SIZE bytes at ADDRESS (to `output`, else as hex lines in the result)."""
     specs, engine = session.specs(), _engine(engine)
     checks.read_range(address, size)
     if output is not None:
-        checks.writable_output(output)
+        checks.writable_output(output, overwrite=overwrite)
         if len(specs) > 1:
             raise Refusal("read -o writes one file: name one board")
     arguments = {"address": address, "size": size, "output": str(output) if output else None, **_engine_args(engine)}
-    return _run(session, specs, "read", arguments, lambda s, i: jobs.ReadJob(engine, address, size, output),
+    return _run(session, specs, "read", arguments, lambda s, i: jobs.ReadJob(engine, address, size, output, overwrite),
                 ReadResult, output=output)
 
 
-def dump(session: Session, output: Path, via: str = "rom-sw", engine: EngineOptions | None = None) -> list[DumpResult]:
-    """Dump the whole 2 MiB flash of every board; a file appears only when its dump is complete."""
+def dump(session: Session, output: Path, via: str = "rom-sw", engine: EngineOptions | None = None,
+         overwrite: bool = False) -> list[DumpResult]:
+    """Dump the whole 2 MiB flash of every board; a file appears only when its dump is complete,
+    and never in place of an existing one unless `overwrite`."""
     specs, engine = session.specs(), _engine(engine)
     if via not in ("rom-sw", "aperture"):
         raise Refusal(f"--via {via!r}: rom-sw or aperture")
     outputs.check(output, specs)     # several boards: a template that tells their files apart
     for n, spec in enumerate(specs, 1):
-        checks.writable_output(outputs.for_board(output, n, spec))
+        checks.writable_output(outputs.for_board(output, n, spec), overwrite=overwrite)
     arguments = {"output": str(output), "via": via, **_engine_args(engine)}
     results = _run(session, specs, "dump", arguments,
-                   lambda s, i: jobs.DumpJob(engine, outputs.for_board(output, specs.index(s) + 1, s), via),
+                   lambda s, i: jobs.DumpJob(engine, outputs.for_board(output, specs.index(s) + 1, s), via, overwrite),
                    DumpResult)
     return [_with(r, path=Path(r.summary["path"]) if r.ok and r.summary.get("path") else None) for r in results]
 

@@ -43,6 +43,11 @@ KEYS: dict[str, tuple[type, ...]] = {
 }
 
 
+# The values the command line's own options accept (board_cli: --prescale, --rx-mode, --reads).
+RANGES: dict[str, range | tuple[str, ...]] = {"prescale": range(0, 16), "rx_mode": ("chained", "primed"),
+                                               "reads": range(1, 10)}
+_KIND = {int: "a whole number", str: "a string", bool: "true or false", list: "a list"}
+
 _chosen: Path | None = None   # --config of the command line being run
 
 
@@ -84,10 +89,15 @@ def load(path: Path | None = None) -> dict[str, Any]:
             near = difflib.get_close_matches(key, KEYS, n=1)
             hint = f"; did you mean {near[0]!r}?" if near else f" (known: {', '.join(KEYS)})"
             raise UsageError(f"config file {path}: unknown setting {key!r}{hint}")
-        if not isinstance(value, KEYS[key]) or (key == "prescale" and isinstance(value, bool)):
-            raise UsageError(f"config file {path}: {key} = {value!r} is not a {KEYS[key][0].__name__}")
+        if not isinstance(value, KEYS[key]) or (isinstance(value, bool) and bool not in KEYS[key]):
+            raise UsageError(f"config file {path}: {key} = {value!r}: must be {_KIND[KEYS[key][0]]}")
         if key == "board" and isinstance(value, list) and not all(isinstance(v, str) for v in value):
             raise UsageError(f"config file {path}: board must be a spec or a list of specs")
+        allowed = RANGES.get(key)
+        if allowed is not None and value not in allowed:
+            shown = (f"{allowed.start}..{allowed.stop - 1}" if isinstance(allowed, range)
+                     else " or ".join(repr(a) for a in allowed))
+            raise UsageError(f"config file {path}: {key} = {value!r}: must be {shown}")
     return data
 
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from amdflash.pipeline import output
-from amdflash.pipeline.checks import output_file
+from amdflash.pipeline.checks import output_option, write_output
 from amdflash.pipeline.errors import EXIT_OK, Refusal
 from amdflash.stages.files import write_new
 
@@ -44,7 +44,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("man", help="print the manual page (roff), generated from the command line itself",
                        description="Print amdflash(1) in roff, generated from the argument parser, so it never "
                                    "disagrees with --help. View it with: amdflash man | man -l -")
-    p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="write the page to FILE (e.g. amdflash.1)")
+    output_option(p, "write the page to FILE (e.g. amdflash.1)")
     p.set_defaults(func=cmd_man)
 
 
@@ -70,20 +70,131 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+MAN_SECTIONS = {
+    "exit status": """.TP
+.B 0
+success
+.TP
+.B 1
+a failure during an operation (the run is recorded as failed; the error names the address and the bytes,
+and says what state the board is in and what to do next)
+.TP
+.B 2
+a usage error or a refusal before anything was written: a malformed option, no such board, a busy board,
+a bad image, an output that exists (see --overwrite), an unusable audit database
+.TP
+.B 130
+interrupted (Ctrl-C or SIGTERM): a flash stops at a safe point and can be resumed
+.PP
+With several --board: 130 if any board was interrupted, else 1 if any failed, else 2 if any was refused,
+else 0.""",
+    "environment": """.TP
+.B AMDFLASH_DB
+the audit database (--db wins over it)
+.TP
+.B AMDFLASH_CONFIG
+the config file (--config wins over it)
+.TP
+.B AMDFLASH_HOST_KEY
+the host's private signing key (default: host_key.pem beside the default database)
+.TP
+.B AMDFLASH_ANCHOR
+the anchor file (default: the database's path with .anchor)
+.TP
+.B AMDFLASH_CENTRAL
+the central PostgreSQL record for audit push, fleet runs and fleet report
+.TP
+.B AMDFLASH_SIM_USB
+PATH[,PATH...]: USB specs reach these emulated boards through the real USB driver
+.TP
+.B AMDFLASH_LOCK_DIR
+where lock files go for boards without a device node of their own
+.TP
+.B LG_COORDINATOR
+the labgrid coordinator of the fleet commands""",
+    "files": """.TP
+.I $XDG_DATA_HOME/amdflash/audit.sqlite
+the audit trail (~/.local/share/amdflash; directory 0700, files 0600), with its anchor
+.I audit.sqlite.anchor,
+the host key
+.I host_key.pem
+and the backups of original flash content in
+.I backups/
+.TP
+.I $XDG_CONFIG_HOME/amdflash/config.toml
+defaults: db, board, prescale, rx_mode, restore_each, reads, progress
+.TP
+.I /run/lock/amdflash
+root's lock files for boards without a device node (boards are locked on their device node or sysfs
+directory, shared by every user)""",
+    "examples": """.nf
+amdflash list
+amdflash info --board usb:0
+amdflash dump backup.bin --board usb:0
+amdflash flash known-good.bin --yes --board usb:0
+amdflash resume --yes --board usb:0
+amdflash report RUN --format html -o run.html
+amdflash audit verify --key host.pub
+amdflash demo
+.fi""",
+    "see also": "fwupdmgr(1), flashrom(8), labgrid-client(1); the README and docs/ of amdflash",
+}
+
+
+SHARED_GROUPS = ("boards", "ROM_SW engine")     # option groups many commands share: listed once
+
+
+def _roff(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("-", "\\-")
+
+
+def _shared_options(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Take the shared option groups out of every command (the page lists them once) and
+    return them as roff, by group title."""
+    from amdflash.pipeline.parsing import subparsers
+
+    shared: dict[str, str] = {}
+    for sub in subparsers(parser):
+        if sub.description:     # the page gives each command's first sentence; --help has the rest
+            sub.description = sub.description.split(". ")[0].rstrip(".") + "."
+        for group in [g for g in sub._action_groups if g.title in SHARED_GROUPS]:
+            sub._action_groups.remove(group)
+            for action in group._group_actions:
+                if action in sub._actions:
+                    sub._actions.remove(action)
+            if group.title and group.title not in shared:
+                lines = []
+                for action in group._group_actions:
+                    names = ", ".join(action.option_strings)
+                    metavar = f" {action.metavar}" if isinstance(action.metavar, str) else ""
+                    lines += [".TP", f"\\fB{_roff(names)}\\fR{_roff(metavar)}", _roff(action.help or "")]
+                shared[group.title] = "\n".join(lines)
+    return shared
+
+
 def manpage(parser: argparse.ArgumentParser) -> str:
     from argparse_manpage.manpage import Manpage
 
     import amdflash
 
+    shared = _shared_options(parser)
     page = Manpage(parser, _data={"project_name": "amdflash", "version": amdflash.__version__,
-                                  "manual_title": "amdflash manual", "manual_section": 1})
+                                  "manual_title": "amdflash manual", "manual_section": 1,
+                                  "description": "dump, verify and recover the SPI flash of AMD Navi31 boards"})
+    page.add_section("board options", "=", "Every command that works on boards (info, read, dump, verify, flash, "
+                     "resume, probe, ifwi\\-all, restore) takes these.\n" + shared.get("boards", ""))
+    page.add_section("rom_sw engine options", "=", "info, read, dump, verify and flash take these.\n"
+                     + shared.get("ROM_SW engine", ""))
+    for heading, content in MAN_SECTIONS.items():
+        page.add_section(heading, "=", content)
     return str(page)
 
 
 def cmd_man(args: argparse.Namespace) -> int:
-    text = manpage(args.root_parser)   # the whole command line, as main() built it
+    # The whole command line, its global options listed once.
+    text = manpage(args.build_parser(globals_everywhere=False))
     if args.output:
-        write_new(args.output, text)
+        write_output(args, text, "manual page")
         output.note(f"wrote {args.output}")
     else:
         output.result(text.rstrip("\n"))

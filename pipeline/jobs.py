@@ -105,6 +105,7 @@ class ReadJob:
     address: int
     size: int
     output: Path | None
+    overwrite: bool = False
 
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
         await identify(dev, self.engine, info)
@@ -121,7 +122,7 @@ class ReadJob:
         stage(dev.recorder, "read", "end")
         sha = hashlib.sha256(data).hexdigest()
         if self.output:
-            write_new(self.output, data)
+            write_new(self.output, data, overwrite=self.overwrite)
             info.output.append(f"wrote {self.output} ({len(data):#x} bytes) sha256={sha}")
         else:
             info.output += [data[i:i + 32].hex() for i in range(0, len(data), 32)]
@@ -133,6 +134,7 @@ class DumpJob:
     engine: EngineOptions
     output: Path
     via: str = "rom-sw"
+    overwrite: bool = False
 
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
         # The output may name the board's serial, known now that the board is open.
@@ -143,7 +145,8 @@ class DumpJob:
         await identify(dev, self.engine, info)
         stage(dev.recorder, "dump", "start")
         digest = hashlib.sha256()
-        with new_file(self.output) as f:      # whole or not at all; nothing planted is followed
+        # Whole or not at all; nothing planted is followed.
+        with new_file(self.output, overwrite=self.overwrite) as f:
             for i, address in enumerate(range(0, FLASH_SIZE, UNIT)):
                 dev.stop.check()
                 data = await dev.call(read_unit, dev, address, UNIT, self.engine.reads, "dump",
@@ -179,10 +182,13 @@ class DumpJob:
             units = confirm_whole(whole, FLASH_SIZE, UNIT, self.engine.reads, read_checks(dev).noise)
             return b"".join(keep(dev, unit, "aperture dump") for unit in units)
 
-        data = await dev.call(run)
+        try:
+            data = await dev.call(run)
+        except aperture.RawUnavailable as e:
+            raise Refusal(f"{e}; dump through the ROM_SW engine instead (--via rom-sw)") from None
         aperture.check_raw_dump(data)
         sha = hashlib.sha256(data).hexdigest()
-        write_new(self.output, data)
+        write_new(self.output, data, overwrite=self.overwrite)
         dev.recorder.add("backups", sha256=sha, size=FLASH_SIZE, path=str(self.output.resolve()), at=None)
         stage(dev.recorder, "dump", "end", sha)
         info.output.append(f"wrote {self.output} ({FLASH_SIZE:#x} bytes via ROM aperture) sha256={sha}")

@@ -56,11 +56,14 @@ class _Stderr:
 def _human(logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
     level = event.get("level", method)
     message = str(event.get("event", ""))
-    shown = {k: v for k, v in event.items() if k != "event" and (k not in _CONTEXT or level == "debug")
+    advice = event.get("advice")
+    shown = {k: v for k, v in event.items() if k not in ("event", "advice") and (k not in _CONTEXT or level == "debug")
              and v is not None}
     fields = " ".join(f"{k}={v}" for k, v in shown.items())
     # Messages quote file names, serials, part numbers and trail rows: never raw to a terminal.
     text = printable(f"{message} {fields}".strip() if fields else message, multiline=True)
+    if advice:
+        text += "\n  next: " + printable(str(advice))    # what to do about it, on a line of its own
     if level in ("warning", "error", "critical", "debug"):
         return f"{'warning' if level == 'warning' else level}: {text}"
     return text

@@ -51,8 +51,11 @@ def note(message: str, **fields: Any) -> None:
     logger().info(message, **fields)
 
 
-def error(message: str, **fields: Any) -> None:
-    """`error: …` on stderr, one line (a JSON event with --log-json)."""
+def error(message: str, advice: str | None = None, **fields: Any) -> None:
+    """`error: …` on stderr, one line (a JSON event with --log-json), and the next step on a
+    line of its own when there is one (the event's `advice` field in JSON)."""
+    if advice:
+        fields["advice"] = advice
     logger().error(" ".join(message.split()), **fields)
 
 

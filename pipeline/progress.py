@@ -84,6 +84,7 @@ class BoardProgress:
     failed_at: int | None = None
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
+    erased: int = 0          # bytes the erase stage actually erased (units it passed need not be)
 
     def update(self, stage: str, done: int, total: int) -> StageProgress:
         progress = self.stages.get(stage)
@@ -100,6 +101,8 @@ class BoardProgress:
             for name in PASSED_BY_SKIP:   # a unit already equal has passed them all: show them
                 if backup is not None and name not in self.stages:
                     self.stages[name] = StageProgress(name, 0, backup.total)
+        elif table == "units" and row.get("state") == "erased":
+            self.erased += int(row.get("size") or 0)
         elif table == "errors" and row.get("address") is not None and self.failed_at is None:
             self.failed_at = int(row["address"])
         elif table == "run_status" and row.get("status") in FINAL:
@@ -117,7 +120,7 @@ class BoardProgress:
     def describe(self, stage: StageProgress) -> str:
         done, total = stage.amounts(self.skipped)
         rate = stage.rate(self.skipped)
-        text = f"{stage.name} {_amount(done, stage.in_bytes)}/{_amount(total, stage.in_bytes)}"
+        text = f"{stage.name} {self.amounts_text(stage)}"
         if done >= total and total:
             return text + " done"
         if rate:
@@ -125,6 +128,14 @@ class BoardProgress:
             if self.state == "running":
                 text += f" ETA {_duration((total - done) / rate)}"
         return text
+
+
+    def amounts_text(self, stage: StageProgress) -> str:
+        """'1.00/2.00 MiB'; for the erase stage, the bytes it actually erased first: units that
+        needed no erase pass it too (a 4 KiB fix erases 4 KiB, not the 2 MiB it looked at)."""
+        done, total = stage.amounts(self.skipped)
+        text = f"{_amount(done, stage.in_bytes)}/{_amount(total, stage.in_bytes)}"
+        return f"{_amount(self.erased, True)} erased, {text} through" if stage.name == "erase" else text
 
 
 def _amount(n: int, in_bytes: bool) -> str:
@@ -222,6 +233,7 @@ class ProgressBoard:
             done, total = s.amounts(progress.skipped)
             rate = s.rate(progress.skipped)
             log.info("progress", stage=s.name, done=done, total=total, unit="bytes" if s.in_bytes else "items",
+                     erased=progress.erased if s.name == "erase" else None,
                      rate=round(rate, 1) if rate else None,
                      eta=round((total - done) / rate, 1) if rate and done < total else None)
         if final:
@@ -251,7 +263,7 @@ class ProgressBoard:
     def _cell(board: BoardProgress, stage: StageProgress) -> Table:
         done, total = stage.amounts(board.skipped)
         rate = stage.rate(board.skipped)
-        amounts = f"{_amount(done, stage.in_bytes)}/{_amount(total, stage.in_bytes)}"
+        amounts = board.amounts_text(stage)
         if done >= total and total:
             speed = "done"
         elif rate and board.state == "running":

@@ -22,6 +22,7 @@ class RunOutcome:
     lines: tuple[str, ...] = ()                          # what the run says, for people
     summary: dict[str, Any] = field(default_factory=dict)   # what the job returned
     report: dict[str, Any] = field(default_factory=dict)    # the run as recorded
+    advice: str | None = None                               # what to do next, when it did not succeed
 
     @property
     def ok(self) -> bool:

@@ -74,7 +74,12 @@ def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | N
     if image_override is None and not recorded:
         raise Refusal(f"run {run_id} recorded no image path; name it with --image")
     image_file = image_override or Path(recorded)
-    image = read_image(image_file)
+    try:
+        image = read_image(image_file)
+    except Refusal as e:
+        if image_override is not None:
+            raise
+        raise Refusal(f"{e}; if the image has moved, name it: amdflash resume {run_id} --image FILE --yes") from None
     sha = hashlib.sha256(image).hexdigest()
     if sha != rep["image_sha256"]:
         raise Refusal(f"image {image_file} is not the image of run {run_id} "

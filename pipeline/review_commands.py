@@ -12,10 +12,10 @@ from typing import Any
 from collections.abc import Callable
 
 from amdflash.pipeline.commands import db_path
-from amdflash.pipeline.checks import output_file
+from amdflash.pipeline.checks import output_option, writable_output, write_output
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
 from amdflash.pipeline import output
-from amdflash.stages.files import new_file, write_new
+from amdflash.stages.files import new_file
 
 DATASETTE_METADATA = "datasette_metadata.json"
 # The database key of the packaged metadata: datasette names a database by its file stem.
@@ -50,7 +50,7 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
                     "run's export is that run's complete record. Reads the database only.")
     p.add_argument("--run", metavar="RUN_ID", help="only this run (a unique prefix is enough)")
     p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", help="default jsonl")
-    p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="write to FILE (default stdout)")
+    output_option(p, "write to FILE (default stdout)")
     p.set_defaults(func=cmd_audit_export)
 
     p = audit_sub.add_parser(
@@ -59,7 +59,7 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
                     "runs by status, failed units with the transactions of their last attempt, one board's "
                     "history, each run's seals, and a description of every table and column. datasette is optional: "
                     "pip install 'amdflash[datasette]'.")
-    p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="write to FILE (default stdout)")
+    output_option(p, "write to FILE (default stdout)")
     p.add_argument("--name", help="the database name datasette will use: the audit DB's file name without "
                                   "extension (default: taken from --db / AMDFLASH_DB / the default path)")
     p.set_defaults(func=cmd_datasette_metadata)
@@ -91,6 +91,8 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
     from amdflash.store.keys import KeyError_, load_or_create
     from amdflash.store.queries import RunNotFound, resolve_run
 
+    if args.output is not None:
+        writable_output(args.output, "export", args.overwrite)
     try:
         key = load_or_create(host_key_path())      # seals the export: this host's key, made on first use
     except KeyError_ as e:
@@ -113,7 +115,7 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
                 return EXIT_FAILED
         else:
             # Written aside and renamed: an interrupted export never leaves a plausible file.
-            with new_file(args.output) as raw:
+            with new_file(args.output, overwrite=args.overwrite) as raw:
                 text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
                 summary = export(db.conn, text, args.format, key, [run_id] if run_id else None)
                 text.flush()
@@ -180,7 +182,7 @@ def cmd_datasette_metadata(args: argparse.Namespace) -> int:
     if args.output is None:
         sys.stdout.write(text)
     else:
-        write_new(args.output, text)
+        write_output(args, text)
         output.note(f"wrote {args.output} (database name {name!r})\n"
                     f"  browse: datasette {db} -m {args.output}   (pip install 'amdflash[datasette]')")
     return EXIT_OK

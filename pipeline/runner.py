@@ -189,12 +189,14 @@ async def run_boards(make_body: Callable[[BoardSpec], tuple[JobBody, RunInfo]], 
     """Run the job on every board concurrently; one board's failure does not stop the others."""
     stop = StopFlag()
     results: list[RunResult] = []
+    started: dict[str, str] = {}      # spec -> run id, for runs a second signal cancels mid-way
     with ProgressBoard(enabled=show_progress) as ui:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_signals, stop, tg.cancel_scope)
 
             async def one(spec: BoardSpec) -> None:
                 body, info = make_body(spec)
+                started[str(spec)] = info.run_id
                 results.append(await run_board(body, info, writer, stop, ui, image_path))
 
             async with anyio.create_task_group() as boards:
@@ -204,7 +206,9 @@ async def run_boards(make_body: Callable[[BoardSpec], tuple[JobBody, RunInfo]], 
     finished = {r.spec for r in results}
     for spec in specs:
         if str(spec) not in finished:   # cancelled by a second signal before it could report
-            results.append(RunResult("", str(spec), "interrupted", EXIT_INTERRUPTED, "cancelled", {}, []))
+            results.append(RunResult(started.get(str(spec), ""), str(spec), "interrupted", EXIT_INTERRUPTED,
+                                     "cancelled by a second signal, as soon as the device operation returned "
+                                     "(registers restored)", {}, []))
     order = {str(s): i for i, s in enumerate(specs)}
     return sorted(results, key=lambda r: order.get(r.spec, 0))
 

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from amdflash.pipeline.checks import output_file, read_image
+from amdflash.pipeline.checks import output_option, read_image, write_output
 from amdflash.pipeline.errors import Refusal
 from amdflash.stages.transport.sim import Board, create_board
 from amdflash.stages.transport.sim.create import BoardExistsError
@@ -14,7 +14,6 @@ from amdflash.stages.transport.sim.faults import FAULT_HELP, Faults, FaultSpecEr
 from amdflash.stages.transport.sim.catalog import DEFAULT_PART, all_parts
 from amdflash.stages.transport.sim.state import COUNTER_NAMES, BoardFiles
 from amdflash.pipeline import output
-from amdflash.stages.files import write_new
 
 
 def _int(text: str) -> int:
@@ -94,7 +93,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         description="Copy the board's flash array to FILE: the physical truth, read "
                                     "without any driver. Writes only FILE.")
     i.add_argument("path", type=Path, metavar="PATH", help="the board directory")
-    i.add_argument("-o", "--output", type=output_file, required=True, metavar="FILE", help="the file to write (2 MiB)")
+    output_option(i, "the file to write (2 MiB)", required=True)
     i.set_defaults(func=cmd_image)
 
     s = ssub.add_parser("stats", help="print the board's counters as JSON",
@@ -108,7 +107,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     y = ssub.add_parser("synth", help="write a synthetic IFWI image (labelled synthetic)",
                         description="Write a 2 MiB synthetic IFWI with the Navi31 layout and seeded "
                                     "pseudo-random payloads. Not an AMD image.")
-    y.add_argument("-o", "--output", type=output_file, required=True, metavar="FILE", help="the file to write (2 MiB)")
+    output_option(y, "the file to write (2 MiB)", required=True)
     y.add_argument("--seed", type=_int, default=0, metavar="N",
                    help="seed of the pseudo-random payloads (default 0); the same seed gives the same image")
     y.set_defaults(func=cmd_synth)
@@ -121,6 +120,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f.add_argument("specs", nargs="*", metavar="SPEC", help="faults to add (see below)")
     f.add_argument("--clear", action="store_true", help="remove every fault first")
     f.set_defaults(func=cmd_fault, trailing_positionals="specs")
+
+    c = ssub.add_parser("power-cycle", help="switch the board off and on (after ifwi-all, or a chip left in a mode)",
+                        description="Remove and restore the board's power, as a hard power cycle of a real "
+                                    "card does: the GPU's registers return to their power-on values, the PSP "
+                                    "boot firmware starts over (an IFWI stream it finished or abandoned is "
+                                    "gone), and the flash chip loses its volatile state (status registers "
+                                    "reload, deep power-down, QPI and suspended operations end). The flash "
+                                    "content is kept. Refused while a job holds the board.")
+    c.add_argument("path", type=Path, metavar="PATH", help="the board directory")
+    c.set_defaults(func=cmd_power_cycle)
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -173,7 +182,7 @@ def cmd_image(args: argparse.Namespace) -> int:
         data = bytes(files.flash[:])
     finally:
         files.close()
-    write_new(args.output, data)
+    write_output(args, data)
     import hashlib
 
     output.result(f"wrote {args.output} ({len(data):#x} bytes) sha256={hashlib.sha256(data).hexdigest()}")
@@ -203,7 +212,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from amdflash.stages.transport.sim.synth import synthetic_ifwi
 
     data = synthetic_ifwi(args.seed)
-    write_new(args.output, data)
+    write_output(args, data)
     import hashlib
 
     output.result(f"wrote synthetic IFWI {args.output} (seed {args.seed}, not an AMD image) "
@@ -241,6 +250,25 @@ def _restart_fault_counts(files: BoardFiles, faults: Faults) -> None:
     if faults.stall_after is not None:
         state[slots.F_ENGINE_TXNS] = 0
     state.release()
+
+
+def cmd_power_cycle(args: argparse.Namespace) -> int:
+    from amdflash.stages.transport.lock import BoardBusy, sim_lock
+
+    if not (args.path / "board.json").is_file():
+        raise Refusal(f"{args.path} is not an emulated board (create one with 'amdflash sim create')")
+    try:
+        lock = sim_lock(args.path).acquire()      # never under a running job
+    except BoardBusy as e:
+        raise Refusal(str(e)) from None
+    try:
+        with Board(args.path) as board:
+            board.power_cycle()
+    finally:
+        lock.release()
+    output.result(f"power-cycled {args.path}: registers, PSP boot firmware and the flash's volatile state "
+                  "are as at power-on")
+    return 0
 
 
 def _open_files(path: Path) -> BoardFiles:

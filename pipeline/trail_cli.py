@@ -6,10 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 from amdflash.pipeline import commands, output
-from amdflash.pipeline.checks import output_file, writable_output
+from amdflash.pipeline.checks import output_option, writable_output, write_output
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK
 from amdflash.store.read_checks import describe as describe_reads
-from amdflash.stages.files import write_new
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
@@ -31,7 +30,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     p.add_argument("--format", choices=("text", "json", "html"), default="text",
                    help="text (default), json (the object every board command prints with --json) or html")
     p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
-    p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="write the report to FILE (default stdout)")
+    output_option(p, "write the report to FILE (default stdout)")
     p.set_defaults(func=cmd_report)
 
     a = sub.add_parser("audit", help="check or export the audit trail",
@@ -66,7 +65,7 @@ def run_line(r: dict[str, Any]) -> str:
 
 def cmd_report(args: argparse.Namespace) -> int:
     if args.output is not None:
-        writable_output(args.output, "report")
+        writable_output(args.output, "report", args.overwrite)
     rep, page = commands.report(args.run_id, commands.db_path(args), html=args.format == "html", keys=args.key)
     if args.format == "json":
         import json
@@ -77,7 +76,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         text = render_text(rep)
     if args.output:
-        write_new(args.output, text)
+        write_output(args, text, "report")
         output.note(f"wrote {args.output}")
     else:
         output.result(text)

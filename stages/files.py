@@ -66,7 +66,8 @@ def private_file(path: Path) -> None:
 
 
 def _partial(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{secrets.token_hex(6)}.partial")
+    # A short name of its own: `path` may already be as long as a name can be.
+    return path.with_name(f".amdflash-{secrets.token_hex(8)}.partial")
 
 
 @contextlib.contextmanager

@@ -83,7 +83,9 @@ def flash_part(src: Source) -> BoardPart:
     except LayoutError as e:
         b = layout.slot("ISH_B")
         if b is not None and b.atom is not None:
-            return BoardPart("found", b.atom.part_number, f"partition B (partition A: {e})", b.atom.version)
+            # Said plainly: which partition answered, and why not the first one asked.
+            return BoardPart("found", b.atom.part_number, f"partition B, as partition A cannot be read: {e}",
+                             b.atom.version)
         return BoardPart("unreadable", detail=str(e))
 
 

@@ -98,6 +98,16 @@ class Layout:
         return lines + [f"note: {n}" for n in self.notes]
 
 
+def shown(raw: bytes) -> str:
+    """Bytes read where a marker was expected, in words: hex, and 'erased' when all FF."""
+    text = raw.hex(" ")
+    if raw and raw == b"\xff" * len(raw):
+        return f"{text}, erased"
+    if raw and all(32 <= b < 127 for b in raw):
+        return f"{text}, '{raw.decode('ascii')}'"
+    return text
+
+
 def read_layout(src: Source) -> Layout:
     """Every ISH in the L1 directory, its partition and the ATOM image in it."""
     efs = take(src, 0, EFS_BYTES, "the EFS", LayoutError)
@@ -108,7 +118,7 @@ def read_layout(src: Source) -> Layout:
                                                        "the L1 $PSP directory", LayoutError))
     if cookie != PSP_COOKIE:
         raise LayoutError(f"no $PSP directory at {directory:#x} (EFS pointer at {EFS_PSP_DIRECTORY:#x}): "
-                          f"cookie reads {cookie!r}")
+                          f"its first bytes read {shown(cookie)}, expected '$PSP'")
     if count > MAX_L1_ENTRIES:
         raise LayoutError(f"the L1 $PSP directory at {directory:#x} claims {count} entries "
                           f"(more than {MAX_L1_ENTRIES}: not a directory)")
@@ -141,7 +151,7 @@ def _slot(src: Source, name: str, at: int) -> Slot:
             take(src, location, DIRECTORY_HEADER.size, f"partition {slot.partition}'s L2 directory", LayoutError))
         if cookie != PSP_COOKIE:
             raise LayoutError(f"partition {slot.partition} at {location:#x} does not start with a $PSP "
-                              f"directory (cookie reads {cookie!r})")
+                              f"directory (its first bytes read {shown(cookie)})")
         if DIRECTORY_HEADER.size + entries * DIRECTORY_ENTRY.size > size:
             raise LayoutError(f"partition {slot.partition}'s L2 directory claims {entries} entries, more than "
                               f"its {size:#x} bytes hold")

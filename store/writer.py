@@ -77,6 +77,24 @@ class AuditFailure(RuntimeError):
     """The audit trail could not be written: no further hardware write may be issued."""
 
 
+# Free space the trail keeps for itself on the database's file system: below STOP_FREE the
+# writer stops the job (every later barrier fails, so nothing destructive starts) while the
+# room left still takes the run's end; a run does not start below START_FREE.
+STOP_FREE = 4 << 20
+START_FREE = 8 << 20
+
+
+def free_bytes(path: str) -> int:
+    """Bytes free to this user on the file system that holds `path` (its directory)."""
+    st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    return st.f_bavail * st.f_frsize
+
+
+def low_space(path: str, free: int, need: int) -> str:
+    return (f"audit database {path}: the file system has {free / (1 << 20):.1f} MiB free, and the trail "
+            f"keeps {need >> 20} MiB free so that a run can always record its end; free some space")
+
+
 class StoreUnavailable(RuntimeError):
     """The database cannot be opened or written: refuse before touching a board."""
 
@@ -198,6 +216,7 @@ class AuditWriter:
         self.group_seconds = group_seconds
         self.max_pages = max_pages      # cap the database size (SQLite max_page_count)
         self.failed: str | None = None
+        self.low: str | None = None     # the file system is nearly full: the job must stop
         self._process: multiprocessing.process.BaseProcess | None = None
         self._send_fd: int | None = None
         self._send_lock = threading.Lock()
@@ -275,6 +294,9 @@ class AuditWriter:
             raise AuditFailure(f"audit writer did not commit within {timeout:g} s")
         self._barriers.pop(ident, None)
         self._check()
+        if self.low:
+            # Everything so far is durable; what follows must not be started.
+            raise AuditFailure(self.low)
 
     def _post(self, data: bytes) -> None:
         assert self._send_fd is not None, "AuditWriter used before open()"
@@ -314,6 +336,8 @@ class AuditWriter:
                     event.set()
             elif kind == "failed":
                 self._fail(value)
+            elif kind == "low":
+                self.low = value
             elif kind == "closed":
                 closed = True
                 break
@@ -360,14 +384,24 @@ def _writer_main(path: str, key_path: str, anchor: str, rows: multiprocessing.co
     reader = FrameReader()
     waiting: list[int] = []
 
+    low = False
+
     def settle(durable: bool) -> None:
         """Commit what is open and release the barriers waiting for it."""
-        nonlocal failed
+        nonlocal failed, low
+        if not low and not failed:
+            try:
+                free = free_bytes(path)
+            except OSError:
+                free = STOP_FREE
+            if free < STOP_FREE:
+                low = True      # said once; rows still go in (the run's end among them)
+                _tell(status, ("low", low_space(path, free, STOP_FREE)))
         if not failed:
             try:
                 store.commit(durable)
             except Exception as e:  # any failure stops the job, with its reason
-                failed = f"{type(e).__name__}: {e}"
+                failed = f"audit database {path}: {type(e).__name__}: {e}"
                 _tell(status, ("failed", failed))
         for ident in waiting:
             _tell(status, ("done", ident))

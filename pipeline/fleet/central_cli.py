@@ -17,9 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from amdflash.pipeline import output
-from amdflash.pipeline.checks import output_file
+from amdflash.pipeline.checks import output_option, write_output
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal, UsageError
-from amdflash.stages.files import write_new
 
 ENV_CENTRAL = "AMDFLASH_CENTRAL"
 
@@ -124,7 +123,7 @@ def add_fleet_parsers(fsub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("text", "json", "html"), default="text",
                    help="text (default), json or html, as 'amdflash report' prints them")
     p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
-    p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="write the report to FILE (default stdout)")
+    output_option(p, "write the report to FILE (default stdout)")
     p.add_argument("--key", type=Path, action="append", metavar="PUBFILE",
                    help="the signatures must be by this public key (repeatable)")
     p.set_defaults(func=cmd_report)
@@ -225,7 +224,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     url = _url(args.source, "--from")
     if args.output is not None:
-        writable_output(args.output, "report")
+        writable_output(args.output, "report", args.overwrite)
     with tempfile.TemporaryDirectory(prefix="amdflash-central-") as tmp:
         path = Path(tmp) / "run.sqlite"
         try:
@@ -238,7 +237,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         text = page if page is not None else render_text(rep)
     if args.output:
-        write_new(args.output, text)
+        write_output(args, text, "report")
         output.note(f"wrote {args.output}")
     else:
         output.result(text)

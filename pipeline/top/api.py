@@ -66,16 +66,18 @@ def info(board: str = "auto", *, db: str | Path | None = None, engine: EngineOpt
 
 
 def read(address: int, size: int, board: str = "auto", *, output: str | Path | None = None,
-         db: str | Path | None = None, engine: EngineOptions | None = None) -> ReadResult:
-    """Read `size` bytes at `address` (result.data), to `output` too if given."""
+         db: str | Path | None = None, engine: EngineOptions | None = None, overwrite: bool = False) -> ReadResult:
+    """Read `size` bytes at `address` (result.data), to `output` too if given (an existing file
+    only with `overwrite`)."""
     out = Path(output) if output is not None else None
-    return _one(commands.read(_session(board, db), address, size, out, engine))  # type: ignore[return-value]
+    return _one(commands.read(_session(board, db), address, size, out, engine, overwrite))  # type: ignore[return-value]
 
 
 def dump(output: str | Path, board: str = "auto", *, via: str = "rom-sw", db: str | Path | None = None,
-         engine: EngineOptions | None = None) -> DumpResult:
-    """Dump the whole 2 MiB flash to `output` (written only when complete); result.result_sha256."""
-    return _one(commands.dump(_session(board, db), Path(output), via, engine))  # type: ignore[return-value]
+         engine: EngineOptions | None = None, overwrite: bool = False) -> DumpResult:
+    """Dump the whole 2 MiB flash to `output` (written only when complete, and in place of an
+    existing file only with `overwrite`); result.result_sha256."""
+    return _one(commands.dump(_session(board, db), Path(output), via, engine, overwrite))  # type: ignore[return-value]
 
 
 def verify(image: str | Path, board: str = "auto", *, db: str | Path | None = None,

@@ -23,6 +23,10 @@ class ApertureError(RuntimeError):
     pass
 
 
+class RawUnavailable(ApertureError):
+    """The raw controller is not there: found by one register read, before anything is written."""
+
+
 def bswap32(value: int) -> int:
     return int.from_bytes((value & 0xFFFFFFFF).to_bytes(4, "little"), "big")
 
@@ -38,7 +42,7 @@ def dump(bar: Bar5, on_page: Callable[[int, int], None] | None = None) -> Apertu
     original_cntl = bar.read32(R.ROM_CNTL)
     original_index = bar.read32(R.ROM_INDEX)
     if original_cntl == R.ROM_CNTL_RAW_UNAVAILABLE:
-        raise ApertureError("raw SMUIO ROM controller is unavailable (ROM_CNTL reads 0xFFFFFFFF); "
+        raise RawUnavailable("raw SMUIO ROM controller is unavailable (ROM_CNTL reads 0xFFFFFFFF); "
                             "the SOC15 function-ROM aperture is not a raw SPI mapping and is never used instead")
     out = bytearray()
     try:

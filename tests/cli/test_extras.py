@@ -57,6 +57,15 @@ def test_man_page_is_generated_from_the_parser(amdflash, tmp_path):
     for command in ("flash", "verify", "resume", "udev-rules", "completion", "--prescale", "--log-json"):
         assert command in text
     assert "Exit status" in text
+    headings = [line[4:] for line in text.splitlines() if line.startswith(".SH ")]
+    for section in ("NAME", "SYNOPSIS", "DESCRIPTION", "GLOBAL OPTIONS", "BOARD OPTIONS", "ROM_SW ENGINE OPTIONS",
+                    "EXIT STATUS", "ENVIRONMENT", "FILES", "EXAMPLES", "SEE ALSO"):
+        assert section in headings, headings
+    name = text.splitlines()[text.splitlines().index(".SH NAME") + 1]
+    assert name.startswith("amdflash - ") and "Navi31" in name
+    # Global and shared options are listed once, not under every command.
+    assert text.count("--log-json") == 2 and text.count("--prescale") <= 3, (text.count("--log-json"),
+                                                                                text.count("--prescale"))
     assert amdflash("man", "-o", tmp_path / "amdflash.1").code == 0
     assert (tmp_path / "amdflash.1").read_text().rstrip("\n") == r.out.rstrip("\n")
 
@@ -88,7 +97,7 @@ def test_a_bad_config_file_is_a_usage_error(amdflash, tmp_path):
     r = amdflash("runs")
     assert r.code == 2 and "unknown setting 'prescal'; did you mean 'prescale'?" in r.err
     _config(tmp_path, "prescale = 'fast'\n")
-    assert "prescale = 'fast' is not a int" in amdflash("runs").err
+    assert "prescale = 'fast': must be a whole number" in amdflash("runs").err
     _config(tmp_path, "db = [\n")
     r = amdflash("runs")
     assert r.code == 2 and "config.toml" in r.err and len(r.err_lines) == 1

@@ -57,11 +57,16 @@ def _interrupt_then_finish(tmp_path: Path, make_board, delay: float) -> None:  #
     assert r.returncode in (0, 130), r.stderr
     assert "Traceback" not in r.stderr and "KeyboardInterrupt" not in r.stderr, r.stderr
     if r.returncode == 130:
-        assert r.stderr.strip().splitlines()[-1].startswith("error: "), r.stderr
+        lines = r.stderr.strip().splitlines()
+        if lines[-1].startswith("  next: "):          # a run was on record: how to finish it
+            assert "To finish the flash: amdflash resume " in lines[-1] and lines[-2].startswith("error: "), r.stderr
+        else:
+            assert lines[-1].startswith("error: "), r.stderr
         listed = subprocess.run([SCRIPT, "runs", "--json"], capture_output=True, text=True, cwd=tmp_path)
         runs = json.loads(listed.stdout) if listed.returncode == 0 else []     # 2: no audit database yet
         if runs:                                    # stopped once the run had begun: resume it
             assert runs[-1]["status"] == "interrupted"
+            assert f"To finish the flash: amdflash resume {runs[-1]['run_id']} --board sim:{board} --yes" in r.stderr
             done = subprocess.run([SCRIPT, "resume", "--yes", "--board", f"sim:{board}", "-q"], capture_output=True,
                                   text=True, cwd=tmp_path)
         else:                                       # stopped before: flash again

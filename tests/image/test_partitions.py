@@ -87,7 +87,7 @@ def test_a_damaged_board_falls_back_to_partition_b():
     image[0x12000:0x13000] = b"\xff" * 0x1000
     board = flash_part(BytesSource(bytes(image)))
     assert board.state == "found" and board.part_number == "113-TESTPART-041"
-    assert board.detail.startswith("partition B (partition A:")
+    assert board.detail.startswith("partition B, as partition A cannot be read:")
 
 
 def test_board_states():

@@ -137,3 +137,84 @@ def test_the_product_never_imports_datasette():
     sources = [p for d in ("pipeline", "stages", "store") for p in (ROOT / d).rglob("*.py")]
     assert sources
     assert not [p for p in sources if re.search(r"^\s*(import|from)\s+datasette", p.read_text(), re.M)]
+
+
+def test_failed_units_numbers_transactions_as_the_spi_transactions_view(trail):
+    rows = query(trail["db"], "failed_units")
+    conn = sqlite3.connect(trail["db"])
+    n_of = {}
+    for seq, n in conn.execute("SELECT seq, n FROM spi_transactions WHERE run_id = ? ORDER BY n", [trail["bad"]]):
+        n_of.setdefault(seq, []).append(n)
+    conn.close()
+    assert rows and all(r["transaction_n"] in n_of[r["transaction_seq"]] for r in rows)
+
+
+# -- datasette itself, on its own time limit ----------------------------------------------------------
+
+datasette_app = pytest.importorskip("datasette.app", reason="datasette is not installed (pip install datasette)")
+LIMIT_MS = 200
+
+
+def _grow(source: Path, target: Path, copies: int) -> None:
+    """`target`: the runs of `source` repeated `copies` times under new run ids and seqs, as
+    many flashes leave it (the rows are not re-signed: this is a database to time queries on)."""
+    import shutil
+
+    shutil.copy(source, target)
+    conn = sqlite3.connect(target)
+    top = conn.execute("SELECT max(seq) FROM runs").fetchone()[0]
+    span = max(conn.execute(f"SELECT max(seq) FROM {t}").fetchone()[0] or 0
+               for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'log_%'"))
+    span = max(span, top) + 1
+    tables = [t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+              if "run" in {c[1] for c in conn.execute(f"PRAGMA table_info({t})")} and t.startswith("log_")]
+    for k in range(1, copies):
+        shift = k * span
+        conn.execute(f"INSERT INTO runs SELECT seq + {shift}, run_id || '-{k}', command, arguments, operator, "
+                     "operator_claimed, host, machine_id, tool_version, tool_revision, clock_sync, image_path, "
+                     f"image_sha256, board_spec, resumes_run_id, at FROM runs WHERE seq <= {top}")
+        for t in tables:
+            cols = [c[1] for c in conn.execute(f"PRAGMA table_info({t})")]
+            shown = ", ".join(f"seq + {shift}" if c == "seq" else f"run + {shift}" if c == "run" else c
+                              for c in cols)
+            conn.execute(f"INSERT INTO {t} ({', '.join(cols)}) SELECT {shown} FROM {t} WHERE seq < {span}")
+    conn.commit()
+    conn.close()
+
+
+def _every_canned_query_within_the_limit(db: Path, run_id: str) -> None:
+    import anyio
+
+    meta = metadata()
+    meta["databases"] = {db.stem: meta["databases"]["audit"]}
+    ds = datasette_app.Datasette([str(db)], metadata=meta, settings={"sql_time_limit_ms": LIMIT_MS})
+
+    async def fetch_all() -> dict[str, object]:
+        answers = {}
+        for name in meta["databases"][db.stem]["queries"]:
+            response = await ds.client.get(f"/{db.stem}/{name}.json?_shape=array&run_id={run_id}&status=&board=")
+            answers[name] = (response.status_code, response.text[:300])
+        return answers
+
+    for name, (status, text) in anyio.run(fetch_all).items():
+        assert status == 200 and "SQL Interrupted" not in text, (name, status, text)
+
+
+def test_every_canned_query_answers_within_datasettes_limit(trail, tmp_path):
+    db = tmp_path / "audit.sqlite"
+    import shutil
+
+    shutil.copy(trail["db"], db)
+    _every_canned_query_within_the_limit(db, "")
+    _every_canned_query_within_the_limit(db, trail["bad"])
+
+
+@pytest.mark.slow
+def test_every_canned_query_answers_within_datasettes_limit_on_100_flashes(trail, tmp_path):
+    db = tmp_path / "audit.sqlite"
+    _grow(Path(trail["db"]), db, 50)         # 100 flashes, half of them with a failed unit
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 100
+    conn.close()
+    _every_canned_query_within_the_limit(db, "")
+    _every_canned_query_within_the_limit(db, trail["bad"])

@@ -272,6 +272,12 @@ class Board:
         self.aperture.reset()
         self.psp.power_on()
 
+    def power_cycle(self) -> None:
+        """All power off and on again (`amdflash sim power-cycle`): the GPU as after PERST#,
+        the PSP boot firmware from the start, and the flash chip's volatile state lost."""
+        self.power_on_reset()
+        self.chip.power_cycle()
+
     # -- lifetime -------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
         from amdflash.stages.transport.sim.state import COUNTER_NAMES

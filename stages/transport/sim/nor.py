@@ -707,10 +707,21 @@ class NorChip:
         """Reached only with the reset armed (transaction() disarms it on the way)."""
         if len(out) != 1 or rx_len:
             return _ff(rx_len)
+        self._reload(F_VOLATILE_ARMED | F_RESET_ARMED | F_SECURED_OTP)
+        return b""
+
+    def power_cycle(self) -> None:
+        """Power off and on: as a software reset, and every mode ends too (deep power-down,
+        QPI, secured OTP, an armed 50h or 66h) — the chip answers as it did when it was new."""
+        self._reload(0xFF)
+
+    def _reload(self, flags: int) -> None:
+        """Status registers from their non-volatile copies, `flags` cleared, and any operation
+        running or suspended abandoned (its change to the array, made at command time, stays)."""
         state = self._state
         for i in range(len(self.part.registers)):
             state[_REG + i] = state[_NV + i]
-        state[_FLAGS] &= ~(F_VOLATILE_ARMED | F_RESET_ARMED | F_SECURED_OTP)
+        state[_FLAGS] &= ~flags
         if state[_SUSPENDED_KIND]:
             self.board.count("flash_busy_seconds", -self._times[_SUSPENDED_REMAINING])
             state[_SUSPENDED_KIND] = 0
@@ -719,7 +730,6 @@ class NorChip:
             if remaining > 0:
                 self.board.count("flash_busy_seconds", -remaining)
             state[_BUSY_KIND] = 0
-        return b""
 
     def _suspend(self, out: bytes, rx_len: int) -> bytes:
         if len(out) != 1 or rx_len:

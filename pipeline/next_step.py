@@ -1,0 +1,67 @@
+"""What a run that did not succeed left on the board, and what to do next, in words.
+
+An operator whose flash failed at 3 a.m. needs two things beside the error: the state the
+flash is in (untouched, or which units are half written) and the command that gets the board
+back — the backup to put back, or the resume that finishes the job. Both come from the run
+as recorded (its units' last states, its backup), never from what the process believes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+WRITES = ("flash", "resume")
+
+
+def _units(report: dict[str, Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for unit in report.get("units") or ():
+        counts[unit["state"]] = counts.get(unit["state"], 0) + 1
+    return counts
+
+
+def _touched(report: dict[str, Any]) -> bool:
+    n = _units(report)
+    return bool(n.get("intent", 0) + n.get("erased", 0) + n.get("programmed", 0) + n.get("failed", 0))
+
+
+def flash_state(report: dict[str, Any]) -> str:
+    """The flash after a flash or resume run, by its units' last recorded states."""
+    n = _units(report)
+    erased = n.get("intent", 0) + n.get("erased", 0)
+    programmed, failed = n.get("programmed", 0), n.get("failed", 0)
+    if not (erased or programmed or failed):
+        verified = n.get("verified", 0)
+        return (f"the flash holds the image in {verified} unit(s) verified so far; the rest is as it was"
+                if verified else "the flash was not changed")
+    parts = []
+    if erased:
+        parts.append(f"{erased} unit(s) erased (or about to be) and not programmed")
+    if programmed:
+        parts.append(f"{programmed} programmed and not verified")
+    if failed:
+        parts.append(f"{failed} failed verify")
+    return "the flash is partly written: " + ", ".join(parts)
+
+
+def advice(report: dict[str, Any], backup: str | None, run_id: str, spec: str) -> str | None:
+    """The next step after a run that did not succeed (None when there is nothing to add)."""
+    status, command = report.get("status"), report.get("command")
+    if status in (None, "succeeded", "refused"):
+        return None        # a refusal wrote nothing and says why; success needs no advice
+    resume = f"amdflash resume {run_id} --board {spec} --yes"
+    if command in WRITES:
+        state = flash_state(report)
+        if status == "interrupted":
+            return f"{state}. To finish the flash: {resume}"
+        if not _touched(report):
+            return f"{state}. Fix the cause, then finish the flash: {resume}"
+        original = (f"The original content is backup {backup} (run {run_id}): to put it back, "
+                    f"amdflash flash {backup} --board {spec} --yes --force" if backup else
+                    "No backup of the original content is on record")
+        return f"{state}. {original}; or fix the cause and finish the flash: {resume}"
+    if command == "ifwi-all":
+        return ("the PSP bootloader may hold a partial stream: power the board off and on (all rails) before "
+                "the next command (an emulated board: amdflash sim power-cycle DIR)")
+    if status == "interrupted":
+        return f"nothing was written to the flash ({command} only reads it); run the command again"
+    return None
