@@ -121,6 +121,7 @@ def _report(reader: Any, run_id: str, keys: Sequence[Path] | None = None) -> Run
 def _reports(db: str, runs: list[RunResult]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Each run's report, and the backup of the original content its flash lineage made."""
     from amdflash.store.queries import run_chain
+    from amdflash.store.run_rows import RunUnverified
 
     ids = [r.run_id for r in runs if r.run_id]
     if not ids:
@@ -135,7 +136,10 @@ def _reports(db: str, runs: list[RunResult]) -> tuple[dict[str, dict[str, Any]],
             except RunNotFound:   # killed before its first row reached the trail
                 continue
             if found[run_id]["command"] in next_step.WRITES:
-                first = run_chain(reader, run_id)[0]
+                try:
+                    first = run_chain(reader, run_id)[0].run_id
+                except RunUnverified:       # an earlier run of the lineage does not verify: no backup to name
+                    continue
                 rows = list(reader.query("SELECT path FROM backups WHERE run_id = ? ORDER BY seq LIMIT 1", [first]))
                 if rows:
                     backups[run_id] = rows[0]["path"]

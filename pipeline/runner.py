@@ -29,6 +29,7 @@ from amdflash.stages.restore import restore_registers
 from amdflash.stages.transport.base import Bar5
 from amdflash.stages.transport.discovery import NoBoardFound
 from amdflash.stages.transport.lock import BoardBusy
+from amdflash.store.status import PROCESS_STAGE, this_process
 from amdflash.store.writer import AuditFailure, Recorder
 
 JobBody = Callable[[Device, "RunInfo"], Awaitable[dict[str, Any]]]
@@ -78,6 +79,9 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
                  clock_sync=facts.clock_sync, image_path=image_path, image_sha256=info.image_sha256,
                  board_spec=str(info.spec), resumes_run_id=info.resumes_run_id, at=now_iso())
     recorder.add("run_status", status="running", detail=None, at=now_iso())
+    # Which process this is: while it lives the run is "running"; once it is gone, whatever
+    # killed it, every view shows the run interrupted (store.status).
+    stage(recorder, PROCESS_STAGE, "start", this_process())
     log.debug("run started", command=info.command)
     progress = ui.reporter(str(info.spec), info.run_id)
 

@@ -108,6 +108,8 @@ def render_text(rep: dict[str, Any]) -> str:
         lines.append(f"resumes    {rep['resumes_run_id']}")
     for r in rep.get("resumed_by") or []:
         lines.append(f"resumed by {r['run_id']} ({r['status']})")
+    if rep.get("finished_by"):
+        lines.append(f"finished by {rep['finished_by']} (the resume that completed this run's work)")
     reads = describe_reads(rep["reads"]) if rep.get("reads") is not None else None
     if reads:
         lines.append(f"reads      {reads}")

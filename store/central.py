@@ -875,8 +875,8 @@ def _unsealed(local: sqlite3.Connection, every: list[Checkpoint]) -> int:
 def runs(url: str, host: str | None = None) -> list[dict[str, Any]]:
     """Every run of every host (or of `host`), in the row shape of the local `runs`
     (store.queries.runs), with the host's enrolled name added. A run's status is the one the
-    host's own `runs` shows (store.queries.shown_status: resumed and never ended is interrupted)."""
-    from amdflash.store.queries import shown_status
+    host's own `runs` shows (store.status.run_status: resumed and never ended is interrupted)."""
+    from amdflash.store.status import run_status
 
     with connect(url) as pg:
         _need_schema(pg)
@@ -894,7 +894,7 @@ def runs(url: str, host: str | None = None) -> list[dict[str, Any]]:
         rows = [dict(zip(names, row, strict=True)) for row in cur]
     resumed = {(r["host"], r["resumes_run_id"]) for r in rows if r["resumes_run_id"]}
     for r in rows:
-        r["status"] = shown_status(r["status"], (r["host"], r["run_id"]) in resumed)
+        r["status"] = run_status(r["status"], (r["host"], r["run_id"]) in resumed)
     return rows
 
 

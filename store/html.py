@@ -18,8 +18,9 @@ from typing import Any
 import sqlite_utils
 from amdflash.stages.flash import protection as prot
 from amdflash.stages.navi31 import regs as R
-from amdflash.store.queries import RunReport, transactions_between, unit_states
-from amdflash.store.run_rows import RunRows
+from amdflash.store.queries import RunNotFound, RunReport, run_chain, transactions_between, unit_states
+from amdflash.store.run_rows import RunRows, RunUnverified
+from amdflash.store.status import PROCESS_STAGE
 
 FLASH_SIZE = 0x200000
 UNIT = 0x1000
@@ -32,11 +33,12 @@ TRANSACTIONS_BEFORE_ERROR = 32
 # across the three actions; a unit only planned was never touched.
 CATEGORIES = (
     ("skip", "skipped — already equal"),
+    ("earlier", "written by an earlier run of this flash, found equal"),
     ("program", "programmed without erase, verified"),
     ("erase", "erased + programmed, verified"),
     ("failed", "verify failed"),
-    ("planned", "planned, never touched"),
-    ("unreached", "in the run's range, not reached"),
+    ("planned", "planned (its action decided), never touched"),
+    ("unreached", "in the run's range, never planned (the run stopped first)"),
     ("protected", "protected (block protection)"),
     ("none", "outside the run's range"),
 )
@@ -63,8 +65,9 @@ def render(db: sqlite_utils.Database, rep: RunReport) -> str:
     body = [
         _header(rep),
         _identity(rep),
-        _sector_map(rep, unit_states(db, rows)),
+        _sector_map(rep, unit_states(db, rows), _earlier(db, rep)),
         _timeline(rep),
+        _facts(rep),
         _verifies(rep),
         _first_error(db, rep, rows),
         _chain(rep["chain"]),
@@ -133,11 +136,11 @@ def _identity(rep: dict[str, Any]) -> str:
         ("image_path", "image", rep["image_path"]),
         ("image_sha256", "image SHA-256", rep["image_sha256"]),
         ("result_sha256", "result SHA-256", rep["result_sha256"]),
-        ("arguments", "arguments", json.dumps(rep["arguments"], sort_keys=True) if rep["arguments"] else None),
+        ("arguments", "arguments", _pairs(rep["arguments"]) if rep["arguments"] else None),
         ("register_writes", "register writes", rep["register_writes"]),
         ("spi_transactions", "SPI transactions", rep["spi_transactions"]),
         ("backups", "backup", "; ".join(f"{x['sha256']} {x['path']}" for x in rep["backups"]) or None),
-        ("board_detail", "transport detail", json.dumps(b.get("detail"), sort_keys=True) if b.get("detail") else None),
+        ("board_detail", "transport detail", _pairs(b["detail"]) if b.get("detail") else None),
         ("error", "error", rep["error"]),
     ]
     cells = "".join(
@@ -154,6 +157,39 @@ _MONO_ATTR = ' class="mono"'
 
 class _Html(str):
     """Markup made here, not recorded text: not escaped again."""
+
+
+def _pairs(value: Any) -> _Html | str:
+    """A recorded JSON object as a reviewer reads it: one "name: value" per line (nested
+    objects inline); anything else as text."""
+    if not isinstance(value, dict):
+        return str(value)
+    lines = [f"<em class=\"key\">{escape(str(key).replace('_', ' '))}</em> {escape(_plain(item))}"
+             for key, item in value.items()]
+    return _Html("<br>".join(lines))
+
+
+def _plain(item: Any) -> str:
+    """A JSON value in words: yes/no, lists joined, objects as "name value" pairs."""
+    if item is None:
+        return "—"
+    if isinstance(item, bool):
+        return "yes" if item else "no"
+    if isinstance(item, list):
+        return "; ".join(_plain(x) for x in item)
+    if isinstance(item, dict):
+        return ", ".join(f"{str(k).replace('_', ' ')} {_plain(v)}" for k, v in item.items())
+    return str(item)
+
+
+def _readable(detail: str | None) -> _Html | str:
+    """A stage row's detail: a JSON object as name/value lines, other text as it is."""
+    if detail and detail.startswith("{"):
+        try:
+            return _pairs(json.loads(detail))
+        except ValueError:
+            pass
+    return detail or ""
 
 
 def _value(value: Any) -> str:
@@ -205,9 +241,28 @@ def _protection(rep: dict[str, Any]) -> _Range | None:
 
 # -- sector map -------------------------------------------------------------------------------
 
+def _earlier(db: sqlite_utils.Database, rep: RunReport) -> dict[int, str]:
+    """For a resume: the units the runs it continues wrote (erased or programmed), by address,
+    with the run that last wrote each — so the map does not call their work "skipped"."""
+    if rep["command"] != "resume" or not rep.get("resumes_run_id"):
+        return {}
+    written: dict[int, str] = {}
+    try:
+        chain = run_chain(db, rep["resumes_run_id"])
+    except (RunUnverified, RunNotFound):
+        return {}                  # the page says elsewhere that the earlier run does not verify
+    for rows in chain:
+        for u in unit_states(db, rows, sealed_only=True).values():
+            if u["intended"] and u["action"] != "skip":
+                for a in range(u["address"], u["address"] + (u["size"] or UNIT), UNIT):
+                    written[a] = rows.run_id
+    return written
+
+
 def _cell(address: int, unit: dict[str, Any] | None, protected: _Range | None,
-          in_range: bool) -> tuple[str, str]:
-    """(css classes, tooltip) of the 4 KiB unit at `address`."""
+          in_range: bool, earlier: str | None = None) -> tuple[str, str]:
+    """(css classes, tooltip) of the 4 KiB unit at `address` (`earlier`: the run of this
+    flash's lineage that wrote it before this resume)."""
     span = f"{address:#08x}–{address + UNIT - 1:#08x}"
     if unit is None:
         if protected and protected.covers(address):
@@ -222,6 +277,8 @@ def _cell(address: int, unit: dict[str, Any] | None, protected: _Range | None,
         return "failed", tip
     category = _ACTION_CLASS.get(action, "none")
     if state == "verified":
+        if category == "skip" and earlier:
+            return "earlier", f"{tip} · written by run {earlier}"
         return category, tip
     if not unit.get("intended"):
         return "planned", tip + " · never touched"
@@ -237,7 +294,7 @@ def _run_range(rep: dict[str, Any]) -> range:
     return range(start, start + int(args.get("sector_count") or FLASH_SIZE // UNIT) * UNIT, UNIT)
 
 
-def _sector_map(rep: dict[str, Any], units: dict[int, dict[str, Any]]) -> str:
+def _sector_map(rep: dict[str, Any], units: dict[int, dict[str, Any]], earlier: dict[int, str]) -> str:
     protected = _protection(rep)
     in_range = _run_range(rep)
     by_cell: dict[int, dict[str, Any]] = {}
@@ -251,7 +308,8 @@ def _sector_map(rep: dict[str, Any], units: dict[int, dict[str, Any]]) -> str:
         for block in range(row, row + CELLS_PER_ROW * UNIT, BLOCK_CELLS * UNIT):
             cells = []
             for address in range(block, block + BLOCK_CELLS * UNIT, UNIT):
-                classes, tip = _cell(address, by_cell.get(address), protected, address in in_range)
+                classes, tip = _cell(address, by_cell.get(address), protected, address in in_range,
+                                     earlier.get(address))
                 counts[classes] = counts.get(classes, 0) + 1
                 cells.append(f"<div class=\"cell {classes}\" data-address=\"{address:#08x}\" "
                              f"title=\"{escape(tip)}\"></div>")
@@ -268,7 +326,7 @@ def _legend(counts: dict[str, int]) -> str:
     items = [f"<li><span class=\"cell {c}\"></span>{escape(text)} <b>{counts.get(c, 0)}</b></li>"
              for c, text in CATEGORIES]
     unverified = sum(n for classes, n in counts.items() if "unverified" in classes.split())
-    items.insert(3, f"<li><span class=\"cell erase unverified\"></span>hatched: touched (erased or programmed), "
+    items.insert(4, f"<li><span class=\"cell erase unverified\"></span>hatched: touched (erased or programmed), "
                     f"not verified <b>{unverified}</b></li>")
     return f"<ul class=\"legend\">{''.join(items)}</ul>"
 
@@ -290,9 +348,19 @@ class _Stage:
 _OUTCOMES = {"end": "ended", "fail": "failed", "cancelled": "cancelled", "stop": "stopped early"}
 
 
+def _timed(rows: list[dict[str, Any]]) -> set[str]:
+    """Stages that ran for a time (they recorded a start): the timeline's rows. The others
+    are facts recorded at a moment (a fast path's verdict, a decision, diagnostics)."""
+    return {r["stage"] for r in rows if r["event"] == "start" and r["stage"] != PROCESS_STAGE}
+
+
 def _stages(rows: Iterable[dict[str, Any]]) -> list[_Stage]:
     stages: dict[str, _Stage] = {}
+    rows = list(rows)
+    timed = _timed(rows)
     for r in rows:
+        if r["stage"] not in timed:
+            continue
         s = stages.setdefault(r["stage"], _Stage(r["stage"]))
         at = _time(r["at"])
         if r["event"] == "start":
@@ -301,7 +369,7 @@ def _stages(rows: Iterable[dict[str, Any]]) -> list[_Stage]:
             s.end, s.outcome = at or s.end, _OUTCOMES[r["event"]]
         else:
             s.events += 1
-        if r["detail"] and (r["event"] != "start" or not s.detail):
+        if r["detail"] and r["event"] in ("start", *_OUTCOMES) and (r["event"] != "start" or not s.detail):
             s.detail = r["detail"]   # the end's detail says more than the start's
     return list(stages.values())
 
@@ -341,7 +409,30 @@ def _stage_row(s: _Stage, t0: dt.datetime, span: float) -> str:
             f"<td class=\"num\">{end}</td><td class=\"num\">{duration}</td><td class=\"{kind}\">{escape(s.outcome)}"
             f"</td><td class=\"track\"><div class=\"bar {kind}\" style=\"left:{left:.2f}%;"
             f"width:{min(width, 100 - left):.2f}%\"></div></td>"
-            f"<td class=\"detail\">{escape(s.detail + extra)}</td></tr>")
+            f"<td class=\"detail\">{_value(_readable(s.detail)) if s.detail else ''}{escape(extra)}</td></tr>")
+
+
+def _facts(rep: dict[str, Any]) -> str:
+    """What the run recorded at a moment rather than over a time: the process that ran it,
+    each fast path's verdict, the chip facts, the part-number decision, diagnostics."""
+    rows = rep["stages"]
+    timed = _timed(rows)
+    t0 = _time(rep["started"])
+    found = []
+    for r in rows:
+        if r["stage"] in timed and r["event"] in ("start", *_OUTCOMES):
+            continue
+        at = _time(r["at"])
+        when = _seconds(at - t0) if at and t0 else "—"
+        event = "" if r["event"] in ("start", "end") else r["event"]
+        found.append(f"<tr data-fact=\"{escape(r['stage'])}\"><th>{escape(r['stage'])}</th><td>{escape(event)}</td>"
+                     f"<td class=\"num\">{when}</td><td class=\"detail\">{_value(_readable(r['detail']))}</td></tr>")
+    if not found:
+        return ""
+    return ("<section id=\"facts\"><h2>Recorded facts</h2><p class=\"muted\">What the run recorded at a moment: "
+            "the process that ran it, each fast path's check, the chip's facts, decisions and diagnostics.</p>"
+            "<table class=\"stages\"><thead><tr><th>stage</th><th>what</th><th>at</th><th>detail</th></tr></thead>"
+            f"<tbody>{''.join(found)}</tbody></table></section>")
 
 
 def _time(text: str | None) -> dt.datetime | None:
@@ -591,7 +682,7 @@ td.track .bar { position: absolute; top: 6px; bottom: 6px; border-radius: 3px; }
 td.track::before { content: ""; position: absolute; left: 8px; right: 8px; top: 50%;
   border-top: 1px dashed var(--line); }
 .bar.ok { background: #5aa36f; } .bar.bad { background: var(--failed); }
-.bar.open { background: repeating-linear-gradient(45deg, #e4a13a 0 4px, #f6dcae 4px 8px); }
+.bar.open { background: linear-gradient(90deg, #e4a13a, rgba(228, 161, 58, 0.08)); }
 .bar.cancelled, .bar.stopped { background: repeating-linear-gradient(45deg, #8c93a0 0 4px, #dfe2e7 4px 8px); }
 td.cancelled, td.stopped { color: var(--muted); font-style: italic; }
 td.detail { color: var(--muted); font-size: 12.5px; }
@@ -610,8 +701,10 @@ td.detail { color: var(--muted); font-size: 12.5px; }
 .cell.failed { background: var(--failed); border-color: #7d1010; }
 .cell.protected { background: repeating-linear-gradient(135deg, var(--protected) 0 3px, #8c93a0 3px 6px); }
 .cell.none { background: var(--none); border-color: var(--line); }
-.cell.planned { background: #fff; border: 2px dotted var(--ink); }
-.cell.unreached { background: #eef0f3; border: 1px dashed var(--muted); }
+.cell.planned { background: #fff3bf; border: 2px solid #b58900; }
+.cell.unreached { background: #e9ecf1; border: 1px dashed #9aa1ad; }
+.cell.earlier { background: #a9c6ee; }
+.key { color: var(--muted); font-style: normal; }
 .cell.program.unverified { background: repeating-linear-gradient(45deg, var(--program) 0 3px, #fff 3px 6px); }
 .cell.erase.unverified { background: repeating-linear-gradient(45deg, var(--erase) 0 3px, #fff 3px 6px); }
 .cell.skip.unverified { background: repeating-linear-gradient(45deg, var(--skip) 0 3px, #fff 3px 6px); }

@@ -15,6 +15,7 @@ from typing import Any
 import sqlite_utils
 from amdflash.store import schema
 from amdflash.store.run_rows import RunRows, RunUnverified, open_run
+from amdflash.store.status import ENDS, PROCESS_STAGE, run_status
 from amdflash.store.verify import VerifyReport, snapshot
 
 
@@ -51,27 +52,30 @@ def resolve_run(db: sqlite_utils.Database, run_id: str) -> str:
 
 
 def runs(db: sqlite_utils.Database) -> list[dict[str, Any]]:
-    """Every run, oldest first. A run that recorded no end but was resumed by a later run is
-    over (its host died): it shows as "interrupted", never as "running" for ever."""
+    """Every run, oldest first, with its status as store.status.run_status decides it (a run
+    whose process is gone is "interrupted", never "running" for ever)."""
     with snapshot(db.conn):
         rows = [dict(r) for r in db.query("""
             SELECT r.run_id, r.command, r.board_spec, r.at AS started, r.image_sha256, r.resumes_run_id,
+                   r.machine_id,
                    (SELECT status FROM run_status s WHERE s.run_id = r.run_id ORDER BY seq DESC LIMIT 1) AS status,
                    (SELECT at FROM run_status s WHERE s.run_id = r.run_id ORDER BY seq DESC LIMIT 1) AS updated,
                    (SELECT unique_id FROM boards b WHERE b.run_id = r.run_id ORDER BY seq LIMIT 1) AS unique_id,
                    (SELECT emulated FROM boards b WHERE b.run_id = r.run_id ORDER BY seq LIMIT 1) AS emulated
             FROM runs r ORDER BY r.seq""")]
-    resumed = {r["resumes_run_id"] for r in rows if r["resumes_run_id"]}
-    for r in rows:
-        r["status"] = shown_status(r["status"], r["run_id"] in resumed)
+        resumed = {r["resumes_run_id"] for r in rows if r["resumes_run_id"]}
+        for r in rows:
+            process = None if r["status"] in ENDS else _process(db, r["run_id"])
+            r["status"] = run_status(r["status"], r["run_id"] in resumed, process, r.pop("machine_id"))
     return rows
 
 
-def shown_status(recorded: str | None, resumed: bool) -> str:
-    """A run's status as shown: its last recorded one, except that a run with no end on record
-    ("running", or nothing yet) that a later run resumed has ended, interrupted."""
-    status = recorded or "running"
-    return "interrupted" if status == "running" and resumed else status
+def _process(db: sqlite_utils.Database, run_id: str, rows: RunRows | None = None) -> str | None:
+    """The detail of the run's "process" row (store.status), read through `rows` when given."""
+    where, args = (rows.sql, rows.args) if rows is not None else ("run_id = ?", [run_id])
+    found = db.conn.execute(f"SELECT detail FROM stages WHERE {where} AND stage = ? ORDER BY seq LIMIT 1",
+                            [*args, PROCESS_STAGE]).fetchone()
+    return found[0] if found else None
 
 
 def latest_unfinished(db: sqlite_utils.Database, board_spec: str) -> str | None:
@@ -117,14 +121,15 @@ class _Related:
         self.status: dict[str, str | None] = {}
 
     def of(self, run_id: str) -> str | None:
-        """The run's last recorded status ("running" if none), or None if it does not verify."""
+        """The run's status (store.status.run_status, as every view shows it), or None if it
+        does not verify."""
         if run_id not in self.status:
             try:
                 rows = open_run(self.db.conn, run_id, self.keyfiles)
             except RunUnverified:
                 self.status[run_id] = None
             else:
-                self.status[run_id] = _last_status(self.db, rows).get("status") or "running"
+                self.status[run_id] = status_of(self.db, rows, self)
         return self.status[run_id]
 
     def resumed_by(self, run_id: str) -> list[dict[str, Any]]:
@@ -157,6 +162,17 @@ def resumed_by(db: sqlite_utils.Database, run_id: str) -> list[dict[str, Any]]:
 def finished_by(db: sqlite_utils.Database, run_id: str) -> str | None:
     """The run that completed this run's work through resumes, if any (each verified)."""
     return _Related(db).finished_by(run_id)
+
+
+def status_of(db: sqlite_utils.Database, rows: RunRows, related: _Related | None = None) -> str:
+    """The status of a verified run, as every view shows it (store.status.run_status)."""
+    recorded = _last_status(db, rows).get("status")
+    if recorded in ENDS:
+        return str(recorded)
+    related = related or _Related(db)
+    resumed = any(r["verified"] for r in related.resumed_by(rows.run_id))
+    machine = db.conn.execute("SELECT machine_id FROM runs WHERE seq = ?", (rows.key,)).fetchone()[0]
+    return run_status(recorded, resumed, _process(db, rows.run_id, rows), machine)
 
 
 class RunReport(dict):
@@ -205,10 +221,10 @@ def _report(db: sqlite_utils.Database, rows: RunRows, keyfiles: list[Path] | Non
         "run_id": run_id,
         "command": run["command"],
         "arguments": json.loads(run["arguments"] or "{}"),
-        "status": shown_status(status.get("status"), any(r["verified"] for r in resumes)),
+        "status": status_of(db, rows, related),
         "emulated": bool(board.get("emulated")) if board else None,
         "started": run["at"],
-        "ended": status.get("at") if status.get("status") != "running" else None,
+        "ended": status.get("at") if status.get("status") in ENDS else None,
         "operator": run["operator"],
         "operator_claimed": run["operator_claimed"],
         "host": run["host"],

@@ -41,8 +41,10 @@ from amdflash.store.queries import (
     register_snapshot,
     register_write_order,
     resolve_run,
+    status_of,
 )
 from amdflash.store.run_rows import RunRows, open_run
+from amdflash.store.status import ENDS
 from amdflash.store.verify import snapshot
 
 FLASH_SIZE = 0x200000
@@ -161,10 +163,10 @@ def _start(db: sqlite_utils.Database, rows: RunRows, command: str, until: int | 
     board = list(db.query(f"SELECT sr1, sr2, sr3 FROM boards WHERE {rows.sql} ORDER BY seq LIMIT 1", rows.args))
     sr1, sr2, sr3 = ((board[0][k] or 0) if board else 0 for k in ("sr1", "sr2", "sr3"))
     result = ReplayResult(
-        run_id=rows.run_id, command=command, status=status[0]["status"] if status else "running",
+        run_id=rows.run_id, command=command, status=status_of(db, rows),
         writes_total=counts(db.conn, rows)[0], writes_applied=0, until=until, units_backed_up=backed_up,
         status_registers=(sr1, sr2, sr3), result_sha256=status[0]["result_sha256"] if status else None)
-    if result.status == "running":
+    if not status or status[0]["status"] not in ENDS:
         result.notes.append("the run recorded no end (its host died?): writes it had issued but not yet handed "
                             "to the audit writer are not on record, so the board may have received more than "
                             "this replay applies")

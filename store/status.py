@@ -1,0 +1,89 @@
+"""A run's status, decided in one place for every view (runs, report, the HTML page, replay,
+resume, fleet runs).
+
+A run records its end (succeeded, failed, interrupted, refused) as its last act. A run with no
+end on record is `running` only while the process that recorded it lives: every run records,
+first of all, which process it is (pid, the process's start time in clock ticks since boot, the
+kernel's boot id — a stages row "process"), and a reader on the same machine checks that very
+process in /proc. A pid reused by another process has another start time; a reboot has another
+boot id. So a run whose host died, was killed or lost power is `interrupted` the moment anyone
+looks, not when a later run happens to resume it. Read on another machine (the line's central
+record), a run with no end is `interrupted` once a later run resumed it, else `running`: that
+reader cannot see the process.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+PROCESS_STAGE = "process"
+ENDS = ("succeeded", "failed", "interrupted", "refused")
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: fields follow the last ')'.
+    try:
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def _boot_id() -> str | None:
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return None
+
+
+def this_process() -> str:
+    """The detail of the "process" stages row a run records first: who is running it."""
+    pid = os.getpid()
+    return json.dumps({"pid": pid, "start_ticks": _start_ticks(pid), "boot_id": _boot_id()}, sort_keys=True)
+
+
+def process_alive(detail: str | None) -> bool | None:
+    """Whether the process a "process" row names still runs: None when this machine cannot
+    tell (no such row, or recorded under another boot id: another machine, or this one before
+    a reboot — which the caller tells apart by the run's machine-id)."""
+    try:
+        facts: dict[str, Any] = json.loads(detail or "")
+        pid, ticks, boot = int(facts["pid"]), facts.get("start_ticks"), facts.get("boot_id")
+    except (ValueError, TypeError, KeyError):
+        return None
+    if boot is None or boot != _boot_id():
+        return None
+    return ticks is not None and _start_ticks(pid) == ticks
+
+
+def machine_id() -> str | None:
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            return Path(path).read_text().strip() or None
+        except OSError:
+            continue
+    return None
+
+
+def run_status(recorded: str | None, resumed: bool, process: str | None = None,
+               run_machine: str | None = None) -> str:
+    """The status every view shows. `recorded`: the run's last run_status row (None: none);
+    `resumed`: a later (verified) run resumed it; `process`: its "process" row's detail;
+    `run_machine`: the machine-id its runs row recorded."""
+    if recorded in ENDS:
+        return recorded
+    if resumed:
+        return "interrupted"          # a later run took over its work: this one is over
+    alive = process_alive(process)
+    if alive is None:
+        here = machine_id()
+        # Recorded on this machine (same machine-id) but under another boot: the host rebooted.
+        return "interrupted" if process and run_machine and here and run_machine == here else "running"
+    return "running" if alive else "interrupted"
