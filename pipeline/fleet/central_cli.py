@@ -23,7 +23,16 @@ from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal, UsageError
 ENV_CENTRAL = "AMDFLASH_CENTRAL"
 
 
+PSYCOPG_HINT = "the central database needs psycopg: pip install 'amdflash[fleet]'"
+
+
 def _url(given: str | None, option: str) -> str:
+    """The central database's URL — every central command starts here, so it is also where a
+    missing extra is a usage error (exit 2, as labgrid's is for the fleet commands)."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        raise Refusal(PSYCOPG_HINT) from None
     url = given or os.environ.get(ENV_CENTRAL)
     if not url:
         raise UsageError(f"no central database: give {option} postgresql://… or set ${ENV_CENTRAL}")

@@ -155,6 +155,8 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
                     "stdin does not.")
     p.add_argument("--board", required=True, action="append", dest="job_boards", metavar="SPEC",
                    help="a board of this host (repeatable: one amdflash process runs them all)")
+    p.add_argument("--host-name", metavar="NAME",
+                   help="what the line calls this host (its exporter name); said beside the OS host name")
     p.add_argument("job", choices=("flash", "verify", "dump", "info"), help="the job to run on these boards")
     p.add_argument("image", nargs="?", help="flash, verify: the image on this host (dump and info take none)")
     _flash_options(p)
@@ -315,4 +317,5 @@ def cmd_job(args: argparse.Namespace) -> int:
         raise Refusal(f"fleet job {args.job} needs an image")
     if _flash_args(args) and args.job != "flash":
         raise Refusal("--force and --expect-part are for flash jobs only")
-    return hostjob.main(args.main, args.job_boards, args.db, args.job, args.image, _flash_args(args))
+    return hostjob.main(args.main, args.job_boards, args.db, args.job, args.image, _flash_args(args),
+                        args.host_name)

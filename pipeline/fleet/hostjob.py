@@ -232,11 +232,20 @@ def _errors(text: str, spec: str) -> list[str]:
     return own + common
 
 
+def host_name(line_name: str | None) -> tuple[str, str]:
+    """(the host's name for results, how messages name it): the line's name for this host, with
+    the OS host name beside it when they differ."""
+    os_name = socket.gethostname()
+    if not line_name or line_name == os_name:
+        return os_name, os_name
+    return line_name, f"{line_name} (OS host name {os_name})"
+
+
 def run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: str | None,
-        flash_args: Sequence[str] = ()) -> list[dict[str, Any]]:
+        flash_args: Sequence[str] = (), line_name: str | None = None) -> list[dict[str, Any]]:
     global_args = ["--db", db] if db else []
     specs = [_spec_as_recorded(s) for s in specs]
-    host = socket.gethostname()
+    host, said = host_name(line_name)
     before = cli_json(cli_main, global_args, "runs", "--format", "json") or []
     known = {r["run_id"] for r in before}
     results: dict[str, dict[str, Any]] = {
@@ -288,8 +297,8 @@ def run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: st
             if code < 0:
                 name = signal.Signals(-code).name
                 result.update(status="interrupted",
-                              error=f"the amdflash process was killed ({name}); its run stays unfinished in "
-                                    f"{host}'s audit trail and the next flash of this image resumes it")
+                              error=f"the amdflash process was killed ({name}) on {said}; its run stays unfinished "
+                                    "in that host's audit trail and the next fleet flash of this image resumes it")
             elif not ours:
                 result["status"] = "refused" if code == 2 else EXIT_TO_STATUS.get(code, "failed")
                 result["error"] = errors[0] if errors else f"amdflash exited {code} without a run"
@@ -310,7 +319,7 @@ def run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: st
 
 
 def main(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: str | None,
-         flash_args: Sequence[str] = ()) -> int:
+         flash_args: Sequence[str] = (), line_name: str | None = None) -> int:
     """The host side of a fleet job. `cli_main` is amdflash's command line (`pipeline.cli.main`),
     handed down by it so that this module never imports back up to it."""
     # The client's connection may drop; the jobs go on (their trail is here) and a write to
@@ -321,10 +330,11 @@ def main(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: s
     with contextlib.suppress(BrokenPipeError, OSError):
         print(json.dumps({"started": True, "pid": os.getpid()}), flush=True)
     try:
-        results = run(cli_main, specs, db, job, image, flash_args)
+        results = run(cli_main, specs, db, job, image, flash_args, line_name)
     except Exception as e:
-        results = [{"board": spec, "host": socket.gethostname(), "job": job, "status": "failed", "exit_code": 1,
-                    "error": f"the fleet job failed on {socket.gethostname()}: {type(e).__name__}: {e}"}
+        host, said = host_name(line_name)
+        results = [{"board": spec, "host": host, "job": job, "status": "failed", "exit_code": 1,
+                    "error": f"the fleet job failed on {said}: {type(e).__name__}: {e}"}
                    for spec in specs]
     with contextlib.suppress(BrokenPipeError, OSError):
         for result in results:

@@ -81,6 +81,8 @@ def host_job_argv(command: Sequence[str], board: Any, job: str, *args: str, also
     """The `amdflash fleet job` command line as run on the board's host (`command`: amdflash
     there; `also`: specs of more boards of that host, in the same database, run in the same process)."""
     argv = [*command, "fleet", "job"]
+    if getattr(board, "host", None):
+        argv += ["--host-name", board.host]     # the line's name for the host, for its messages
     for spec in (board.spec, *also):
         argv += ["--board", spec]
     if board.db:

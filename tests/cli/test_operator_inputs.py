@@ -131,3 +131,16 @@ def test_aperture_dump_on_a_board_without_the_raw_controller_is_refused(amdflash
     assert r.code == 2 and "raw SMUIO ROM controller is unavailable" in r.err and "--via rom-sw" in r.err, r.err
     assert not (tmp_path / "a.bin").exists()
     assert runs(amdflash)[0]["status"] == "refused"
+
+
+def test_a_missing_extra_is_a_usage_error_naming_it(amdflash, monkeypatch):
+    """labgrid (the fleet commands) and psycopg (the central record) come with the `fleet`
+    extra; without either, the command says what to install and exits 2, the same way."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "labgrid", None)
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    for argv, extra in ((("fleet", "info", "--hosts", "hosta"), "labgrid"),
+                        (("fleet", "runs", "--from", "postgresql:///central"), "psycopg")):
+        r = amdflash(*argv)
+        assert r.code == 2 and extra in r.err and "pip install 'amdflash[fleet]'" in r.err, (argv, r.err)

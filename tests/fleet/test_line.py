@@ -193,7 +193,10 @@ def test_a_sigkilled_job_is_reported_interrupted_and_resumed_by_the_next_flash(l
     for name, board in on_a.items():
         row = first.boards[name]
         assert row["status"] == "interrupted" and "SIGKILL" in row["error"] and row["run_id"], row
-        assert recorded[row["run_id"]]["status"] == "running"    # left open in the host's trail by the kill
+        # Named as the line knows the host, with its OS name beside it (every lab host is this machine).
+        assert row["host"] == "hosta" and "on hosta (OS host name " in row["error"], row
+        # No end on record, and its process is gone: the host's own trail says interrupted at once.
+        assert recorded[row["run_id"]]["status"] == "interrupted"
         assert flash_of(board) != fleet_image.read_bytes()
     assert {n: s for n, s in first.statuses().items() if n not in on_a} == {
         n: "succeeded" for n in places if n not in on_a}, first.boards
