@@ -103,6 +103,7 @@ class VbiosInfo:
     version: str | None = None
     name: str | None = None
     date: str | None = None
+    version_code: int | None = None   # drm_amdgpu_info_vbios.version (the ATOM firmware revision dword)
 
 
 @dataclass
@@ -165,12 +166,7 @@ class AmdgpuBoard:
                                  f"{e.strerror or errno.errorcode.get(e.errno or 0, e)}") from None
         finally:
             os.close(fd)
-        name, pn, _, _, ver, date = VBIOS_INFO.unpack(buffer.raw)
-        part = _cstr(pn)
-        if not part:
-            raise TransportError(f"DRM_IOCTL_AMDGPU_INFO on {node} returned an empty part number")
-        return VbiosInfo(part, f"DRM_IOCTL_AMDGPU_INFO ({node})", _cstr(ver) or None, _cstr(name) or None,
-                         _cstr(date) or None)
+        return decode_vbios_info(buffer.raw, f"DRM_IOCTL_AMDGPU_INFO ({node})")
 
     def _from_vbios_version(self) -> VbiosInfo:
         path = self.device.path / "vbios_version"
@@ -291,6 +287,17 @@ class AmdgpuBoard:
 
     def close(self) -> None:
         """Nothing stays open between calls."""
+
+
+def decode_vbios_info(raw: bytes, source: str) -> VbiosInfo:
+    """`struct drm_amdgpu_info_vbios` (include/uapi/drm/amdgpu_drm.h): name[64], vbios_pn[64],
+    version (u32), pad, vbios_ver_str[32], date[32]. Each string ends at its first NUL (the
+    kernel leaves whatever followed in the field)."""
+    name, pn, version, _, ver, date = VBIOS_INFO.unpack(raw[:VBIOS_INFO.size].ljust(VBIOS_INFO.size, b"\0"))
+    part = _cstr(pn)
+    if not part:
+        raise TransportError(f"{source} returned an empty part number")
+    return VbiosInfo(part, source, _cstr(ver) or None, _cstr(name) or None, _cstr(date) or None, version)
 
 
 def _cstr(raw: bytes) -> str:

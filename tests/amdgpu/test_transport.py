@@ -223,3 +223,27 @@ def test_tree_layout_as_the_transport_expects_it(emulated):
     board, _ = open_board(emu)
     assert [p.name for p in board.drm_nodes()] == ["renderD128", "card1"]
     assert struct.unpack("<H", (emu.device / "rom").read_bytes()[:2])[0] == 0xAA55
+
+
+def test_a_real_info_vbios_answer_decodes(emulated):
+    """fwupd's recording of DRM_IOCTL_AMDGPU_INFO (AMDGPU_INFO_VBIOS_INFO) on a Polaris23 board
+    (1002:6981), in ../shared/realdata. Expected values read from its bytes by offset: name at
+    0x00, vbios_pn at 0x40, version at 0x80 (bytes 00 03 32 0f), vbios_ver_str at 0x88 (with
+    "D0155500." left after its NUL), date at 0xA8."""
+    from tests.image.test_realdata import realdata
+
+    raw = realdata("amdgpu_ioctl", "polaris23_1002-6981_drm_amdgpu_info_vbios.bin").read_bytes()
+    assert len(raw) == VBIOS_INFO.size
+
+    def ioctl(fd: int, request: int, arg: bytearray) -> int:
+        pointer, size, *_ = INFO_REQUEST.unpack(bytes(arg))
+        ctypes.memmove(pointer, raw, size)
+        return 0
+
+    board, _ = open_board(emulated(), ioctl=ioctl)
+    info, notes = board.vbios_info()
+    assert notes == [] and info.source.startswith("DRM_IOCTL_AMDGPU_INFO")
+    assert info.part_number == "113-D0155500-100"
+    assert info.name == "D01555 Polaris23 GLXT DT A0 GDDR5 256Mx32 4GB 35W"
+    assert info.version == "015.050.003.000.012636" and info.date == "2019/07/02 17:04"
+    assert info.version_code == 0x0F320300
