@@ -15,8 +15,6 @@ defaults that the command line overrides:
     restore_each = false
     reads = 2
     progress = true
-    fleet_hosts = ["hosta", "hostb"]     # the hosts `amdflash fleet` may reach (pipeline/fleet/settings.py)
-    fleet_host_command = "/opt/amdflash/bin/amdflash"
 """
 from __future__ import annotations
 
@@ -39,7 +37,7 @@ MAX_CONFIG_BYTES = 1 << 20   # a settings file is a few lines; anything this big
 # key -> the types it accepts; what each key means is in the module docstring.
 KEYS: dict[str, tuple[type, ...]] = {
     "db": (str,), "board": (str, list), "prescale": (int,), "rx_mode": (str,), "restore_each": (bool,),
-    "reads": (int,), "progress": (bool,), "fleet_hosts": (list, str), "fleet_host_command": (str,),
+    "reads": (int,), "progress": (bool,),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 RESOURCE_CLASS = "NetworkAmdflashBoard"
 
 #: The board attributes, in the order the exporter configuration lists them: the spec the
-#: host's `amdflash` takes, what identifies the flash, and the host's audit database. No
-#: command: the fleet client runs its own (pipeline/fleet/trust.py).
-BOARD_ATTRIBUTES = ("spec", "kind", "chip", "jedec", "unique_id", "bridge_serial", "pci_address", "emulated", "db")
+#: host's `amdflash` takes, what identifies the flash, the host's audit database and the
+#: `amdflash` command line on that host.
+BOARD_ATTRIBUTES = ("spec", "kind", "chip", "jedec", "unique_id", "bridge_serial", "pci_address", "emulated",
+                    "db", "command")

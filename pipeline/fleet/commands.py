@@ -34,20 +34,6 @@ def _coordinator_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coordinator", metavar="HOST:PORT",
                    default=os.environ.get("LG_COORDINATOR", "127.0.0.1:20408"),
                    help="labgrid coordinator (default $LG_COORDINATOR, else 127.0.0.1:20408)")
-    p.add_argument("--hosts", action="append", metavar="HOST[=DB],…",
-                   help="the only hosts whose boards are used (repeatable; default: fleet_hosts in the config "
-                        "file): a board published for any other host is refused and reported, never run. DB: "
-                        "the audit database its jobs write (default /var/lib/amdflash/audit.sqlite)")
-
-
-def _allowlist(args: argparse.Namespace) -> Any:
-    from amdflash.pipeline.fleet.settings import allowlist
-    from amdflash.pipeline.fleet.trust import Untrusted
-
-    try:
-        return allowlist(args.hosts)
-    except Untrusted as e:
-        raise Refusal(str(e)) from None
 
 
 def _run_options(p: argparse.ArgumentParser, where_required: bool) -> None:
@@ -93,11 +79,13 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
         "exporter-config", help="this host's boards as a labgrid exporter configuration",
         description="Write a labgrid exporter configuration listing this host's boards (USB bridges by serial, "
                     "native PCI boards by address, emulated boards named with --sim) as NetworkAmdflashBoard "
-                    "resources with spec, chip, JEDEC id, unique ID, bridge serial and the host's audit "
-                    "database. Probes the boards (registers restored); records nothing.")
+                    "resources with spec, chip, JEDEC id, unique ID, bridge serial, the host's audit database "
+                    "and amdflash command. Probes the boards (registers restored); records nothing.")
     p.add_argument("-o", "--output", type=output_file, help="write here instead of stdout")
     p.add_argument("--sim", action="append", default=[], metavar="DIR", help="also export this emulated board")
     p.add_argument("--no-hardware", action="store_true", help="only the --sim boards: do not look for USB/PCI boards")
+    p.add_argument("--command", metavar="CMD", dest="amdflash_command",
+                   help="how clients run amdflash on this host (default: this amdflash)")
     p.set_defaults(func=cmd_exporter_config)
 
     p = fsub.add_parser(
@@ -171,10 +159,11 @@ def _host_db(args: argparse.Namespace) -> str:
 
 
 def cmd_exporter_config(args: argparse.Namespace) -> int:
-    from amdflash.pipeline.fleet.export import host_boards, previous_identities, render
+    from amdflash.pipeline.fleet.export import amdflash_command, host_boards, previous_identities, render
 
     try:
-        groups, notes = host_boards(args.sim, not args.no_hardware, _host_db(args), previous_identities(args.output))
+        groups, notes = host_boards(args.sim, not args.no_hardware, _host_db(args),
+                                    args.amdflash_command or amdflash_command(), previous_identities(args.output))
     except ValueError as e:
         raise Refusal(str(e)) from None
     text = render(groups, notes)
@@ -202,12 +191,11 @@ def _tags(pairs: list[str], what: str) -> dict[str, str]:
 def cmd_places(args: argparse.Namespace) -> int:
     _need_labgrid(args)
     tags = _tags(args.tag, "--tag")
-    return asyncio.run(_places(args, tags, _allowlist(args)))
+    return asyncio.run(_places(args, tags))
 
 
-async def _places(args: argparse.Namespace, tags: dict[str, str], allow: Any) -> int:
+async def _places(args: argparse.Namespace, tags: dict[str, str]) -> int:
     from amdflash.pipeline.fleet.coordinator import Coordinator, CoordinatorError
-    from amdflash.pipeline.fleet.trust import board_problem
 
     try:
         coordinator = await Coordinator(args.coordinator).open()
@@ -217,10 +205,6 @@ async def _places(args: argparse.Namespace, tags: dict[str, str], allow: Any) ->
     try:
         for exporter, group, name, entry in coordinator.board_resources():
             if args.exporter and exporter != args.exporter:
-                continue
-            refused = board_problem(entry.cls, entry.args, entry.extra, allow, exporter)
-            if refused:   # no place for it: the coordinator's word is not the operator's
-                print(f"note: refused the board resource {exporter}/{group}/{name}: {refused}", file=sys.stderr)
                 continue
             path = (exporter, group, entry.cls, name)
             existing = [p for p, place in coordinator.places.items() if place.hasmatch(path)]
@@ -265,16 +249,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             output_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise Refusal(f"cannot create directory {output_dir}: {e.strerror}") from None
-    from amdflash.pipeline.fleet.settings import host_command
-    from amdflash.pipeline.fleet.trust import Untrusted
-
-    allow = _allowlist(args)
-    try:
-        command = host_command()
-    except Untrusted as e:
-        raise Refusal(str(e)) from None
     fleet = FleetRun(args.coordinator, where, args.job, image.resolve() if image else None, output_dir,
-                     args.parallel, args.exporter_grace, _flash_args(args), allow, command)
+                     args.parallel, args.exporter_grace, _flash_args(args))
     try:
         result = asyncio.run(fleet.run())
     except CoordinatorError as e:

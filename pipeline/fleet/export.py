@@ -25,9 +25,7 @@ from amdflash.pipeline.fleet.attributes import BOARD_ATTRIBUTES, RESOURCE_CLASS
 
 
 def amdflash_command() -> str:
-    """How this machine runs amdflash: the running entry script, else this interpreter's module
-    (the fleet client's default host-job command: the README installs amdflash at the same
-    place on every machine of a line)."""
+    """How this host runs amdflash: the running entry script, else this interpreter's module."""
     script = Path(sys.argv[0])
     if script.name == "amdflash" and os.access(script, os.X_OK):
         return str(script.resolve())
@@ -49,7 +47,8 @@ def _group(kind: str, key: str) -> str:
     return f"{kind}-" + "".join(c if c.isalnum() else "_" for c in key.lower())
 
 
-def board_entry(listed: dict[str, Any], db: str, sim_dir: str | None = None) -> tuple[str, dict[str, Any]]:
+def board_entry(listed: dict[str, Any], db: str, command: str,
+                sim_dir: str | None = None) -> tuple[str, dict[str, Any]]:
     """(group name, resource attributes) of one board as `amdflash list` shows it."""
     if sim_dir is not None:
         spec = f"sim:{os.path.abspath(sim_dir)}"
@@ -67,7 +66,7 @@ def board_entry(listed: dict[str, Any], db: str, sim_dir: str | None = None) -> 
         "spec": spec, "kind": kind, "chip": listed.get("chip"), "jedec": listed.get("jedec"),
         "unique_id": listed.get("unique_id"), "bridge_serial": listed.get("serial"),
         "pci_address": listed.get("pci_address"), "emulated": True if sim_dir or listed.get("emulated") else None,
-        "db": db,
+        "db": db, "command": command,
     }
     return group, {k: attributes[k] for k in BOARD_ATTRIBUTES if attributes.get(k) is not None}
 
@@ -110,7 +109,7 @@ def _list_sim(d: str, earlier: dict[str, Any] | None) -> dict[str, Any] | None:
     return found[0]
 
 
-def host_boards(sim_dirs: list[str], hardware: bool, db: str,
+def host_boards(sim_dirs: list[str], hardware: bool, db: str, command: str,
                 previous: dict[str, dict[str, Any]] | None = None) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """{group: attributes} of this host's boards, and notes on boards left out.
 
@@ -138,11 +137,11 @@ def host_boards(sim_dirs: list[str], hardware: bool, db: str,
                          f"{board.get('error') or 'not an amdflash bridge'}")
             continue
         busy = str(board.get("status", "")).startswith("busy")
-        earlier = previous.get(board_entry(board, db, sim_dir)[1]["spec"]) if busy else None
+        earlier = previous.get(board_entry(board, db, command, sim_dir)[1]["spec"]) if busy else None
         if earlier:
             board = {**{k: earlier[k] for k in ("chip", "jedec", "unique_id") if k in earlier}, **board}
             notes.append(f"{earlier['spec']} is busy with a job: its identity is kept from the previous configuration")
-        group, attributes = board_entry(board, db, sim_dir)
+        group, attributes = board_entry(board, db, command, sim_dir)
         if group in groups:
             notes.append(f"left out a second board named {group} ({attributes['spec']})")
             continue

@@ -3,19 +3,15 @@
 A board is published by its host's exporter as a `NetworkAmdflashBoard`: the host that
 owns it (`host`, where labgrid reaches it over SSH), the board spec the `amdflash`
 command line takes there (`usb:SERIAL`, `pci:ADDRESS`, `sim:PATH`), what identifies the
-flash (chip, JEDEC id, unique ID, bridge serial, PCI address) and the host's audit
-database. `AmdflashBoard` is the same for a board on the machine running labgrid itself,
-with the `amdflash` command to run there (the operator's own environment file says it).
+flash (chip, JEDEC id, unique ID, bridge serial, PCI address), the host's audit database
+and the `amdflash` command on that host. `AmdflashBoard` is the same for a board on the
+machine running labgrid itself.
 
-The driver never touches the board: it runs `amdflash fleet job` on the board's host and
-reads the JSON lines that job prints. For a network board everything published about it
-came through labgrid's coordinator, which anyone can talk to (pipeline/fleet/trust.py): the
-driver uses the board only if its host is in the operator's allowlist and its attributes
-have their expected form, runs its own command (`host_command`, else this amdflash) over
-SSH with strict host-key checking, and never one a resource names. Images reach the host
-the labgrid way (`ManagedFile`: copied into labgrid's cache on the host unless the host
-already sees the same file, over labgrid's own SSH connection, which checks host keys
-strictly too).
+The driver never touches the board: it runs `amdflash fleet job` on the board's host —
+through the resource's `wrap_command`, which for a network resource is labgrid's SSH
+connection to the exporter host — and reads the one JSON line that job prints. Images
+reach the host the labgrid way too (`ManagedFile`: copied into labgrid's cache on the host
+unless the host already sees the same file).
 
 Importing this module registers the classes with labgrid's target factory; a labgrid
 environment file names it under `imports:`.
@@ -37,8 +33,6 @@ from labgrid.resource.common import NetworkResource, Resource
 from labgrid.step import step
 from labgrid.util.managedfile import ManagedFile
 
-from amdflash.pipeline.fleet.attributes import BOARD_ATTRIBUTES
-
 _str = attr.validators.instance_of(str)
 _opt_str = attr.validators.optional(_str)
 _opt_bool = attr.validators.optional(attr.validators.instance_of(bool))
@@ -57,30 +51,29 @@ class _BoardAttributes:
     pci_address = attr.ib(default=None, validator=_opt_str)
     emulated = attr.ib(default=None, validator=_opt_bool)
     db = attr.ib(default=None, validator=_opt_str)
+    command = attr.ib(default="amdflash", validator=_str)
 
 
 @target_factory.reg_resource
 @attr.s(eq=False)
 class AmdflashBoard(Resource, _BoardAttributes):
-    """A board attached to the machine that runs labgrid (`command`: amdflash there)."""
-
-    command = attr.ib(default="amdflash", validator=_str, kw_only=True)
+    """A board attached to the machine that runs labgrid."""
 
 
 @target_factory.reg_resource
 @attr.s(eq=False)
 class NetworkAmdflashBoard(NetworkResource, _BoardAttributes):
-    """A board attached to an exporter host (`host`), reached over SSH. It names no command."""
+    """A board attached to an exporter host (`host`), reached over SSH."""
 
 
 class JobError(RuntimeError):
     """The job on the board's host could not be started or said nothing we understand."""
 
 
-def host_job_argv(command: Sequence[str], board: Any, job: str, *args: str, also: Sequence[str] = ()) -> list[str]:
-    """The `amdflash fleet job` command line as run on the board's host (`command`: amdflash
-    there; `also`: specs of more boards of that host, in the same database, run in the same process)."""
-    argv = [*command, "fleet", "job"]
+def host_job_argv(board: Any, job: str, *args: str, also: Sequence[str] = ()) -> list[str]:
+    """The `amdflash fleet job` command line as run on the board's host (`also`: specs of more
+    boards of that host, in the same database, run in the same process)."""
+    argv = [*shlex.split(board.command), "fleet", "job"]
     for spec in (board.spec, *also):
         argv += ["--board", spec]
     if board.db:
@@ -98,10 +91,6 @@ class AmdflashDriver(Driver, BootstrapProtocol):
     """
 
     bindings = {"board": {"AmdflashBoard", "NetworkAmdflashBoard"}}
-    #: amdflash on the boards' hosts (shell words); default: this amdflash (fleet_host_command in the config)
-    host_command = attr.ib(default=None, validator=_opt_str)
-    #: the hosts it may reach, HOST or HOST=DATABASE (default: fleet_hosts in the config)
-    hosts = attr.ib(default=None, validator=attr.validators.optional(attr.validators.instance_of(list)))
 
     def on_activate(self) -> None:
         pass
@@ -115,59 +104,13 @@ class AmdflashDriver(Driver, BootstrapProtocol):
     def host(self) -> str:
         return getattr(self.board, "host", "localhost")
 
-    @property
-    def network(self) -> bool:
-        return isinstance(self.board, NetworkAmdflashBoard)
-
-    def _checked(self) -> None:
-        """A network board is used only as trust.board_problem allows (its attributes came
-        through the coordinator); a local one is the operator's own environment file."""
-        if not self.network:
-            return
-        from amdflash.pipeline.fleet import trust
-
-        allow = trust.Allowlist.parse(*self._hosts())
-        args = {name: getattr(self.board, name) for name in BOARD_ATTRIBUTES if getattr(self.board, name) is not None}
-        why = trust.board_problem(type(self.board).__name__, {**args, "host": self.board.host},
-                                  getattr(self.board, "extra", None) or {}, allow)
-        if why:
-            raise JobError(f"board {self.board.spec} on {self.board.host} refused, nothing run: {why}")
-
-    def _hosts(self) -> tuple[list[Any], str]:
-        if self.hosts is not None:
-            return self.hosts, "AmdflashDriver hosts"
-        from amdflash.pipeline.fleet.settings import configured_hosts
-
-        return configured_hosts()
-
-    def _host_command(self) -> list[str]:
-        if self.host_command:
-            return shlex.split(self.host_command)
-        from amdflash.pipeline.fleet.settings import host_command
-
-        return host_command()
-
     def command(self, job: str, *args: str, also: Sequence[str] = ()) -> list[str]:
         """argv that runs `job` for this board (and the boards `also` names, of the same host and
-        database) on its host: over strict SSH of its own for a network board."""
-        if not self.network:
-            return host_job_argv(shlex.split(self.board.command), self.board, job, *args, also=also)
-        self._checked()
-        from amdflash.pipeline.fleet.trust import ssh_argv
-
-        return ssh_argv(self.board.host, host_job_argv(self._host_command(), self.board, job, *args, also=also))
-
-    def _on_host(self, argv: list[str]) -> list[str]:
-        """A plain command (cat, rm) on the board's host."""
-        if not self.network:
-            return argv
-        from amdflash.pipeline.fleet.trust import ssh_argv
-
-        return ssh_argv(self.board.host, argv)
+        database) on its host: through SSH for a network board."""
+        return self.board.wrap_command(host_job_argv(self.board, job, *args, also=also))
 
     def stage_image(self, image: str | Path) -> str:
         """Make the image available on the board's host; returns its path there."""
-        self._checked()
         managed = ManagedFile(str(image), self.board)
         managed.sync_to_resource()
         return managed.get_remote_path()
@@ -175,12 +118,12 @@ class AmdflashDriver(Driver, BootstrapProtocol):
     def fetch(self, remote_path: str, local_path: str | Path) -> None:
         """Copy a file the job left on the board's host (a dump) here, then remove it there."""
         with open(local_path, "wb") as out:
-            done = subprocess.run(self._on_host(["cat", "--", remote_path]), stdout=out,
+            done = subprocess.run(self.board.wrap_command(["cat", remote_path]), stdout=out,
                                   stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, check=False)
         if done.returncode != 0:
             raise JobError(f"cannot copy {remote_path} from {self.host}: "
                            f"{done.stderr.decode(errors='replace').strip()}")
-        subprocess.run(self._on_host(["rm", "-f", "--", remote_path]), stdin=subprocess.DEVNULL,
+        subprocess.run(self.board.wrap_command(["rm", "-f", remote_path]), stdin=subprocess.DEVNULL,
                        capture_output=True, check=False)
 
     # -- blocking jobs, for labgrid environments and strategies ----------------------------------

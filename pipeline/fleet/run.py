@@ -1,10 +1,7 @@
 """Running one job on many boards of a line: take the places, run on each board's host, report.
 
-Lifecycle: open a coordinator session; pick the places whose tags match `--where`; refuse
-(and report) every board resource the operator's rules do not allow (trust.py: a host not
-in the allowlist, or not the exporter's own, unexpected attributes, a wrong database);
-reserve and acquire each of the others (a place someone else holds is skipped and
-reported, never taken); run
+Lifecycle: open a coordinator session; pick the places whose tags match `--where`; reserve
+and acquire each (a place someone else holds is skipped and reported, never taken); run
 the job on each board's host through the labgrid driver, the boards of one host in batches
 (one `amdflash fleet job` over SSH, one amdflash process writing the host's audit trail), at
 most `parallel` boards at once; give the places back; one row per board.
@@ -24,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import shlex
 import signal
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,7 +30,6 @@ from collections.abc import Sequence
 
 from amdflash.pipeline.fleet.coordinator import BoardPlace, Coordinator
 from amdflash.pipeline.fleet.labgrid_board import JobError, parse_results, started
-from amdflash.pipeline.fleet.trust import HOST_KEY_FAILED, Allowlist, board_problem
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
 #: Row status → exit status (the worst row decides, as for multi-board runs).
@@ -104,9 +99,8 @@ class _Batch:
         return self.jobs[0].board.host
 
 
-def _driver(board: BoardPlace, allow: Allowlist, host_command: Sequence[str]) -> Any:
-    """The labgrid target for one (checked) place: its board resource and our driver, activated,
-    with the operator's allowlist and host command."""
+def _driver(board: BoardPlace) -> Any:
+    """The labgrid target for one place: its board resource and our driver, activated."""
     from labgrid import Target
     from labgrid.factory import target_factory
 
@@ -114,23 +108,20 @@ def _driver(board: BoardPlace, allow: Allowlist, host_command: Sequence[str]) ->
 
     target = Target(board.place)
     resource = target_factory.make_resource(target, board.cls, board.resource, board.args)
-    resource.extra = {}   # no proxy: the client reaches the allowlisted host itself
-    hosts = [f"{host}={db}" for host, db in allow.hosts.items()]
-    # labgrid ships no type information (mypy does not see the fields its attrs base class adds):
-    # the driver's own fields are set after it is made.
-    driver = AmdflashDriver(target, None)
-    driver.host_command, driver.hosts = shlex.join(host_command), hosts
+    resource.extra = board.extra   # labgrid's proxy settings for this exporter
+    # labgrid ships no type information: mypy cannot see the fields its attrs base class adds.
+    driver = AmdflashDriver(target, None)  # type: ignore[call-arg]
     target.activate(driver)
     return driver
 
 
 def batches(jobs: list[_Job], parallel: int) -> list[_Batch]:
-    """The jobs by host (exporter, audit database), cut so that `parallel` boards are shared
-    out over the hosts, and in the order that takes the hosts in turn."""
+    """The jobs by host (exporter, audit database, amdflash command), cut so that `parallel`
+    boards are shared out over the hosts, and in the order that takes the hosts in turn."""
     by_key: dict[tuple[str, ...], list[_Job]] = {}
     for job in jobs:
         args = job.board.args
-        key = (job.board.exporter, job.board.host, str(args.get("db")))
+        key = (job.board.exporter, job.board.host, str(args.get("db")), str(args.get("command")))
         by_key.setdefault(key, []).append(job)
     size = max(1, parallel // max(1, len(by_key)))
     cut = [[_Batch(group[i:i + size]) for i in range(0, len(group), size)] for group in by_key.values()]
@@ -140,10 +131,7 @@ def batches(jobs: list[_Job], parallel: int) -> list[_Batch]:
 class FleetRun:
     def __init__(self, address: str, where: dict[str, str], job: str, image: Path | None = None,
                  output_dir: Path | None = None, parallel: int = 8, exporter_grace: float = 30.0,
-                 flash_args: Sequence[str] = (), allow: Allowlist | None = None,
-                 host_command: Sequence[str] = ("amdflash",)):
-        self.allow = allow or Allowlist({})       # the hosts the operator allows (none: nothing runs)
-        self.host_command = list(host_command)   # amdflash on those hosts: the operator's, never a resource's
+                 flash_args: Sequence[str] = ()):
         self.address = address
         self.where = where
         self.job = job
@@ -173,13 +161,6 @@ class FleetRun:
             for board in boards:
                 row = Row(board.place, board.host, spec=board.spec)
                 rows.append(row)
-                refused = board_problem(board.cls, board.args, board.extra, self.allow, board.exporter)
-                if refused:
-                    # The coordinator's word is not the operator's: reported, never run.
-                    row.status, row.error = "refused", f"resource refused, nothing run: {refused}"
-                    self.notes.append(f"refused the board resource {board.exporter}/{board.group}/{board.resource} "
-                                      f"of place {board.place}: {refused}")
-                    continue
                 if self.stopping:
                     row.status, row.error = "not started", "stopped by the operator before it started"
                     continue
@@ -283,7 +264,7 @@ class FleetRun:
         wall0 = time.monotonic()
         for attempt in (1, 2):
             stdout, stderr = await self._start(batch, argv)
-            if started(stdout) or self.stopping or attempt == 2 or HOST_KEY_FAILED in stderr:
+            if started(stdout) or self.stopping or attempt == 2:
                 break
             # The session never began (nothing ran on the boards): once more, after a pause.
             await asyncio.sleep(1.0)
@@ -293,11 +274,6 @@ class FleetRun:
             for job in batch.jobs:
                 job.row.status, job.row.wall_seconds = "unreachable", round(wall, 3)
                 job.row.error = f"the job could not be started on {batch.host} (nothing ran): {tail}"
-                if HOST_KEY_FAILED in stderr:
-                    job.row.status = "refused"
-                    job.row.error = (f"the SSH host key of {batch.host} is not the one known_hosts holds for it (or "
-                                     "none is there): nothing ran; check its fingerprint and add it (README, "
-                                     "'SSH keys')")
             return
         self._record(batch, stdout, stderr, wall)
         if self.job == "dump":
@@ -317,7 +293,7 @@ class FleetRun:
 
     def _command(self, batch: _Batch) -> list[str]:
         for job in batch.jobs:
-            job.driver = _driver(job.board, self.allow, self.host_command)
+            job.driver = _driver(job.board)
         first = batch.jobs[0].driver
         args = []
         if self.image is not None:
