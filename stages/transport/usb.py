@@ -503,7 +503,7 @@ def resize_bar0(asm: Asm24) -> int | None:
     end. The first entry is BAR0's on every Navi31; another one is searched only when it is not.
     """
     size: int | None = None
-    offset, seen = EXT_CAP_START, set()
+    offset, seen = EXT_CAP_START, set[int]()
     while offset and offset not in seen and len(seen) < 64:      # a looping chain must not hang bring-up
         seen.add(offset)
         header = asm.config_read(GPU_BUS, offset)
