@@ -8,7 +8,7 @@ of the kernel driver and PSP behind its attributes. SYNTHETIC: no AMD driver or 
                                  transport falls back to the sysfs files, as on a kernel without it
     ROOT/debug/dri/1/psp_spirom_dump the whole flash, when `spirom_dump` is on
     ROOT/flash.bin               the emulated SPI flash behind it all
-    ROOT/kernel.json, kernel-state.json, kernel-buffer.bin   the driver model's set-up and state
+    ROOT/kernel.json, kernel-state.bin, kernel-buffer.bin   the driver model's set-up and state
 
 The attributes are answered by `EmulatedKernel`, an `AttributeIo` the transport is given (in
 tests directly, or through AMDFLASH_SIM_AMDGPU=ROOT in any process): every open, write and
@@ -133,7 +133,8 @@ class Psp:
 
 @dataclass
 class KernelState:
-    """What the driver and the PSP hold between calls (kernel-state.json in the tree)."""
+    """What the driver and the PSP hold between calls (kernel-state.bin in the tree, a fixed
+    record read and written in place: every handle on the tree sees one kernel)."""
 
     now: float = 0.0                     # the tree's virtual clock
     sleeps: int = 0
@@ -147,7 +148,21 @@ class KernelState:
     updates: int = 0                     # updates the PSP carried out
     heap_overflows: int = 0
     heap_overreads: int = 0
-    handed_over: list[str] | None = None  # "size sha256" of every image handed to the PSP
+
+    _RECORD = struct.Struct("<dQ36s?Q?IdIIII")
+
+    def pack(self) -> bytes:
+        busy = float("nan") if self.busy_until is None else self.busy_until
+        return self._RECORD.pack(self.now, self.sleeps, self.boot_id.encode(), self.allocated, self.image_size,
+                                 self.done, self.mailbox, busy, self.answer, self.updates, self.heap_overflows,
+                                 self.heap_overreads)
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> KernelState:
+        now, sleeps, boot, allocated, size, done, mailbox, busy, answer, updates, over, overread = \
+            cls._RECORD.unpack(raw)
+        return cls(now, sleeps, boot.decode(), allocated, size, done, mailbox, None if busy != busy else busy,
+                   answer, updates, over, overread)
 
 
 class KernelClock:
@@ -186,15 +201,15 @@ class EmulatedKernel:
         self._fds: dict[int, list[Any]] = {}      # fd -> [attribute, read position]
         self._next = _FD_BASE
         self._paths = {self.device / VBFLASH: "vbflash", self.device / VBFLASH_STATUS: "status", BOOT_ID: "boot_id"}
+        self._state_fd = os.open(self.root / "kernel-state.bin", os.O_RDWR | os.O_CLOEXEC)
+        self._buffer_fd: int | None = None
 
     # -- state in the tree ------------------------------------------------------------------
     def state(self) -> KernelState:
-        return KernelState(**json.loads((self.root / "kernel-state.json").read_text()))
+        return KernelState.unpack(os.pread(self._state_fd, KernelState._RECORD.size, 0))
 
     def _save(self, st: KernelState) -> None:
-        tmp = self.root / ".kernel-state.json.tmp"
-        tmp.write_text(json.dumps(asdict(st)))
-        os.replace(tmp, self.root / "kernel-state.json")
+        os.pwrite(self._state_fd, st.pack(), 0)
 
     class _Changing:
         def __init__(self, kernel: EmulatedKernel):
@@ -212,13 +227,22 @@ class EmulatedKernel:
         return EmulatedKernel._Changing(self)
 
     def _buffer(self, offset: int, data: bytes | None = None, size: int = 0) -> bytes:
-        path = self.root / "kernel-buffer.bin"
-        with open(path, "r+b" if path.exists() else "w+b") as f:
-            f.seek(offset)
-            if data is None:
-                return f.read(size).ljust(size, b"\0")
-            f.write(data[:max(0, self.limit + SLACK - offset)])
-            return b""
+        if self._buffer_fd is None:
+            self._buffer_fd = os.open(self.root / "kernel-buffer.bin", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if data is None:
+            return os.pread(self._buffer_fd, size, offset).ljust(size, b"\0")
+        os.pwrite(self._buffer_fd, data[:max(0, self.limit + SLACK - offset)], offset)
+        return b""
+
+    def __del__(self) -> None:
+        for fd in (getattr(self, "_state_fd", None), getattr(self, "_buffer_fd", None)):
+            if fd is not None:
+                os.close(fd)
+
+    def handed_over(self) -> list[str]:
+        """"size sha256" of every image the driver handed to the PSP."""
+        path = self.root / "kernel-handed-over.log"
+        return path.read_text().splitlines() if path.exists() else []
 
     # -- AttributeIo ------------------------------------------------------------------------
     def open(self, path: Path, flags: int) -> int:
@@ -296,7 +320,8 @@ class EmulatedKernel:
                 error = errno.ETIME
             else:
                 st.done = True
-                st.handed_over = [*(st.handed_over or []), f"{size:#x} {hashlib.sha256(image).hexdigest()}"]
+                with open(self.root / "kernel-handed-over.log", "a") as log:
+                    log.write(f"{size:#x} {hashlib.sha256(image).hexdigest()}\n")
                 st.mailbox = UPDATE_FLASH_IMAGE << 16
                 busy = float("inf") if self.psp.outcome == "stuck" else self.psp.busy_seconds
                 st.busy_until = st.now + busy
@@ -396,7 +421,7 @@ class EmulatedAmdgpu:
         self._build(flash if flash is not None else synth.synthetic_ifwi(1), driver)
         (self.root / "kernel.json").write_text(json.dumps(
             {"address": address, "limit": limit, "psp": asdict(psp or Psp()), "spirom_dump": spirom_dump}))
-        (self.root / "kernel-state.json").write_text(json.dumps(asdict(KernelState(boot_id=str(uuid.uuid4())))))
+        (self.root / "kernel-state.bin").write_bytes(KernelState(boot_id=str(uuid.uuid4())).pack())
         self.reboot()
 
     # -- the tree ----------------------------------------------------------------------------
@@ -423,7 +448,7 @@ class EmulatedAmdgpu:
     @property
     def handed_over(self) -> list[str]:
         """"size sha256" of every image the driver handed to the PSP."""
-        return self.state.handed_over or []
+        return self.kernel().handed_over()
 
     @property
     def flash(self) -> bytes:
