@@ -6,13 +6,25 @@ therefore compares partition payloads (and, failing a flash dump, the running VB
 raw bytes. The runner records them like any run: run, stages, errors, outcome.
 
 `ByTransport` picks the body when the board is open, so `auto` can land on either path.
+
+`flash` never hands the PSP bytes it did not stage in this run. The driver's psp_vbflash
+buffer adds up every write across opens until a trigger or an overflow (transport/amdgpu.py),
+so before staging the job establishes it is empty: a psp_vbflash_status other than 0 proves
+it (the last thing that happened to it was a trigger, which freed it); otherwise it may hold
+a staging — left by a run whose trail shows it staged in this boot and never triggered, or by
+anything else — and is emptied by the kernel's overflow rule first (stages row
+`psp_vbflash`/`cleared`). When it cannot be emptied, the run is refused, saying what to do.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import anyio
 
 from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.runner import JobBody, RunInfo, now_iso, stage
@@ -22,7 +34,9 @@ from amdflash.stages.device import Device
 from amdflash.stages.ifwi import FLASH_SIZE
 from amdflash.stages.part_check import BoardPart, PartPolicy
 from amdflash.stages.partitions import LayoutError, read_layout
-from amdflash.stages.transport.amdgpu import AmdgpuBoard, VbiosInfo
+from amdflash.stages.transport.amdgpu import NOT_STARTED, AmdgpuBoard, VbflashError, VbiosInfo
+from amdflash.store.queries import open_readonly
+from amdflash.store.schema import SchemaError
 
 PSP_NOTE = ("this was a PSP update through amdgpu: the PSP chose the partition it wrote, so the flash is not a "
             "byte-for-byte copy of the image; the board runs the new firmware after a reboot, and 'verify' compares "
@@ -52,10 +66,12 @@ class ByTransport:
         return await self.amdgpu(dev, info)
 
 
-def for_command(command: str, body: JobBody, image: bytes | None, flash: Any = None) -> ByTransport:
+def for_command(command: str, body: JobBody, image: bytes | None, flash: Any = None,
+                db_path: str | None = None) -> ByTransport:
     """The command's body for either path (commands._run wraps every board job in this).
 
-    `flash` is the flash command's options (commands.FlashOptions).
+    `flash` is the flash command's options (commands.FlashOptions); `db_path` the audit
+    database, whose earlier runs may say what an interrupted PSP update left staged.
     """
     amdgpu: JobBody | None = None
     if command == "info":
@@ -64,7 +80,7 @@ def for_command(command: str, body: JobBody, image: bytes | None, flash: Any = N
         amdgpu = AmdgpuVerifyJob(image)
     elif command == "flash" and image is not None and flash is not None:
         whole = flash.start_sector == 0 and flash.sector_count is None
-        amdgpu = AmdgpuFlashJob(image, PartPolicy(flash.force, flash.expect_part), whole, flash.clear_cmp)
+        amdgpu = AmdgpuFlashJob(image, PartPolicy(flash.force, flash.expect_part), whole, flash.clear_cmp, db_path)
     return ByTransport(command, body, amdgpu)
 
 
@@ -106,12 +122,51 @@ class AmdgpuInfoJob:
         return {"part_number": vbios.part_number, "vbios_version": vbios.version, "source": vbios.source}
 
 
+def left_staged(db_path: str | None, address: str, boot_id: str | None, current_run: str) -> dict[str, Any] | None:
+    """What the trail says the last earlier PSP update on this device left in the driver's
+    buffer in this boot: its run and the bytes it was writing (staging, or clearing) when it
+    stopped before a trigger (or a completed clear) — None when it left nothing, or nothing
+    is known (no database, another boot)."""
+    if not db_path or not Path(db_path).exists() or boot_id is None:
+        return None
+    try:
+        db = open_readonly(db_path)
+    except (SchemaError, sqlite3.Error):
+        return None
+    try:
+        rows = db.conn.execute(
+            "SELECT run_id, event, detail FROM stages WHERE stage = 'psp_vbflash' AND run_id != ? AND run_id IN "
+            "(SELECT run_id FROM boards WHERE kind = 'amdgpu' AND pci_address = ?) ORDER BY seq",
+            [current_run, address]).fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        db.conn.close()
+    if not rows:
+        return None
+    last = rows[-1][0]
+    left: dict[str, Any] | None = None
+    for run_id, event, detail in rows:
+        if run_id != last:
+            continue
+        if event in ("clearing", "staging"):
+            try:
+                facts = json.loads(detail)
+            except (TypeError, ValueError):
+                continue
+            left = {"run": run_id, "what": event, **facts} if facts.get("boot_id") == boot_id else None
+        elif event in ("cleared", "triggered"):
+            left = None
+    return left
+
+
 @dataclass
 class AmdgpuFlashJob:
     image: bytes
     policy: PartPolicy
     whole: bool = True
     clear_cmp: bool = False
+    db_path: str | None = None
 
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
         board = board_of(dev)
@@ -135,7 +190,12 @@ class AmdgpuFlashJob:
         stage(dev.recorder, "psp_vbflash", "start", f"{len(self.image):#x} bytes, sha256 "
                                                     f"{hashlib.sha256(self.image).hexdigest()}")
         await dev.call(dev.recorder.durable)   # on record before the PSP gets anything
+        boot_id = await dev.call(board.boot_id)
+        await self._empty_buffer(dev, board, boot_id)
         try:
+            stage(dev.recorder, "psp_vbflash", "staging",
+                  json.dumps({"boot_id": boot_id, "bytes": len(self.image)}, sort_keys=True))
+            await dev.call(dev.recorder.durable)   # a run killed while staging is known to the next
             await dev.call(board.stage_image, self.image)
             stage(dev.recorder, "psp_vbflash", "staged")
             trigger_error = await dev.call(board.trigger)
@@ -159,6 +219,34 @@ class AmdgpuFlashJob:
                         PSP_NOTE]
         return {"psp_status": status, "polls": polls, "part_number": decision.as_json(), "result_sha256": None,
                 "note": PSP_NOTE}
+
+    async def _empty_buffer(self, dev: Device, board: AmdgpuBoard, boot_id: str | None) -> None:
+        """Make sure the driver's staging buffer holds nothing (see the module docstring)."""
+        status = await dev.call(board.read_status)
+        left = await anyio.to_thread.run_sync(left_staged, self.db_path, board.device.address, boot_id,
+                                              dev.recorder.run_id)
+        if left is not None:
+            why = (f"run {left['run']} was {left['what']} {left.get('bytes', 0):#x} bytes in this boot and never "
+                   "triggered them")
+        elif status == NOT_STARTED:
+            why = ("psp_vbflash_status reads 0x0: nothing was handed to the PSP since the last write, so the buffer "
+                   "may hold a staging (left by an interrupted update or another program)")
+        else:
+            stage(dev.recorder, "psp_vbflash", "buffer", f"empty: psp_vbflash_status {status:#x} shows a trigger "
+                                                         "since the last write")
+            return
+        stage(dev.recorder, "psp_vbflash", "clearing", json.dumps({"boot_id": boot_id, "why": why}, sort_keys=True))
+        await dev.call(dev.recorder.durable)
+        try:
+            accepted = await dev.call(board.clear_staging)
+        except VbflashError as e:
+            stage(dev.recorder, "psp_vbflash", "fail", str(e))
+            raise Refusal(f"{dev.identity.spec}: the amdgpu driver's psp_vbflash buffer may hold bytes this run did "
+                          f"not stage ({why}), and emptying it failed: {e}. Nothing was handed to the PSP. Do not "
+                          "read psp_vbflash; reboot the machine (the buffer does not survive it) and run again") \
+                from None
+        stage(dev.recorder, "psp_vbflash", "cleared",
+              f"emptied by the driver's overflow rule ({accepted:#x} bytes of zeros, then ENOMEM): {why}")
 
 
 class PartitionMismatch(RuntimeError):

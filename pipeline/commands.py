@@ -92,7 +92,7 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
     def make(spec: BoardSpec) -> tuple[JobBody, RunInfo]:
         info = RunInfo(new_run_id(), spec, command, dict(arguments), image_sha,
                        operator_claimed=session.operator)
-        return amdgpu_jobs.for_command(command, body(spec, info), image, flash_options), info
+        return amdgpu_jobs.for_command(command, body(spec, info), image, flash_options, session.db_path), info
 
     try:
         runs = anyio.run(run_boards, make, specs, writer, session.progress, image_path)

@@ -9,7 +9,7 @@ from typing import Any
 
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
 from amdflash.stages import ifwi
-from amdflash.stages.atom import BytesSource
+from amdflash.stages.atom import OPTION_ROM_MAGIC, AtomError, BytesSource, parse_atom
 from amdflash.stages.partitions import LayoutError, read_layout
 from amdflash.store.files import NotAFile, read_regular
 from amdflash.pipeline import output
@@ -23,8 +23,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         description="Walk FILE as fwupd's amd-gpu plugin does (EFS, L1 $PSP directory, ISH_A/ISH_B slot "
                     "headers, each partition and its ATOM VBIOS image) and print what it holds: the part "
                     "number the image is for (ISH_A, partition A), each partition's part number, VBIOS "
-                    "version, build date, PCI and subsystem ids. Says why when it cannot. Exit 0 when the "
-                    "image's part number was found, 1 when not. Reads FILE only.")
+                    "version, build date, PCI and subsystem ids. Says why when it cannot; a plain VBIOS "
+                    "(a PCI option ROM, not an IFWI) is described as far as its ATOM header tells, and "
+                    "said not to be an IFWI. Exit 0 when the IFWI's part number was found, 1 when not "
+                    "(a plain VBIOS included). Reads FILE only.")
     p.add_argument("file", type=Path, help="the IFWI image file (2 MiB) to inspect")
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="text for people (default) or one JSON object")
@@ -35,11 +37,13 @@ def image_report(data: bytes) -> dict[str, Any]:
     """Everything `image info` says about `data`, as one object."""
     report: dict[str, Any] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
                               "problems": ifwi.check_image(data), "partitions": [], "notes": [],
-                              "part_number": None, "error": None}
+                              "part_number": None, "error": None, "kind": "ifwi"}
     try:
         layout = read_layout(BytesSource(data))
     except LayoutError as e:
         report["error"] = str(e)
+        if bytes(data[:2]) == OPTION_ROM_MAGIC:
+            _plain_vbios(data, report)
         return report
     report["psp_directory"] = layout.psp_directory
     report["notes"] = list(layout.notes)
@@ -55,6 +59,22 @@ def image_report(data: bytes) -> dict[str, Any]:
         report["error"] = str(e)
     report["lines"] = layout.describe()
     return report
+
+
+def _plain_vbios(data: bytes, report: dict[str, Any]) -> None:
+    """A file that starts like a PCI option ROM: a VBIOS on its own (as `rom` files and VBIOS
+    collections hold them), not an IFWI. Say what it is and what it is for, as far as its ATOM
+    header tells, and that amdflash does not flash it."""
+    try:
+        atom = parse_atom(BytesSource(data))
+    except AtomError as e:
+        report["notes"].append(f"starts like a PCI option ROM, but no ATOM VBIOS could be read: {e}")
+        return
+    report["kind"] = "vbios"
+    report["vbios"] = atom.as_dict()
+    report["lines"] = ["plain VBIOS   a PCI option ROM with an ATOM VBIOS, NOT an IFWI: amdflash flashes whole "
+                       "IFWI images only (a Navi31 flash holds this inside each partition)",
+                       *atom.describe()]
 
 
 IMAGE_INFO_LIMIT = 256 << 20
@@ -81,6 +101,10 @@ def cmd_image_info(args: argparse.Namespace) -> int:
         if report["part_number"]:
             output.result(f"image is for part {report['part_number']} (ISH_A → partition A → its ATOM image; "
                   f"boards are compared on its first ten characters)")
+        elif report.get("vbios"):
+            output.result(f"not an IFWI: a plain VBIOS for part {report['vbios']['part_number']} ({report['error']})")
         else:
+            for note in report["notes"]:
+                output.result(f"note          {note}")
             output.result(f"no part number: {report['error']}")
     return EXIT_OK if report["part_number"] else EXIT_FAILED

@@ -1,7 +1,9 @@
 """The chip table: everything the driver needs to know about a SPI NOR part, as data.
 
 A new part is a new entry; the driver reads sizes, opcodes, timings, status registers,
-protection layout and unique-ID method from here. Timings are (typical, maximum)
+protection layout and unique-ID method from here. Parts that share a JEDEC id (Winbond's
+W25Q16DW, W25Q16FW and W25Q16JW all answer EF 60 15) are told apart by the revision of
+their SFDP basic flash parameter table, as ufprog does (`identify_part`). Timings are (typical, maximum)
 seconds: the driver first waits about the typical time and gives up after the maximum.
 Each entry names its sources and the figures no public source confirmed (`assumed`);
 docs/flash-chip.md has the same facts as tables.
@@ -13,7 +15,7 @@ such a description lacks for writing.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from amdflash.stages.flash.protection import BP_TB_SEC_CMP, ProtectionLayout
@@ -35,6 +37,16 @@ class EraseType:
 class StatusRegister:
     name: str
     read: int            # the opcode that reads it
+    write: int | None = None   # the opcode that writes it alone (31h, 11h), where the part has one
+
+
+@dataclass(frozen=True)
+class FailFlags:
+    """Bits the part sets itself when a program or an erase failed (Macronix P_FAIL/E_FAIL)."""
+
+    register: int        # index in the part's status registers
+    program: int         # bit number
+    erase: int
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,13 @@ class ChipInfo:
     protection: ProtectionLayout | None = BP_TB_SEC_CMP   # None: not known (SFDP only)
     unique_id: UniqueIdMethod | None = None
     qe: tuple[int, int] | None = None                     # (register index, bit)
+    # How CMP is cleared: "01h" writes every register up to CMP's with one 01h (GD25LQ16E,
+    # W25Q16DW); "own" writes CMP's register alone with its own opcode (31h on the FW/JW).
+    status_write_method: Literal["01h", "own"] = "01h"
+    fail_flags: FailFlags | None = None
+    # Parts sharing a JEDEC id: the BFPT minor revisions that select this entry (ufprog's
+    # rule); () marks the entry taken when no other one matches (or SFDP is unreadable).
+    bfpt_minors: tuple[int, ...] | None = None
     address_bytes: str = "3"                              # "3", "3 or 4" or "4" (SFDP's terms)
     source: Literal["table", "sfdp"] = "table"
     flashrom: str = ""                                    # flashrom's entry and tested status
@@ -134,7 +153,8 @@ class ChipInfo:
                              "maximum_s": e.maximum} for e in self.erase_types],
             "chip_erase_s": times((self.chip_erase.typical, self.chip_erase.maximum)) if self.chip_erase else None,
             "page_program_s": times(self.page_program), "status_write_s": times(self.status_write),
-            "status_registers": [f"{r.name} {r.read:02X}h" for r in self.registers],
+            "status_registers": [f"{r.name} {r.read:02X}h" + (f"/{r.write:02X}h" if r.write else "")
+                                 for r in self.registers],
             "protection": (f"{layout.scheme}: " + ", ".join(_bit_names(layout))) if layout else None,
             "unique_id": f"{self.unique_id.kind}, {self.unique_id.length} bytes" if self.unique_id else None,
             "flashrom": self.flashrom or None, "sources": list(self.sources), "assumed": list(self.assumed),
@@ -143,7 +163,8 @@ class ChipInfo:
 
 def _bit_names(layout: ProtectionLayout) -> list[str]:
     named = [(f"BP{i}", b) for i, b in enumerate(layout.bp)]
-    named += [(n, b) for n, b in (("TB", layout.tb), ("SEC", layout.sec), ("CMP", layout.cmp)) if b is not None]
+    named += [(n, b) for n, b in (("TB", layout.tb), ("SEC", layout.sec), ("CMP", layout.cmp),
+                                  (layout.wps_name, layout.wps)) if b is not None]
     return [f"{n}=reg{r}.{bit}" for n, (r, bit) in named]
 
 
@@ -196,7 +217,26 @@ W25Q16DW = ChipInfo(
     flashrom="W25Q16.W (EF 60 15), tested: untested",
     sources=(FLASHROM, UFPROG),
     assumed=("every time (the W25Q16JV datasheet's figures as recalled)",),
+    bfpt_minors=(),
 )
+
+# W25Q16FW / W25Q16JW: the same id as the W25Q16DW (flashrom's one "W25Q16.W" entry covers
+# all three); ufprog tells them apart by the BFPT minor revision (5: FW, 6: JW, else DW) and
+# gives each its own facts: three 256-byte security registers (1..3, LB1..LB3; SR2 bit 2 is
+# reserved, not LB0), an SR3 (15h/11h: WPS, DRV, HOLD/RST), QE set with 31h (SR2 alone),
+# and global block unlock (98h) for the individual block locks WPS=1 selects. The FW keeps
+# the DW's QPI (38h); the JW has none. Times: as the DW's, assumed.
+_W25Q16W_PROTECTION = ProtectionLayout(bp=((0, 2), (0, 3), (0, 4)), tb=(0, 5), sec=(0, 6), cmp=(1, 6), srp1=(1, 0),
+                                       wps=(2, 2), wps_name="WPS")
+W25Q16FW = replace(
+    W25Q16DW, name="Winbond W25Q16FW",
+    registers=(SR1, StatusRegister("SR2", 0x35, 0x31), StatusRegister("SR3", 0x15, 0x11)),
+    protection=_W25Q16W_PROTECTION, status_write_method="own", bfpt_minors=(5,),
+    flashrom="W25Q16.W (EF 60 15, shared with the W25Q16DW/JW), tested: untested",
+    assumed=("every time (the W25Q16JV datasheet's figures as recalled)",
+             "that 01h still takes SR1 and SR2 together (amdflash writes SR2 with 31h)"),
+)
+W25Q16JW = replace(W25Q16FW, name="Winbond W25Q16JW", bfpt_minors=(6,))
 
 # MX25U1635F: flashrom "MX25U1635E" (same id; probe and read tested; no .reg_bits); the
 # protection table and ESN from ufprog. 35h on this part enables QPI: never send it.
@@ -220,19 +260,22 @@ MX25U1635F = ChipInfo(
         table=(("top", 0), ("top", 64 * KiB), ("top", 128 * KiB), ("top", 256 * KiB), ("top", 512 * KiB),
                ("top", 1024 * KiB), ("top", 2048 * KiB), ("top", 2048 * KiB), ("top", 2048 * KiB),
                ("top", 2048 * KiB), ("bottom", 1024 * KiB), ("bottom", 1536 * KiB), ("bottom", 1792 * KiB),
-               ("bottom", 1920 * KiB), ("bottom", 1984 * KiB), ("top", 2048 * KiB))),
+               ("bottom", 1920 * KiB), ("bottom", 1984 * KiB), ("top", 2048 * KiB)),
+        wps=(1, 7), wps_name="WPSEL"),
     unique_id=UniqueIdMethod("secured-otp", 16),
     qe=(0, 6),
+    fail_flags=FailFlags(register=1, program=5, erase=6),
     flashrom="MX25U1635E (C2 25 35), tested: probe and read OK",
     sources=(FLASHROM, UFPROG),
     assumed=("every time (Macronix 1.8 V figures as recalled)", "BP3..BP0 = 1000b protects everything"),
 )
 
-CHIPS: tuple[ChipInfo, ...] = (GD25LQ16E, W25Q16DW, MX25U1635F)
+CHIPS: tuple[ChipInfo, ...] = (GD25LQ16E, W25Q16DW, W25Q16FW, W25Q16JW, MX25U1635F)
 
 
 def match_jedec(capture: bytes) -> ChipInfo | None:
-    """The chip whose JEDEC id appears in an RDID capture.
+    """The chip whose JEDEC id appears in an RDID capture (for an id several parts share,
+    the family's default entry: `identify_part` picks the member by SFDP).
 
     The ROM_SW capture of RDID is not aligned to the first byte on every board, so (as the
     validated client does) the id may sit anywhere in the captured bytes, or wrap around
@@ -240,9 +283,21 @@ def match_jedec(capture: bytes) -> ChipInfo | None:
     """
     wrapped = capture + capture[:2]
     for chip in CHIPS:
-        if chip.jedec in wrapped:
+        if chip.jedec in wrapped and not chip.bfpt_minors:
             return chip
     return None
+
+
+def identify_part(capture: bytes, table: Sfdp | None) -> ChipInfo | None:
+    """The table entry for an RDID capture and the part's SFDP: among the entries sharing the
+    id, the one whose BFPT minor revision matches (ufprog's w25q16xw rule), else the default."""
+    default = match_jedec(capture)
+    if default is None or table is None:
+        return default
+    for chip in CHIPS:
+        if chip.jedec == default.jedec and chip.bfpt_minors and table.bfpt_revision[1] in chip.bfpt_minors:
+            return chip
+    return default
 
 
 def from_sfdp(table: Sfdp, capture: bytes) -> ChipInfo:

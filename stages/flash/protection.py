@@ -40,6 +40,7 @@ class Protection:
     length: int
     bits: str = ""  # the part's protection bits as read, e.g. "BP=1 TB=0 SEC=0 CMP=0"
     known: bool = True
+    individual: str = ""   # "WPS"/"WPSEL" when per-block locks replace the BP bits
 
     @property
     def end(self) -> int:
@@ -51,6 +52,9 @@ class Protection:
     def describe(self) -> str:
         if not self.known:
             return "unknown: the part's SFDP tables do not describe its block-protection bits"
+        if self.individual:
+            return (f"{self.bits}: individual block locks in force (the BP bits are ignored; every block has "
+                    "its own lock, which amdflash neither reads nor changes): any address may be protected")
         if not self.length:
             return f"{self.bits}: nothing protected"
         return f"{self.bits}: {self.start:#08x}-{self.end - 1:#08x} protected ({self.length // 1024} KiB)"
@@ -69,6 +73,11 @@ class ProtectionLayout:
     # SRP1 (status register protect 1): set, the status registers ignore every write until
     # a power cycle (or for ever, with SRP0), whatever WP# does.
     srp1: Bit | None = None
+    # Write-protection selection (Winbond SR3 WPS, Macronix SCUR WPSEL): set, the BP bits are
+    # ignored and every block has its own lock bit instead (flashrom's writeprotect.c refuses
+    # that state too). amdflash does not read those locks: the protection is then "any".
+    wps: Bit | None = None
+    wps_name: str = "WPS"
 
     def status_locked(self, regs: Sequence[int]) -> bool:
         """The status registers cannot be written by software (SRP1 set)."""
@@ -89,6 +98,9 @@ class ProtectionLayout:
                                 if bit is not None]
         if self.status_locked(regs):
             names.append("SRP1=1 (status registers locked)")
+        if on(self.wps):
+            names.append(f"{self.wps_name}=1")
+            return Protection(bp, tb, sec, cmp, 0, size, " ".join(names), individual=self.wps_name)
         if self.table is not None:
             side, length = self.table[bp]
             start = 0 if side == "bottom" else size - length

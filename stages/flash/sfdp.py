@@ -15,6 +15,13 @@ gives, by revision (JESD216 1.0: nine dwords; JESD216A 1.5 and B 1.6: sixteen):
   status register 1 is written.
 
 It says nothing about where block-protect bits are or how they decode.
+
+Which table is read follows Linux (drivers/mtd/spi-nor/sfdp.c, spi_nor_parse_sfdp): the
+SFDP header's major revision must be 1 (JESD216) and the first parameter header must be a
+BFPT of major revision 1, else the area is rejected; then, of every parameter header that
+names a BFPT of major revision 1, the one with the highest minor revision wins (on a tie,
+the longer table). A part may list an old 1.0 BFPT first and a 1.6 one after it (the
+W25Q16FW/JW are told apart from the W25Q16DW by exactly that revision).
 """
 from __future__ import annotations
 
@@ -94,17 +101,36 @@ class Sfdp:
         }
 
 
-def parse_header(header: bytes) -> tuple[tuple[int, int], int, int]:
-    """(revision, BFPT pointer, BFPT length in dwords) from the first 16 bytes."""
+JESD216_MAJOR = 1
+
+
+def parse_header(header: bytes) -> tuple[int, int]:
+    """The SFDP revision (major, minor) from the first 16 bytes, checked as Linux checks it:
+    the signature, major revision 1, and a first parameter header naming a BFPT of major 1."""
     if len(header) < 16 or header[:4] != b"SFDP":
         raise SfdpError(f"no SFDP signature (got {header[:4].hex() or 'nothing'})")
     minor, major = header[4], header[5]
-    param_id = header[8] | header[15] << 8
-    if param_id != BFPT_ID:
-        raise SfdpError(f"first parameter header is {param_id:#06x}, not the basic flash parameter table")
-    length = header[11]
-    pointer = int.from_bytes(header[12:15], "little")
-    return (major, minor), pointer, length
+    if major != JESD216_MAJOR:
+        raise SfdpError(f"SFDP revision {major}.{minor}: only major revision {JESD216_MAJOR} (JESD216) is "
+                        "understood, as in Linux")
+    first = parameter_headers(header)[0]
+    if first.id != BFPT_ID:
+        raise SfdpError(f"first parameter header is {first.id:#06x}, not the basic flash parameter table")
+    if first.revision[0] != JESD216_MAJOR:
+        raise SfdpError(f"the first basic flash parameter table has revision {first.revision[0]}."
+                        f"{first.revision[1]}: only major revision {JESD216_MAJOR} is understood, as in Linux")
+    return major, minor
+
+
+def best_bfpt(headers: list[ParameterHeader]) -> ParameterHeader:
+    """The BFPT to read: the first header, replaced by any later BFPT header of major revision 1
+    with a higher minor revision, or the same minor and more dwords (Linux's rule)."""
+    best = headers[0]
+    for h in headers[1:]:
+        if h.id == BFPT_ID and h.revision[0] == JESD216_MAJOR and (
+                h.revision[1] > best.revision[1] or (h.revision[1] == best.revision[1] and h.dwords > best.dwords)):
+            best = h
+    return best
 
 
 def parameter_headers(area: bytes) -> list[ParameterHeader]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Literal
 
 from amdflash.stages.flash import chips, protection, sfdp
 from amdflash.stages.flash.protection import Protection
@@ -120,6 +121,8 @@ class SpiNor:
             table = self.read_sfdp()
         except sfdp.SfdpError as e:
             error = str(e)
+        if chip is not None:
+            chip = chips.identify_part(capture, table)     # W25Q16DW/FW/JW: by the BFPT revision
         if chip is None:
             if table is None:
                 raise FlashError(f"unexpected JEDEC capture {capture.hex(' ')}: no known chip and no SFDP ({error}); "
@@ -149,14 +152,15 @@ class SpiNor:
     def read_sfdp(self) -> sfdp.Sfdp:
         # 5Ah sends one dummy byte after the address; it arrives as the first RX byte.
         header = self.spi.read(RDSFDP, 0, 3, 17)[1:]
-        revision, pointer, length = sfdp.parse_header(header)
+        revision = sfdp.parse_header(header)
         if header[6]:
             header = self.spi.read(RDSFDP, 0, 3, 17 + 8 * header[6])[1:]
         headers = sfdp.parameter_headers(header)
-        if not 9 <= length <= 63:
-            raise sfdp.SfdpError(f"basic flash parameter table length {length} dwords is implausible")
-        bfpt = self.spi.read(RDSFDP, pointer, 3, length * 4 + 1)[1:]
-        return sfdp.parse_bfpt(revision, bfpt, headers[0].revision, tuple(h.id for h in headers))
+        chosen = sfdp.best_bfpt(headers)
+        if not 9 <= chosen.dwords <= 63:
+            raise sfdp.SfdpError(f"basic flash parameter table length {chosen.dwords} dwords is implausible")
+        bfpt = self.spi.read(RDSFDP, chosen.pointer, 3, chosen.dwords * 4 + 1)[1:]
+        return sfdp.parse_bfpt(revision, bfpt, chosen.revision, tuple(h.id for h in headers))
 
     # -- status -----------------------------------------------------------------------------
     def status(self, opcode: int = RDSR1) -> int:
@@ -200,6 +204,9 @@ class SpiNor:
         prot = prot or self.protection()
         if prot.overlaps(address, size):
             hint = " (SR2.CMP is set: clearing it needs explicit permission, --clear-cmp)" if prot.cmp else ""
+            if prot.individual:
+                hint = (f" ({prot.individual} selects per-block locks; amdflash never changes protection: unlock "
+                        "the blocks with the part's global block unlock, 98h, using another programmer)")
             raise ProtectedError(f"refusing to write {address:#08x}-{address + size - 1:#08x}: "
                                  f"the chip protects it, {prot.describe()}{hint}")
 
@@ -221,7 +228,11 @@ class SpiNor:
         self.write_enable()
         # WIP and WEL are not writable; lock bits are written back as read, so nothing is locked.
         cleared = layout.without_cmp([regs[0] & 0xFC, *regs[1:]])
-        self.spi.command(WRSR, tx=bytes(cleared))
+        own = chip.registers[index].write
+        if chip.status_write_method == "own" and own is not None:
+            self.spi.command(own, tx=bytes((cleared[index],)))      # the register alone (31h)
+        else:
+            self.spi.command(WRSR, tx=bytes(cleared))
         typical, maximum = chip.status_write
         self.wait_ready(typical, maximum, "write status", self.spi.last_end)
         now = self.status(chip.registers[index].read)
@@ -296,8 +307,24 @@ class SpiNor:
         self.write_enable()
         self.spi.command(etype.opcode, address, 3)
         # Timed from the end of the command on the wire: the chip went busy then.
-        self.wait_ready(etype.typical, etype.maximum, f"{size // 1024} KiB erase at {address:#08x}",
-                        self.spi.last_end)
+        what = f"{size // 1024} KiB erase at {address:#08x}"
+        self.wait_ready(etype.typical, etype.maximum, what, self.spi.last_end)
+        self._check_fail_flag("erase", what)
+
+    def _check_fail_flag(self, kind: Literal["program", "erase"], what: str) -> None:
+        """On parts that report failed programs and erases themselves (Macronix SCUR
+        P_FAIL/E_FAIL), read the flag once the operation has ended: a set flag fails the
+        operation at once, naming it, rather than leaving it to the read-back."""
+        chip = self._chip()
+        flags = chip.fail_flags
+        if flags is None:
+            return
+        register = chip.registers[flags.register]
+        value = self.status(register.read)
+        bit = flags.program if kind == "program" else flags.erase
+        if value >> bit & 1:
+            name = "P_FAIL" if kind == "program" else "E_FAIL"
+            raise FlashError(f"the chip reports that the {what} failed ({register.name}={value:#04x}: {name} set)")
 
     def chip_erase(self) -> None:
         """Erase the whole array (refused up front if anything is protected)."""
@@ -310,6 +337,7 @@ class SpiNor:
         self.write_enable()
         self.spi.command(chip.chip_erase.opcode)
         self.wait_ready(chip.chip_erase.typical, chip.chip_erase.maximum, "chip erase", self.spi.last_end)
+        self._check_fail_flag("erase", "chip erase")
 
     def program(self, address: int, data: bytes, on_page: Callable[[int], None] | None = None) -> int:
         """Program `data` (whole, aligned pages); all-0xFF pages are skipped. Returns pages written."""
@@ -337,6 +365,10 @@ class SpiNor:
             self._program_timed(base, data, pages, on_page)
         else:
             self._program_checked(base, data, pages, on_page)
+        if pages and self._chip().fail_flags is not None:
+            # The flag describes the last page programmed: see its end, then read it.
+            self._idle()
+            self._check_fail_flag("program", f"page program at {pages[-1]:#08x}")
         return len(pages)
 
     def _program_timed(self, base: int, data: bytes, pages: Sequence[int],
@@ -381,6 +413,7 @@ class SpiNor:
         self.write_enable()
         self.spi.command(PP, address, 3, data)
         self.wait_ready(typical, maximum, f"page program at {address:#08x}", self.spi.last_end)
+        self._check_fail_flag("program", f"page program at {address:#08x}")
 
     def _enable_after(self, busy_since: float | None, maximum: float) -> None:
         """WREN that also waits out the previous page program (see module docstring)."""

@@ -287,6 +287,9 @@ class Asm24:
             active = False
         if active:
             self._io("detaching the kernel driver from interface 0", dev.detach_kernel_driver, 0)
+            # tinygrad's validated open resets the device here (libusb_reset_device): whatever
+            # the kernel driver did to the bridge is gone before the configuration is set.
+            self._io("resetting the bridge after detaching the kernel driver", dev.reset)
         self._io("setting configuration 1", dev.set_configuration, 1)
         self._io("claiming interface 0", usb.util.claim_interface, dev, 0)
         self.claimed = True
@@ -467,14 +470,15 @@ def ensure_link(asm: Asm24) -> bool:
     again, which resets the GPU (BARs lost, engines back at power-on values) — on a board
     being recovered, that would undo whatever state the host relies on.
     """
-    if asm.xdata_read(XDATA_LTSSM)[0] == LTSSM_L0:
-        return False
-    asm.pcie_power(True)
+    trained = asm.xdata_read(XDATA_LTSSM)[0] != LTSSM_L0
+    if trained:
+        asm.pcie_power(True)
+    # Read again whether or not F3 was sent, as tinygrad's open does.
     state = asm.xdata_read(XDATA_LTSSM)[0]
     if state != LTSSM_L0:
         raise LinkDown(f"{asm.name}: PCIe link not up (LTSSM state {state:#04x} after power-on and "
                              "training; expected 0x78 = L0). Is the GPU powered and seated?")
-    return True
+    return trained
 
 
 def open_bridge_windows(asm: Asm24) -> None:
@@ -487,7 +491,8 @@ def open_bridge_windows(asm: Asm24) -> None:
         asm.config_write(bus, 0x26, 0xFFFF, 2)
         asm.config_write(bus, 0x28, PREFETCH_WINDOW_BASE >> 32)
         asm.config_write(bus, 0x2C, 0xFFFFFFFF)
-        asm.config_write(bus, 0x04, COMMAND_IO_MEMORY_MASTER, 2)
+        # One byte, as tinygrad writes it: COMMAND[15:8] (SERR# enable, INTx disable) stay as found.
+        asm.config_write(bus, 0x04, COMMAND_IO_MEMORY_MASTER, 1)
 
 
 def check_gpu(asm: Asm24) -> tuple[int, int]:
@@ -507,62 +512,75 @@ def check_gpu(asm: Asm24) -> tuple[int, int]:
     return vendor, device
 
 
-def ext_capabilities(asm: Asm24, bus: int) -> list[tuple[int, int]]:
-    """(offset, id) of each PCIe extended capability, walked from 0x100."""
-    found: list[tuple[int, int]] = []
-    offset = EXT_CAP_START
-    while offset and len(found) < 64:             # a looping chain must not hang bring-up
-        header = asm.config_read(bus, offset)
+def resize_bar0(asm: Asm24) -> int | None:
+    """Walk the GPU's extended capabilities from 0x100 (id in the low 16 bits, next at bits
+    31:20) and give BAR0 the largest size its Resizable BAR entry supports; the size, or None.
+
+    In tinygrad's order, access for access: a Resizable BAR capability is handled as the walk
+    reaches it (capability, then control, then the control write) and the walk goes on to its
+    end. The first entry is BAR0's on every Navi31; another one is searched only when it is not.
+    """
+    size: int | None = None
+    offset, seen = EXT_CAP_START, set[int]()
+    while offset and offset not in seen and len(seen) < 64:      # a looping chain must not hang bring-up
+        seen.add(offset)
+        header = asm.config_read(GPU_BUS, offset)
         if header in (0, 0xFFFFFFFF):
             break
-        found.append((offset, header & 0xFFFF))
+        if header & 0xFFFF == EXT_CAP_REBAR and size is None:
+            size = _resize_entry(asm, offset)
         offset = header >> 20 & 0xFFC
-        if any(offset == seen for seen, _ in found):
-            break
-    return found
+    return size
 
 
-def resize_bar0(asm: Asm24) -> int | None:
-    """Set BAR0 to the largest size its Resizable BAR entry supports; the size, or None."""
-    rebar = next((off for off, cap in ext_capabilities(asm, GPU_BUS) if cap == EXT_CAP_REBAR), None)
-    if rebar is None:
-        return None
-    entries = asm.config_read(GPU_BUS, rebar + 8) >> 5 & 0x7
-    for n in range(max(entries, 1)):
-        control = asm.config_read(GPU_BUS, rebar + 8 + 8 * n)
-        if control & 0x7 != 0:
-            continue
+def _resize_entry(asm: Asm24, rebar: int) -> int | None:
+    entries = 1
+    for n in range(8):
         supported = asm.config_read(GPU_BUS, rebar + 4 + 8 * n) >> 4 & 0x0FFFFFFF
-        if not supported:
+        control = asm.config_read(GPU_BUS, rebar + 8 + 8 * n)
+        if n == 0:
+            entries = max(control >> 5 & 0x7, 1)
+        if control & 0x7 == 0:
+            if not supported:
+                return None
+            largest = supported.bit_length() - 1
+            asm.config_write(GPU_BUS, rebar + 8 + 8 * n, control & ~0x3F00 | largest << 8)
+            return 0x100000 << largest
+        if n + 1 >= entries:
             return None
-        largest = supported.bit_length() - 1
-        asm.config_write(GPU_BUS, rebar + 8 + 8 * n, control & ~0x3F00 | largest << 8)
-        return 0x100000 << largest
     return None
 
 
 def place_bars(asm: Asm24) -> list[BarPlacement]:
-    """Size BARs 0-5 and place the memory BARs: prefetchable from 32 GiB, the rest from 256 MiB."""
+    """Size BARs 0-5 and place the memory BARs: prefetchable from 32 GiB, the rest from 256 MiB.
+
+    Each BAR is read first, as tinygrad does, and its type taken from the bits it reads: an
+    I/O BAR (the Navi31's BAR4) is left as it is — never written, so never sized — since
+    nothing here decodes I/O space.
+    """
     cursors = {True: PREFETCH_WINDOW_BASE, False: MEMORY_WINDOW_BASE}
     placed: list[BarPlacement] = []
     index = 0
     while index < 6:
         reg = 0x10 + 4 * index
-        asm.config_write(GPU_BUS, reg, 0xFFFFFFFF)
-        low = asm.config_read(GPU_BUS, reg)
-        if low == 0 or low & 1:
-            # Unimplemented, or I/O space, which nothing here uses: leave it unassigned.
-            asm.config_write(GPU_BUS, reg, 0)
+        found = asm.config_read(GPU_BUS, reg)
+        is64, prefetchable = found & 0x7 == 0x4, bool(found & 0x8)
+        if found & 1:
             index += 1
             continue
-        is64, prefetchable = low & 0x6 == 0x4, bool(low & 0x8)
-        mask = low & ~0xF
+        asm.config_write(GPU_BUS, reg, 0xFFFFFFFF)
+        mask = asm.config_read(GPU_BUS, reg) & ~0xF
         if is64:
             asm.config_write(GPU_BUS, reg + 4, 0xFFFFFFFF)
             mask |= asm.config_read(GPU_BUS, reg + 4) << 32
             size = (~mask + 1) & (1 << 64) - 1
         else:
             size = (~mask + 1) & 0xFFFFFFFF
+        if not mask:
+            # Unimplemented: it reads 0 whatever is written. Nothing to place.
+            asm.config_write(GPU_BUS, reg, 0)
+            index += 1
+            continue
         base = -(-cursors[prefetchable] // size) * size          # naturally aligned
         asm.config_write(GPU_BUS, reg, base & 0xFFFFFFFF)
         if is64:
@@ -578,15 +596,17 @@ def bring_up(asm: Asm24) -> Hierarchy:
     found.link_trained_by_host = ensure_link(asm)
     open_bridge_windows(asm)
     found.vendor_id, found.device_id = check_gpu(asm)
-    # Resizing and sizing BARs while the GPU decodes memory could let it claim stray ranges.
-    asm.config_write(GPU_BUS, 0x04, 0, 2)
+    # Not in tinygrad's sequence (docs/bridge.md): decoding off while BARs are resized and hold
+    # all ones, as Linux's __pci_read_base does, so the GPU never answers at a half-programmed
+    # address. One byte: COMMAND[15:8] (SERR#, INTx disable) stays as found.
+    asm.config_write(GPU_BUS, 0x04, 0, 1)
     found.bar0_size = resize_bar0(asm)
     found.bars = place_bars(asm)
     bar5 = found.bar5
     if bar5 is None or bar5.is64 or bar5.prefetchable or bar5.size < BAR5_SIZE:
         raise TransportError(f"{asm.name}: BAR5 is not the 1 MiB 32-bit register aperture "
                              f"(found {bar5 or 'no BAR5'})")
-    asm.config_write(GPU_BUS, 0x04, COMMAND_IO_MEMORY_MASTER, 2)
+    asm.config_write(GPU_BUS, 0x04, COMMAND_IO_MEMORY_MASTER, 1)
     return found
 
 

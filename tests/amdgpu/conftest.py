@@ -7,14 +7,15 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from amdflash.stages.transport.amdgpu import AmdgpuBoard, find_amdgpu
-from amdflash.stages.transport.sim.amdgpu_sysfs import EmulatedAmdgpu, Psp, VirtualClock
+from amdflash.stages.transport.sim.amdgpu_sysfs import EmulatedAmdgpu, KernelClock, Psp
 from tests.pipeline.conftest import cli, db  # noqa: F401 - fixtures
 
 
 @pytest.fixture
 def emulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedAmdgpu]]:
     """emulated(**EmulatedAmdgpu options, outcome=..., busy=...) -> a tree the transport (and the
-    CLI run in this process) is pointed at."""
+    CLI, in this process or another) is pointed at: AMDFLASH_SIM_AMDGPU puts its emulated kernel
+    behind the attributes, on the tree's virtual clock."""
     made: list[EmulatedAmdgpu] = []
 
     def make(outcome: str = "success", busy: float = 0.15, error_status: int = 0x80000005,
@@ -32,8 +33,9 @@ def emulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callab
         emu.close()
 
 
-def open_board(emu: EmulatedAmdgpu, **options: Any) -> tuple[AmdgpuBoard, VirtualClock]:  # noqa: ANN401
-    """The transport on the tree, its polls on a virtual clock that lets the emulated kernel act."""
-    clock = VirtualClock(emu)
+def open_board(emu: EmulatedAmdgpu, **options: Any) -> tuple[AmdgpuBoard, KernelClock]:  # noqa: ANN401
+    """The transport on the tree, its attributes answered by the tree's kernel, on its clock."""
     [device] = find_amdgpu(emu.root / "devices")
-    return AmdgpuBoard(device, clock=clock, dev_dri=emu.dev_dri, debugfs_dri=emu.debugfs_dri, **options), clock
+    board = AmdgpuBoard(device, dev_dri=emu.dev_dri, debugfs_dri=emu.debugfs_dri, io=emu.kernel(), **options)
+    assert isinstance(board.clock, KernelClock)
+    return board, board.clock

@@ -1,4 +1,4 @@
-"""The emulated parts beside the GD25LQ16E (W25Q16DW, MX25U1635F, the fictional SFDP-only
+"""The emulated parts beside the GD25LQ16E (W25Q16DW/FW/JW, MX25U1635F, the fictional SFDP-only
 parts), driven one chip-select at a time as the ROM_SW engine drives them.
 
 Expected values are the parts' facts as docs/flash-chip.md lists them, written out here —
@@ -42,6 +42,8 @@ def open_board(make_board) -> Iterator[Callable[..., Board]]:
 IDS = [
     # (part, 9Fh, 90h pair, ABh)
     ("W25Q16DW", bytes.fromhex("ef6015"), bytes.fromhex("ef14"), 0x14),
+    ("W25Q16FW", bytes.fromhex("ef6015"), bytes.fromhex("ef14"), 0x14),
+    ("W25Q16JW", bytes.fromhex("ef6015"), bytes.fromhex("ef14"), 0x14),
     ("MX25U1635F", bytes.fromhex("c22535"), bytes.fromhex("c235"), 0x35),
     ("UNKNOWN", bytes.fromhex("e55115"), bytes.fromhex("e514"), 0x14),
 ]
@@ -196,6 +198,105 @@ def test_w25q16dw_security_registers(open_board):
     assert sr(b, 0x35) & 0x04
 
 
+@pytest.mark.parametrize("chip", ["W25Q16FW", "W25Q16JW"])
+def test_w25q16fw_jw_have_three_security_registers_and_no_lb0(open_board, chip):
+    """ufprog w25q_otp_3 (index 1..3, 256 bytes) and w25q_sr2: SR2 bit 2 is reserved."""
+    b = open_board(chip)
+    for number in (1, 2, 3):
+        wren(b)
+        tx(b, 0x42, *a3(number << 12 | 0x10), bytes((number,)))
+        assert tx(b, 0x48, *a3(number << 12 | 0x10), 0, rx=2) == bytes((number, 0xFF))
+    wren(b)
+    tx(b, 0x42, *a3(0x0010), b"\x00")                      # there is no register 0
+    assert tx(b, 0x48, *a3(0x0010), 0, rx=1) == b"\xff" and not sr(b) & 0x02
+    write_status(b, 0x04, op=0x31)                          # bit 2: reserved, not LB0
+    assert sr(b, 0x35) == 0x00
+    write_status(b, 0x08, op=0x31)                          # LB1, for ever
+    write_status(b, 0x00, op=0x31)
+    assert sr(b, 0x35) == 0x08
+
+
+@pytest.mark.parametrize("chip", ["W25Q16FW", "W25Q16JW"])
+def test_w25q16fw_jw_write_sr2_and_sr3_on_their_own(open_board, chip):
+    b = open_board(chip)
+    assert (sr(b, 0x35), sr(b, 0x15)) == (0x00, 0x60)
+    write_status(b, 0x42, op=0x31)                          # QE, CMP with 31h alone
+    assert sr(b, 0x35) == 0x42 and sr(b) == 0x00
+    write_status(b, 0xFF, op=0x11)                          # SR3: WPS, DRV, HOLD/RST writable
+    assert sr(b, 0x15) == 0xE4
+    write_status(b, 0x00)                                   # a one-byte 01h leaves SR2 alone here
+    assert sr(b, 0x35) == 0x42
+
+
+@pytest.mark.parametrize("chip, qpi", [("W25Q16FW", True), ("W25Q16JW", False)])
+def test_the_fw_has_the_dws_qpi_the_jw_has_none(open_board, chip, qpi):
+    b = open_board(chip)
+    tx(b, 0x38)
+    assert (tx(b, 0x9F, rx=3) == b"\xff" * 3) == qpi
+
+
+# -- individual block locks (WPS / WPSEL) and the chip's own fail flags -----------------------
+
+def test_w25q16jw_wps_replaces_bp_by_block_locks_set_at_power_up(open_board):
+    b = open_board("W25Q16JW")
+    program(b, 0x1000, b"\x00")
+    assert read(b, 0x1000, 1) == b"\x00"                   # BP=0, WPS=0: writable
+    write_status(b, 0x64, op=0x11)                          # WPS=1
+    program(b, 0x2000, b"\x00")
+    assert read(b, 0x2000, 1) == b"\xff" and not sr(b) & 0x02    # every lock is set: refused
+    wren(b)
+    tx(b, 0x98)                                             # global block unlock
+    program(b, 0x2000, b"\x00")
+    assert read(b, 0x2000, 1) == b"\x00"
+    wren(b)
+    tx(b, 0x7E)                                             # global block lock
+    wren(b)
+    tx(b, 0x20, *a3(0x2000))
+    assert read(b, 0x2000, 1) == b"\x00"
+    tx(b, 0x66)
+    tx(b, 0x99)                                             # a reset sets every lock again
+    write_status(b, 0x60, op=0x11)                          # WPS=0: the BP bits decide again
+    program(b, 0x3000, b"\x00")
+    assert read(b, 0x3000, 1) == b"\x00"
+
+
+def test_mx25u1635f_wpsel_is_one_time_and_overrides_bp(open_board):
+    b = open_board("MX25U1635F")
+    tx(b, 0x68)                                             # without a write enable: nothing
+    assert sr(b, 0x2B) == 0x01
+    wren(b)
+    tx(b, 0x68)
+    assert sr(b, 0x2B) == 0x81 and not sr(b) & 0x02         # WPSEL, WEL cleared
+    program(b, 0x0000, b"\x00")
+    assert read(b, 0x0000, 1) == b"\xff"                   # BP=0, yet locked
+    assert sr(b, 0x2B) & 0x20                               # P_FAIL: the chip says so
+    tx(b, 0x66)
+    tx(b, 0x99)
+    assert sr(b, 0x2B) == 0x81                              # WPSEL stays; a reset clears the flags
+    wren(b)
+    tx(b, 0x98)
+    program(b, 0x0000, b"\x00")
+    assert read(b, 0x0000, 1) == b"\x00" and not sr(b, 0x2B) & 0x20
+
+
+def test_mx25u1635f_reports_failed_programs_and_erases_in_scur(open_board):
+    b = open_board("MX25U1635F", faults=["stuck-bit=0x10:3", "erase-fail=2"])
+    program(b, 0x10, b"\x00")                              # bit 3 cannot be programmed
+    assert sr(b, 0x2B) == 0x21                              # FLDO, P_FAIL
+    program(b, 0x20, b"\x00")
+    assert sr(b, 0x2B) == 0x01                              # the next good program clears it
+    wren(b)
+    tx(b, 0x20, *a3(0x2000))
+    assert sr(b, 0x2B) == 0x41                              # E_FAIL
+    wren(b)
+    tx(b, 0x20, *a3(0x3000))
+    assert sr(b, 0x2B) == 0x01
+    write_status(b, 1 << 2)                                 # BP=1: the top 64 KiB
+    wren(b)
+    tx(b, 0x20, *a3(0x1F0000))
+    assert sr(b, 0x2B) == 0x41                              # refused: also a failure
+
+
 # -- busy times, suspend ----------------------------------------------------------------------
 
 BUSY = [("W25Q16DW", 45e-3), ("MX25U1635F", 35e-3), ("UNKNOWN", 48e-3)]    # typical 4 KiB erase
@@ -235,6 +336,8 @@ def sfdp(b: Board, address: int, size: int) -> bytes:
 SFDP_FACTS = [
     # (part, revision, parameter headers, BFPT dwords, erase types (exponent, opcode))
     ("W25Q16DW", (1, 0), 1, 9, [(12, 0x20), (15, 0x52), (16, 0xD8)]),
+    ("W25Q16FW", (1, 5), 1, 16, [(12, 0x20), (15, 0x52), (16, 0xD8)]),
+    ("W25Q16JW", (1, 6), 1, 16, [(12, 0x20), (15, 0x52), (16, 0xD8)]),
     ("MX25U1635F", (1, 0), 2, 9, [(12, 0x20), (15, 0x52), (16, 0xD8)]),
     ("UNKNOWN", (1, 6), 1, 16, [(12, 0x20), (16, 0xD8)]),
     ("UNKNOWN-SFDP10", (1, 0), 1, 9, [(12, 0x20), (16, 0xD8)]),
@@ -248,6 +351,7 @@ def test_sfdp_header_density_and_erase_types(open_board, chip, revision, headers
     assert head[:4] == b"SFDP" and (head[5], head[4]) == revision and head[6] == headers - 1
     bfpt_header = head[8:16]
     assert (bfpt_header[0], bfpt_header[7]) == (0x00, 0xFF) and bfpt_header[3] == dwords
+    assert (bfpt_header[2], bfpt_header[1]) == revision     # ufprog tells the W25Q16xW by this
     pointer = int.from_bytes(bfpt_header[4:7], "little")
     dw = struct.unpack(f"<{dwords}I", sfdp(b, pointer, 4 * dwords))
     assert dw[1] == 16 * MiB - 1
@@ -273,6 +377,7 @@ def test_the_unknown_parts_sfdp_times_are_its_busy_times(open_board):
 # -- the emulated parts and the driver's table agree -------------------------------------------
 
 @pytest.mark.parametrize("name, info", [("GD25LQ16E", table.GD25LQ16E), ("W25Q16DW", table.W25Q16DW),
+                                        ("W25Q16FW", table.W25Q16FW), ("W25Q16JW", table.W25Q16JW),
                                         ("MX25U1635F", table.MX25U1635F)], ids=lambda v: getattr(v, "name", v))
 def test_the_chip_table_describes_the_emulated_part(name, info):
     part = all_parts()[name]

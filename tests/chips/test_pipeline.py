@@ -13,7 +13,7 @@ import pytest
 
 from amdflash.stages.flash import chips
 from amdflash.stages.flash.planning import PlanCosts, apply_cover, cover, plan_unit
-from amdflash.stages.transport.sim import Board, create_board
+from amdflash.stages.transport.sim import Board, command_log, create_board
 from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
 from tests.chips.conftest import TABLE_PARTS
 from tests.pipeline.conftest import ROOT, flash_content
@@ -22,6 +22,7 @@ from tests.pipeline.test_resume import damaged
 MiB2 = 0x200000
 PARTS = (*TABLE_PARTS, "UNKNOWN")          # UNKNOWN is written with --unknown-chip-ok
 ERASE_SIZES = {"GD25LQ16E": {4096, 32768, 65536}, "W25Q16DW": {4096, 32768, 65536},
+               "W25Q16FW": {4096, 32768, 65536}, "W25Q16JW": {4096, 32768, 65536},
                "MX25U1635F": {4096, 32768, 65536}, "UNKNOWN": {4096, 65536}}
 
 
@@ -56,6 +57,8 @@ def test_flash_verify_on_each_part(cli, make_board, image, chip):
     facts = chip_facts(rep)
     assert facts["source"] == ("sfdp" if chip == "UNKNOWN" else "table")
     assert facts["jedec"] == Board(board).chip.part.jedec.hex()
+    if chip != "UNKNOWN":
+        assert facts["name"].endswith(chip)          # W25Q16DW/FW/JW share a JEDEC id: told apart by SFDP
     assert cli("verify", image, "--board", f"sim:{board}").code == 0
     with Board(board) as b:
         b.files.flash[0x12345] ^= 0x10
@@ -183,6 +186,42 @@ def test_cmp_on_the_w25q16dw_is_cleared_with_both_status_bytes(cli, make_board, 
     assert flash_content(board) == image.read_bytes()
     with Board(board) as b:
         assert b.chip.transaction(b"\x35", 1) == b"\x00"
+
+
+@pytest.mark.parametrize("chip", ["W25Q16FW", "W25Q16JW"])
+def test_cmp_on_the_w25q16fw_and_jw_is_cleared_by_writing_sr2_alone(cli, make_board, image, chip):
+    board = make_board(chip=chip, cmp=True, transport="ideal")
+    r = cli("flash", image, "--yes", "--clear-cmp", "--force", "--board", f"sim:{board}")
+    assert r.code == 0, r.err
+    assert flash_content(board) == image.read_bytes()
+    status_writes = [(c.opcode, c.data) for c in command_log.read(board) if c.opcode in (0x01, 0x31, 0x11)]
+    assert status_writes == [(0x31, b"\x00")]          # SR2 alone, CMP cleared, nothing else touched
+    with Board(board) as b:
+        assert b.chip.transaction(b"\x35", 1) == b"\x00"
+
+
+@pytest.mark.parametrize("chip, select", [("W25Q16JW", "WPS"), ("MX25U1635F", "WPSEL")])
+def test_individual_block_locks_refuse_the_write_before_anything_is_written(cli, make_board, image, chip, select):
+    """WPS (SR3 bit 2) / WPSEL (SCUR bit 7) replace the BP bits by per-block locks, all set at
+    power-up: BP=0 no longer means 'nothing protected'."""
+    board = make_board(chip=chip, content="blank", transport="ideal")
+    with Board(board) as b:
+        b.chip.transaction(b"\x06", 0)
+        if chip == "MX25U1635F":
+            b.chip.transaction(b"\x68", 0)                 # WPSEL: one-time, for good
+        else:
+            b.chip.transaction(b"\x11\x64", 0)             # SR3: WPS=1, DRV as at the factory
+    r = cli("flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}")
+    assert r.code == 2 and f"{select}=1" in r.err and "individual block locks" in r.err, r.err
+    assert flash_content(board) == b"\xff" * MiB2
+
+
+def test_an_erase_the_mx25u1635f_reports_failed_fails_the_run_naming_it(cli, make_board, image):
+    """E_FAIL in SCUR: the chip's own word that the erase did not happen."""
+    board = make_board(chip="MX25U1635F", content=bytes(MiB2), transport="ideal", faults=["erase-fail=3"])
+    r = cli("flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}")
+    assert r.code == 1, r.err
+    assert "erase at 0x00" in r.err and "failed (SCUR=0x41: E_FAIL set)" in r.err, r.err
 
 
 def test_info_describes_an_unknown_part_from_its_sfdp(cli_shown, make_board):

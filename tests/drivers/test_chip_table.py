@@ -10,7 +10,7 @@ import pytest
 from amdflash.stages.flash import chips
 from amdflash.stages.flash.sectors import flash_sectors
 from amdflash.stages.flash.sfdp import parse_bfpt
-from amdflash.stages.flash.spinor import ProtectedError
+from amdflash.stages.flash.spinor import FlashError, ProtectedError
 
 MiB2 = 0x200000
 
@@ -18,6 +18,8 @@ TABLE = [
     # (emulated part, table entry, status opcodes read, unique-ID bytes of the board's ID)
     ("GD25LQ16E", chips.GD25LQ16E, {0x05, 0x35, 0x15}, 16),
     ("W25Q16DW", chips.W25Q16DW, {0x05, 0x35}, 8),
+    ("W25Q16FW", chips.W25Q16FW, {0x05, 0x35, 0x15}, 8),
+    ("W25Q16JW", chips.W25Q16JW, {0x05, 0x35, 0x15}, 8),
     ("MX25U1635F", chips.MX25U1635F, {0x05, 0x2B}, 16),
 ]
 
@@ -75,6 +77,57 @@ def test_a_part_known_only_from_its_sfdp(open_board):
     assert status_reads(o) == {0x05}                # QER = 010b: QE is in SR1, no SR2 to read
     assert ident.qe is True and chip.write_gaps() == []
     assert not {0x35, 0x15, 0x4B} & {op for op, *_ in o.ops}
+
+
+@pytest.mark.parametrize("part, revision", [("W25Q16DW", (1, 0)), ("W25Q16FW", (1, 5)), ("W25Q16JW", (1, 6))])
+def test_one_jedec_id_three_parts_told_apart_by_the_bfpt_revision(open_board, part, revision):
+    """EF 60 15 is the W25Q16DW, FW or JW: ufprog's w25q16xw_fixup_model reads the BFPT minor."""
+    o = open_board(chip=part, transport="ideal")
+    with o.engine:
+        ident = o.nor.identify()
+    assert ident.jedec_capture[:3] == bytes.fromhex("ef6015")
+    assert ident.chip.name == f"Winbond {part}" and ident.sfdp.bfpt_revision == revision
+
+
+def test_the_newest_bfpt_of_major_1_is_read_as_linux_reads_it(open_board):
+    """UNKNOWN-2BFPT lists a 1.0 table (no times) first and a 1.6 one after it."""
+    o = open_board(chip="UNKNOWN-2BFPT", transport="ideal")
+    with o.engine:
+        ident = o.nor.identify()
+    assert ident.sfdp.bfpt_revision == (1, 6) and ident.sfdp.bfpt_dwords == 16
+    assert ident.sfdp.tables == (0xFF00, 0xFF00)
+    assert ident.chip.write_gaps() == [] and ident.chip.page_size == 256
+
+
+def test_an_sfdp_of_another_major_revision_is_not_read(open_board):
+    o = open_board(chip="UNKNOWN-SFDP2", transport="ideal")
+    with o.engine, pytest.raises(FlashError, match=r"no known chip and no SFDP \(SFDP revision 2\.0: only major"):
+        o.nor.identify()
+    assert not o.writes_to_flash()
+
+
+def test_wps_on_the_w25q16jw_makes_every_address_protected(open_board):
+    o = open_board(chip="W25Q16JW", transport="ideal")
+    for out in (b"\x06", b"\x11\x64"):                  # WPS=1 (SR3 bit 2)
+        o.board.chip.transaction(out, 0)
+    with o.engine:
+        ident = o.nor.identify()
+        assert ident.protection.individual == "WPS" and "individual block locks" in ident.protection.describe()
+        with pytest.raises(ProtectedError, match="98h"):
+            o.nor.check_writable(0x1000, 0x1000)
+    assert not o.writes_to_flash()
+
+
+def test_clear_cmp_on_the_w25q16jw_writes_sr2_alone_with_31h(open_board):
+    o = open_board(chip="W25Q16JW", transport="ideal")
+    chip = o.board.chip
+    for out in (b"\x06", b"\x31\x42"):                   # QE and CMP set
+        chip.transaction(out, 0)
+    with o.engine:
+        o.nor.identify()
+        assert o.nor.clear_cmp()
+        assert o.nor.status(0x35) == 0x02
+    assert [(op, tx) for op, _, tx, rx in o.ops if op in (0x01, 0x31, 0x11)] == [(0x31, 1)]
 
 
 def test_a_revision_1_0_table_lacks_what_a_write_needs(open_board):

@@ -50,3 +50,22 @@ def test_says_why_when_there_is_no_part_number(cli, tmp_path):
 def test_unreadable_file_is_a_refusal(cli, tmp_path):
     r = cli("image", "info", tmp_path / "missing.bin")
     assert r.code == 2 and r.err.startswith("error: cannot read image")
+
+
+def test_a_plain_vbios_is_described_and_said_not_to_be_an_ifwi(cli, tmp_path):
+    """A VBIOS on its own (what a PCI `rom` file or a VBIOS collection holds): the synthetic
+    image's partition A ATOM image, cut out of it."""
+    from amdflash.stages.atom import BytesSource
+    from amdflash.stages.partitions import read_layout
+
+    image = synthetic_ifwi(3, part_key="SYNTH-0042")
+    slot = read_layout(BytesSource(image)).slot("ISH_A")
+    path = tmp_path / "vbios.rom"
+    path.write_bytes(image[slot.csm_at:slot.csm_at + slot.atom.size])
+    r = cli("image", "info", path)
+    assert r.code == 1
+    assert "plain VBIOS   a PCI option ROM with an ATOM VBIOS, NOT an IFWI" in r.out
+    assert "part number   SYNTH-0042-102" in r.out and "PCI id        1002:744c   subsystem 5359:0001" in r.out
+    assert "not an IFWI: a plain VBIOS for part SYNTH-0042-102" in r.out
+    report = json.loads(cli("image", "info", path, "--format", "json").out)
+    assert report["kind"] == "vbios" and report["vbios"]["device_id"] == 0x744C and report["part_number"] is None

@@ -565,9 +565,10 @@ def sec_erase(b: Board, number: int) -> None:
 
 
 def test_security_registers_program_read_erase(open_board):
+    """Three 1 KiB registers (ufprog gd25_otp_3_1k; flashrom GD25LQ16: "OTP: 1024B total")."""
     b = open_board(profile="ideal", cmp=True)                    # array protection is irrelevant
     for number in (1, 2, 3):
-        assert sec_read(b, number, 0, 512) == b"\xff" * 512
+        assert sec_read(b, number, 0, 1024) == b"\xff" * 1024
     assert tx(b, 0x48, 0x00, 0x10, 0x00, rx=2)[0] == FF          # dummy byte
     sec_program(b, 1, 0x0FE, b"\x11\x22\x33")                    # wraps inside its 256-byte page
     assert sec_read(b, 1, 0x0FE, 2) == b"\x11\x22"
@@ -576,12 +577,16 @@ def test_security_registers_program_read_erase(open_board):
     sec_program(b, 1, 0x0FE, b"\xf0")                            # ANDs
     assert sec_read(b, 1, 0x0FE, 1) == b"\x10"
     sec_program(b, 2, 0x1FF, b"\x44")
-    assert sec_read(b, 2, 0x1FF, 2) == b"\x44\xff"               # read wraps at 512
-    assert sec_read(b, 2, 0x1FF, 2) == sec_read(b, 2, 0x1FF, 1) + sec_read(b, 2, 0, 1)
+    sec_program(b, 2, 0x200, b"\x55")                           # the second half: its own bytes
+    assert sec_read(b, 2, 0x1FF, 2) == b"\x44\x55"
+    assert sec_read(b, 2, 0x000, 1) == b"\xff"
+    sec_program(b, 2, 0x3FF, b"\x66")
+    assert sec_read(b, 2, 0x3FF, 2) == b"\x66\xff"               # read wraps at 1 KiB
+    assert sec_read(b, 2, 0x3FF, 2) == sec_read(b, 2, 0x3FF, 1) + sec_read(b, 2, 0, 1)
     sec_erase(b, 1)
-    assert sec_read(b, 1, 0, 512) == b"\xff" * 512
-    assert sec_read(b, 2, 0x1FF, 1) == b"\x44"
-    assert read(b, 0x1000, 512) == b"\xff" * 512                 # the array is untouched
+    assert sec_read(b, 1, 0, 1024) == b"\xff" * 1024
+    assert sec_read(b, 2, 0x1FF, 2) == b"\x44\x55"
+    assert read(b, 0x1000, 1024) == b"\xff" * 1024               # the array is untouched
 
 
 @pytest.mark.parametrize("address", [0x000000, 0x004000, 0x011000, 0xFF1000])
@@ -592,7 +597,7 @@ def test_addresses_outside_the_security_registers(open_board, address):
     tx(b, 0x42, *a3(address), b"\x00" * 4)
     assert sr(b) & WEL == 0
     for number in (1, 2, 3):
-        assert sec_read(b, number, 0, 512) == b"\xff" * 512
+        assert sec_read(b, number, 0, 1024) == b"\xff" * 1024
 
 
 @pytest.mark.parametrize("number, lock, op", [(1, LB1, 0x01), (2, LB2, 0x31), (3, LB3, 0x01)])

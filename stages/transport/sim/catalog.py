@@ -8,14 +8,16 @@ from __future__ import annotations
 from amdflash.stages.transport.sim.gd25 import GD25LQ16E
 from amdflash.stages.transport.sim.mx25u1635f import MX25U1635F
 from amdflash.stages.transport.sim.parts import PartSpec
-from amdflash.stages.transport.sim.unknown_part import UNKNOWN, UNKNOWN_SFDP10
+from amdflash.stages.transport.sim.unknown_part import UNKNOWN, UNKNOWN_2BFPT, UNKNOWN_SFDP2, UNKNOWN_SFDP10
 from amdflash.stages.transport.sim.w25q16dw import W25Q16DW
+from amdflash.stages.transport.sim.w25q16fw_jw import W25Q16FW, W25Q16JW
 
 DEFAULT_PART = "GD25LQ16E"
 
 
 def all_parts() -> dict[str, PartSpec]:
-    return {p.name: p for p in (GD25LQ16E, W25Q16DW, MX25U1635F, UNKNOWN, UNKNOWN_SFDP10)}
+    return {p.name: p for p in (GD25LQ16E, W25Q16DW, W25Q16FW, W25Q16JW, MX25U1635F, UNKNOWN, UNKNOWN_SFDP10,
+                                        UNKNOWN_2BFPT, UNKNOWN_SFDP2)}
 
 
 def part(name: str | None) -> PartSpec:

@@ -3,9 +3,11 @@
 Facts: JEDEC id C8 60 15 and 90h/ABh device byte 14h; 2 MiB, 256-byte pages; erase 4 KiB
 (20h), 32 KiB (52h), 64 KiB (D8h), chip (60h/C7h); three status registers (05h/35h/15h)
 with BP2..BP0, TB, SEC, SRP0 in SR1 and SRP1, QE, SUS2, LB1..LB3, CMP, SUS1 in SR2; 01h
-writes SR1 [and SR2], 31h SR2, 11h SR3 (DRV1..DRV0 in bits 6..5); three 512-byte security
-registers at 0x1000/0x2000/0x3000 locked by LB1..LB3; 16-byte unique ID (4Bh); 75h/7Ah
-suspend/resume; 66h/99h reset; 50h volatile status write. Only the 4 KiB erase maximum
+writes SR1 [and SR2], 31h SR2, 11h SR3 (DRV1..DRV0 in bits 6..5); three 1 KiB security
+registers at 0x1000/0x2000/0x3000 locked by LB1..LB3 (ufprog's `gd25_otp_3_1k`, three
+0x400-byte registers from index 1, for its GD25LB16E entry whose aliases are the GD25LE16E
+and GD25LQ16E; flashrom's GD25LQ16 comment reads "OTP: 1024B total, 256B reserved");
+16-byte unique ID (4Bh); 75h/7Ah suspend/resume; 66h/99h reset; 50h volatile status write. Only the 4 KiB erase maximum
 (300 ms) is confirmed publicly: the other times are the GD25LQ family's usual figures,
 assumed. QPI is not modelled (the engine drives one data line and never asks for it).
 """
@@ -51,6 +53,6 @@ GD25LQ16E = PartSpec(
     lock_bit=(1, 0),
     volatile_enable=True,
     suspend=Suspend(0x75, 0x7A, erase_bit=(1, 7), program_bit=(1, 2)),
-    security=SecurityRegisters(first=1, count=3, size=0x200, lock=((1, 3), (1, 4), (1, 5))),
+    security=SecurityRegisters(first=1, count=3, size=0x400, lock=((1, 3), (1, 4), (1, 5))),
     unique_id=16,
 )

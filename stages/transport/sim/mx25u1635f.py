@@ -17,6 +17,12 @@ Facts and where they come from (docs/flash-chip.md has the table):
   1.75 MiB, 1.875 MiB, 1.9375 MiB); 15: all. (ufprog's table lists BP = 4 and 5 twice and
   BP = 8 not at all; the first entries and "8 = all" are taken, the latter assumed.)
 
+* ufprog's MX25U1635F flags `program-erase-fail-indicator-in-scur` (SCUR bit 5 P_FAIL,
+  bit 6 E_FAIL) and `wpsel-scur-bit7`; flashrom's Macronix entries with a reg_bits map
+  name the same bit (`.wps = {SECURITY, 7, OTP}`, "set by WPSEL command"), and its
+  writeprotect.c gives up on a chip with WPS set: BP bits are then ignored and each block
+  has its own lock. WPSEL is 68h, global unlock 98h, global lock 7Eh.
+
 So, unlike the GD25LQ16E and W25Q16DW: four BP bits, no TB, SEC or CMP; QE in SR1; a
 table, not flashrom's generic formula (which would call BP = 10 "everything"); 35h,
 which reads SR2 on the others, switches this part to QPI, which the ROM_SW engine cannot
@@ -26,13 +32,17 @@ their status in the security register.
 Assumed: every busy time (page 0.5/3 ms, 4 KiB 35/200 ms, 32 KiB 200/1000 ms, 64 KiB
 350/2000 ms, chip 10/25 s, status write 10/40 ms: Macronix 1.8 V figures as recalled, not
 confirmed), the security register's suspend bits (PSB bit 2, ESB bit 3) and LDSO (bit 1)
-placement beyond FLDO, the SFDP fields beyond revision, density, erase types, 4 KiB
-opcode and QPI, the vendor parameter table's contents, and the device byte 35h for
-90h/ABh.
+placement beyond FLDO, that the individual locks are all set at power-up and by a reset, that
+a refused (protected) program or erase sets P_FAIL/E_FAIL and that each program or erase
+clears its flag when it succeeds, that WPSEL itself takes no busy time, the SFDP fields
+beyond revision, density, erase types, 4 KiB opcode and QPI, the vendor parameter table's
+contents, and the device byte 35h for 90h/ABh.
 """
 from __future__ import annotations
 
-from amdflash.stages.transport.sim.parts import BlockProtection, PartSpec, Register, SecuredOtp, Suspend
+from amdflash.stages.transport.sim.parts import (
+    BlockProtection, IndividualLocks, PartSpec, Register, SecuredOtp, Suspend,
+)
 from amdflash.stages.transport.sim.sfdp_table import Bfpt, build_sfdp
 
 KiB = 1024
@@ -72,7 +82,10 @@ MX25U1635F = PartSpec(
         Register("SCUR", 0x2B, initial=0x01),                 # FLDO: the factory locked the ESN
     ),
     status_writes={0x01: (0,)},
-    protection=BlockProtection(bp=((0, 2), (0, 3), (0, 4), (0, 5)), table=PROTECTION_TABLE),  # type: ignore[arg-type]
+    protection=BlockProtection(bp=((0, 2), (0, 3), (0, 4), (0, 5)), table=PROTECTION_TABLE,  # type: ignore[arg-type]
+                               select=(1, 7)),                # SCUR bit 7: WPSEL
+    individual_locks=IndividualLocks(select_opcode=0x68),
+    fail_flags=((1, 5), (1, 6)),                              # SCUR P_FAIL, E_FAIL
     erases={0x20: 0x1000, 0x52: 0x8000, 0xD8: 0x10000},
     busy=BUSY,
     sfdp=SFDP,

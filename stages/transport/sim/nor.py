@@ -3,7 +3,8 @@
 The board's part is named in board.json ("chip", default GD25LQ16E); what differs between
 parts — identification bytes, status registers, block protection, erase opcodes and busy
 times, security registers, unique ID, SFDP, modes the engine cannot leave — is data in the
-part's module (gd25.py, w25q16dw.py, mx25u1635f.py, unknown_part.py, docs/flash-chip.md).
+part's module (gd25.py, w25q16dw.py, w25q16fw_jw.py, mx25u1635f.py, unknown_part.py,
+docs/flash-chip.md).
 
 One `transaction()` is one chip-select assertion: `out` is shifted in (opcode, address,
 TX data), then `rx_len` bytes are clocked out. SPI is full duplex, so the model counts
@@ -87,6 +88,16 @@ Modelling decisions (the datasheets leave them open, or the model has to pick on
   for one 4 KiB erase per sector plus one page program per page that is not all 0xFF.
 * Deep power-down (B9h): only ABh is heard, which releases it (ABh's ID bytes are clocked
   out in either state); the aperture reads 0xFF; the PSP's controller cannot write.
+* Individual block locks (parts with WPS/WPSEL, parts.IndividualLocks): while the select bit
+  is set the BP bits are ignored and a program or erase touching a locked sector is refused
+  like a BP-protected one; the locks are one volatile bit per 4 KiB sector, all set when the
+  part is made (its power-up) and by a reset; 98h / 7Eh after a write enable clear / set them
+  all. Individual lock and unlock commands (36h/39h) and the lock read (3Dh/3Ch) are not
+  modelled (amdflash never sends them). Macronix's WPSEL (68h, after a write enable) sets
+  the select bit for good.
+* Fail flags (Macronix P_FAIL/E_FAIL in SCUR): each page program (erase) sets its flag when
+  the chip refused it (protected, locked, suspended) or could not do it (a stuck bit it could
+  not program, an erase-fail sector), and clears it otherwise; a reset clears both.
 * Faults: stuck bits read 1 whatever the array holds (so programming cannot clear them and
   erasing leaves them 1); erase-fail sectors keep their content through any erase;
   slow-busy=F makes every program, erase and status write take F times its typical time
@@ -123,6 +134,7 @@ _DOUBLES = slice(0x18, 0x28)          # busy_until, suspended_remaining
 _WORDS = slice(0x28, 0x38)            # busy range lo/hi, suspended range lo/hi
 _BUSY_UNTIL, _SUSPENDED_REMAINING = 0, 1
 _BUSY_LO, _BUSY_HI, _SUSPENDED_LO, _SUSPENDED_HI = 0, 1, 2, 3
+_LOCKS = slice(0x40, 0x80)            # individual block locks: one bit per 4 KiB sector
 CHIP_REGION_SIZE = 0x200
 
 F_DEEP_POWER_DOWN = 0x01
@@ -205,6 +217,12 @@ class NorChip:
             self._handlers.update({p.suspend.suspend: self._suspend, p.suspend.resume: self._resume})
         if p.qpi_enter is not None:
             self._handlers[p.qpi_enter] = self._mode(set_flags=F_QPI)
+        if p.individual_locks:
+            locks = p.individual_locks
+            self._handlers.update({locks.global_unlock: self._global_locks(0x00),
+                                   locks.global_lock: self._global_locks(0xFF)})
+            if locks.select_opcode is not None:
+                self._handlers[locks.select_opcode] = self._select_individual_locks
         # In secured-OTP mode these go to the OTP area instead.
         self._otp_handlers: dict[int, Callable[[bytes, int], bytes]] = {}
         if p.secured_otp:
@@ -343,6 +361,8 @@ class NorChip:
         region[_VERSION] = LAYOUT_VERSION
         for i, value in enumerate(regs):
             region[_REG + i] = region[_NV + i] = value
+        if spec.individual_locks:
+            region[_LOCKS] = b"\xff" * (_LOCKS.stop - _LOCKS.start)     # every lock set at power-up
         return bytes(region)
 
     def _format_otp(self) -> None:
@@ -393,8 +413,36 @@ class NorChip:
         return [self._state[_REG + i] for i in range(len(self.part.registers))]
 
     def _protected(self, lo: int, hi: int) -> bool:
-        start, end = self.part.protection.range(self._registers())
+        prot, regs = self.part.protection, self._registers()
+        if prot.select is not None and regs[prot.select[0]] >> prot.select[1] & 1:
+            locks = self._state[_LOCKS]
+            return any(locks[s >> 3] >> (s & 7) & 1 for s in range(lo // SECTOR_SIZE, -(-hi // SECTOR_SIZE)))
+        start, end = prot.range(regs)
         return start < end and lo < end and start < hi
+
+    def _set_fail(self, which: int, failed: bool) -> None:
+        """P_FAIL (which=0) or E_FAIL (1), on parts that report failures themselves."""
+        if self.part.fail_flags is not None:
+            self._set_bit(self.part.fail_flags[which], failed)
+
+    def _global_locks(self, value: int) -> Callable[[bytes, int], bytes]:
+        def command(out: bytes, rx_len: int) -> bytes:
+            if not self._clean(out, rx_len) or not self._state[_REG] & WEL:
+                return _ff(rx_len)
+            self._state[_LOCKS] = bytes((value,)) * (_LOCKS.stop - _LOCKS.start)
+            self._state[_REG] &= ~WEL
+            return b""
+        return command
+
+    def _select_individual_locks(self, out: bytes, rx_len: int) -> bytes:
+        """Macronix WPSEL: the select bit is one-time programmable, in both copies."""
+        select = self.part.protection.select
+        if not self._clean(out, rx_len) or not self._state[_REG] & WEL or select is None:
+            return _ff(rx_len)
+        for base in (_REG, _NV):
+            self._state[base + select[0]] |= 1 << select[1]
+        self._state[_REG] &= ~WEL
+        return b""
 
     def _locked(self) -> bool:
         lock = self.part.lock_bit
@@ -572,8 +620,14 @@ class NorChip:
         suspended = state[_SUSPENDED_KIND]
         if suspended == 0x02 or self._protected(page, page + PAGE_SIZE) or (
                 suspended and self._ranges[_SUSPENDED_LO] <= page < self._ranges[_SUSPENDED_HI]):
+            self._set_fail(0, True)
             return self._refuse()
-        self._program_page(page, _latch(address & 0xFF, out[4:]))
+        latch = _latch(address & 0xFF, out[4:])
+        self._program_page(page, latch)
+        if self.part.fail_flags is not None:
+            # A stuck bit the latch wanted at 0 defeats the program's own verify.
+            self._set_fail(0, any(page <= a < page + PAGE_SIZE and ~latch[a - page] & mask
+                                  for a, mask in self._stuck))
         self._start_operation(0x02, page, page + PAGE_SIZE)
         return b""
 
@@ -586,10 +640,15 @@ class NorChip:
         size = self.part.erases[op]
         lo = (out[1] << 16 | out[2] << 8 | out[3]) & ~(size - 1)
         if self._state[_SUSPENDED_KIND] or self._protected(lo, lo + size):
+            self._set_fail(1, True)
             return self._refuse()
         self._erase(lo, lo + size)
+        self._set_fail(1, self._erase_failed(lo, lo + size))
         self._start_operation(op, lo, lo + size)
         return b""
+
+    def _erase_failed(self, lo: int, hi: int) -> bool:
+        return any(lo <= sector * SECTOR_SIZE < hi for sector in self._erase_fail)
 
     def _chip_erase(self, out: bytes, rx_len: int) -> bytes:
         if len(out) != 1 or rx_len:
@@ -597,8 +656,10 @@ class NorChip:
         if not self._state[_REG] & WEL:
             return b""
         if self._state[_SUSPENDED_KIND] or self._protected(0, FLASH_SIZE):
+            self._set_fail(1, True)
             return self._refuse()
         self._erase(0, FLASH_SIZE)
+        self._set_fail(1, self._erase_failed(0, FLASH_SIZE))
         self._start_operation(out[0], 0, FLASH_SIZE)
         return b""
 
@@ -722,6 +783,8 @@ class NorChip:
         for i in range(len(self.part.registers)):
             state[_REG + i] = state[_NV + i]
         state[_FLAGS] &= ~flags
+        if self.part.individual_locks:
+            state[_LOCKS] = b"\xff" * (_LOCKS.stop - _LOCKS.start)
         if state[_SUSPENDED_KIND]:
             self.board.count("flash_busy_seconds", -self._times[_SUSPENDED_REMAINING])
             state[_SUSPENDED_KIND] = 0

@@ -4,7 +4,7 @@ A part is a `PartSpec`: its identification bytes, status registers (where each b
 a status write may change, which only ever set), how its block protection decodes, its
 erase opcodes and busy times, its security registers and unique ID, the commands that put
 it into a mode the ROM_SW engine cannot leave (QPI) and its SFDP table. Each part's module
-(gd25.py, w25q16dw.py, mx25u1635f.py, unknown_part.py) gives the facts and their sources,
+(gd25.py, w25q16dw.py, w25q16fw_jw.py, mx25u1635f.py, unknown_part.py) gives the facts and their sources,
 and says which figures are assumed.
 
 `sim create --chip NAME` picks one; a board remembers it in board.json ("chip").
@@ -48,6 +48,9 @@ class BlockProtection:
     sec: Bit | None = None
     cmp: Bit | None = None
     table: tuple[tuple[Literal["top", "bottom"], int], ...] | None = None
+    # Write-protection selection (Winbond SR3 WPS, Macronix SCUR WPSEL): when set, the BP bits
+    # are ignored and the part's individual block locks decide (IndividualLocks).
+    select: Bit | None = None
 
     def value(self, regs: list[int]) -> int:
         return sum(1 << i for i, (r, b) in enumerate(self.bp) if regs[r] >> b & 1)
@@ -117,6 +120,20 @@ class SecuredOtp:
 
 
 @dataclass(frozen=True)
+class IndividualLocks:
+    """Per-block locks, in force while the protection's `select` bit is set: one volatile lock
+    per 4 KiB sector here (the parts lock 64 KiB blocks and the 4 KiB sectors of the top and
+    bottom blocks: every lock covers whole sectors). All are set at power-up and by a reset;
+    `global_unlock`/`global_lock` (98h/7Eh, after a write enable) clear or set them all.
+    `select_opcode` is the command that sets the select bit for good (Macronix WPSEL, 68h),
+    None where a status write sets it (Winbond WPS in SR3)."""
+
+    global_unlock: int = 0x98
+    global_lock: int = 0x7E
+    select_opcode: int | None = None
+
+
+@dataclass(frozen=True)
 class PartSpec:
     name: str                                  # the `sim create --chip` name
     description: str
@@ -139,6 +156,10 @@ class PartSpec:
     unique_id: int = 0                         # bytes 4Bh returns (after 4 bytes of address/dummy)
     secured_otp: SecuredOtp | None = None
     qpi_enter: int | None = None               # opcode that switches the part to 4-line commands
+    individual_locks: IndividualLocks | None = None
+    # (program-failed bit, erase-failed bit) the part sets itself (Macronix P_FAIL, E_FAIL in
+    # SCUR): each program (erase) leaves its flag set when it failed or was refused, clear otherwise.
+    fail_flags: tuple[Bit, Bit] | None = None
     notes: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:

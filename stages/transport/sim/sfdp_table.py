@@ -165,21 +165,32 @@ class Bfpt:
         return [d12, d13, d14, d15, d16]
 
 
+Table = tuple[int, tuple[int, int], list[int]]      # (parameter id, (major, minor), dwords)
+
+
 def build_sfdp(bfpt: Bfpt, vendor: tuple[int, int, tuple[int, ...]] | None = None) -> bytes:
     """The SFDP area: header, the BFPT's parameter header (and a vendor table's, given as
     (id, (major, minor) packed as major << 8 | minor, dwords)), then the tables."""
-    major, minor = bfpt.revision
-    headers = 1 + (vendor is not None)
-    table = bytearray(b"SFDP" + bytes((minor, major, headers - 1, 0xFF)))   # legacy SPI access protocol
-    dwords = bfpt.build()
-    table += bytes((0x00, minor, major, len(dwords))) + BFPT_ADDRESS.to_bytes(3, "little") + b"\xff"
-    vendor_address = BFPT_ADDRESS + 4 * len(dwords)
+    tables: list[Table] = [(0xFF00, bfpt.revision, bfpt.build())]
     if vendor is not None:
         vendor_id, version, vendor_dwords = vendor
-        table += bytes((vendor_id, version & 0xFF, version >> 8, len(vendor_dwords))) \
-            + vendor_address.to_bytes(3, "little") + b"\xff"
-    table += b"\xff" * (BFPT_ADDRESS - len(table))
-    table += struct.pack(f"<{len(dwords)}I", *dwords)
-    if vendor is not None:
-        table += struct.pack(f"<{len(vendor[2])}I", *vendor[2])
-    return bytes(table)
+        tables.append((0xFF00 | vendor_id, (version >> 8, version & 0xFF), list(vendor_dwords)))
+    return build_area(bfpt.revision, tables)
+
+
+def build_area(revision: tuple[int, int], tables: list[Table]) -> bytes:
+    """An SFDP area of any shape: the header with `revision`, one parameter header per table
+    (id LSB at byte 0 and MSB at byte 7, as JESD216 places them), the tables from 0x30 on."""
+    major, minor = revision
+    area = bytearray(b"SFDP" + bytes((minor, major, len(tables) - 1, 0xFF)))   # legacy SPI access protocol
+    address = BFPT_ADDRESS
+    for param_id, (t_major, t_minor), dwords in tables:
+        area += bytes((param_id & 0xFF, t_minor, t_major, len(dwords))) + address.to_bytes(3, "little") \
+            + bytes((param_id >> 8,))
+        address += 4 * len(dwords)
+    if len(area) > BFPT_ADDRESS:
+        raise ValueError("too many parameter headers for tables at 0x30")
+    area += b"\xff" * (BFPT_ADDRESS - len(area))
+    for _, _, dwords in tables:
+        area += struct.pack(f"<{len(dwords)}I", *dwords)
+    return bytes(area)
