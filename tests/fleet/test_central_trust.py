@@ -197,6 +197,7 @@ def test_fleet_report_names_runs_by_host(cli, make_board, image, central, tmp_pa
 
 # -- issue 19: the central views agree with the host's ------------------------------------------
 
+@pytest.mark.slow
 def test_fleet_runs_shows_a_killed_then_resumed_run_as_interrupted(cli, make_board, image, db, central, tmp_path):
     board = make_board(transport="ideal", content="blank", faults=["kill-after-writes=40000"])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
