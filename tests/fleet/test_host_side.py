@@ -205,7 +205,7 @@ def test_driver_flashes_resumes_a_killed_flash_and_dumps(tmp_path: Path) -> None
     assert flash_of(board) != image.read_bytes()
     report = json.loads(amdflash("--db", str(tmp_path / "audit.sqlite"), "report", killed["run_id"], "--format",
                                  "json", cwd=tmp_path).stdout)
-    assert report["status"] == "running"                     # the process died: nothing closed the run
+    assert report["status"] == "interrupted"   # the process died: nothing closed the run, and it is gone
     written = [u for u in report["units"] if u["action"] != "skip"]
     assert any(u["state"] == "verified" for u in written)    # killed mid-flash: some units were written,
     assert any(u["state"] != "verified" for u in written)    # others were not
