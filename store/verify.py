@@ -189,22 +189,21 @@ def verify_run(conn: sqlite3.Connection, run_id: str, keyfiles: list[Path] | Non
     def body(check: KeyCheck) -> None:
         with snapshot(conn):
             check_schema(conn)
-            row = _run_key(conn, run_id)
-            report.key = row[0]
-            checkpoints = load_checkpoints(conn, "WHERE c.run = ?", (row[0],))
+            key = report.key = _run_key(conn, run_id)
+            checkpoints = load_checkpoints(conn, "WHERE c.run = ?", (key,))
             through, base, _ = _base(load_checkpoints(conn, "WHERE c.kind = 'archive'"))
             for cp in checkpoints:
                 check_checkpoint_chain([cp], _hash_before(conn, cp.id, through, base), check)
             chains = {run_id: RunChain(run_id, checkpoints)} if checkpoints else {}
-            report.rows, report.unsealed = check_runs(conn, {run_id: row[0]}, chains)
+            report.rows, report.unsealed = check_runs(conn, {run_id: key}, chains)
             # The bytes its rows refer to: the run's rows lie between its runs row and its end
             # (the bulk tables carry no run index), so this reads that span, not the rest.
-            end = conn.execute(f"SELECT {RUN_END_SQL} FROM runs r WHERE r.seq = ?", (row[0],)).fetchone()[0]
+            end = conn.execute(f"SELECT {RUN_END_SQL} FROM runs r WHERE r.seq = ?", (key,)).fetchone()[0]
             for table, columns in PHYSICAL.items():
                 for c, kind in columns:
                     if kind == "ref":
                         _check_blobs(conn, f"SELECT b.id, b.sha256, b.data FROM {table} p JOIN blobs b ON b.id = p.{c} "
-                                           "WHERE p.seq BETWEEN ? AND ? AND p.run = ?", (row[0], end, row[0]))
+                                           "WHERE p.seq BETWEEN ? AND ? AND p.run = ?", (key, end, key))
             report.runs = 1
             report.checkpoints, report.head = len(checkpoints), checkpoints[-1] if checkpoints else None
             report.sealed = checkpoints[-1].last_seq if checkpoints else None
@@ -213,8 +212,8 @@ def verify_run(conn: sqlite3.Connection, run_id: str, keyfiles: list[Path] | Non
     return _checked(report, keyfiles, body)
 
 
-def _run_key(conn: sqlite3.Connection, run_id: str) -> tuple[int]:
-    """(seq of the run's runs row,): the one its checkpoints name, or its only one (check_runs
+def _run_key(conn: sqlite3.Connection, run_id: str) -> int:
+    """The seq of the run's runs row: the one its checkpoints name, or its only one (check_runs
     names any other)."""
     keys = [k for (k,) in conn.execute("SELECT seq FROM runs WHERE run_id = ? ORDER BY seq", (run_id,))]
     if not keys:
@@ -223,7 +222,7 @@ def _run_key(conn: sqlite3.Connection, run_id: str) -> tuple[int]:
         named = {k for (k,) in conn.execute(
             f"SELECT DISTINCT run FROM checkpoints WHERE run IN ({', '.join('?' * len(keys))})", keys)}
         keys = sorted(named & set(keys)) or keys
-    return (keys[0],)
+    return keys[0]
 
 
 def check_runs(conn: sqlite3.Connection, runs: dict[str, int], chains: dict[str, RunChain],

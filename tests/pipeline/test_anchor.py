@@ -108,3 +108,28 @@ def test_an_anchor_whose_entry_differs_is_broken(cli, anchored_trail):
     anchor.write_text("\n".join(lines) + "\n")
     r = cli("audit", "verify")
     assert r.code == 1 and "differs from the one witnessed" in r.out, r.out
+
+
+def test_the_witness_seam_compares_any_witness_with_the_local_checkpoints(anchored_trail):
+    """store.verify.local_checkpoints and compare_witness: what `audit verify --central` is to
+    use with what the central record holds for this host. Shown here with the anchor's entries
+    as the witness: a rolled-back database is named, an intact one is not."""
+    from amdflash.store.chain import Broken
+    from amdflash.store.schema import connect
+    from amdflash.store.verify import Witnessed, compare_witness, local_checkpoints
+
+    seen = [Witnessed(f"witness entry {n}", e["checkpoint"], bytes.fromhex(e["hash"]), e["at"])
+            for n, e in enumerate(map(json.loads, _anchor(anchored_trail).read_text().splitlines()), 1)]
+
+    def compare() -> int:
+        conn = connect(str(anchored_trail), readonly=True)
+        try:
+            through, checkpoints = local_checkpoints(conn)
+        finally:
+            conn.close()
+        return compare_witness(seen, checkpoints, through)
+
+    assert compare() == seen[-1].id
+    _cut_after_run(anchored_trail, 3)
+    with pytest.raises(Broken, match=r"witness entry \d+ names checkpoint #\d+ .* does not have"):
+        compare()
