@@ -41,8 +41,9 @@ Facts of the silicon that shape every transaction:
   run — its CNTL write lost, a done bit left over from the transaction before — leaves the
   window as it was. The proof is by construction, from the window's content, in chained
   mode (`read_chain_proven`): the driver knows what the window held before each RX
-  transaction (it wrote it, or read it after the transaction before), and a transaction
-  that did not run leaves that content in place exactly (a capture moves into the window
+  transaction (it read it after the transaction before — what it wrote there does not
+  count, a write can be lost), and a transaction that did not run leaves that content in
+  place exactly (a capture moves into the window
   only when an RX transaction completes; nothing else writes it during a chain). So a
   transaction *moved* the window when what it left there differs from what the driver
   knew before it (in any byte it knew), and then it ran: its request reached the chip and
@@ -426,7 +427,9 @@ class RomSw:
     def _load(self, command: int, data: bytes) -> None:
         """Clear STATUS, set COMMAND, load window data."""
         if data:
-            self._seen = data
+            # What the window holds is what this driver reads there, not what it wrote: a
+            # write lost on the way must not make a later read look as if it changed the window.
+            self._seen = b""
         fast = self.fast
         if fast.streamed_command and (data or not fast.single_tlp):
             head = struct.pack("<III", 0, command, self._reserved) if data else struct.pack("<II", 0, command)
