@@ -43,13 +43,13 @@ Facts of the silicon that shape every transaction:
   mode (`read_chain_proven`): the driver knows what the window held before each RX
   transaction (it read it after the transaction before — what it wrote there does not
   count, a write can be lost), and a transaction that did not run leaves that content in
-  place exactly (a capture moves into the window
-  only when an RX transaction completes; nothing else writes it during a chain). So a
-  transaction *moved* the window when what it left there differs from what the driver
-  knew before it (in any byte it knew), and then it ran: its request reached the chip and
-  its capture replaced the whole capture buffer. A delivery — the capture of the
-  transaction before, brought in by this one — is proven when both moved: the capture is
-  then this request's bytes from the chip, not the host's TX data and not an older capture.
+  place exactly (a capture moves into the window only when an RX transaction completes;
+  nothing else writes it during a chain). So a transaction *moved* the window when what it
+  left there differs from what the driver knew before it (in any byte it knew), and then
+  it ran: its request reached the chip and its capture replaced the whole capture buffer.
+  A delivery — the capture of the transaction before, brought in by this one — is proven
+  when both moved: the capture is then this request's bytes from the chip, not the host's
+  TX data and not an older capture.
   Content that repeats from one chunk to the next, which would leave the window unchanged,
   proves nothing (and is confirmed by agreeing reads); so is the first read of a chain
   whose window the driver has not seen, which is why such chains read the whole window
@@ -149,8 +149,8 @@ class RomSw:
         self._window: bytes | None = None     # what the data window holds, when this driver knows
         self._reserved = 0
         # Provenance of reads (module docstring): the window's first bytes as this driver last
-        # wrote or read them (b"": not known), whether the last transaction was an RX one that
-        # moved the window, and whether the current chain reads whole windows to prove them.
+        # read them (b"": not known), whether the last transaction was an RX one that moved
+        # the window, and whether the current chain reads whole windows to prove its reads.
         self._seen = b""
         self._moved = False
         self._proven = False        # the last delivery is proven to come from the chip
