@@ -25,6 +25,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from amdflash.pipeline.runner import stage
+from amdflash.stages.confirm import Expectation
 from amdflash.stages.device import Device
 from amdflash.stages.erase import erase_stage
 from amdflash.stages.flash.chips import ChipInfo
@@ -77,8 +78,9 @@ class FlashOutcome:
 
 
 async def run_flash_graph(dev: Device, image: bytes, units: list[UnitRead], chip: ChipInfo, summary: PlanSummary,
-                          retries: int, reads: int) -> FlashOutcome:
-    """Write and verify `units` (their backup already read and on record) towards `image`."""
+                          retries: int, reads: int, written: Expectation | None = None) -> FlashOutcome:
+    """Write and verify `units` (their backup already read and on record) towards `image`;
+    `written`: the image as the read-back expects it (confirmation by expectation)."""
     n = len(units)
     reads_tx, reads_rx = READS.open()
     work_tx, work_rx = WORK.open()
@@ -111,7 +113,7 @@ async def run_flash_graph(dev: Device, image: bytes, units: list[UnitRead], chip
                       reads_rx, work_tx, summary, PlanCosts.for_chip(chip))     # reads -> plan -> work
         tg.start_soon(timed, "erase", erase_stage, dev, work_rx, erased_tx, n)  # work -> erase -> erased
         tg.start_soon(timed, "program", program_stage, dev, erased_rx, programmed_tx, n)
-        tg.start_soon(timed, "verify", verify_stage, dev, programmed_rx, n, retries, reads)
+        tg.start_soon(timed, "verify", verify_stage, dev, programmed_rx, n, retries, reads, written)
     # Stopped means work was left undone: the erase stage stopped taking items (a stop after
     # the last verify is no interruption).
     return FlashOutcome(stopped=bool(results.get("erase")), retries=int(results.get("verify", 0)))

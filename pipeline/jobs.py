@@ -18,7 +18,7 @@ from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.flash_graph import run_flash_graph
 from amdflash.pipeline.runner import RunInfo, stage
 from amdflash.stages import part_check
-from amdflash.stages.confirm import confirm_whole
+from amdflash.stages.confirm import Expectation, confirm_whole
 from amdflash.stages.device import Device, Interrupted
 from amdflash.stages.flash import write_policy
 from amdflash.stages.flash.spinor import FlashIdentity
@@ -119,6 +119,7 @@ class ReadJob:
             done += n
             dev.progress("read", done, self.size)
         data = b"".join(chunks)
+        read_checks(dev).record(dev, "read")
         stage(dev.recorder, "read", "end")
         sha = hashlib.sha256(data).hexdigest()
         if self.output:
@@ -155,6 +156,7 @@ class DumpJob:
                 digest.update(data)
                 dev.progress("dump", i + 1, FLASH_SIZE // UNIT)
         sha = digest.hexdigest()
+        read_checks(dev).record(dev, "dump")
         dev.recorder.add("backups", sha256=sha, size=FLASH_SIZE, path=str(self.output.resolve()), at=None)
         stage(dev.recorder, "dump", "end", sha)
         info.output.append(f"wrote {self.output} ({FLASH_SIZE:#x} bytes via ROM_SW) sha256={sha}")
@@ -177,15 +179,23 @@ class DumpJob:
             return aperture.dump(dev.bar, page_done).data
 
         def run() -> bytes:
+            checks = read_checks(dev)
             if self.engine.reads <= 1:
-                return whole()
-            units = confirm_whole(whole, FLASH_SIZE, UNIT, self.engine.reads, read_checks(dev).noise)
-            return b"".join(keep(dev, unit, "aperture dump") for unit in units)
+                data = whole()
+                for address in range(0, FLASH_SIZE, UNIT):
+                    checks.note("aperture dump", address, UNIT, 0, 1, None)
+                return data
+            units = confirm_whole(whole, FLASH_SIZE, UNIT, self.engine.reads, checks.noise)
+            kept = b"".join(keep(dev, unit, "aperture dump") for unit in units)
+            for unit in units:
+                checks.note("aperture dump", unit.address, UNIT, 0, 1, None)
+            return kept
 
         try:
             data = await dev.call(run)
         except aperture.RawUnavailable as e:
             raise Refusal(f"{e}; dump through the ROM_SW engine instead (--via rom-sw)") from None
+        read_checks(dev).record(dev, "aperture dump")
         aperture.check_raw_dump(data)
         sha = hashlib.sha256(data).hexdigest()
         write_new(self.output, data, overwrite=self.overwrite)
@@ -209,18 +219,23 @@ class VerifyJob:
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
         await identify(dev, self.engine, info)
         stage(dev.recorder, "verify", "start")
+        expected = Expectation(self.image)
         digest = hashlib.sha256()
         first = None
         bad = 0
-        for i, address in enumerate(range(0, FLASH_SIZE, UNIT)):
-            dev.stop.check()
-            got = await dev.call(read_unit, dev, address, UNIT, self.engine.reads, "verify", at=("verify", address))
-            digest.update(got)
-            mm = record_verify(dev, address, UNIT, got, self.image[address:address + UNIT], 1)
-            if mm:
-                bad += 1
-                first = first or mm
-            dev.progress("verify", i + 1, FLASH_SIZE // UNIT)
+        try:
+            for i, address in enumerate(range(0, FLASH_SIZE, UNIT)):
+                dev.stop.check()
+                got = await dev.call(read_unit, dev, address, UNIT, self.engine.reads, "verify", expected,
+                                     at=("verify", address))
+                digest.update(got)
+                mm = record_verify(dev, address, UNIT, got, self.image[address:address + UNIT], 1)
+                if mm:
+                    bad += 1
+                    first = first or mm
+                dev.progress("verify", i + 1, FLASH_SIZE // UNIT)
+        finally:
+            read_checks(dev).record(dev, "verify")
         sha = digest.hexdigest()
         if first:
             stage(dev.recorder, "verify", "fail", f"{bad} units differ")
@@ -276,7 +291,8 @@ class FlashJob:
         # The whole backup is read (confirmed), recorded and stored durably before the first
         # erase: the board's original content survives whatever happens next.
         stage(dev.recorder, "backup", "start")
-        units = await read_backup(dev, addresses, UNIT, self.engine.reads)
+        expected = Expectation(self.image)
+        units = await read_backup(dev, addresses, UNIT, self.engine.reads, expected)
         if len(units) < n:
             stage(dev.recorder, "backup", "fail", f"stopped after {len(units)} of {n} units")
             raise Interrupted(dev.stop.reason or "interrupted")
@@ -285,7 +301,8 @@ class FlashJob:
         stage(dev.recorder, "backup", "end")
 
         # Backup -> plan -> erase -> program -> verify, through bounded queues: pipeline/flash_graph.py.
-        outcome = await run_flash_graph(dev, self.image, units, chip, summary, self.retries, self.engine.reads)
+        outcome = await run_flash_graph(dev, self.image, units, chip, summary, self.retries, self.engine.reads,
+                                        expected.labelled("the data written"))
         if outcome.stopped:
             raise Interrupted(dev.stop.reason or "interrupted")
         info.output += dev.extra.get("notes", [])

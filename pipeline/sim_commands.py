@@ -249,6 +249,8 @@ def _restart_fault_counts(files: BoardFiles, faults: Faults) -> None:
         state[slots.F_USB_TRANSFERS] = state[slots.F_USB_FIRED] = 0
     if faults.stall_after is not None:
         state[slots.F_ENGINE_TXNS] = 0
+    if faults.busy_read is not None:
+        state[slots.F_BUSY_LEFT] = state[slots.F_BUSY_FIRED] = 0
     state.release()
 
 

@@ -2,9 +2,11 @@
 
 Reads that are kept (a dump, the backup of a unit about to be erased, a passing verify,
 the flash identity) go through `read_unit` / `read_identity` with the run's read count:
-at 2 or more each byte is confirmed by agreeing reads (stages.confirm), and every
-disagreement is recorded in the audit trail (read_disagreements) whether or not it was
-resolved. `reads=1` is a plain single read.
+at 2 or more each byte is confirmed by agreeing reads (stages.confirm), or — where the
+caller knows what the unit should hold — by a proven read that returns exactly that, and
+every disagreement is recorded in the audit trail (read_disagreements) whether or not it
+was resolved. How each kept unit was confirmed is recorded per reading phase (a `stages`
+row "reads / confirmed", `ReadChecks.record`). `reads=1` is a plain single read.
 
 The backup is read completely before anything is erased: each unit's content goes to the
 audit trail (backup_units) as it is read, and the assembled image is written, fsynced and
@@ -20,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Iterable, Sequence
 
-from amdflash.stages.confirm import Confirmation, Noise, Ranges, UnconfirmedRead, confirm
+from amdflash.stages.confirm import CHUNK as CHUNK_BYTES
+from amdflash.stages.confirm import (Confirmation, Expectation, Noise, Ranges, UnconfirmedRead, confirm,
+                                    confirm_expected)
 from amdflash.stages.device import Device
 from amdflash.stages.flash.spinor import FlashIdentity, SpiNor
 from amdflash.stages.identify import record_identity
@@ -51,11 +55,56 @@ class ReadChecks:
     disagreed: list[tuple[str, int]] = field(default_factory=list)    # (purpose, address) of each read
     unresolved: list[tuple[str, int]] = field(default_factory=list)
     noise: Noise = field(default_factory=Noise)
+    # How each kept unit was confirmed, per purpose until recorded: (address, size, chunks
+    # confirmed by their expected content, chunks read); and what that content was.
+    units: dict[str, list[tuple[int, int, int, int]]] = field(default_factory=dict)
+    matched_what: dict[str, str] = field(default_factory=dict)
+    totals: dict[str, dict[str, int]] = field(default_factory=dict)   # of what was recorded
 
     def summary(self) -> dict[str, object]:
         return {"reads": self.reads, "confirmed": self.reads >= 2, "disagreed_reads": len(self.disagreed),
                 "unresolved_reads": len(self.unresolved), "flip_rate": self.noise.rate,
-                "agreeing_reads": self.noise.agreeing(self.reads)}
+                "agreeing_reads": self.noise.agreeing(self.reads), "confirmation": self.totals}
+
+    def note(self, purpose: str, address: int, size: int, matched: int, chunks: int, what: str | None) -> None:
+        units = self.units.setdefault(purpose, [])
+        if units and units[-1][0] == address:
+            units.pop()          # read again (a retry after a mismatch): the last read is what counts
+        units.append((address, size, matched, chunks))
+        if what:
+            self.matched_what[purpose] = what
+
+    def record(self, dev: Device, purpose: str) -> None:
+        """One `stages` row ("reads", "confirmed") saying how each unit read for `purpose`
+        since the last such row was confirmed: JSON with the counts and, per run of
+        consecutive units confirmed alike, [first address, units, how, chunks matched]."""
+        units = self.units.pop(purpose, [])
+        if not units:
+            return
+        counts = {"units": len(units), "matched": 0, "agreeing": 0, "mixed": 0, "single": 0}
+        runs: list[list[object]] = []
+        end = None
+        for address, size, matched, chunks in units:
+            how = unit_confirmation(self.reads, matched, chunks)
+            counts[how] += 1
+            if runs and end == address and runs[-1][2] == how and runs[-1][3] == matched:
+                runs[-1][1] = int(runs[-1][1]) + 1    # type: ignore[call-overload]
+            else:
+                runs.append([f"{address:#08x}", 1, how, matched])
+            end = address + size
+        total = self.totals.setdefault(purpose, {k: 0 for k in counts})
+        for k, v in counts.items():
+            total[k] += v
+        what = self.matched_what.get(purpose)
+        record_stage(dev, "reads", "confirmed", json.dumps({
+            "purpose": purpose, "reads": self.reads, "matched_what": what, **counts,
+            "how": {"matched": f"every chunk read once and equal to {what or 'what was expected'}, "
+                               "proven to come from the chip",
+                    "agreeing": "every chunk by agreeing reads (majority on disagreement)",
+                    "mixed": "the chunks counted matched as 'matched', the others by agreeing reads",
+                    "single": "one read per byte, not confirmed (--reads 1)"},
+            "units_by_address": runs}))
+
 
     def warning(self) -> str | None:
         if not self.disagreed:
@@ -67,6 +116,26 @@ class ReadChecks:
         return (f"warning: reads of this board disagreed ({'; '.join(where)}); {len(self.unresolved)} left "
                 "unresolved — an unstable cell or a noisy SPI line (each disagreement is in the audit trail: "
                 "read_disagreements)")
+
+
+def confirmation_note(dev: Device, purpose: str) -> str:
+    """How the last unit read for `purpose` was confirmed, in words (for a unit's row)."""
+    checks = read_checks(dev)
+    _, _, matched, chunks = checks.units[purpose][-1]
+    how = unit_confirmation(checks.reads, matched, chunks)
+    what = checks.matched_what.get(purpose, "what was expected")
+    return {"single": "read once, not confirmed (--reads 1)",
+            "agreeing": f"confirmed by agreeing reads ({chunks} chunks)",
+            "matched": f"confirmed: all {chunks} chunks read back as {what}",
+            "mixed": f"confirmed: {matched} of {chunks} chunks read back as {what}, the rest by agreeing reads",
+            }[how]
+
+
+def unit_confirmation(reads: int, matched: int, chunks: int) -> str:
+    """How a unit was confirmed: matched | agreeing | mixed | single."""
+    if reads <= 1:
+        return "single"
+    return "matched" if matched == chunks else "mixed" if matched else "agreeing"
 
 
 def read_checks(dev: Device) -> ReadChecks:
@@ -92,16 +161,23 @@ def record_stage(dev: Device, name: str, event: str, detail: str | None = None) 
 
 # -- confirmed reads ---------------------------------------------------------------------------
 
-def read_unit(dev: Device, address: int, size: int, reads: int = 1, purpose: str = "read") -> bytes:
+def read_unit(dev: Device, address: int, size: int, reads: int = 1, purpose: str = "read",
+              expected: Expectation | None = None, whole: bool = False, likely_equal: bool = True) -> bytes:
     """The flash bytes at [address, address+size) through ROM_SW.
 
     reads=1: one plain read. reads≥2: confirmed — raises UnconfirmedRead (after recording
     it) when some byte could not be confirmed; nothing unconfirmed is ever returned.
+    `expected`: what the flash should hold there; a chunk read once that equals it confirms
+    itself where stages.confirm allows (`whole`, `likely_equal`: see confirm_expected).
+    How the unit was confirmed is noted for `ReadChecks.record`.
     """
     nor = dev.nor
     assert nor is not None and nor.chip is not None
+    checks = read_checks(dev)
     if reads <= 1:
-        return nor.read(address, size)
+        data = nor.read(address, size)
+        checks.note(purpose, address, size, 0, -(-size // CHUNK_BYTES), None)
+        return data
     if address < 0 or size < 0 or address + size > nor.chip.size:
         raise ValueError(f"range {address:#x}+{size:#x} is outside the {nor.chip.size // 1024} KiB flash")
 
@@ -109,7 +185,17 @@ def read_unit(dev: Device, address: int, size: int, reads: int = 1, purpose: str
         # One chain for all copies: in chained RX mode each read costs one transaction.
         return list(nor.read_ranges(ranges))
 
-    return keep(dev, confirm(chain, address, size, reads, read_checks(dev).noise), purpose)
+    def proven(ranges: Ranges) -> Iterable[tuple[bytes, bool]]:
+        return list(nor.read_ranges_proven(ranges))
+
+    if expected is not None and nor.spi.proves_reads:
+        result = confirm_expected(proven, address, size, reads, expected, checks.noise, whole, likely_equal)
+    else:
+        result = confirm(chain, address, size, reads, checks.noise)
+    data = keep(dev, result, purpose)
+    checks.note(purpose, address, size, result.matched, result.chunks,
+                expected.what if expected is not None else None)
+    return data
 
 
 def keep(dev: Device, result: Confirmation, purpose: str) -> bytes:
@@ -159,18 +245,31 @@ class ConfirmingReads:
 
 # -- the backup ---------------------------------------------------------------------------------
 
-async def read_backup(dev: Device, addresses: Sequence[int], unit: int, reads: int) -> list[UnitRead]:
+async def read_backup(dev: Device, addresses: Sequence[int], unit: int, reads: int,
+                      image: Expectation | None = None) -> list[UnitRead]:
     """Read (confirmed) and record every unit, in order. Returns fewer units than asked
-    when the operator asked to stop; nothing has been erased then."""
+    when the operator asked to stop; nothing has been erased then.
+
+    `image`: what the flash will be written with. A unit found equal to it is confirmed by
+    that match where stages.confirm allows; a unit about to change has no expectation and
+    is confirmed by agreeing reads throughout. Each unit is read on the guess that it is
+    like the one before (equal or not), which only decides how many reads its first chain
+    takes."""
     out: list[UnitRead] = []
-    for i, address in enumerate(addresses):
-        if dev.stop:
-            break
-        data = await dev.call(read_unit, dev, address, unit, reads, "backup", at=("backup", address))
-        dev.recorder.add("backup_units", address=address, size=unit,
-                         sha256=hashlib.sha256(data).hexdigest(), data=data)
-        dev.progress("backup", i + 1, len(addresses))
-        out.append(UnitRead(address, data))
+    likely_equal = True
+    try:
+        for i, address in enumerate(addresses):
+            if dev.stop:
+                break
+            data = await dev.call(read_unit, dev, address, unit, reads, "backup", image, True, likely_equal,
+                                  at=("backup", address))
+            dev.recorder.add("backup_units", address=address, size=unit,
+                             sha256=hashlib.sha256(data).hexdigest(), data=data)
+            dev.progress("backup", i + 1, len(addresses))
+            out.append(UnitRead(address, data))
+            likely_equal = image is not None and data == image.image[address:address + unit]
+    finally:
+        read_checks(dev).record(dev, "backup")
     return out
 
 

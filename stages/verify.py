@@ -1,8 +1,10 @@
 """Stage: read back every written unit, compare, retry a bounded number of times.
 
 A unit counts as done only when its read-back equals the image. The read-back is
-confirmed (stages.snapshot.read_unit): a passing verify rests on agreeing reads, and a
-mismatch is a real one, not a noisy read. A mismatch is retried (4 KiB erase, program,
+confirmed (stages.snapshot.read_unit): a passing verify rests on chunks that read back
+exactly the data written — proven to come from the chip, and of content no fault produces
+(stages.confirm) — and on agreeing reads for the rest; a mismatch is a real one, not a
+noisy read. Each verified unit's `units` row says which (its detail). A mismatch is retried (4 KiB erase, program,
 read back); after the last attempt the run fails naming the first differing address and
 both byte values.
 """
@@ -13,11 +15,12 @@ from dataclasses import dataclass
 
 from anyio.abc import ObjectReceiveStream
 
+from amdflash.stages.confirm import Expectation
 from amdflash.stages.device import Device
 from amdflash.stages.erase import record_intent
 from amdflash.stages.flash.planning import Erase, UnitPlan, plan_unit
 from amdflash.stages.program import program_unit
-from amdflash.stages.snapshot import read_unit
+from amdflash.stages.snapshot import confirmation_note, read_checks, read_unit
 
 
 class VerifyError(RuntimeError):
@@ -53,17 +56,19 @@ def record_verify(dev: Device, unit_address: int, size: int, got: bytes, wanted:
     return mm
 
 
-def verify_unit(dev: Device, unit: UnitPlan, retries: int, reads: int = 1) -> int:
-    """Read back (confirmed by `reads` agreeing reads), compare, retry. Returns the attempts
-    used; raises VerifyError at the end."""
+def verify_unit(dev: Device, unit: UnitPlan, retries: int, reads: int = 1,
+                written: Expectation | None = None) -> int:
+    """Read back (confirmed: by `reads` agreeing reads, or by matching `written`, the data
+    the flash was written with), compare, retry. Returns the attempts used; raises
+    VerifyError at the end."""
     attempt = 1
     while True:
-        got = read_unit(dev, unit.address, unit.size, reads, "verify")
+        got = read_unit(dev, unit.address, unit.size, reads, "verify", written)
         mm = record_verify(dev, unit.address, unit.size, got, unit.wanted, attempt)
         if mm is None:
             dev.recorder.add("units", address=unit.address, size=unit.size, state="verified", action=unit.label,
                              wanted_sha256=hashlib.sha256(unit.wanted).hexdigest(),
-                             detail=f"attempt {attempt}", clock=dev.clock.now())
+                             detail=f"attempt {attempt}; {confirmation_note(dev, 'verify')}", clock=dev.clock.now())
             return attempt
         if attempt > retries:
             dev.recorder.add("units", address=unit.address, size=unit.size, state="failed", action=unit.label,
@@ -81,13 +86,17 @@ def verify_unit(dev: Device, unit: UnitPlan, retries: int, reads: int = 1) -> in
 
 
 async def verify_stage(dev: Device, units: ObjectReceiveStream[UnitPlan], total_units: int,
-                       retries: int, reads: int = 1) -> int:
-    """Verify every unit that arrives; returns how many needed a retry."""
+                       retries: int, reads: int = 1, written: Expectation | None = None) -> int:
+    """Verify every unit that arrives; returns how many needed a retry. How each read-back
+    was confirmed is recorded when the stage ends, however it ends."""
     done = retried = 0
-    async with units:
-        async for unit in units:
-            attempts = await dev.call(verify_unit, dev, unit, retries, reads, at=("verify", unit.address))
-            retried += attempts > 1
-            done += 1
-            dev.progress("verify", done, total_units)
+    try:
+        async with units:
+            async for unit in units:
+                attempts = await dev.call(verify_unit, dev, unit, retries, reads, written, at=("verify", unit.address))
+                retried += attempts > 1
+                done += 1
+                dev.progress("verify", done, total_units)
+    finally:
+        read_checks(dev).record(dev, "verify")
     return retried

@@ -18,7 +18,7 @@ in a status read before anything else goes to the chip:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Literal
 
 from amdflash.stages.flash import chips, protection, sfdp
@@ -254,6 +254,13 @@ class SpiNor:
         """The bytes of each (address, size ≤ one window) as one read chain. Like every access
         to the array, it waits for a page program still running: a busy chip ignores a read
         and the line shows 0xFF, which a fast link would otherwise take for the content."""
+        return (data for data, _ in self._read_ranges(ranges, proving=False))
+
+    def read_ranges_proven(self, ranges: Iterable[tuple[int, int]]) -> Iterator[tuple[bytes, bool]]:
+        """As `read_ranges`, each with whether it provably came from the chip (RomSw.read_chain_proven)."""
+        return self._read_ranges(ranges, proving=True)
+
+    def _read_ranges(self, ranges: Iterable[tuple[int, int]], proving: bool) -> Iterator[tuple[bytes, bool]]:
         requests = []
         for address, size in ranges:
             if not 0 < size <= MAX_CHUNK:
@@ -261,19 +268,25 @@ class SpiNor:
             self._check_range(address, size)
             requests.append(Request(READ, address, 3, size))
         if self._busy is None:
-            return self.spi.read_chain(requests)
-        return self._read_after_busy(requests)
+            return self._chain(requests, None, proving)
+        return self._read_after_busy(requests, proving)
 
-    def _read_after_busy(self, requests: Iterable[Request]) -> Iterator[bytes]:
+    def _chain(self, requests: list[Request], start_after: float | None,
+               proving: bool) -> Generator[tuple[bytes, bool], None, None]:
+        if proving:
+            return self.spi.read_chain_proven(requests, start_after)
+        return ((data, False) for data in self.spi.read_chain(requests, start_after))
+
+    def _read_after_busy(self, requests: list[Request], proving: bool) -> Iterator[tuple[bytes, bool]]:
         """A read chain led by a status read, which shows the chip idle before the array reads."""
         busy, self._busy = self._busy, None
         assert busy is not None
         clock = self.clock
         start_after: float | None = busy.ends
         while True:
-            chain = self.spi.read_chain([Request(RDSR1, count=1), *requests], start_after)
+            chain = self._chain([Request(RDSR1, count=1), *requests], start_after, proving)
             start_after = None
-            sr1 = next(chain)[0]
+            sr1 = next(chain)[0][0]
             if not sr1 & protection.SR1_WIP:
                 yield from chain
                 return

@@ -34,6 +34,28 @@ Facts of the silicon that shape every transaction:
   chunk, kept in the capture buffer, so that a chain which goes on where the last one
   ended (a dump, unit after unit) starts without it. Any other transaction drops it.
 
+* Where a read came from. A read that returns the bytes it was expected to return confirms
+  itself only if it provably came from the chip in answer to its request (stages/confirm.py):
+  the window also holds what the host put there (the TX data of the page just programmed,
+  data preloaded for the next one) and earlier captures, and an RX transaction that did not
+  run — its CNTL write lost, a done bit left over from the transaction before — leaves the
+  window as it was. The proof is by construction, from the window's content, in chained
+  mode (`read_chain_proven`): the driver knows what the window held before each RX
+  transaction (it read it after the transaction before — what it wrote there does not
+  count, a write can be lost), and a transaction that did not run leaves that content in
+  place exactly (a capture moves into the window only when an RX transaction completes;
+  nothing else writes it during a chain). So a transaction *moved* the window when what it
+  left there differs from what the driver knew before it (in any byte it knew), and then
+  it ran: its request reached the chip and its capture replaced the whole capture buffer.
+  A delivery — the capture of the transaction before, brought in by this one — is proven
+  when both moved: the capture is then this request's bytes from the chip, not the host's
+  TX data and not an older capture.
+  Content that repeats from one chunk to the next, which would leave the window unchanged,
+  proves nothing (and is confirmed by agreeing reads); so is the first read of a chain
+  whose window the driver has not seen, which is why such chains read the whole window
+  after their first transaction. Primed reads prove nothing: each pair captures the same
+  address twice, so a pair whose first half did not run looks like one that did.
+
 How much of this is sent the validated way and how much the fast way is `self.fast`
 (see fastpaths.py): every fast path is checked on the board at open, and a board where one
 disagrees with the validated sequence keeps that one off.
@@ -62,6 +84,8 @@ SPI_MARGIN = 1.02             # the engine's clock may run a little slower than 
 SPI_SLACK = 2e-6              # ... and start a little later
 CLEAR_BOUND = 1e-3            # a CNTL = 0 clear shows done by then, or it started nothing
 SPOILED_RETRIES = 3
+STATUS_CLEARS = 3             # writes of 0 to STATUS before it counts as not clearing
+CAPTURE = MAX_DATA            # the window a capture replaces (the whole of it)
 
 RxMode = Literal["primed", "chained"]
 
@@ -124,12 +148,20 @@ class RomSw:
         self._command: int | None = None      # ROM_SW_COMMAND as last written
         self._window: bytes | None = None     # what the data window holds, when this driver knows
         self._reserved = 0
+        # Provenance of reads (module docstring): the window's first bytes as this driver last
+        # read them (b"": not known), whether the last transaction was an RX one that moved
+        # the window, and whether the current chain reads whole windows to prove its reads.
+        self._seen = b""
+        self._moved = False
+        self._proven = False        # the last delivery is proven to come from the chip
+        self._proving = False
 
     # -- lifetime -------------------------------------------------------------------------
     def open(self) -> RomSw:
         if self._open:
             return self
         self._open = True
+        self._seen, self._moved = b"", False     # another process may have used the engine
         try:
             if not self.options.restore_each:
                 self._configure()
@@ -183,11 +215,15 @@ class RomSw:
         self._w32(R.ROM_CNTL, (cntl & ~0xF) | 8)
 
     def _check_status_clears(self) -> None:
-        self._w32(R.ROM_SW_STATUS, 0)
-        status = self._r32(R.ROM_SW_STATUS)
-        if status != 0:
-            raise RomSwError(f"ROM_SW_STATUS did not clear (reads {status:#010x}); "
-                             "the ROM_SW engine is not usable on this board")
+        # A write can be lost on the way (the done bit then stays set): write it again a few
+        # times before calling the engine unusable.
+        for _ in range(STATUS_CLEARS):
+            self._w32(R.ROM_SW_STATUS, 0)
+            status = self._r32(R.ROM_SW_STATUS)
+            if status == 0:
+                return
+        raise RomSwError(f"ROM_SW_STATUS did not clear (reads {status:#010x} after {STATUS_CLEARS} writes of 0); "
+                         "the ROM_SW engine is not usable on this board")
 
     def _restore(self, values: dict[int, int], disable_writes: bool) -> None:
         try:
@@ -247,32 +283,54 @@ class RomSw:
         mode each window holds the previous RX capture, whoever caused it. `start_after`:
         the first transaction does not start before then (its registers are loaded before).
         """
+        for data, _ in self._chain(requests, start_after, proving=False):
+            yield data
+
+    def read_chain_proven(self, requests: Iterable[Request],
+                          start_after: float | None = None) -> Generator[tuple[bytes, bool], None, None]:
+        """As `read_chain`, each result with whether it provably came from the chip in answer
+        to its request (the module docstring). Only chained reads can be proven; a chain that
+        starts without a capture proven waiting reads the whole window after each of its
+        transactions that delivers less, so that its first reads can be proven too."""
+        return self._chain(requests, start_after, proving=self.proves_reads)
+
+    @property
+    def proves_reads(self) -> bool:
+        """Whether reads can be proven to come from the chip (chained RX only)."""
+        return self.fast.chained
+
+    def _chain(self, requests: Iterable[Request], start_after: float | None,
+               proving: bool) -> Generator[tuple[bytes, bool], None, None]:
         if not self.fast.chained:
             for r in requests:
                 # Prime with at least 2 bytes, as the validated client does; keep the second.
                 self._transaction(r.opcode, r.address, r.address_bytes, b"", max(2, r.count),
                                   start_after=start_after)
                 start_after = None
-                yield self._deliver(r, r)
+                yield self._deliver(r, r), False
             return
         pending, self._pending = self._pending, None
         previous: Request | None = None
-        for r in requests:
-            if previous is None and r == pending:
-                previous = r            # its capture is already waiting
-                continue
-            window = self._deliver(r, previous, start_after)
-            start_after = None
+        self._proving = proving
+        try:
+            for r in requests:
+                if previous is None and r == pending:
+                    previous = r            # its capture is already waiting
+                    continue
+                window = self._deliver(r, previous, start_after)
+                start_after = None
+                if previous is not None:
+                    yield window, self._proven
+                previous = r
             if previous is not None:
-                yield window
-            previous = r
-        if previous is not None:
-            # One more transaction brings the last capture into the window: for an array
-            # read, the read of the chunk after it, which the next chain may start with.
-            follow = _following(previous)
-            window = self._deliver(follow or previous, previous)
-            self._pending = follow
-            yield window
+                # One more transaction brings the last capture into the window: for an array
+                # read, the read of the chunk after it, which the next chain may start with.
+                follow = _following(previous)
+                window = self._deliver(follow or previous, previous)
+                self._pending = follow
+                yield window, self._proven
+        finally:
+            self._proving = False
 
     def raw(self, opcode: int, address: int = 0, address_bytes: int = 0, count: int = 0) -> bytes:
         """One RX transaction returning the window as is (the *previous* capture)."""
@@ -293,7 +351,8 @@ class RomSw:
             except _FoundRunning:
                 self._give_up_combined_read()
                 if previous is not None:
-                    # Both captures may be spoiled: take the previous one again first.
+                    # Both captures may be spoiled: take the previous one again first (it then
+                    # proves itself, or not, like any other).
                     self._transaction(previous.opcode, previous.address, previous.address_bytes, b"",
                                       max(2, previous.count))
         raise RomSwError("reads keep finding ROM_SW transactions still running; check the transport")
@@ -335,8 +394,12 @@ class RomSw:
         if data and data == self._window:
             data = b""                                  # already loaded (a preload)
         self._load(command, data)
+        captured = self._moved      # the transaction before this one ran, and captured what this one brings in
+        seen = self._seen
+        self._moved = self._proven = False
         if rx_count:
             self._window = None                         # the capture lands in the window
+            self._seen = b""
         control = address_bytes << 16 | (R.ROM_SW_RETURN_DATA_ENABLE if rx_count else 0) | count
         clock = self.bar.clock
         if start_after is not None:
@@ -351,10 +414,22 @@ class RomSw:
         self.transactions += 1
         if self.observer:
             self.observer(opcode, address, address_bytes, len(tx), rx_count)
-        return self._observe(sent, wire, deliver)
+        window = CAPTURE if rx_count and self._proving else 0
+        got = self._observe(sent, wire, deliver, window)
+        if rx_count and got:
+            # What this transaction left in the window, against what the driver knew was there.
+            n = min(len(got), len(seen))
+            self._moved = n > 0 and got[:n] != seen[:n]
+            self._proven = captured and self._moved
+            self._seen = got
+        return got[:deliver]
 
     def _load(self, command: int, data: bytes) -> None:
         """Clear STATUS, set COMMAND, load window data."""
+        if data:
+            # What the window holds is what this driver reads there, not what it wrote: a
+            # write lost on the way must not make a later read look as if it changed the window.
+            self._seen = b""
         fast = self.fast
         if fast.streamed_command and (data or not fast.single_tlp):
             head = struct.pack("<III", 0, command, self._reserved) if data else struct.pack("<II", 0, command)
@@ -382,8 +457,9 @@ class RomSw:
             clock.sleep(self.options.poll_interval)
         self._check_status_clears()
 
-    def _observe(self, sent: float, wire: int, deliver: int) -> bytes:
-        """Wait for the transaction to end and see its done bit; return `deliver` window bytes.
+    def _observe(self, sent: float, wire: int, deliver: int, window: int = 0) -> bytes:
+        """Wait for the transaction to end and see its done bit; return the window's first
+        bytes: the `deliver` bytes asked for rounded up to dwords, or `window` bytes if more.
 
         `sent`: the time taken when the CNTL write had returned. The first read goes out
         when the transaction must have ended (see the module docstring): reading the window
@@ -392,18 +468,18 @@ class RomSw:
         clock, fast = self.bar.clock, self.fast
         deadline = sent + self.options.timeout
         clock.sleep(sent + self.spi_estimate(wire) - clock.now())
-        span = (deliver + 3) & ~3
-        if deliver and fast.combined_read:
+        span = max((deliver + 3) & ~3, window)
+        if span and fast.combined_read:
             block = self.bar.read_block(R.ROM_SW_STATUS, _STATUS_TO_WINDOW + span)
             status = int.from_bytes(block[:4], "little")
             if status & R.ROM_SW_DONE:
                 self._seen_done()
-                return block[_STATUS_TO_WINDOW:_STATUS_TO_WINDOW + deliver]
+                return block[_STATUS_TO_WINDOW:_STATUS_TO_WINDOW + span]
             self.found_running += 1
             self._await_done(deadline)
             raise _FoundRunning
         self._await_done(deadline)
-        return self.bar.read_block(R.ROM_SW_DATA, span)[:deliver] if deliver else b""
+        return self.bar.read_block(R.ROM_SW_DATA, span) if span else b""
 
     def _settle(self) -> None:
         """See the end of a transaction left unobserved (an exception between its CNTL write
@@ -458,6 +534,7 @@ class RomSw:
         self._transaction(_WRDI, 0, 0, b"", 0, preload=pattern)
         self._window = None
         window = self.bar.read_block(R.ROM_SW_DATA, (len(pattern) + 3) & ~3)
+        self._seen = window
         return _window_bytes(window)[:len(pattern)]       # back in wire order (the swap is its own inverse)
 
 

@@ -134,9 +134,11 @@ def _host_kills(cli, make_board, dense, db, fractions: list[float]) -> None:  # 
         _writer_gone(db)
         _check(cli, db, board)
         # The gap: writes 1..n-1 reached the board; all but the last few hundred are on record.
+        # The nth is on record too when the batch it closed was handed over just before the host
+        # died sending it (a write is recorded before it is sent).
         killed = json.loads(cli("runs", "--format", "json").out)[-1]["run_id"]
         recorded = json.loads(cli("report", killed, "--format", "json").out)["register_writes"]
-        assert 0 <= n - 1 - recorded <= 512 + 3, (n, recorded)
+        assert -1 <= n - 1 - recorded <= 512 + 3, (n, recorded)
 
 
 def test_host_killed_alone_loses_nothing_destructive(cli, make_board, dense, db):

@@ -1,7 +1,8 @@
 """Every fault kind against every board command, through the CLI as a user runs it.
 
 Each cell ends in a correct result, or exit 1 with one line naming what failed (or the
-host killed, for kill-after-writes); the registers are put back, or the error says which
+host killed, for kill-after-writes) — never a wrong byte kept (a dump, a flash or a verify
+that passes checks its result against the board); the registers are put back, or the error says which
 are left changed; the audit chain is intact; and where the fault was transient, a later
 run — after the fault is cleared, as after a re-plug or a flaky moment — reaches the
 target with the registers as the board had them before the first run.
@@ -32,7 +33,7 @@ UNIT = 0x1000
 SEED = 77
 COMMANDS = ("dump", "verify", "flash", "resume", "ifwi-all")
 ALL_FAULTS = ("read-flip=1e-6", "read-flip=1e-4", "read-flip=1e-2", "stuck-bit", "erase-fail", "stall-after",
-          "usb-disconnect-after", "kill-after-writes", "psp-error")
+          "usb-disconnect-after", "kill-after-writes", "psp-error", "silent-rx=1e-2", "stale-done=1e-2", "busy-read")
 FAULTS = tuple(f for f in ALL_FAULTS if f in os.environ.get("MATRIX_FAULTS", ",".join(ALL_FAULTS)).split(","))
 DAMAGED_BLOCK = 0x100000     # the flash commands must erase and program this 64 KiB block (it holds data)
 DAMAGED_BULK = 0xC0000       # ... and erase the first 12 blocks (three hold data) before they reach it
@@ -149,8 +150,11 @@ class Cell:
 def fault_spec(rig: Rig, fault: str, reference: dict[str, float]) -> list[str]:
     """The fault for this cell; counted faults land half-way through the command."""
     img = image()
-    if fault.startswith("read-flip"):
+    if fault.startswith(("read-flip", "silent-rx", "stale-done")):
         return [fault]
+    if fault == "busy-read":
+        # A unit that holds data: its first read finds the chip busy and reads all 0xFF.
+        return [f"busy-read={DAMAGED_BLOCK:#x}"]
     if fault == "stuck-bit":
         return [f"stuck-bit={stuck_address(img):#x}:0"]
     if fault == "erase-fail":

@@ -11,8 +11,9 @@ from amdflash.stages.flash.spinor import SpiNor
 from amdflash.stages.navi31.romsw import RomSw, RomSwOptions
 from amdflash.stages.transport.sim import SimBar5
 from amdflash.stages.transport.sim.cost import PCIE
-from amdflash.stages.transport.sim.floor import (dump_ops, erase_ops, flash_ops, physical_floor, program_ops,
-                                                 read_ops, transport_floor)
+from amdflash.stages.confirm import Expectation
+from amdflash.stages.transport.sim.floor import (dump_ops, erase_ops, flash_ops, kept_reads_of, physical_floor,
+                                                 program_ops, read_ops, transport_floor, verify_ops)
 
 US = 1e-6
 SPI_READ = 1 * US + 8 * 260 * 9 / 100e6          # a 256-byte array read at prescale 8: 188.2 µs
@@ -93,3 +94,30 @@ def test_the_driver_comes_close_to_the_floor_but_never_below_it(make_board):
     assert dump <= 1.03 * transport_floor(dump_ops_, credit_latency=False)
     ops = flash_ops(current, image, 64, 16)
     assert transport_floor(ops) < transport_floor(ops, credit_latency=False) <= flashed
+
+
+def _chunk_reads(ops) -> int:  # noqa: ANN001
+    return sum(1 for op in ops if op.wire == 4 + 0x100 and op.physical)
+
+
+def test_floors_count_kept_reads_as_amdflash_confirms_them():
+    """A chunk found as expected and free to confirm itself is read once; patterned content,
+    a dump and the backup of a unit about to change are read `kept_reads` times."""
+    rng = random.Random(30)
+    content = rng.randbytes(0x200000)
+    erased = b"\xff" * 0x200000
+    assert _chunk_reads(verify_ops(content, content, 2)) == 8192          # every chunk matches: once
+    assert _chunk_reads(verify_ops(erased, erased, 2)) == 2 * 8192        # all 0xFF proves nothing
+    assert _chunk_reads(verify_ops(content, content, 1)) == 8192
+    assert _chunk_reads(dump_ops(reads_per_unit=2)) == 2 * 8192
+    image = bytearray(content)
+    image[0x10000:0x12000] = rng.randbytes(0x2000)                         # two units change
+    ops = flash_ops(content, bytes(image), 0x10, 4, kept_reads=2)
+    first_erase = next(i for i, op in enumerate(ops) if op.busy)
+    last_program = max(i for i, op in enumerate(ops) if op.busy)
+    # Backup: two units about to change (twice), two found equal (once); the read-back of the
+    # units written (those that change, and any equal one an erase took in), once.
+    assert _chunk_reads(ops[:first_erase]) == 16 * (2 * 2 + 2)
+    assert _chunk_reads(ops[last_program + 1:]) in (16 * 2, 16 * 3, 16 * 4)
+    assert kept_reads_of(content[:0x1000], Expectation(bytes(image)), 0, 0x1000, 2, whole=True) == 16
+    assert kept_reads_of(bytes(0x1000), Expectation(bytes(image)), 0, 0x1000, 2, whole=True) == 32

@@ -17,6 +17,13 @@ erase-fail=SECTOR       erasing that 4 KiB sector (by index) silently does nothi
 slow-busy=F             programs, erases and status writes take F (>= 1) times their typical time,
                         at most the datasheet maximum: a slower part within specification
 stall-after=N           the ROM_SW engine stops completing after N transactions
+silent-rx=P             an RX transaction ends (STATUS shows done) without having run, with probability P:
+                        the chip hears nothing and the capture and the data window keep what they held
+stale-done=P            a write of 0 to ROM_SW_STATUS is lost with probability P: the done bit of the
+                        transaction before stays set
+busy-read=ADDR[:N]      the first array read of the 4 KiB unit at ADDR finds the chip busy (a program or
+                        erase it is still doing) for N transactions (default 16: a whole read of the unit):
+                        it ignores them, reads come back all 0xFF and status reads show WIP (once)
 usb-disconnect-after=N  the USB bridge disappears after N USB transfers
 kill-after-writes=N     the host process dies at its Nth register write (one-shot, as on power loss)
 psp-error=CMD:CODE      the PSP answers mailbox command CMD with error CODE
@@ -44,6 +51,16 @@ def _float(text: str, name: str, lo: float, hi: float, what: str) -> float:
     return value
 
 
+def _address_and(value: str, name: str, what: str, lo: int, hi: int, default: int) -> tuple[int, int]:
+    """ADDR[:N]: a flash address and a number in lo..hi (`default` when left out)."""
+    addr_text, _, n_text = value.partition(":")
+    addr = _int(addr_text, f"{name} address")
+    n = _int(n_text, f"{name} {what}") if n_text else default
+    if not 0 <= addr < FLASH_SIZE or not lo <= n <= hi:
+        raise FaultSpecError(f"{name}: {value!r} is outside the 2 MiB flash or {what} {lo}..{hi}")
+    return addr, n
+
+
 @dataclass
 class Faults:
     read_flip: float = 0.0
@@ -54,6 +71,9 @@ class Faults:
     kill_after_writes: int | None = None
     psp_errors: dict[int, int] = field(default_factory=dict)          # command -> error code
     slow_busy: float = 1.0                                            # busy time factor
+    silent_rx: float = 0.0                    # probability an RX transaction ends without running
+    stale_done: float = 0.0                   # probability a write of 0 to ROM_SW_STATUS is lost
+    busy_read: tuple[int, int] | None = None  # (unit address, transactions the chip stays busy)
 
     @classmethod
     def parse(cls, specs: list[str]) -> Faults:
@@ -69,14 +89,15 @@ class Faults:
         if name == "read-flip":
             self.read_flip = _float(value, name, 0.0, 1.0, "probability")
         elif name == "stuck-bit":
-            addr_text, _, bit_text = value.partition(":")
-            addr = _int(addr_text, "stuck-bit address")
-            bit = _int(bit_text, "stuck-bit bit") if bit_text else 0
-            if not 0 <= addr < FLASH_SIZE or not 0 <= bit <= 7:
-                raise FaultSpecError(f"stuck-bit: {value!r} is outside the 2 MiB flash or bit 0..7")
+            addr, bit = _address_and(value, name, "bit", 0, 7, 0)
             self.stuck_bits.append((addr, bit))
         elif name == "slow-busy":
             self.slow_busy = _float(value, name, 1.0, 100.0, "factor")
+        elif name in ("silent-rx", "stale-done"):
+            setattr(self, name.replace("-", "_"), _float(value, name, 0.0, 1.0, "probability"))
+        elif name == "busy-read":
+            addr, count = _address_and(value, name, "transactions", 1, 1_000_000, 16)
+            self.busy_read = (addr // SECTOR_SIZE * SECTOR_SIZE, count)
         elif name == "erase-fail":
             sector = _int(value, "erase-fail sector")
             if not 0 <= sector < FLASH_SIZE // SECTOR_SIZE:
@@ -108,6 +129,9 @@ class Faults:
             "kill_after_writes": self.kill_after_writes,
             "psp_errors": {str(k): v for k, v in self.psp_errors.items()},
             "slow_busy": self.slow_busy,
+            "silent_rx": self.silent_rx,
+            "stale_done": self.stale_done,
+            "busy_read": list(self.busy_read) if self.busy_read else None,
         }
 
     @classmethod
@@ -121,6 +145,9 @@ class Faults:
             kill_after_writes=data.get("kill_after_writes"),
             psp_errors={int(k): int(v) for k, v in data.get("psp_errors", {}).items()},
             slow_busy=float(data.get("slow_busy", 1.0)),
+            silent_rx=float(data.get("silent_rx", 0.0)),
+            stale_done=float(data.get("stale_done", 0.0)),
+            busy_read=(int(data["busy_read"][0]), int(data["busy_read"][1])) if data.get("busy_read") else None,
         )
 
     def describe(self) -> list[str]:
@@ -135,4 +162,8 @@ class Faults:
         out += [f"psp-error={c:#x}:{e:#x}" for c, e in self.psp_errors.items()]
         if self.slow_busy != 1.0:
             out.append(f"slow-busy={self.slow_busy:g}")
+        out += [f"{n}={getattr(self, n.replace('-', '_'))}" for n in ("silent-rx", "stale-done")
+                if getattr(self, n.replace("-", "_"))]
+        if self.busy_read:
+            out.append(f"busy-read={self.busy_read[0]:#x}:{self.busy_read[1]}")
         return out

@@ -33,13 +33,24 @@ transaction in flight sends the read no earlier than the end itself, by its own 
 CNTL no earlier than the chip is free). `transport_floor(..., credit_latency=False)` is the
 least time under that rule too: the **observed floor**, the one such a driver can reach.
 
-A job is a list of `Op`s; `read_ops`, `program_ops` and `flash_ops` build the usual ones.
+Reads of kept data count as amdflash's confirmation policy reads them (stages/confirm.py):
+a chunk whose content is known, may confirm itself (neither patterned nor found elsewhere in
+the image) and is found as expected — in a verify against the image, a unit found equal to the
+image before a flash, the read-back of the data written — is read once; every other kept
+chunk `kept_reads` times (a dump, the backup of a unit about to change, patterned content).
+The floors idealise the reads of one job into one chain, so they count nothing for proving
+where a read came from (amdflash reads the whole window once where a chain starts, and a
+read it cannot prove is read again): that, like any chain start, is amdflash's own cost.
+
+A job is a list of `Op`s; `read_ops`, `program_ops`, `verify_ops` and `flash_ops` build the
+usual ones.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from collections.abc import Iterable, Sequence
 
+from amdflash.stages.confirm import Expectation
 from amdflash.stages.flash.chips import GD25LQ16E, ChipInfo
 from amdflash.stages.flash.planning import PlanCosts, apply_cover, cover, plan_unit
 from amdflash.stages.navi31.regs import ROM_SW_DATA, ROM_SW_STATUS
@@ -131,8 +142,33 @@ def _loads(op: Op, profile: CostProfile) -> float:
 # -- the usual jobs ---------------------------------------------------------------------------
 
 def dump_ops(size: int = GD25LQ16E.size, reads_per_unit: int = 1) -> list[Op]:
-    """Read everything once (or `reads_per_unit` times, when reads are confirmed)."""
+    """Read everything once (or `reads_per_unit` times, when reads are confirmed): a dump has
+    no expectation."""
     return read_ops(reads_per_unit * size // CHUNK)
+
+
+def kept_reads_of(found: bytes, expected: Expectation | None, address: int, size: int, kept_reads: int,
+                  whole: bool = False) -> int:
+    """Chunk reads that confirm the kept unit [address, address+size) holding `found`, as
+    amdflash confirms it: a chunk found as `expected` that may confirm itself is read once,
+    any other `kept_reads` times (`whole`: a unit that differs anywhere from its expectation,
+    the backup of a unit about to change, takes `kept_reads` for every chunk)."""
+    chunks = -(-size // CHUNK)
+    if kept_reads <= 1:
+        return chunks
+    if expected is None or (whole and found != expected.image[address:address + size]):
+        return chunks * kept_reads
+    once = sum(1 for a in range(address, address + size, CHUNK)
+               if expected.confirming(a, min(CHUNK, address + size - a))
+               and found[a - address:a - address + CHUNK] == expected.image[a:a + CHUNK])
+    return once + (chunks - once) * kept_reads
+
+
+def verify_ops(board: bytes, image: bytes, kept_reads: int = 1, unit: int = GD25LQ16E.unit) -> list[Op]:
+    """Read everything, each chunk as often as its confirmation against `image` needs."""
+    expected = Expectation(image) if kept_reads > 1 else None
+    return read_ops(sum(kept_reads_of(board[a:a + unit], expected, a, unit, kept_reads)
+                        for a in range(0, len(board), unit)))
 
 
 def plan_costs(profile: CostProfile = ASM24, chip: ChipInfo = GD25LQ16E,
@@ -156,8 +192,8 @@ def flash_ops(current: bytes, image: bytes, first: int = 0, count: int | None = 
     """Writing `image` over `current` in units first..first+count: read every unit, erase
     and program what the quickest cover needs, read back every written unit. Every read is
     of kept data (the backup of a unit about to change, a unit found equal to the image, a
-    passing read-back), so each counts `kept_reads` times (2 when such reads are confirmed,
-    as amdflash's are by default)."""
+    passing read-back), each counted as amdflash confirms it (`kept_reads_of`; `kept_reads`
+    2 by default, 1: unconfirmed)."""
     unit = chip.unit
     count = chip.size // unit - first if count is None else count
     addresses = [(first + i) * unit for i in range(count)]
@@ -165,14 +201,16 @@ def flash_ops(current: bytes, image: bytes, first: int = 0, count: int | None = 
     plans = [plan_unit(a, current[a:a + unit], image[a:a + unit], page_size) for a in addresses]
     erases = cover(plans, [e.size for e in chip.erase_types], plan_costs(profile, chip, prescale))
     plans = apply_cover(plans, erases, page_size)
-    per_unit = unit // CHUNK
     written = [p for p in plans if p.action != "skip"]
-    ops = read_ops(per_unit * len(plans) * kept_reads)[:-1]   # the backup chain runs on
+    expected = Expectation(image) if kept_reads > 1 else None
+    backup = sum(kept_reads_of(current[a:a + unit], expected, a, unit, kept_reads, whole=True) for a in addresses)
+    ops = read_ops(backup)[:-1]   # the backup chain runs on
     for e in sorted(erases, key=lambda e: e.address):
         ops += erase_ops(e.size, chip)
         ops += program_ops(sum(len(p.pages) for p in written if e.address <= p.address < e.address + e.size), chip)
     ops += program_ops(sum(len(p.pages) for p in written if p.action == "program"), chip)
-    verify = read_ops(per_unit * len(written) * kept_reads)
+    verify = read_ops(sum(kept_reads_of(image[p.address:p.address + unit], expected, p.address, unit, kept_reads)
+                          for p in written))
     if verify:
         # The verify chain continues the backup chain: its first read already delivers.
         verify[0] = Op(verify[0].wire, delivers=CHUNK)

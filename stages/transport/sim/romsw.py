@@ -32,7 +32,14 @@ Behaviour modelled, inconvenient parts included:
   starts: RX is then all 0xFF.
 * Gated board (after an autonomous PSP boot): a started transaction never runs, STATUS
   reads 0x04000800; writing 0 to STATUS still clears it.
-* Faults: stall-after=N (the engine stops: nothing runs, bit 0 never sets), read-flip=P.
+* Faults: stall-after=N (the engine stops: nothing runs, bit 0 never sets), read-flip=P;
+  silent-rx=P (an RX transaction ends, done bit and all, without having run: the chip hears
+  nothing, the capture buffer and the window keep what they held — what a driver sees when a
+  transaction's start was lost and the done bit it reads is one left over); stale-done=P (a
+  write of 0 to STATUS is lost, so the done bit of the transaction before stays set);
+  busy-read=ADDR:N (the first array read of that unit finds the chip busy for N transactions:
+  it ignores them, reads come back all 0xFF, status reads show WIP). Each draws from a stream
+  seeded by the board, so runs repeat.
 """
 from __future__ import annotations
 
@@ -41,7 +48,8 @@ import struct
 from typing import TYPE_CHECKING
 
 from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim.state import F_ENGINE_TXNS, F_FLIP_DRAWS, C
+from amdflash.stages.transport.sim.state import (F_BUSY_FIRED, F_BUSY_LEFT, F_ENGINE_TXNS, F_FLIP_DRAWS,
+                                                 F_SILENT_DRAWS, F_STALE_DRAWS, C)
 
 if TYPE_CHECKING:
     from amdflash.stages.transport.sim.board import Board
@@ -58,7 +66,10 @@ _PADS = struct.Struct("<4I")
 assert (R.GPIOPAD_A, R.GPIOPAD_EN) == (R.GPIOPAD_MASK + 4, R.GPIOPAD_MASK + 12)
 _T_AT = CAPTURE_SIZE
 _FLAGS_AT = CAPTURE_SIZE + _T.size
-IN_FLIGHT, SPOILED, PADS_OPEN, UNOBSERVED = 0x1, 0x2, 0x4, 0x8
+IN_FLIGHT, SPOILED, PADS_OPEN, UNOBSERVED, SILENT = 0x1, 0x2, 0x4, 0x8, 0x10
+_ARRAY_READS = (0x03, 0x0B)
+_STATUS_READS = (0x05, 0x35, 0x15)
+_WIP = 0x01
 _SPI_TRANSACTIONS, _SPI_BYTES, _SPI_SECONDS = C["spi_transactions"], C["spi_bytes"], C["spi_seconds"]
 
 
@@ -155,6 +166,9 @@ class RomSwEngine:
                     self._violation(f"{'ROM_SW_CNTL' if base == R.ROM_SW_CNTL else 'ROM_SW_COMMAND'} was written", now)
                 elif self._state[-1] & UNOBSERVED:
                     self._unobserved()
+            elif base == R.ROM_SW_STATUS and self._clear_lost(data[pos - offset:stop - offset]):
+                pos = stop
+                continue
             regs[pos:stop] = data[pos - offset:stop - offset]
             if base == R.ROM_SW_CNTL and not self._state[-1] & IN_FLIGHT:
                 self._start(_U32.unpack_from(regs, R.ROM_SW_CNTL)[0], now)
@@ -165,6 +179,22 @@ class RomSwEngine:
             elif self._state[-1] & UNOBSERVED:
                 self._unobserved()
             regs[pos:end] = data[pos - offset:]
+
+    def _clear_lost(self, written: bytes) -> bool:
+        """stale-done: whether this write, which would clear the done bit, is lost."""
+        board = self.board
+        p = board.faults.stale_done
+        if not p or len(written) != 4 or _U32.unpack(written)[0] & R.ROM_SW_DONE \
+                or not board.get32(R.ROM_SW_STATUS) & R.ROM_SW_DONE:
+            return False
+        return self._draw(F_STALE_DRAWS, "stale-done") < p
+
+    def _draw(self, slot: int, name: str) -> float:
+        """The next number of the fault `name`'s stream, seeded by the board (runs repeat)."""
+        board = self.board
+        draw = board.fault_state[slot]
+        board.fault_state[slot] = draw + 1
+        return random.Random(f"{board.seed}:{name}:{draw}").random()
 
     def _unobserved(self) -> None:
         self.board.count("unobserved_completions")
@@ -202,6 +232,9 @@ class RomSwEngine:
         counters[_SPI_BYTES] += wire
         counters[_SPI_SECONDS] += spi_time
         flags = IN_FLIGHT | (PADS_OPEN if self._pads_released() else 0)
+        if cntl & R.ROM_SW_RETURN_DATA_ENABLE and board.faults.silent_rx \
+                and self._draw(F_SILENT_DRAWS, "silent-rx") < board.faults.silent_rx:
+            flags |= SILENT
         _T.pack_into(self._state, 0, now, now + spi_time, cntl)
         self._state[-1] = flags
         if spi_time <= 0:
@@ -215,6 +248,11 @@ class RomSwEngine:
         data_size = min(cntl & 0xFFFF, R.ROM_SW_DATA_SIZE)
         receiving = bool(cntl & R.ROM_SW_RETURN_DATA_ENABLE)
         rx_len = data_size if receiving else 0
+        if flags & SILENT:
+            # Done, and nothing else: no command reached the chip, no capture moved.
+            regs = self._regs
+            _U32.pack_into(regs, R.ROM_SW_STATUS, _U32.unpack_from(regs, R.ROM_SW_STATUS)[0] | R.ROM_SW_DONE)
+            return
         if flags & SPOILED:
             # The chip saw an aborted command (nothing it acts on); the capture is noise.
             rx = self._noise(rx_len)
@@ -223,7 +261,7 @@ class RomSwEngine:
             # The pads must be the engine's for the whole transfer: taken back while it runs
             # (a restore sent too early), the chip never hears a complete command.
             pads = flags & PADS_OPEN and self._pads_released()
-            rx = board.chip.transaction(out, rx_len, ends) if pads else b"\xff" * rx_len
+            rx = self._chip(out, rx_len, ends) if pads else b"\xff" * rx_len
             if receiving and board.faults.read_flip:
                 rx = self._flip(rx)
         regs = self._regs
@@ -231,6 +269,25 @@ class RomSwEngine:
             regs[R.ROM_SW_DATA:R.ROM_SW_DATA + CAPTURE_SIZE] = self.capture
             self.capture[0:rx_len] = rx
         _U32.pack_into(regs, R.ROM_SW_STATUS, _U32.unpack_from(regs, R.ROM_SW_STATUS)[0] | R.ROM_SW_DONE)
+
+    def _chip(self, out: bytes, rx_len: int, ends: float) -> bytes:
+        """The chip's answer to one transaction; busy-read may find it busy."""
+        board = self.board
+        busy = board.faults.busy_read
+        if busy is not None:
+            state = board.fault_state
+            if not state[F_BUSY_FIRED] and out[0] in _ARRAY_READS and len(out) >= 4:
+                first = int.from_bytes(out[1:4], "big")
+                if first < busy[0] + 0x1000 and busy[0] < first + max(rx_len, 1):
+                    state[F_BUSY_FIRED], state[F_BUSY_LEFT] = 1, busy[1]
+            if state[F_BUSY_LEFT] > 0:
+                state[F_BUSY_LEFT] -= 1
+                if out[0] in _STATUS_READS:
+                    rx = board.chip.transaction(out, rx_len, ends)
+                    return bytes(b | _WIP for b in rx) if out[0] == 0x05 else rx
+                board.count("ignored_while_busy")
+                return b"\xff" * rx_len
+        return board.chip.transaction(out, rx_len, ends)
 
     def _wire_out(self, cntl: int, data_size: int, receiving: bool) -> bytes:
         command = self.board.get32(R.ROM_SW_COMMAND)

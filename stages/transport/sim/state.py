@@ -43,6 +43,10 @@ F_USB_TRANSFERS = 2   # USB transfers, for usb-disconnect-after
 F_ENGINE_TXNS = 3     # ROM_SW transactions, for stall-after
 F_FLIP_DRAWS = 4      # read-flip random draws consumed
 F_USB_FIRED = 5       # usb-disconnect-after has fired (one-shot)
+F_SILENT_DRAWS = 6    # silent-rx random draws consumed
+F_STALE_DRAWS = 7     # stale-done random draws consumed
+F_BUSY_LEFT = 8       # busy-read: transactions the chip is still busy for
+F_BUSY_FIRED = 9      # busy-read has fired (one-shot)
 
 COUNTER_NAMES = (
     "modelled_seconds",
