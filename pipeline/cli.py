@@ -198,6 +198,7 @@ def _configure(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command line; returns the exit status (never raises, never prints a traceback)."""
+    own_line = argv is None       # the process's own command line: it ends after this one
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         from amdflash.pipeline import output
@@ -231,6 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from amdflash.pipeline import config
 
         config.choose(None)   # --config held for this command line only
+        runner = sys.modules.get("amdflash.pipeline.runner")
+        if not own_line and runner is not None and signal.getsignal(signal.SIGINT) is runner.late_interrupt:
+            signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C back for the caller's next line
 
 
 def _report(raised: BaseException) -> int:

@@ -24,7 +24,7 @@ def read_checks(db: sqlite_utils.Database, rows: RunRows) -> dict[str, Any]:
     first = list(db.query("SELECT address, purpose, reads, differing, resolved FROM read_disagreements "
                           f"WHERE {rows.sql} ORDER BY resolved, seq LIMIT 5", rows.args))
     return {
-        "confirmation": confirmation(db, run_id),
+        "confirmation": confirmation(db, rows),
         "policy": policy,
         "confirmed": isinstance(reads, int) and reads >= 2,
         "disagreed_reads": sum(n for n, _ in counts.values()),
@@ -34,13 +34,13 @@ def read_checks(db: sqlite_utils.Database, rows: RunRows) -> dict[str, Any]:
     }
 
 
-def confirmation(db: sqlite_utils.Database, run_id: str) -> dict[str, dict[str, Any]]:
+def confirmation(db: sqlite_utils.Database, rows: RunRows) -> dict[str, dict[str, Any]]:
     """How the run's kept units were confirmed, per purpose (the `stages` rows "reads /
     confirmed" its reading phases recorded): units matched (every chunk equal to what it
     should hold, proven to come from the chip), mixed, by agreeing reads, read once."""
     out: dict[str, dict[str, Any]] = {}
-    for r in db.query("SELECT detail FROM stages WHERE run_id = ? AND stage = 'reads' AND event = 'confirmed' "
-                      "ORDER BY seq", [run_id]):
+    for r in db.query(f"SELECT detail FROM stages WHERE {rows.sql} AND stage = 'reads' AND event = 'confirmed' "
+                      "ORDER BY seq", rows.args):
         try:
             d = json.loads(r["detail"] or "")
         except ValueError:

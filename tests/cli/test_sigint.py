@@ -84,3 +84,25 @@ def test_ctrl_c_during_a_flash_stops_it_cleanly_and_it_resumes(tmp_path, make_bo
 @pytest.mark.parametrize("delay", [0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.3, 1.7, 2.2, 2.8, 3.5, 4.5])
 def test_ctrl_c_at_many_moments(tmp_path, make_board, delay):
     _interrupt_then_finish(tmp_path, make_board, delay)
+
+
+def test_a_ctrl_c_once_the_run_is_on_record_changes_nothing(tmp_path, make_board, amdflash, monkeypatch):
+    """The key pressed while the finished run is being reported (the test presses it at that
+    very moment, in-process): the run succeeded and says so, exit 0 — not "interrupted"."""
+    from amdflash.pipeline import commands
+
+    reports = commands._reports
+
+    def press_ctrl_c_then_report(*args):  # noqa: ANN002, ANN202
+        os.kill(os.getpid(), signal.SIGINT)
+        return reports(*args)
+
+    monkeypatch.setattr(commands, "_reports", press_ctrl_c_then_report)
+    image = tmp_path / "image.bin"
+    image.write_bytes(synthetic_ifwi(21))
+    board = make_board(content="blank", transport="ideal")
+    r = amdflash("flash", str(image), "--yes", "--expect-part", "SYNTH-0001", "--board", f"sim:{board}",
+                 "--sector-count", "4", "--no-progress")
+    assert r.code == 0, r.err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # Ctrl-C back for what follows
+    assert flash_content(board)[:4 * 0x1000] == image.read_bytes()[:4 * 0x1000]

@@ -85,7 +85,7 @@ def test_the_driver_runs_its_own_command_over_strict_ssh_of_its_own() -> None:
     assert argv[:2] == ["ssh", "-x"] and argv[-3:-1] == ["--", "hosta"]
     options = [argv[i + 1] for i, a in enumerate(argv[:-3]) if a == "-o"]
     assert {"StrictHostKeyChecking=yes", "BatchMode=yes", "ControlPath=none", "ControlMaster=no"} <= set(options)
-    assert argv[-1] == ("/opt/amdflash/bin/amdflash fleet job --board usb:0A1B2C3D --board usb:0A1B2C3E "
+    assert argv[-1] == ("/opt/amdflash/bin/amdflash fleet job --host-name hosta --board usb:0A1B2C3D --board usb:0A1B2C3E "
                         f"--db {DEFAULT_DB} info")
     driver.hosts = ["hostb"]                              # hosta no longer allowed: nothing is built
     with pytest.raises(JobError, match="host hosta is not in the operator's allowlist"):
