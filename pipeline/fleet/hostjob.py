@@ -207,7 +207,8 @@ def _plan(specs: list[str], before: list[dict[str, Any]], job: str,
             fd, output = tempfile.mkstemp(prefix="amdflash-fleet-dump-", suffix=".bin")
             os.close(fd)
             results[spec]["output"] = output
-            groups.append(([spec], ["dump", output]))
+            # The name is ours (made new, 0600, in the sticky temp dir): the dump replaces it.
+            groups.append(([spec], ["dump", output, "--overwrite"]))
         return groups
     raise ValueError(f"unknown job {job!r}")
 

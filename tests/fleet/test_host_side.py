@@ -218,7 +218,7 @@ def test_driver_flashes_resumes_a_killed_flash_and_dumps(tmp_path: Path) -> None
     assert resumed["modelled_seconds"] > 0
 
     dumped = driver.dump(tmp_path / "dump.bin")
-    assert dumped["status"] == "succeeded"
+    assert dumped["status"] == "succeeded", dumped
     assert dumped["output"] == str(tmp_path / "dump.bin")
     assert (tmp_path / "dump.bin").read_bytes() == image.read_bytes()
 
