@@ -119,6 +119,7 @@ def kill_and_resume(tmp_path, chip: str, fraction: float) -> None:  # noqa: ANN0
     assert "intact" in run(["audit", "verify"], env).stdout
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 @pytest.mark.parametrize("chip", PARTS[1:])
 def test_a_killed_flash_resumes_to_the_image_on_each_part(tmp_path, chip):
     kill_and_resume(tmp_path, chip, 0.5)

@@ -101,6 +101,7 @@ def test_exporter_config_without_boards_is_an_empty_valid_file(tmp_path: Path) -
     assert ResourceConfig(str(out), {"hostname": "h"}).data == {}
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_fleet_flash_refuses_before_reserving_anything(tmp_path: Path) -> None:
     """Usage errors: one line, exit 2, and no coordinator is even asked (none listens here)."""
     good, short = tmp_path / "good.bin", tmp_path / "short.bin"

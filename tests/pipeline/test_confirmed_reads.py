@@ -134,6 +134,7 @@ def test_a_whole_read_path_votes_per_unit():
 
 # -- through the CLI -----------------------------------------------------------------------------
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_a_dump_of_a_noisy_board_is_the_flash_and_every_disagreement_is_recorded(cli, make_board, db, tmp_path):
     board = make_board(transport="ideal", faults=["read-flip=1e-2"])
     out = tmp_path / "dump.bin"
@@ -205,6 +206,7 @@ def test_verify_of_a_noisy_board_passes_and_a_real_difference_still_fails(cli, m
     assert r.code == 1 and "verify mismatch at 0x054321" in r.err
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_a_flash_on_a_noisy_board_keeps_the_true_backup(cli, make_board, db, image, tmp_path):
     img = image.read_bytes()
     content = bytearray(img)
@@ -221,6 +223,7 @@ def test_a_flash_on_a_noisy_board_keeps_the_true_backup(cli, make_board, db, ima
     assert Path(path).read_bytes() == bytes(content) and sha == hashlib.sha256(content).hexdigest()
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_an_aperture_dump_reads_the_whole_flash_twice(cli, make_board, tmp_path):
     board = make_board()
     out = tmp_path / "dump.bin"

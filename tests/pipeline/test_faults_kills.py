@@ -215,6 +215,7 @@ def test_a_flash_sigkilled_at_a_random_moment_resumes_to_the_image(tmp_path, see
     case.check_finished(seed)
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_the_backup_is_complete_before_the_first_erase_and_rebuilt_on_resume_if_lost(tmp_path, reference_phases):
     case = Case(tmp_path / "first-erase")
     # The first write of the erase phase (the first erase's write enable): up to there the

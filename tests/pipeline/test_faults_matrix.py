@@ -305,6 +305,7 @@ def _check(tmp_path, references, command: str, fault: str) -> None:
         assert f"verify failed at {DAMAGED_BLOCK + 3 * UNIT:#08x}" in cell.outcome
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 @pytest.mark.parametrize("command,fault", FAST)
 def test_fault_cell(tmp_path, references, command, fault):
     _check(tmp_path, references, command, fault)
@@ -340,6 +341,7 @@ if __name__ == "__main__":
     main()
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_writes_a_disconnected_bridge_never_took_are_marked_not_sent(tmp_path):
     """The bridge goes away mid-flash: the trail records each write before sending it, so the
     writes that failed (the last one, then the restore's) are on record; a `stages` row says

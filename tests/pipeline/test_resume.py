@@ -64,6 +64,7 @@ def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fraction=st.floats(0.0, 1.0))
 def test_a_flash_killed_at_any_register_write_resumes_to_the_image(kill_setup, tmp_path_factory, fraction):
@@ -106,6 +107,7 @@ def test_resume_refuses_another_board_and_another_image(cli, make_board, image, 
     assert cli("resume", run_id, "--board", f"sim:{board}", "--yes").code == 2   # nothing left to do
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_sigint_mid_flash_restores_registers_marks_interrupted_and_resumes(make_board, tmp_path):
     image = bytearray(os.urandom(0x200000))
     image[:4] = b"\xaa\x55\xaa\x55"
@@ -158,6 +160,7 @@ def test_resume_refuses_when_another_run_wrote_the_board_since(cli, make_board, 
     assert flash_content(board) == other.read_bytes()
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_resume_rereads_units_an_earlier_run_verified(cli, make_board, image):
     """Something outside amdflash changed a verified unit: resume reads it and puts it right."""
     board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=19000"])
@@ -170,6 +173,7 @@ def test_resume_rereads_units_an_earlier_run_verified(cli, make_board, image):
     assert flash_content(board) == image.read_bytes()
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_resume_with_restore_each_puts_back_the_original_registers(make_board, image, tmp_path):
     board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=5002"])
     before = registers(board)

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from amdflash.store.status import run_status, this_process
 
 
@@ -69,6 +71,7 @@ def test_a_run_whose_process_lives_is_running_until_it_is_killed(make_board, ima
     assert list(statuses().values()) == ["interrupted"]
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_a_run_resumed_twice_has_one_status_in_every_view(make_board, image, db, tmp_path):
     board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=20000"])
     amdflash("-q", "flash", image, "--yes", "--force", "--board", f"sim:{board}")

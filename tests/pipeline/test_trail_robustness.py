@@ -82,6 +82,7 @@ def test_a_host_killed_mid_row_never_crashes_the_writer(tmp_path: Path, host_key
     assert report.ok and not report.unsealed, report.describe()
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_readers_never_see_a_torn_chain_while_a_writer_appends(cli_process, cli, make_board, db, tmp_path):
     """audit verify, runs, report and export run again and again beside a flash that is writing
     the same database: every answer is intact."""

@@ -197,6 +197,7 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow
                      max_leaves=6)
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 @FUZZ
 @given(data=st.data())
 def test_random_edits_are_named_or_refused_never_passed_or_crashed(made, capsys, tmp_path, data):  # noqa: ANN001

@@ -6,8 +6,9 @@ import pytest
 
 from tests.review import screenshots
 
-pytestmark = pytest.mark.skipif(screenshots.browser_missing() is not None,
-                                reason=str(screenshots.browser_missing()))
+pytestmark = [pytest.mark.skipif(screenshots.browser_missing() is not None,
+                                 reason=str(screenshots.browser_missing())),
+              pytest.mark.slow]   # four recorded runs and a browser: CI runs it (pytest -m slow)
 
 
 @pytest.fixture(scope="module")

@@ -74,6 +74,7 @@ def test_divergence_in_text(recorded: Recorded, cli) -> None:  # noqa: ANN001
     assert code == 0 and "identical" in out and "DIVERGED" not in out
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_until_stops_after_that_write(recorded: Recorded, cli) -> None:  # noqa: ANN001
     run = recorded.runs["stuck"]
     _, full = replay_json(cli, run)
