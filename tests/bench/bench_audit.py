@@ -16,6 +16,7 @@ import os
 import random
 import resource
 import sqlite3
+import shutil
 import statistics
 import subprocess
 import sys
@@ -59,6 +60,13 @@ def _bytes(db: Path) -> int:
 
 def main(repeats: int = 5, profiles: tuple[str, ...] = ("ideal",)) -> None:
     work = Path(tempfile.mkdtemp(prefix="amdflash-audit-bench-"))
+    try:
+        measure(work, repeats, profiles)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(work: Path, repeats: int, profiles: tuple[str, ...]) -> None:
     rng = random.Random(11)
     current = rng.randbytes(SIZE)
     image = bytearray(rng.randbytes(SIZE))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -122,8 +123,20 @@ def main() -> None:
     ap.add_argument("--jobs", help="comma-separated subset of the job names")
     ap.add_argument("--amdflash-python", default=sys.executable,
                     help="interpreter whose amdflash runs the jobs (e.g. another checkout's venv, to compare)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the boards, images and audit database (else removed at the end)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="amdflash-bench-"))
+    try:
+        bench(args, work)
+    finally:
+        if args.keep:
+            print(f"(boards, images and audit database kept in {work})")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def bench(args: argparse.Namespace, work: Path) -> None:
     env = {**os.environ, "AMDFLASH_DB": str(work / "audit.sqlite"), "AMDFLASH_LOCK_DIR": str(work / "locks")}
     jobs = make_jobs()
     if args.jobs:
@@ -161,7 +174,6 @@ def main() -> None:
     print_table(jobs, bool(args.seed_client), args.reads)
     print()
     print_landing_trace(work / "trace-board")
-    print(f"(boards, images and audit database in {work})")
 
 
 REGISTER_NAMES = {R.ROM_SW_CNTL: "CNTL", R.ROM_SW_STATUS: "STATUS", R.ROM_SW_COMMAND: "COMMAND",
