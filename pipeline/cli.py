@@ -217,7 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _configure(args)
         args.main = main   # for a command that runs others (the demo): no import back up to here
         args.build_parser = build_parser   # for the manual page, likewise
-        return int(args.func(args) or 0)
+        from amdflash.pipeline.interrupts import command_line
+
+        with command_line(ends_process=own_line):
+            return int(args.func(args) or 0)
     except SystemExit as e:          # --help, --version: argparse has printed what was asked
         return e.code if isinstance(e.code, int) else EXIT_OK
     except KeyboardInterrupt:
@@ -232,9 +235,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         from amdflash.pipeline import config
 
         config.choose(None)   # --config held for this command line only
-        runner = sys.modules.get("amdflash.pipeline.runner")
-        if not own_line and runner is not None and signal.getsignal(signal.SIGINT) is runner.late_interrupt:
-            signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C back for the caller's next line
 
 
 def _report(raised: BaseException) -> int:

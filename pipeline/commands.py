@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import anyio
 
-from amdflash.pipeline import amdgpu_jobs, auditdb, checks, config, jobs, next_step, outputs
+from amdflash.pipeline import amdgpu_jobs, auditdb, checks, config, interrupts, jobs, next_step, outputs
 from amdflash.pipeline.errors import EXIT_INTERRUPTED, Refusal
 from amdflash.pipeline.resume_plan import plan_resume
 from amdflash.pipeline.results import (DumpResult, FlashResult, IfwiResult, InfoResult, ProbeResult, ReadResult,
@@ -96,7 +96,7 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
 
     try:
         runs = anyio.run(run_boards, make, specs, writer, session.progress, image_path)
-        _work_done()
+        interrupts.runs_recorded()
     finally:
         writer.close()
     reports, backups = _reports(session.db_path, runs)
@@ -104,19 +104,6 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
                    reports.get(r.run_id, {}),
                    next_step.advice(reports[r.run_id], backups.get(r.run_id), r.run_id, r.spec)
                    if r.run_id in reports else None, **extra) for r in runs]
-
-
-def _work_done() -> None:
-    """From here on the runs' outcomes are recorded: a late Ctrl-C changes nothing (main()
-    puts Ctrl-C back for the next command line)."""
-    import signal
-    import threading
-
-    from amdflash.pipeline.runner import late_interrupt
-
-    main_thread = threading.current_thread() is threading.main_thread()
-    if main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, late_interrupt)
 
 
 def _key_list(keys: Sequence[Path] | None) -> list[Path] | None:

@@ -228,11 +228,6 @@ async def _watch_signals(stop: StopFlag, scope: anyio.CancelScope) -> None:
                 logger().warning("stopping at the next safe point", signal=name)
 
 
-def late_interrupt(signum: int, frame: object) -> None:
-    """Ctrl-C once a command's runs have ended and are on record: what is left is reporting
-    them, and an "interrupted" exit would contradict the recorded outcome."""
-
-
 def exit_code(results: list[RunResult]) -> int:
     codes = {r.exit_code for r in results}
     if EXIT_INTERRUPTED in codes:

@@ -106,3 +106,13 @@ def test_a_ctrl_c_once_the_run_is_on_record_changes_nothing(tmp_path, make_board
     assert r.code == 0, r.err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # Ctrl-C back for what follows
     assert flash_content(board)[:4 * 0x1000] == image.read_bytes()[:4 * 0x1000]
+
+
+def test_a_program_using_the_api_keeps_its_ctrl_c(make_board, tmp_path):
+    """Only the command line holds back a late Ctrl-C: after an API call the caller's own
+    Ctrl-C still raises KeyboardInterrupt."""
+    from amdflash import api
+
+    board = make_board(content="blank", transport="ideal")
+    api.dump(tmp_path / "d.bin", board=f"sim:{board}")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

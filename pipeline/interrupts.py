@@ -1,0 +1,39 @@
+"""Ctrl-C after a command line's runs have ended.
+
+Once every run of a command is on record, what is left is closing the trail and reporting
+the outcome; a Ctrl-C then must not turn a recorded success into an "interrupted" exit. The
+command line (cli.main) marks where that applies, so that a program using the API keeps its
+Ctrl-C."""
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_command_line = False
+
+
+def late_interrupt(signum: int, frame: object) -> None:
+    """The key pressed once the runs are on record: nothing to stop any more."""
+
+
+@contextmanager
+def command_line(ends_process: bool) -> Iterator[None]:
+    """One command line of amdflash; `ends_process`: the process ends after it (the console
+    script), else Ctrl-C is put back for the caller's next line (the demo, tests)."""
+    global _command_line
+    _command_line = True
+    try:
+        yield
+    finally:
+        _command_line = False
+        if not ends_process and signal.getsignal(signal.SIGINT) is late_interrupt:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def runs_recorded() -> None:
+    """Called once the command's runs have ended and are on record."""
+    if (_command_line and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        signal.signal(signal.SIGINT, late_interrupt)
