@@ -137,7 +137,8 @@ amdflash report RUN --format html -o run.html
 amdflash audit verify --key host.pub
 amdflash demo
 .fi""",
-    "see also": "fwupdmgr(1), flashrom(8), labgrid-client(1); the README and docs/ of amdflash",
+    "see also": "amdflash GROUP COMMAND \\-\\-help for the options of a command in a group (audit, fleet, image, "
+                "report, sim); fwupdmgr(1), flashrom(8), labgrid-client(1); the README and docs/ of amdflash",
 }
 
 
@@ -157,6 +158,15 @@ def _shared_options(parser: argparse.ArgumentParser) -> dict[str, str]:
     for sub in subparsers(parser):
         if sub.description:     # the page gives each command's first sentence; --help has the rest
             sub.description = sub.description.split(". ")[0].rstrip(".") + "."
+        if len(sub.prog.split()) > 2:
+            # A command of a group (audit, fleet, sim, report…): its synopsis and first sentence;
+            # its options are in `amdflash GROUP COMMAND --help`, as git's page leaves its
+            # commands' to their own pages.
+            for group in list(sub._action_groups):
+                for action in [a for a in group._group_actions if a.option_strings]:
+                    group._group_actions.remove(action)
+                    sub._actions.remove(action)
+            continue
         for group in [g for g in sub._action_groups if g.title in SHARED_GROUPS]:
             sub._action_groups.remove(group)
             for action in group._group_actions:
