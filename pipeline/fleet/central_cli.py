@@ -67,6 +67,25 @@ def add_audit_parsers(audit_sub: argparse._SubParsersAction) -> None:
                    help="rows per transaction, in whole checkpoints (default 500000)")
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="text: one line for people (default); json: what was sent, as an object")
+    follow = p.add_argument_group(
+        "follow (a service: amdflash-follow.service)",
+        "--follow keeps running: it watches this host's trail (read-only) and publishes what its runs are doing — "
+        "stage, bytes, rate, ETA and every end — to the central database's progress table within a second or two "
+        "(advisory, unsigned: the signed trail stays the record), and pushes the trail after every run's end and "
+        "every --push-every seconds. The jobs never wait for it; while central cannot be reached, what it saw "
+        "waits and is sent when central answers.")
+    follow.add_argument("--follow", action="store_true", help="run as the host's follow service (until SIGTERM)")
+    follow.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
+                        help="how often the trail is read (default 0.5)")
+    follow.add_argument("--push-every", type=float, default=30.0, metavar="SECONDS",
+                        help="push the signed trail at least this often (default 30; and after every run's end)")
+    follow.add_argument("--heartbeat", type=float, default=30.0, metavar="SECONDS",
+                        help="say the host is alive this often when nothing else is said (default 30)")
+    follow.add_argument("--exporter-config", type=Path, default=Path("/run/amdflash-exporter/exporter.yaml"),
+                        metavar="FILE", help="this host's exporter configuration, which names each board's place "
+                                             "(default /run/amdflash-exporter/exporter.yaml)")
+    follow.add_argument("--host-name", metavar="NAME",
+                        help="this host's exporter name, for place names (default: its enrolled name)")
     p.set_defaults(func=cmd_push)
 
     # `audit verify --central URL`: the central record as the trail's off-host anchor.
@@ -146,6 +165,8 @@ def cmd_push(args: argparse.Namespace) -> int:
     url = _url(args.to, "--to")
     if args.batch_rows < 1:
         raise UsageError("--batch-rows must be at least 1")
+    if args.follow:
+        return _follow(args, url)
     reader = open_reader(commands.db_path(args))
     try:
         report = push(reader.conn, url, args.batch_rows)
@@ -156,6 +177,24 @@ def cmd_push(args: argparse.Namespace) -> int:
     else:
         output.result(report.describe())
     return EXIT_OK
+
+
+def _follow(args: argparse.Namespace, url: str) -> int:
+    from amdflash.pipeline import commands
+    from amdflash.pipeline.auditdb import host_key_path
+    from amdflash.pipeline.fleet.live import follow
+
+    for option in ("interval", "push_every", "heartbeat"):
+        if getattr(args, option) <= 0:
+            raise UsageError(f"--{option.replace('_', '-')} must be more than 0 seconds")
+    db = str(Path(commands.db_path(args)).expanduser())
+    if not Path(db).is_file():
+        raise Refusal(f"no audit database at {db} (the jobs of this host create it)")
+    output.note(f"following {db}: live progress to {_where(url)}, pushes after each run's end and every "
+                f"{args.push_every:g} s")
+    return follow(db, url, interval=args.interval, push_every=args.push_every, heartbeat=args.heartbeat,
+                  exporter_config=args.exporter_config, host_name=args.host_name,
+                  host_key=_host_public(host_key_path()), log=output.note)
 
 
 def cmd_verify(args: argparse.Namespace, local_verify: Callable[[argparse.Namespace], int]) -> int:
