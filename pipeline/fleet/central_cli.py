@@ -156,6 +156,30 @@ def add_fleet_parsers(fsub: argparse._SubParsersAction) -> None:
                    help="the signatures must be by this public key (repeatable)")
     p.set_defaults(func=cmd_report)
 
+    p = fsub.add_parser(
+        "serve", help="a read-only web view of the line: live boards, run reports, history, health, metrics",
+        description="Serve the line from the central database over HTTP: every board live (host, place, state, "
+                    "stage, progress, ETA; failures first), each run's report (checked again here against its "
+                    "host's enrolled key), the history with filters, each host's push health, and /metrics for "
+                    "Prometheus. Read-only: connect as a member of amdflash_read. Binds 127.0.0.1 by default; put "
+                    "it behind a reverse proxy that authenticates (README, 'Running a line'). --notify sends "
+                    "run failed or interrupted, a host silent too long, and the line done, through Apprise.")
+    p.add_argument("--from", dest="source", metavar="URL", help=f"the central database (default ${ENV_CENTRAL})")
+    p.add_argument("--listen", default="127.0.0.1:8470", metavar="HOST:PORT",
+                   help="where to listen (default 127.0.0.1:8470: this machine only)")
+    p.add_argument("--notify", action="append", metavar="URL",
+                   help="an Apprise URL to notify (repeatable; default: notify = [...] in the config file): "
+                        "mailto://, slack://, matrix://, ntfy://, json:// (a webhook), ...")
+    p.add_argument("--silent-after", type=float, default=10.0, metavar="MINUTES",
+                   help="notify when a host has neither pushed nor said anything for this long (default 10)")
+    p.add_argument("--settle", type=float, default=30.0, metavar="SECONDS",
+                   help="the line is done when no board has run for this long after some ended (default 30)")
+    p.add_argument("--window", type=float, default=24.0, metavar="HOURS",
+                   help="the line shows every board heard from in this many hours (default 24)")
+    p.add_argument("--public-url", metavar="URL",
+                   help="this view's address as people reach it (behind the proxy), for links in notifications")
+    p.set_defaults(func=cmd_serve)
+
 
 def cmd_push(args: argparse.Namespace) -> int:
     from amdflash.pipeline import commands
@@ -233,6 +257,9 @@ def _where(url: str) -> str:
     return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1@", url)
 
 
+shown_url = _where
+
+
 def cmd_setup(args: argparse.Namespace) -> int:
     from amdflash.store.central import DEFAULT_BLOB_QUOTA, setup
 
@@ -262,6 +289,39 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     return print_runs(runs(_url(args.source, "--from"), args.host), args.format, "no runs in the central database",
                       lambda r: f"{r['host']:16} {run_line(r)}")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from amdflash.pipeline import config
+
+    try:
+        import apprise  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import sse_starlette  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise Refusal(f"fleet serve needs {e.name}: pip install 'amdflash[fleet]'") from None
+    from amdflash.pipeline.fleet.serve import Notifier, parse_listen, serve
+
+    url = _url(args.source, "--from")
+    try:
+        parse_listen(args.listen)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    for option in ("silent_after", "settle", "window"):
+        if getattr(args, option) <= 0:
+            raise UsageError(f"--{option.replace('_', '-')} must be more than 0")
+    notify = args.notify
+    if notify is None:
+        configured = config.load().get("notify") or []
+        notify = [configured] if isinstance(configured, str) else list(configured)
+    try:
+        Notifier(list(notify), output.note).close()    # every URL one Apprise knows, before serving
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return serve(url, args.listen, list(notify), args.window, args.silent_after * 60, args.settle,
+                 args.public_url or "", output.note)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
