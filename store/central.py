@@ -1020,13 +1020,6 @@ def published_ends(pg: Any, host_id: int, run_ids: list[str]) -> set[str]:
                                      "run_id = ANY(%s) AND state NOT IN ('running', 'alive')", (host_id, run_ids))}
 
 
-def newest_progress_run(pg: Any, host_id: int) -> str | None:
-    """The run of the host's newest progress row (the follow service starts from there)."""
-    row = pg.execute(f"SELECT run_id FROM {NS}.own_progress WHERE host_id = %s AND run_id IS NOT NULL "
-                     "ORDER BY id DESC LIMIT 1", (host_id,)).fetchone()
-    return row[0] if row else None
-
-
 # -- reading -----------------------------------------------------------------------------------
 
 def runs(url: str, host: str | None = None) -> list[dict[str, Any]]:

@@ -39,6 +39,8 @@ from amdflash.store.status import ENDS, PROCESS_STAGE, run_status
 
 OUTCOMES = ("end", "fail", "cancelled", "stop")   # a stage row that ends its stage
 RATE_WINDOW = 10.0                                # seconds of samples behind a rate
+CATCH_UP_HOURS = 24.0                             # runs this recent are checked for ends central lacks
+RETRY = 2.0                                       # seconds between attempts to reach central
 
 
 def _now() -> str:
@@ -92,29 +94,32 @@ class TrailWatch:
         self.places = places or {}
         self.min_interval = min_interval     # a running run's row at most this often (ends at once)
         self.runs: dict[str, RunWatch] = {}
+        self.start_seq: int | None = None         # the newest run when this began: later ones are followed
         self.last_run_seq: int | None = None
 
     def close(self) -> None:
         self.conn.close()
 
-    def start(self, published_ends: Callable[[list[str]], set[str]] | None = None,
-              since_run: str | None = None) -> None:
-        """Which runs to follow: every run after `since_run` (the newest central has progress
-        for) and every run with no end recorded, less those whose end central already has."""
-        since = None
-        if since_run is not None:
-            row = self.conn.execute("SELECT seq FROM runs WHERE run_id = ?", (since_run,)).fetchone()
-            since = row[0] if row else None
+    def catch_up(self, published_ends: Callable[[list[str]], set[str]] | None = None,
+                 hours: float = CATCH_UP_HOURS) -> None:
+        """Also follow the runs from before this service started that central may lack: every run
+        with no end recorded, and every run started in the last `hours`, less those whose end
+        central already has (so a service that was down, or never reached central, sends the
+        ends it missed once)."""
+        since = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=hours)).isoformat(timespec="milliseconds")
         self.conn.execute("BEGIN")
         try:
+            if self.start_seq is None:
+                self.start_seq = self.last_run_seq = self.conn.execute("SELECT coalesce(max(seq), 0) FROM runs"
+                                                                       ).fetchone()[0]
             found = self.conn.execute(
                 "SELECT seq, run_id, command, board_spec, image_sha256, resumes_run_id, machine_id, at FROM runs r "
-                "WHERE r.seq >= ? OR NOT EXISTS (SELECT 1 FROM run_status s WHERE s.run_id = r.run_id AND "
-                f"s.status IN ({', '.join('?' * len(ENDS))})) ORDER BY seq",
-                (since if since is not None else 1 << 62, *ENDS)).fetchall()
-            self.last_run_seq = self.conn.execute("SELECT coalesce(max(seq), 0) FROM runs").fetchone()[0]
+                "WHERE r.seq <= ? AND (r.at >= ? OR NOT EXISTS (SELECT 1 FROM run_status s WHERE s.run_id = r.run_id "
+                f"AND s.status IN ({', '.join('?' * len(ENDS))}))) ORDER BY seq",
+                (self.start_seq, since, *ENDS)).fetchall()
         finally:
             self.conn.execute("COMMIT")
+        found = [r for r in found if r[1] not in self.runs]
         done = published_ends([r[1] for r in found]) if published_ends and found else set()
         for row in found:
             if row[1] not in done:
@@ -130,8 +135,9 @@ class TrailWatch:
         out = []
         self.conn.execute("BEGIN")
         try:
-            if self.last_run_seq is None:
-                self.last_run_seq = self.conn.execute("SELECT coalesce(max(seq), 0) FROM runs").fetchone()[0]
+            if self.start_seq is None:
+                self.start_seq = self.last_run_seq = self.conn.execute("SELECT coalesce(max(seq), 0) FROM runs"
+                                                                       ).fetchone()[0]
             for row in self.conn.execute(
                     "SELECT seq, run_id, command, board_spec, image_sha256, resumes_run_id, machine_id, at FROM runs "
                     "WHERE seq > ? ORDER BY seq", (self.last_run_seq,)).fetchall():
@@ -140,7 +146,7 @@ class TrailWatch:
             resumed = {r for (r,) in self.conn.execute(
                 f"SELECT resumes_run_id FROM runs WHERE resumes_run_id IN ({', '.join('?' * len(self.runs))})",
                 list(self.runs))} if self.runs else set()
-            for run in list(self.runs.values()):
+            for run in sorted(self.runs.values(), key=lambda r: r.key):
                 row = self._observe(run, run.run_id in resumed, now)
                 if row is not None:
                     out.append(row)
@@ -174,9 +180,9 @@ class TrailWatch:
             run.samples.append((now, done))
             while len(run.samples) > 2 and now - run.samples[0][0] > RATE_WINDOW:
                 run.samples.popleft()
-        last = c.execute("SELECT status, detail FROM run_status WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
+        last = c.execute("SELECT status, detail, at FROM run_status WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
                          (run.run_id,)).fetchone()
-        recorded, detail = (last or (None, None))
+        recorded, detail, recorded_at = (last or (None, None, None))
         state = run_status(recorded, resumed, run.process, run.machine)
         if state != "running" and run.error is None and state != "succeeded":
             first = c.execute("SELECT message, address FROM errors WHERE run_id = ? ORDER BY seq LIMIT 1",
@@ -200,7 +206,9 @@ class TrailWatch:
                 "place": self.places.get(run.board or ""), "stage": stage if state == "running" else None,
                 "bytes_done": done, "bytes_total": total, "rate": rate, "eta": eta,
                 "error": (run.error or "")[:4000] or None, "image_sha256": run.image_sha256,
-                "resumes": run.resumes, "started": run.started, "at": _now()}
+                "resumes": run.resumes, "started": run.started,
+                # an end as the trail recorded it; anything else when it was seen
+                "at": recorded_at if recorded in ENDS and recorded_at else _now()}
 
     def newest_checkpoint(self) -> int | None:
         row = self.conn.execute("SELECT max(id) FROM checkpoints").fetchone()
@@ -261,6 +269,8 @@ class Follower:
         self.watch: TrailWatch | None = None
         self.last_sent = 0.0
         self.last_problem: str | None = None
+        self.caught_up = False
+        self.retry_at = 0.0
 
     def _say(self, problem: str | None) -> None:
         if problem != self.last_problem:      # one line per change of trouble, not per tick
@@ -274,11 +284,12 @@ class Follower:
         try:
             central.need_schema(pg)
             host_id, name = central.host_for_trail(pg, self.db, self.host_key)
-            if self.watch is None:
-                places = places_from(self.exporter_config, self.host_name or name)
-                self.watch = TrailWatch(self.db, places)
-                self.watch.start(lambda ids: central.published_ends(pg, host_id, ids),
-                                 central.newest_progress_run(pg, host_id))
+            assert self.watch is not None
+            if not self.watch.places:
+                self.watch.places = places_from(self.exporter_config, self.host_name or name)
+            if not self.caught_up:
+                self.watch.catch_up(lambda ids: central.published_ends(pg, host_id, ids))
+                self.caught_up = True
         except BaseException:
             pg.close()
             raise
@@ -289,20 +300,25 @@ class Follower:
 
         now = time.monotonic()
         try:
-            if self.pg is None:
-                self._connect()
-            assert self.watch is not None
-            rows = self.watch.poll(now)
-            if any(r["state"] != "running" for r in rows):
-                self.push_now.set()
-            for row in rows:
+            if self.watch is None:        # the trail, from this moment on: no network needed
+                self.watch = TrailWatch(self.db)
+            for row in self.watch.poll(now):
+                if row["state"] != "running":
+                    self.push_now.set()
                 self.outbox.add(row)
+            if self.pg is None:
+                if now < self.retry_at:
+                    return
+                self.retry_at = now + RETRY
+                self._connect()
             if not self.outbox.rows and now - self.last_sent >= self.heartbeat:
                 self.outbox.add({"run_id": None, "state": "alive", "at": _now()})
             if self.outbox.rows:
-                checkpoint = self.watch.newest_checkpoint()
+                for row in self.outbox.rows:
+                    if row.get("board") and not row.get("place"):
+                        row["place"] = self.watch.places.get(row["board"])
                 assert self.host_id is not None
-                central.publish_progress(self.pg, self.host_id, self.outbox.rows, checkpoint)
+                central.publish_progress(self.pg, self.host_id, self.outbox.rows, self.watch.newest_checkpoint())
                 self.outbox.rows = []
                 self.last_sent = now
             self._say(None)
