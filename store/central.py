@@ -1028,7 +1028,10 @@ def runs(url: str, host: str | None = None) -> list[dict[str, Any]]:
     host's own `runs` shows (store.status.run_status: resumed and never ended is interrupted)."""
     with connect(url) as pg:
         _need_schema(pg)
-        return select_runs(pg, host=host)
+        rows = select_runs(pg, host=host)
+    for r in rows:
+        del r["host_id"]
+    return rows
 
 
 def select_runs(pg: Any, host: str | None = None, board: str | None = None, since: str | None = None,

@@ -40,11 +40,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from html import escape
+from html import escape as _html_escape
 from pathlib import Path
 from typing import Any
 
 from amdflash.store.status import ENDS
+
+def escape(text: str) -> str:
+    """Text for HTML: markup characters escaped, and controls and format characters (a bidi
+    override from a board's name) shown as escapes, as the terminal shows them."""
+    from amdflash.pipeline.terminal import printable
+
+    return _html_escape(printable(str(text), multiline=True))
+
 
 RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}-[0-9a-f]{8}")     # what amdflash's run ids look like (store/html.py)
 FAILED = ("failed", "interrupted", "refused")
