@@ -984,17 +984,19 @@ PROGRESS_COLUMNS = ("run_id", "state", "command", "board", "place", "stage", "by
                     "eta", "error", "image_sha256", "resumes", "started", "at")
 
 
-def host_for_trail(pg: Any, db: str, host_key: bytes | None = None) -> tuple[int, str]:
+def host_for_trail(pg: Any, db: str | None, host_key: bytes | None = None) -> tuple[int, str]:
     """(id, name) of the enrolled host whose key signs this trail (for a trail with no checkpoint
-    yet, `host_key`'s), if this session may push for it."""
+    yet, or none at all, `host_key`'s), if this session may push for it."""
     from amdflash.store import schema as host_schema
 
-    local = host_schema.connect(db, readonly=True)
-    try:
-        row = local.execute("SELECT h.public_key FROM checkpoints c JOIN hosts h ON h.id = c.host "
-                            "ORDER BY c.id DESC LIMIT 1").fetchone()
-    finally:
-        local.close()
+    row = None
+    if db is not None:
+        local = host_schema.connect(db, readonly=True)
+        try:
+            row = local.execute("SELECT h.public_key FROM checkpoints c JOIN hosts h ON h.id = c.host "
+                                "ORDER BY c.id DESC LIMIT 1").fetchone()
+        finally:
+            local.close()
     public = bytes(row[0]) if row else host_key
     if public is None:
         raise CentralError("this audit database has no checkpoints and there is no host key to name its host")

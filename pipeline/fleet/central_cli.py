@@ -213,7 +213,7 @@ def _follow(args: argparse.Namespace, url: str) -> int:
             raise UsageError(f"--{option.replace('_', '-')} must be more than 0 seconds")
     db = str(Path(commands.db_path(args)).expanduser())
     if not Path(db).is_file():
-        raise Refusal(f"no audit database at {db} (the jobs of this host create it)")
+        output.note(f"no audit database at {db} yet: following it from when this host's first job creates it")
     output.note(f"following {db}: live progress to {_where(url)}, pushes after each run's end and every "
                 f"{args.push_every:g} s")
     return follow(db, url, interval=args.interval, push_every=args.push_every, heartbeat=args.heartbeat,

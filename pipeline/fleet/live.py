@@ -87,15 +87,17 @@ class RunWatch:
 class TrailWatch:
     """The host's trail, read-only, polled: each poll returns the progress rows to publish."""
 
-    def __init__(self, db: str, places: dict[str, str] | None = None, min_interval: float = 1.0):
+    def __init__(self, db: str, places: dict[str, str] | None = None, min_interval: float = 1.0,
+                 start_seq: int | None = None):
         from amdflash.store import schema
 
         self.conn = schema.connect(db, readonly=True)
         self.places = places or {}
         self.min_interval = min_interval     # a running run's row at most this often (ends at once)
         self.runs: dict[str, RunWatch] = {}
-        self.start_seq: int | None = None         # the newest run when this began: later ones are followed
-        self.last_run_seq: int | None = None
+        # the newest run when this began (later ones are followed); 0 for a trail made since
+        self.start_seq: int | None = start_seq
+        self.last_run_seq: int | None = start_seq
 
     def close(self) -> None:
         self.conn.close()
@@ -270,7 +272,9 @@ class Follower:
         self.last_sent = 0.0
         self.last_problem: str | None = None
         self.caught_up = False
+        self.first_tick = True
         self.retry_at = 0.0
+        self.places: dict[str, str] = {}
 
     def _say(self, problem: str | None) -> None:
         if problem != self.last_problem:      # one line per change of trouble, not per tick
@@ -283,13 +287,10 @@ class Follower:
         pg = central.connect(self.url, autocommit=True, timeout=5)
         try:
             central.need_schema(pg)
-            host_id, name = central.host_for_trail(pg, self.db, self.host_key)
-            assert self.watch is not None
-            if not self.watch.places:
-                self.watch.places = places_from(self.exporter_config, self.host_name or name)
-            if not self.caught_up:
-                self.watch.catch_up(lambda ids: central.published_ends(pg, host_id, ids))
-                self.caught_up = True
+            host_id, name = central.host_for_trail(pg, self.db if Path(self.db).is_file() else None,
+                                                   self.host_key)
+            if not self.places:
+                self.places = places_from(self.exporter_config, self.host_name or name)
         except BaseException:
             pg.close()
             raise
@@ -300,9 +301,11 @@ class Follower:
 
         now = time.monotonic()
         try:
-            if self.watch is None:        # the trail, from this moment on: no network needed
-                self.watch = TrailWatch(self.db)
-            for row in self.watch.poll(now):
+            if self.watch is None and Path(self.db).is_file():   # the trail, from now on: no network needed
+                self.watch = TrailWatch(self.db, start_seq=None if self.first_tick else 0)
+                self.caught_up = False
+            self.first_tick = False
+            for row in self.watch.poll(now) if self.watch is not None else []:
                 if row["state"] != "running":
                     self.push_now.set()
                 self.outbox.add(row)
@@ -311,14 +314,20 @@ class Follower:
                     return
                 self.retry_at = now + RETRY
                 self._connect()
+            if self.watch is not None and not self.caught_up:
+                host_id, pg = self.host_id, self.pg
+                assert host_id is not None
+                self.watch.catch_up(lambda ids: central.published_ends(pg, host_id, ids))
+                self.caught_up = True
             if not self.outbox.rows and now - self.last_sent >= self.heartbeat:
                 self.outbox.add({"run_id": None, "state": "alive", "at": _now()})
             if self.outbox.rows:
                 for row in self.outbox.rows:
                     if row.get("board") and not row.get("place"):
-                        row["place"] = self.watch.places.get(row["board"])
+                        row["place"] = self.places.get(row["board"])
                 assert self.host_id is not None
-                central.publish_progress(self.pg, self.host_id, self.outbox.rows, self.watch.newest_checkpoint())
+                checkpoint = self.watch.newest_checkpoint() if self.watch is not None else None
+                central.publish_progress(self.pg, self.host_id, self.outbox.rows, checkpoint)
                 self.outbox.rows = []
                 self.last_sent = now
             self._say(None)
@@ -349,6 +358,8 @@ class Follower:
             if self.stop.is_set():
                 return
             self.push_now.clear()
+            if not Path(self.db).is_file():
+                continue
             try:
                 reader = open_reader(self.db)
                 try:

@@ -483,7 +483,8 @@ def board_row(b: Board, prefix: str = "") -> str:
     if row.get("resumes"):
         job += " <span class=\"muted\">(resumes " + escape(str(row["resumes"])) + ")</span>"
     return (f"<tr class=\"s-{escape(state)}\" data-host=\"{escape(b.host)}\" data-place=\"{escape(b.place)}\" "
-            f"data-state=\"{escape(state)}\" data-run=\"{run}\" data-source=\"{b.source}\">"
+            f"data-state=\"{escape(state)}\" data-run=\"{run}\" data-source=\"{b.source}\" "
+            f"data-job=\"{escape(str(row.get('command') or ''))}\">"
             f"<td>{escape(b.host)}</td><td>{escape(b.place)}</td><td>{_state(state)} {source}</td>"
             f"<td>{job}</td><td>{stage}</td><td data-field=\"progress\">{bar}{escape(amounts)}</td>"
             f"<td>{escape(rate)}</td><td>{escape(eta)}</td><td>{link}</td><td class=\"error\">{error}</td></tr>")
