@@ -1088,6 +1088,22 @@ def image_parts(pg: Any, runs: list[tuple[int, str]]) -> dict[tuple[int, str], s
     return found
 
 
+def not_a_reader(pg: Any) -> str | None:
+    """Why this session is not a read-only reviewer (a login in amdflash_read that may write
+    nothing), or None."""
+    user, superuser, reads, writes = pg.execute(
+        f"SELECT session_user, r.rolsuper, pg_has_role(session_user, '{READ_ROLE}', 'MEMBER'), "
+        f"has_table_privilege('{NS}.checkpoints', 'INSERT') OR has_table_privilege('{NS}.progress', 'INSERT') "
+        "FROM pg_roles r WHERE r.rolname = session_user").fetchone()
+    if superuser:
+        return f"login {user} is a superuser"
+    if writes:
+        return f"login {user} may insert into the record (it is a push login)"
+    if not reads:
+        return f"login {user} is not in {READ_ROLE}"
+    return None
+
+
 def line_progress(pg: Any, hours: float) -> list[dict[str, Any]]:
     """The newest progress row of every board that said anything in the last `hours`."""
     cur = pg.execute(f"""

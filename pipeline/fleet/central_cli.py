@@ -320,6 +320,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         Notifier(list(notify), output.note).close()    # every URL one Apprise knows, before serving
     except ValueError as e:
         raise UsageError(str(e)) from None
+    from amdflash.store.central import connect, need_schema, not_a_reader
+
+    with connect(url) as pg:
+        need_schema(pg)
+        why = not_a_reader(pg)
+    if why:
+        raise Refusal(f"fleet serve reads the record only, as a login in amdflash_read, and {why}: connect as a "
+                      "reviewer login (CREATE ROLE line_viewer LOGIN IN ROLE amdflash_read)")
     return serve(url, args.listen, list(notify), args.window, args.silent_after * 60, args.settle,
                  args.public_url or "", output.note)
 

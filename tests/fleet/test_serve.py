@@ -267,7 +267,9 @@ def test_the_live_stream_brings_a_change_within_two_seconds(line_record, tmp_pat
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     log = tmp_path / "serve.log"
-    server = subprocess.Popen([sys.executable, "-m", "amdflash.pipeline.cli", "fleet", "serve", "--from", r["url"],
+    psql(r["url"], "CREATE ROLE viewer LOGIN IN ROLE amdflash_read")
+    server = subprocess.Popen([sys.executable, "-m", "amdflash.pipeline.cli", "fleet", "serve", "--from",
+                               as_login(r["url"], "viewer"),
                                "--listen", f"127.0.0.1:{port}"], env=env, stdout=log.open("w"),
                               stderr=subprocess.STDOUT)
     try:
@@ -304,10 +306,16 @@ def test_the_live_stream_brings_a_change_within_two_seconds(line_record, tmp_pat
     assert "Traceback" not in log.read_text(), log.read_text()
 
 
-def test_serve_checks_its_options_before_listening(cli, central):
+def test_serve_checks_its_options_and_its_login_before_listening(cli, central, tmp_path, monkeypatch):
     bad = cli("fleet", "serve", "--from", central, "--listen", "nowhere")
     assert bad.code == 2 and "HOST:PORT" in bad.err
     bad = cli("fleet", "serve", "--from", central, "--notify", "notascheme")
     assert bad.code == 2 and "not a notification URL" in bad.err
-    assert psql(central, "SELECT 1") == "1"
+    # read role only: a superuser or a push login is refused before anything listens
+    bad = cli("fleet", "serve", "--from", central)
+    assert bad.code == 2 and "is a superuser" in bad.err and "amdflash_read" in bad.err
+    become(monkeypatch, tmp_path, "hosta")
+    enrol(cli, central, tmp_path, "hosta")
+    bad = cli("fleet", "serve", "--from", as_login(central, "hosta"))
+    assert bad.code == 2 and "push login" in bad.err
 
