@@ -6,6 +6,8 @@ emulated stuck bit and one host's job SIGKILLed, then the next flash resuming th
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sqlite3
 import time
 from pathlib import Path
@@ -15,7 +17,8 @@ import pytest
 
 from tests.fleet.central_trail import new_database
 from tests.fleet.lab import FleetOutcome, Lab, wait_for
-from tests.fleet.test_line import _kill_mid_flash, place_of
+from tests.fleet.conftest import job_processes
+from tests.fleet.test_line import place_of
 from tests.fleet.test_serve import Receiver
 from tests.review import screenshots
 
@@ -39,6 +42,7 @@ class Watcher:
         self.page = page
         self.first: dict[tuple[str, str], float] = {}       # (place, state) → first seen (wall clock)
         self.progress: dict[str, int] = {}                   # place → most bytes seen while running
+        self.bars: set[str] = set()                           # places seen running with a progress bar
         self.rows: dict[str, dict[str, Any]] = {}
 
     def look(self) -> None:
@@ -47,6 +51,7 @@ class Watcher:
             self.rows[row["place"]] = row
             self.first.setdefault((row["place"], row["state"]), now)
             if row["state"] == "running" and row["total"]:
+                self.bars.add(row["place"])
                 self.progress[row["place"]] = max(self.progress.get(row["place"], 0), row["done"])
 
     def until(self, check, timeout: float, what: str) -> None:
@@ -54,7 +59,11 @@ class Watcher:
             self.look()
             return bool(check())
 
-        wait_for(ok, timeout, what, interval=0.1)
+        try:
+            wait_for(ok, timeout, what, interval=0.1)
+        except TimeoutError as e:
+            seen = {p: (r["state"], r["done"], r["total"]) for p, r in sorted(self.rows.items())}
+            raise TimeoutError(f"{e}; the page showed {seen}") from None
 
 
 def ended_at(db: Path, run_id: str) -> float:
@@ -62,7 +71,8 @@ def ended_at(db: Path, run_id: str) -> float:
 
     con = sqlite3.connect(db)
     try:
-        at = con.execute("SELECT at FROM run_status WHERE run_id = ? ORDER BY seq DESC LIMIT 1", (run_id,)).fetchone()[0]
+        at = con.execute("SELECT at FROM run_status WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
+                         (run_id,)).fetchone()[0]
     finally:
         con.close()
     return dt.datetime.fromisoformat(at).timestamp()
@@ -73,7 +83,7 @@ def test_the_line_view_shows_every_board_live_a_failure_within_5_s_a_kill_and_it
     image = fleet_image.read_bytes()
     stuck = next(a for a in range(0x10000, len(image)) if not image[a] & 1)
     for name, seed in (("hosta", 100), ("hostb", 200)):
-        lab.add_host(name, 4, seed=seed, realtime=0.25,
+        lab.add_host(name, 4, seed=seed, realtime=0.4,
                      faults={1: [f"stuck-bit={stuck:#x}:0"]} if name == "hostb" else None)
     admin = new_database(postgres)
     viewer = lab.central(postgres, admin)
@@ -94,10 +104,13 @@ def test_the_line_view_shows_every_board_live_a_failure_within_5_s_a_kill_and_it
             assert time.monotonic() - started < 5
             watch = Watcher(page)
             running = lab.fleet_popen("flash", str(fleet_image), "--where", "line=a", "--yes")
-            # every board's progress, live
-            watch.until(lambda: len(watch.progress) == 8 and all(v > 0 for v in watch.progress.values()), 180,
-                        f"every board's progress bar moving (seen: {watch.progress})")
-            _kill_mid_flash(lab.hosts["hosta"].boards[1])      # hosta's job (its four boards) SIGKILLed
+            # every board's progress, live: each on the page running, its bar moving
+            watch.until(lambda: len(watch.bars) == 8 and all(watch.progress.get(p, 0) > 0 for p in places), 120,
+                        "every board's progress bar moving on the page")
+            # then hosta's job (one process: its four boards, still writing) is SIGKILLed
+            pids = job_processes(lab.hosts["hosta"].boards[1])
+            assert len(pids) == 1, "hosta's job ended before it could be killed"
+            os.kill(pids[0], signal.SIGKILL)
             watch.until(lambda: running.poll() is not None and all(
                 watch.rows.get(p, {}).get("state") in ("interrupted", "failed", "succeeded") for p in places),
                 300, "the flash to end and every board to show it")
@@ -112,6 +125,7 @@ def test_the_line_view_shows_every_board_live_a_failure_within_5_s_a_kill_and_it
             row = watch.rows[failing]
             assert row["run"] == failed_run and row["href"] and row["href"].endswith(f"/{failed_run}.html")
             for place in killed:
+                assert first.boards[place]["status"] == "interrupted", first.boards[place]
                 assert watch.rows[place]["state"] == "interrupted", watch.rows[place]
                 assert watch.rows[place]["run"] == first.boards[place]["run_id"]
             assert {watch.rows[p]["state"] for p in places if p not in killed and p != failing} == {"succeeded"}
