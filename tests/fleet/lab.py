@@ -140,7 +140,12 @@ class Lab:
                 pass
             for arg in argv:   # and the directory labgrid made for its control socket
                 if arg.startswith("ControlPath="):
-                    shutil.rmtree(Path(arg.split("=", 1)[1]).parent, ignore_errors=True)
+                    # only labgrid's own temporary directory: an ssh of the lab's config still
+                    # running (a fleet job's, `ControlPath=none`) must never make this remove
+                    # the working directory ("none".parent is ".")
+                    sockets = Path(arg.split("=", 1)[1]).parent
+                    if sockets.is_absolute() and sockets.name.startswith("lg-con-"):
+                        shutil.rmtree(sockets, ignore_errors=True)
 
     def _ssh_masters(self) -> list[tuple[int, list[str]]]:
         mark = str(self.ssh_dir / "ssh_config")
