@@ -42,6 +42,14 @@ Who pushes what, and who reads what, is decided by the database too:
 Tables mirror the host's physical tables (store/schema.py) with `host_id` added; a blob
 reference is the blob's SHA-256 instead of a local id. The column names and values are the
 host's, so the canonical text — and so every hash — is the same on both sides.
+
+Beside the record, and never part of it: `progress`, what each host says its runs are doing
+right now (stage, bytes, rate, ETA, and every end as the host sees it), published by the
+host's follow service (`audit push --follow`, pipeline/fleet/live.py) within a second or two,
+with a NOTIFY on channel `amdflash_progress` for listeners (`fleet serve`). It is advisory:
+unsigned, the host's word. A push login inserts rows only for the host bound to it (the same
+`session_user` check as the checkpoints), never reads another host's, and cannot change or
+remove a row; the signed trail stays the truth, and every view says which it shows.
 """
 from __future__ import annotations
 
@@ -57,7 +65,10 @@ from amdflash.store.chain import Checkpoint, load_checkpoints
 from amdflash.store.schema import PHYSICAL, PLAIN
 
 NS = "amdflash"                       # the PostgreSQL schema holding everything
-CENTRAL_VERSION = 2
+CENTRAL_VERSION = 3
+PROGRESS_CHANNEL = "amdflash_progress"   # NOTIFY channel: a host published progress
+# What a progress row may say (the host's own view, store.status.run_status on the host).
+PROGRESS_STATES = ("running", "succeeded", "failed", "interrupted", "refused", "alive")
 DEFAULT_BLOB_QUOTA = 64 << 30   # bytes of blobs per host, unless set at setup or enrolment
 PUSH_ROLE, READ_ROLE = "amdflash_push", "amdflash_read"
 RUN_KINDS = ("commit", "final", "migrated")
@@ -419,6 +430,67 @@ CREATE CONSTRAINT TRIGGER checkpoints_span_verified AFTER INSERT ON {NS}.checkpo
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {NS}.check_span();
 {"".join(_sealed_function(t) for t in PHYSICAL)}
 {_own_views()}
+{_progress_sql()}
+"""
+
+
+def _progress_sql() -> str:
+    """The progress table (advisory, insert-only, a host's own rows only) and its NOTIFY.
+    Also what `central-setup` adds to a version 2 database."""
+    states = ", ".join(f"'{s}'" for s in PROGRESS_STATES)
+    return f"""
+CREATE SEQUENCE {NS}.progress_id;
+CREATE TABLE {NS}.progress (
+    id bigint PRIMARY KEY, host_id integer NOT NULL REFERENCES {NS}.hosts,
+    run_id text CHECK (length(run_id) <= 100), state text NOT NULL CHECK (state IN ({states})),
+    command text CHECK (length(command) <= 40), board text CHECK (length(board) <= 1000),
+    place text CHECK (length(place) <= 300), stage text CHECK (length(stage) <= 100),
+    bytes_done bigint CHECK (bytes_done >= 0), bytes_total bigint CHECK (bytes_total >= 0),
+    rate double precision CHECK (rate >= 0), eta double precision CHECK (eta >= 0),
+    error text CHECK (length(error) <= 4000), image_sha256 text CHECK (length(image_sha256) <= 64),
+    resumes text CHECK (length(resumes) <= 100), started text CHECK (length(started) <= 64),
+    checkpoint bigint,                              -- the host's newest checkpoint when it said this
+    at timestamptz NOT NULL,                        -- the host's clock
+    received_at timestamptz NOT NULL, sent_by text NOT NULL);
+CREATE INDEX progress_by_run ON {NS}.progress (host_id, run_id, id);
+CREATE INDEX progress_by_time ON {NS}.progress (received_at);
+CREATE INDEX progress_by_host ON {NS}.progress (host_id, id);
+-- The database, not the client, says which host, when and who: a login inserts only for the
+-- host bound to it (session_user, as for checkpoints), and the row's id and arrival are its own.
+CREATE FUNCTION {NS}.check_progress() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $fn$
+BEGIN
+    IF NOT {NS}.may_push(NEW.host_id) THEN
+        RAISE EXCEPTION 'refused: progress of host %: %', {NS}.host_name(NEW.host_id),
+            replace({NS}.refused_login(NEW.host_id), 'checkpoints and blobs', 'checkpoints, blobs and progress')
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    NEW.id := nextval('{NS}.progress_id');
+    NEW.received_at := clock_timestamp();
+    NEW.sent_by := session_user;
+    RETURN NEW;
+END $fn$;
+CREATE TRIGGER progress_checked BEFORE INSERT ON {NS}.progress FOR EACH ROW EXECUTE FUNCTION {NS}.check_progress();
+CREATE FUNCTION {NS}.notify_progress() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $fn$
+BEGIN
+    PERFORM pg_notify('{PROGRESS_CHANNEL}', (SELECT max(id) FROM new_rows)::text);
+    RETURN NULL;
+END $fn$;
+CREATE TRIGGER progress_notify AFTER INSERT ON {NS}.progress REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {NS}.notify_progress();
+CREATE TRIGGER progress_insert_only BEFORE UPDATE OR DELETE ON {NS}.progress FOR EACH ROW
+    EXECUTE FUNCTION {NS}.refuse_change();
+CREATE TRIGGER progress_no_truncate BEFORE TRUNCATE ON {NS}.progress FOR EACH STATEMENT
+    EXECUTE FUNCTION {NS}.refuse_change();
+CREATE VIEW {NS}.own_progress WITH (security_barrier) AS
+    SELECT * FROM {NS}.progress WHERE host_id = ANY ((SELECT {NS}.readable_hosts())::integer[]);
+"""
+
+
+def _progress_grants() -> str:
+    return f"""REVOKE ALL ON {NS}.progress, {NS}.own_progress FROM PUBLIC;
+GRANT SELECT ON {NS}.progress TO {READ_ROLE};
+GRANT SELECT ON {NS}.own_progress TO {PUSH_ROLE}, {READ_ROLE};
+GRANT INSERT ON {NS}.progress TO {PUSH_ROLE};
 """
 
 
@@ -448,17 +520,17 @@ GRANT USAGE ON SCHEMA {NS} TO {PUSH_ROLE}, {READ_ROLE};
 GRANT SELECT ON {NS}.meta, {own} TO {PUSH_ROLE}, {READ_ROLE};
 GRANT SELECT ON {everything} TO {READ_ROLE};
 GRANT INSERT ON {data} TO {PUSH_ROLE};
-"""
+{_progress_grants()}"""
 
 
-def connect(url: str, autocommit: bool = False) -> Any:
+def connect(url: str, autocommit: bool = False, timeout: int = 20) -> Any:
     """A psycopg connection to the central database (CentralError if it cannot be had)."""
     try:
         import psycopg
     except ImportError:
         raise CentralError("the central database needs psycopg: pip install 'amdflash[fleet]'") from None
     try:
-        return psycopg.connect(url, autocommit=autocommit, connect_timeout=20)
+        return psycopg.connect(url, autocommit=autocommit, connect_timeout=timeout)
     except psycopg.Error as e:
         raise CentralError(f"cannot connect to the central database: {_first_line(e)}") from None
 
@@ -481,6 +553,8 @@ def setup(url: str, blob_quota: int = DEFAULT_BLOB_QUOTA) -> str:
 
         if installed(pg):
             version = pg.execute(f"SELECT value FROM {NS}.meta WHERE key = 'central_version'").fetchone()
+            if version is not None and version[0] == "2":
+                return _upgrade_from_2(pg)
             return f"the central database is already set up (version {version[0] if version else '?'})"
         try:
             pg.execute(_schema_sql())
@@ -496,6 +570,25 @@ def setup(url: str, blob_quota: int = DEFAULT_BLOB_QUOTA) -> str:
     return (f"central database set up: schema {NS}, roles {PUSH_ROLE} (hosts push: INSERT, and read their own "
             f"host's rows) and {READ_ROLE} (reviewers: SELECT); {blob_quota} bytes of blobs per host; enrol each "
             "host's key and login with 'amdflash fleet enroll'")
+
+
+def _upgrade_from_2(pg: Any) -> str:
+    """Version 2 → 3: the progress table, its checks and grants are added; nothing stored
+    changes but the version in `meta` (the administrator lifts meta's insert-only trigger for
+    that one row, in the same transaction)."""
+    import psycopg
+
+    try:
+        pg.execute(_progress_sql())
+        pg.execute(_progress_grants())
+        pg.execute(f"ALTER TABLE {NS}.meta DISABLE TRIGGER meta_insert_only")
+        pg.execute(f"UPDATE {NS}.meta SET value = %s WHERE key = 'central_version'", (str(CENTRAL_VERSION),))
+        pg.execute(f"ALTER TABLE {NS}.meta ENABLE TRIGGER meta_insert_only")
+        pg.commit()
+    except psycopg.Error as e:
+        raise CentralError(f"cannot upgrade the central database: {_first_line(e)}") from None
+    return (f"central database upgraded from version 2 to {CENTRAL_VERSION}: table {NS}.progress added (live "
+            "progress, advisory; insert-only, each push login only its own host's); nothing stored was changed")
 
 
 def _self_test(pg: Any) -> None:
@@ -543,15 +636,24 @@ def enroll(url: str, public_key: bytes, name: str, login: str | None = None, blo
     return int(row[0])
 
 
+def need_schema(pg: Any) -> None:
+    """CentralError unless the database holds this version of the central schema."""
+    _need_schema(pg)
+
+
 def _need_schema(pg: Any) -> None:
     if not installed(pg):
         raise CentralError("the central database is not set up: run 'amdflash fleet central-setup URL' "
                            "as its administrator first")
     version = pg.execute(f"SELECT value FROM {NS}.meta WHERE key = 'central_version'").fetchone()
     if version is None or version[0] != str(CENTRAL_VERSION):
+        if version is not None and version[0] == "2":
+            raise CentralError(f"the central database has version 2 of the central schema; this amdflash needs "
+                               f"version {CENTRAL_VERSION} (live progress): its administrator upgrades it in place "
+                               "with 'amdflash fleet central-setup URL' (adds a table, changes nothing stored)")
         raise CentralError(f"the central database has version {version[0] if version else '?'} of the central "
-                           f"schema; this amdflash needs version {CENTRAL_VERSION} (host logins, per-host blobs): "
-                           "set up a new central database with 'amdflash fleet central-setup'")
+                           f"schema; this amdflash needs version {CENTRAL_VERSION} (host logins, per-host blobs, "
+                           "live progress): set up a new central database with 'amdflash fleet central-setup'")
 
 
 # -- push --------------------------------------------------------------------------------------
@@ -608,12 +710,15 @@ def push(local: sqlite3.Connection, url: str, batch_rows: int = 500_000) -> Push
             host_id, report.host = _own_host(pg, _signing_key(every))
             _refuse_contradiction(pg, host_id, report.host, every)
             while True:
+                # Two pushes of one host (the timer's and the follow service's) take turns: the
+                # second waits for the first's batch, then finds it stored.
+                pg.execute("SELECT pg_advisory_xact_lock(%s::integer, %s::integer)", (_PUSH_LOCK, host_id))
                 stored = pg.execute(f"SELECT coalesce(max(id), 0) FROM {NS}.own_checkpoints WHERE host_id = %s",
                                     (host_id,)).fetchone()[0]
-                pg.commit()
                 report.through = stored
                 todo = [c for c in every if c.id > stored]
                 if not todo:
+                    pg.commit()
                     break
                 if todo[0].id != stored + 1:
                     raise CentralError(f"the central database holds this host's checkpoints through #{stored}, and "
@@ -631,6 +736,9 @@ def push(local: sqlite3.Connection, url: str, batch_rows: int = 500_000) -> Push
             local.execute("COMMIT")
     report.seconds = time.perf_counter() - started
     return report
+
+
+_PUSH_LOCK = 0x616D64   # the advisory lock class of pushes (with the host's id)
 
 
 def _own_host(pg: Any, public: bytes) -> tuple[int, str]:
@@ -870,32 +978,200 @@ def _unsealed(local: sqlite3.Connection, every: list[Checkpoint]) -> int:
     return n
 
 
+# -- live progress (advisory) ------------------------------------------------------------------
+
+PROGRESS_COLUMNS = ("run_id", "state", "command", "board", "place", "stage", "bytes_done", "bytes_total", "rate",
+                    "eta", "error", "image_sha256", "resumes", "started", "at")
+
+
+def host_for_trail(pg: Any, db: str | None, host_key: bytes | None = None) -> tuple[int, str]:
+    """(id, name) of the enrolled host whose key signs this trail (for a trail with no checkpoint
+    yet, or none at all, `host_key`'s), if this session may push for it."""
+    from amdflash.store import schema as host_schema
+
+    row = None
+    if db is not None:
+        local = host_schema.connect(db, readonly=True)
+        try:
+            row = local.execute("SELECT h.public_key FROM checkpoints c JOIN hosts h ON h.id = c.host "
+                                "ORDER BY c.id DESC LIMIT 1").fetchone()
+        finally:
+            local.close()
+    public = bytes(row[0]) if row else host_key
+    if public is None:
+        raise CentralError("this audit database has no checkpoints and there is no host key to name its host")
+    return _own_host(pg, public)
+
+
+def publish_progress(pg: Any, host_id: int, rows: list[dict[str, Any]], checkpoint: int | None) -> None:
+    """Insert progress rows for the host (one statement: one NOTIFY); the database checks that
+    this login may speak for the host, and stamps each row's arrival and sender itself."""
+    if not rows:
+        return
+    names = ", ".join(PROGRESS_COLUMNS)
+    one = "(" + ", ".join(["%s"] * (len(PROGRESS_COLUMNS) + 2)) + ", 0, now(), '')"
+    values = [v for r in rows for v in (host_id, checkpoint, *(r.get(c) for c in PROGRESS_COLUMNS))]
+    # id, received_at, sent_by: set by the database's trigger (whatever a client sends)
+    pg.execute(f"INSERT INTO {NS}.progress (host_id, checkpoint, {names}, id, received_at, sent_by) "
+               f"VALUES {', '.join([one] * len(rows))}", values)
+
+
+def published_ends(pg: Any, host_id: int, run_ids: list[str]) -> set[str]:
+    """The runs among `run_ids` whose end the host has already published."""
+    return {r for (r,) in pg.execute(f"SELECT DISTINCT run_id FROM {NS}.own_progress WHERE host_id = %s AND "
+                                     "run_id = ANY(%s) AND state NOT IN ('running', 'alive')", (host_id, run_ids))}
+
+
 # -- reading -----------------------------------------------------------------------------------
 
 def runs(url: str, host: str | None = None) -> list[dict[str, Any]]:
     """Every run of every host (or of `host`), in the row shape of the local `runs`
     (store.queries.runs), with the host's enrolled name added. A run's status is the one the
     host's own `runs` shows (store.status.run_status: resumed and never ended is interrupted)."""
-    from amdflash.store.status import run_status
-
     with connect(url) as pg:
         _need_schema(pg)
-        cur = pg.execute(f"""
-            SELECT r.run_id, r.command, r.board_spec, r.at AS started, r.image_sha256, r.resumes_run_id,
-                   s.status, s.at AS updated, b.unique_id, b.emulated, h.name AS host
-            FROM {NS}.runs r JOIN {NS}.hosts h ON h.id = r.host_id
-            LEFT JOIN LATERAL (SELECT status, at FROM {NS}.run_status s WHERE s.host_id = r.host_id
-                               AND s.run_id = r.run_id ORDER BY s.seq DESC LIMIT 1) s ON true
-            LEFT JOIN LATERAL (SELECT unique_id, emulated FROM {NS}.boards b WHERE b.host_id = r.host_id
-                               AND b.run_id = r.run_id ORDER BY b.seq LIMIT 1) b ON true
-            WHERE %(host)s::text IS NULL OR h.name = %(host)s
-            ORDER BY r.at, h.name, r.seq""", {"host": host})
-        names = [d.name for d in cur.description]
-        rows = [dict(zip(names, row, strict=True)) for row in cur]
-    resumed = {(r["host"], r["resumes_run_id"]) for r in rows if r["resumes_run_id"]}
+        rows = select_runs(pg, host=host)
     for r in rows:
-        r["status"] = run_status(r["status"], (r["host"], r["run_id"]) in resumed)
+        del r["host_id"]
     return rows
+
+
+def select_runs(pg: Any, host: str | None = None, board: str | None = None, since: str | None = None,
+                until: str | None = None, limit: int | None = None, newest_first: bool = False,
+                host_id: int | None = None, run_ids: list[str] | None = None) -> list[dict[str, Any]]:
+    """Runs of the signed record (filters: host name or id, board spec or unique ID substring,
+    start time from `since` and before `until`, given run ids), each with its status as
+    store.status.run_status decides it and its host's id and name."""
+    from amdflash.store.status import run_status
+
+    where = ["(%(host)s::text IS NULL OR h.name = %(host)s)", "(%(host_id)s::int IS NULL OR r.host_id = %(host_id)s)",
+             "(%(since)s::text IS NULL OR r.at >= %(since)s)", "(%(until)s::text IS NULL OR r.at < %(until)s)",
+             "(%(run_ids)s::text[] IS NULL OR r.run_id = ANY(%(run_ids)s))",
+             "(%(board)s::text IS NULL OR strpos(r.board_spec, %(board)s) > 0 OR strpos(b.unique_id, %(board)s) > 0)"]
+    cur = pg.execute(f"""
+        SELECT r.run_id, r.command, r.board_spec, r.at AS started, r.image_sha256, r.resumes_run_id,
+               s.status, s.at AS updated, b.unique_id, b.emulated, h.name AS host, r.host_id,
+               EXISTS (SELECT 1 FROM {NS}.runs x WHERE x.host_id = r.host_id AND x.resumes_run_id = r.run_id)
+                   AS resumed
+        FROM {NS}.runs r JOIN {NS}.hosts h ON h.id = r.host_id
+        LEFT JOIN LATERAL (SELECT status, at FROM {NS}.run_status s WHERE s.host_id = r.host_id
+                           AND s.run_id = r.run_id ORDER BY s.seq DESC LIMIT 1) s ON true
+        LEFT JOIN LATERAL (SELECT unique_id, emulated FROM {NS}.boards b WHERE b.host_id = r.host_id
+                           AND b.run_id = r.run_id ORDER BY b.seq LIMIT 1) b ON true
+        WHERE {" AND ".join(where)}
+        ORDER BY r.at {"DESC" if newest_first else ""}, h.name, r.seq {"DESC" if newest_first else ""}
+        {"LIMIT %(limit)s" if limit else ""}""",
+                     {"host": host, "host_id": host_id, "since": since, "until": until, "board": board,
+                      "run_ids": run_ids, "limit": limit})
+    names = [d.name for d in cur.description]
+    rows = [dict(zip(names, row, strict=True)) for row in cur]
+    for r in rows:
+        r["status"] = run_status(r["status"], bool(r.pop("resumed")))
+    return rows
+
+
+def image_parts(pg: Any, runs: list[tuple[int, str]]) -> dict[tuple[int, str], str]:
+    """{(host id, run id): the image's VBIOS part number} as each run's part check recorded it."""
+    if not runs:
+        return {}
+    found: dict[tuple[int, str], str] = {}
+    for host_id, run_id, detail in pg.execute(
+            f"SELECT host_id, run_id, detail FROM {NS}.stages WHERE stage = 'part_number' AND "
+            "(host_id, run_id) IN (SELECT * FROM unnest(%s::int[], %s::text[])) ORDER BY seq",
+            ([h for h, _ in runs], [r for _, r in runs])):
+        try:
+            part = json.loads(detail or "{}").get("image_part")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(part, str) and (host_id, run_id) not in found:
+            found[(host_id, run_id)] = part
+    return found
+
+
+def not_a_reader(pg: Any) -> str | None:
+    """Why this session is not a read-only reviewer (a login in amdflash_read that may write
+    nothing), or None."""
+    user, superuser, reads, writes = pg.execute(
+        f"SELECT session_user, r.rolsuper, pg_has_role(session_user, '{READ_ROLE}', 'MEMBER'), "
+        f"has_table_privilege('{NS}.checkpoints', 'INSERT') OR has_table_privilege('{NS}.progress', 'INSERT') "
+        "FROM pg_roles r WHERE r.rolname = session_user").fetchone()
+    if superuser:
+        return f"login {user} is a superuser"
+    if writes:
+        return f"login {user} may insert into the record (it is a push login)"
+    if not reads:
+        return f"login {user} is not in {READ_ROLE}"
+    return None
+
+
+def line_progress(pg: Any, hours: float) -> list[dict[str, Any]]:
+    """The newest progress row of every board that said anything in the last `hours`."""
+    cur = pg.execute(f"""
+        SELECT DISTINCT ON (p.host_id, coalesce(p.board, p.run_id)) p.*, h.name AS host
+        FROM {NS}.progress p JOIN {NS}.hosts h ON h.id = p.host_id
+        WHERE p.received_at > now() - make_interval(secs => %s) AND p.run_id IS NOT NULL
+        ORDER BY p.host_id, coalesce(p.board, p.run_id), p.id DESC""", (hours * 3600,))
+    names = [d.name for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur]
+
+
+def progress_after(pg: Any, last_id: int, limit: int = 20000) -> list[dict[str, Any]]:
+    """Progress rows newer than `last_id` (every host's, oldest first)."""
+    cur = pg.execute(f"SELECT p.*, h.name AS host FROM {NS}.progress p JOIN {NS}.hosts h ON h.id = p.host_id "
+                     "WHERE p.id > %s ORDER BY p.id LIMIT %s", (last_id, limit))
+    names = [d.name for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur]
+
+
+def last_progress_id(pg: Any) -> int:
+    return int(pg.execute(f"SELECT coalesce(max(id), 0) FROM {NS}.progress").fetchone()[0])
+
+
+def signed_status(pg: Any, runs: list[tuple[int, str]]) -> dict[tuple[int, str], str]:
+    """{(host id, run id): status} of the given runs that the signed record holds (the status
+    every view shows, store.status.run_status); a run not pushed yet is not in it."""
+    if not runs:
+        return {}
+    from amdflash.store.status import run_status
+
+    hosts, ids = [h for h, _ in runs], [r for _, r in runs]
+    resumed = {(h, r) for h, r in pg.execute(
+        f"SELECT DISTINCT host_id, resumes_run_id FROM {NS}.runs WHERE (host_id, resumes_run_id) IN "
+        "(SELECT * FROM unnest(%s::int[], %s::text[]))", (hosts, ids))}
+    out = {}
+    for host_id, run_id, status in pg.execute(f"""
+            SELECT r.host_id, r.run_id, (SELECT status FROM {NS}.run_status s WHERE s.host_id = r.host_id
+                                         AND s.run_id = r.run_id ORDER BY s.seq DESC LIMIT 1)
+            FROM {NS}.runs r WHERE (r.host_id, r.run_id) IN (SELECT * FROM unnest(%s::int[], %s::text[]))""",
+                                          (hosts, ids)):
+        out[(host_id, run_id)] = run_status(status, (host_id, run_id) in resumed)
+    return out
+
+
+def hosts_health(pg: Any) -> list[dict[str, Any]]:
+    """Per enrolled host: its newest checkpoint in the record and when it was pushed, its newest
+    progress row (when, and the newest checkpoint the host said it had then)."""
+    cur = pg.execute(f"""
+        SELECT h.id, h.name, c.id AS checkpoint, c.pushed_at, c.kind, p.received_at AS last_heard,
+               p.checkpoint AS host_checkpoint, p.state AS last_state,
+               (SELECT count(*) FROM {NS}.checkpoints x WHERE x.host_id = h.id) AS checkpoints
+        FROM {NS}.hosts h
+        LEFT JOIN LATERAL (SELECT id, pushed_at, kind FROM {NS}.checkpoints c WHERE c.host_id = h.id
+                           ORDER BY c.id DESC LIMIT 1) c ON true
+        LEFT JOIN LATERAL (SELECT received_at, checkpoint, state FROM {NS}.progress p WHERE p.host_id = h.id
+                           ORDER BY p.id DESC LIMIT 1) p ON true
+        ORDER BY h.name""")
+    names = [d.name for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur]
+
+
+def line_totals(pg: Any) -> dict[str, Any]:
+    """Sums over the signed record for metrics: bytes programmed and read disagreements per host."""
+    written = dict(pg.execute(f"SELECT h.name, coalesce(sum(u.size), 0) FROM {NS}.hosts h LEFT JOIN {NS}.log_units u "
+                              "ON u.host_id = h.id AND u.state = 'programmed' GROUP BY h.name").fetchall())
+    disagreements = dict(pg.execute(f"SELECT h.name, count(d.seq) FROM {NS}.hosts h LEFT JOIN "
+                                    f"{NS}.log_disagreements d ON d.host_id = h.id GROUP BY h.name").fetchall())
+    return {"bytes_written": written, "read_disagreements": disagreements}
 
 
 class AmbiguousRun(CentralError):

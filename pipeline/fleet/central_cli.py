@@ -67,6 +67,25 @@ def add_audit_parsers(audit_sub: argparse._SubParsersAction) -> None:
                    help="rows per transaction, in whole checkpoints (default 500000)")
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="text: one line for people (default); json: what was sent, as an object")
+    follow = p.add_argument_group(
+        "follow (a service: amdflash-follow.service)",
+        "--follow keeps running: it watches this host's trail (read-only) and publishes what its runs are doing — "
+        "stage, bytes, rate, ETA and every end — to the central database's progress table within a second or two "
+        "(advisory, unsigned: the signed trail stays the record), and pushes the trail after every run's end and "
+        "every --push-every seconds. The jobs never wait for it; while central cannot be reached, what it saw "
+        "waits and is sent when central answers.")
+    follow.add_argument("--follow", action="store_true", help="run as the host's follow service (until SIGTERM)")
+    follow.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
+                        help="how often the trail is read (default 0.5)")
+    follow.add_argument("--push-every", type=float, default=30.0, metavar="SECONDS",
+                        help="push the signed trail at least this often (default 30; and after every run's end)")
+    follow.add_argument("--heartbeat", type=float, default=30.0, metavar="SECONDS",
+                        help="say the host is alive this often when nothing else is said (default 30)")
+    follow.add_argument("--exporter-config", type=Path, default=Path("/run/amdflash-exporter/exporter.yaml"),
+                        metavar="FILE", help="this host's exporter configuration, which names each board's place "
+                                             "(default /run/amdflash-exporter/exporter.yaml)")
+    follow.add_argument("--host-name", metavar="NAME",
+                        help="this host's exporter name, for place names (default: its enrolled name)")
     p.set_defaults(func=cmd_push)
 
     # `audit verify --central URL`: the central record as the trail's off-host anchor.
@@ -137,6 +156,30 @@ def add_fleet_parsers(fsub: argparse._SubParsersAction) -> None:
                    help="the signatures must be by this public key (repeatable)")
     p.set_defaults(func=cmd_report)
 
+    p = fsub.add_parser(
+        "serve", help="a read-only web view of the line: live boards, run reports, history, health, metrics",
+        description="Serve the line from the central database over HTTP: every board live (host, place, state, "
+                    "stage, progress, ETA; failures first), each run's report (checked again here against its "
+                    "host's enrolled key), the history with filters, each host's push health, and /metrics for "
+                    "Prometheus. Read-only: connect as a member of amdflash_read. Binds 127.0.0.1 by default; put "
+                    "it behind a reverse proxy that authenticates (README, 'Running a line'). --notify sends "
+                    "run failed or interrupted, a host silent too long, and the line done, through Apprise.")
+    p.add_argument("--from", dest="source", metavar="URL", help=f"the central database (default ${ENV_CENTRAL})")
+    p.add_argument("--listen", default="127.0.0.1:8470", metavar="HOST:PORT",
+                   help="where to listen (default 127.0.0.1:8470: this machine only)")
+    p.add_argument("--notify", action="append", metavar="URL",
+                   help="an Apprise URL to notify (repeatable; default: notify = [...] in the config file): "
+                        "mailto://, slack://, matrix://, ntfy://, json:// (a webhook), ...")
+    p.add_argument("--silent-after", type=float, default=10.0, metavar="MINUTES",
+                   help="notify when a host has neither pushed nor said anything for this long (default 10)")
+    p.add_argument("--settle", type=float, default=30.0, metavar="SECONDS",
+                   help="the line is done when no board has run for this long after some ended (default 30)")
+    p.add_argument("--window", type=float, default=24.0, metavar="HOURS",
+                   help="the line shows every board heard from in this many hours (default 24)")
+    p.add_argument("--public-url", metavar="URL",
+                   help="this view's address as people reach it (behind the proxy), for links in notifications")
+    p.set_defaults(func=cmd_serve)
+
 
 def cmd_push(args: argparse.Namespace) -> int:
     from amdflash.pipeline import commands
@@ -146,6 +189,8 @@ def cmd_push(args: argparse.Namespace) -> int:
     url = _url(args.to, "--to")
     if args.batch_rows < 1:
         raise UsageError("--batch-rows must be at least 1")
+    if args.follow:
+        return _follow(args, url)
     reader = open_reader(commands.db_path(args))
     try:
         report = push(reader.conn, url, args.batch_rows)
@@ -156,6 +201,24 @@ def cmd_push(args: argparse.Namespace) -> int:
     else:
         output.result(report.describe())
     return EXIT_OK
+
+
+def _follow(args: argparse.Namespace, url: str) -> int:
+    from amdflash.pipeline import commands
+    from amdflash.pipeline.auditdb import host_key_path
+    from amdflash.pipeline.fleet.live import follow
+
+    for option in ("interval", "push_every", "heartbeat"):
+        if getattr(args, option) <= 0:
+            raise UsageError(f"--{option.replace('_', '-')} must be more than 0 seconds")
+    db = str(Path(commands.db_path(args)).expanduser())
+    if not Path(db).is_file():
+        output.note(f"no audit database at {db} yet: following it from when this host's first job creates it")
+    output.note(f"following {db}: live progress to {_where(url)}, pushes after each run's end and every "
+                f"{args.push_every:g} s")
+    return follow(db, url, interval=args.interval, push_every=args.push_every, heartbeat=args.heartbeat,
+                  exporter_config=args.exporter_config, host_name=args.host_name,
+                  host_key=_host_public(host_key_path()), log=output.note)
 
 
 def cmd_verify(args: argparse.Namespace, local_verify: Callable[[argparse.Namespace], int]) -> int:
@@ -194,6 +257,9 @@ def _where(url: str) -> str:
     return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1@", url)
 
 
+shown_url = _where
+
+
 def cmd_setup(args: argparse.Namespace) -> int:
     from amdflash.store.central import DEFAULT_BLOB_QUOTA, setup
 
@@ -223,6 +289,47 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     return print_runs(runs(_url(args.source, "--from"), args.host), args.format, "no runs in the central database",
                       lambda r: f"{r['host']:16} {run_line(r)}")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from amdflash.pipeline import config
+
+    try:
+        import apprise  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import sse_starlette  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise Refusal(f"fleet serve needs {e.name}: pip install 'amdflash[fleet]'") from None
+    from amdflash.pipeline.fleet.serve import Notifier, parse_listen, serve
+
+    url = _url(args.source, "--from")
+    try:
+        parse_listen(args.listen)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    for option in ("silent_after", "settle", "window"):
+        if getattr(args, option) <= 0:
+            raise UsageError(f"--{option.replace('_', '-')} must be more than 0")
+    notify = args.notify
+    if notify is None:
+        configured = config.load().get("notify") or []
+        notify = [configured] if isinstance(configured, str) else list(configured)
+    try:
+        Notifier(list(notify), output.note).close()    # every URL one Apprise knows, before serving
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    from amdflash.store.central import connect, need_schema, not_a_reader
+
+    with connect(url) as pg:
+        need_schema(pg)
+        why = not_a_reader(pg)
+    if why:
+        raise Refusal(f"fleet serve reads the record only, as a login in amdflash_read, and {why}: connect as a "
+                      "reviewer login (CREATE ROLE line_viewer LOGIN IN ROLE amdflash_read)")
+    return serve(url, args.listen, list(notify), args.window, args.silent_after * 60, args.settle,
+                 args.public_url or "", output.note)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

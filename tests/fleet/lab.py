@@ -85,16 +85,17 @@ class Lab:
         self.procs: list[subprocess.Popen] = []
         self.hosts: dict[str, Host] = {}
         self.ssh_dir = root / "ssh"
+        self.ssh_port = 0
         self.coordinator: subprocess.Popen | None = None
         self.coordinator_port = free_port()
         self.address = f"127.0.0.1:{self.coordinator_port}"
 
     # -- processes ----------------------------------------------------------------------------
 
-    def _spawn(self, argv: list[str], log: str, **kwargs: Any) -> subprocess.Popen:
+    def _spawn(self, argv: list[str], log: str, env: dict[str, str] | None = None, **kwargs: Any) -> subprocess.Popen:
         out = open(self.root / log, "ab")
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=self.env(PYTHONUNBUFFERED="1"), **kwargs)
+                                env=self.env(PYTHONUNBUFFERED="1", **(env or {})), **kwargs)
         out.close()
         self.procs.append(proc)
         return proc
@@ -105,6 +106,7 @@ class Lab:
         env["LG_COORDINATOR"] = self.address
         env["AMDFLASH_CONFIG"] = str(self.config)
         env.update(extra)
+        env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
     @property
@@ -138,7 +140,12 @@ class Lab:
                 pass
             for arg in argv:   # and the directory labgrid made for its control socket
                 if arg.startswith("ControlPath="):
-                    shutil.rmtree(Path(arg.split("=", 1)[1]).parent, ignore_errors=True)
+                    # only labgrid's own temporary directory: an ssh of the lab's config still
+                    # running (a fleet job's, `ControlPath=none`) must never make this remove
+                    # the working directory ("none".parent is ".")
+                    sockets = Path(arg.split("=", 1)[1]).parent
+                    if sockets.is_absolute() and sockets.name.startswith("lg-con-"):
+                        shutil.rmtree(sockets, ignore_errors=True)
 
     def _ssh_masters(self) -> list[tuple[int, list[str]]]:
         mark = str(self.ssh_dir / "ssh_config")
@@ -169,20 +176,78 @@ class Lab:
             f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {d / 'host_key'}", f"PidFile {d / 'sshd.pid'}",
             f"AuthorizedKeysFile {d / 'authorized_keys'}", "StrictModes no", "PubkeyAuthentication yes",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
-            "PermitRootLogin prohibit-password", "MaxSessions 64", "MaxStartups 64:30:128", "LogLevel ERROR", ""]))
+            "PermitRootLogin prohibit-password", "MaxSessions 64", "MaxStartups 64:30:128", "LogLevel ERROR",
+            # each "host" signs its trail with its own key (as separate machines would)
+            "AcceptEnv AMDFLASH_HOST_KEY", ""]))
         if os.geteuid() == 0:
             # sshd running as root needs its privilege-separation directory (the package's
             # service unit makes it; a machine without systemd has none).
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         self._spawn([find_sshd(), "-D", "-e", "-f", str(d / "sshd_config")], "sshd.log")
         wait_for(lambda: _port_open(port), 15, "sshd to listen")
-        (d / "ssh_config").write_text("\n".join([
-            "Host *", "  HostName 127.0.0.1", f"  Port {port}", f"  User {getpass.getuser()}",
-            f"  IdentityFile {d / 'client_key'}", "  IdentitiesOnly yes", f"  UserKnownHostsFile {d / 'known_hosts'}",
-            f"  HostKeyAlias {SSH_KEY_ALIAS}", "  BatchMode yes", ""]))
+        self.ssh_port = port
+        self._write_ssh_config()
         ssh = d / "bin" / "ssh"
         ssh.write_text(f"#!/bin/sh\nexec {shutil.which('ssh')} -F {d / 'ssh_config'} \"$@\"\n")
         ssh.chmod(0o755)
+
+    def _write_ssh_config(self) -> None:
+        d = self.ssh_dir
+        per_host = [line for name in self.hosts
+                    for line in (f"Host {name}", f"  SetEnv AMDFLASH_HOST_KEY={self.host_key(name)}")]
+        (d / "ssh_config").write_text("\n".join([
+            *per_host,
+            "Host *", "  HostName 127.0.0.1", f"  Port {self.ssh_port}", f"  User {getpass.getuser()}",
+            f"  IdentityFile {d / 'client_key'}", "  IdentitiesOnly yes", f"  UserKnownHostsFile {d / 'known_hosts'}",
+            f"  HostKeyAlias {SSH_KEY_ALIAS}", "  BatchMode yes", ""]))
+
+    def host_key(self, name: str) -> Path:
+        """The host's own signing key (its jobs get it through SSH's SetEnv)."""
+        return self.root / name / "host_key.pem"
+
+    # -- the central record and the line view -----------------------------------------------------
+
+    def central(self, postgres: Any, url: str) -> str:
+        """Set up the central database at `url` and enrol every host (login: its name); returns
+        the URL of a reviewer login (amdflash_read) for `fleet serve`."""
+        self.amdflash("fleet", "central-setup", url)
+        for name in self.hosts:
+            pub = self.root / name / "host.pub"
+            self.amdflash("audit", "key", "-o", str(pub), AMDFLASH_HOST_KEY=str(self.host_key(name)))
+            self.amdflash("fleet", "enroll", "--to", url, "--key", str(pub), "--name", name)
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as pg:
+            pg.execute("CREATE ROLE line_viewer LOGIN IN ROLE amdflash_read")
+        return url.replace("postgresql://amdflash@", "postgresql://line_viewer@")
+
+    def start_follow(self, name: str, url: str) -> subprocess.Popen:
+        """The host's follow service (`audit push --follow`), as its own login."""
+        host = self.hosts[name]
+        login = url.replace("postgresql://amdflash@", f"postgresql://{name}@")
+        return self._spawn([sys.executable, "-m", "amdflash.pipeline.cli", "--db", str(host.db), "audit", "push",
+                            "--follow", "--to", login, "--interval", "0.2", "--exporter-config", str(host.config),
+                            "--host-name", name], f"follow-{name}.log", cwd=self.root,
+                           env={"AMDFLASH_HOST_KEY": str(self.host_key(name))})
+
+    def start_serve(self, url: str, *options: str) -> str:
+        """`fleet serve` on a free port; its base URL once it answers."""
+        port = free_port()
+        self._spawn([sys.executable, "-m", "amdflash.pipeline.cli", "fleet", "serve", "--from", url, "--listen",
+                     f"127.0.0.1:{port}", *options], "serve.log", cwd=self.root)
+        base = f"http://127.0.0.1:{port}/"
+
+        def up() -> bool:
+            import urllib.request
+
+            try:
+                with urllib.request.urlopen(base, timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        wait_for(up, 60, "fleet serve to answer")
+        return base
 
     # -- labgrid --------------------------------------------------------------------------------
 
@@ -209,6 +274,8 @@ class Lab:
                       *[a for b in host.boards for a in ("--sim", str(b))], "-o", str(host.config))
         self.hosts[name] = host
         self.allow(*[f"{h.name}={h.db}" for h in self.hosts.values()])
+        if self.ssh_dir.joinpath("ssh_config").exists():
+            self._write_ssh_config()
         return host
 
     def start_exporter(self, name: str) -> None:

@@ -86,3 +86,28 @@ def test_every_sealed_checkpoint_is_pushed_within_a_minute() -> None:
     assert window <= 60, window
     assert seconds(timer["OnBootSec"]) <= 60
     assert "every 30 seconds" in (UNITS / "amdflash-push.service").read_text()
+
+
+def test_follow_unit_publishes_the_exporters_trail_and_names_its_places() -> None:
+    service = unit("amdflash-follow.service")["Service"]
+    argv = shlex.split(service["ExecStart"].replace("%H", "hosta"))
+    assert Path(argv[0]).name == "amdflash"
+    args = build_parser().parse_args(argv[1:])
+    assert (args.command, args.audit_command, args.follow) == ("audit", "push", True)
+    exporter = unit("amdflash-exporter.service")["Service"]
+    pre = build_parser().parse_args(shlex.split(exporter["ExecStartPre"])[1:])
+    assert args.db == pre.db and args.exporter_config == pre.output        # the jobs' trail, the exporter's list
+    assert "--hostname %H" in exporter["ExecStart"] and "--host-name %H" in service["ExecStart"]
+    assert service["User"] == exporter["User"] and service["Restart"] == "always"
+    assert args.push_every <= 30                                             # no longer a window than the timer's
+
+
+def test_serve_unit_listens_on_loopback_read_only_with_its_secrets_as_credentials() -> None:
+    service = unit("amdflash-serve.service")["Service"]
+    argv = shlex.split(service["ExecStart"])
+    args = build_parser().parse_args(argv[1:])
+    assert (args.command, args.fleet_command) == ("fleet", "serve")
+    assert args.listen.startswith("127.0.0.1:")
+    text = (UNITS / "amdflash-serve.service").read_text()
+    assert "amdflash_read" in text and "DynamicUser=yes" in text
+    assert "PGPASSFILE=%d/pgpass" in text and "AMDFLASH_CONFIG=%d/config" in text
