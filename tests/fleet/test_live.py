@@ -130,6 +130,9 @@ def test_the_follow_service_publishes_progress_and_every_end_within_two_seconds(
     assert cli("info", "--board", f"sim:{make_board(transport='ideal')}").code == 0    # the trail exists
     follower = _follow(db, as_a, key, tmp_path / "follow.log")
     try:
+        # The service is up (its first "alive" row) before the first flash starts: a flash of
+        # a second would otherwise end before the service has read the trail at all.
+        wait_for(lambda: progress(central, "state = 'alive'"), 60, "the follow service to start")
         img = image.read_bytes()
         stuck = next(a for a in range(0x10000, 0x20000) if not img[a] & 1)
         good = make_board(transport="ideal", realtime_scale=0.3)
