@@ -85,6 +85,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--bridge-link", choices=tuple(BRIDGE_LINKS),
                    help="PCIe link of the emulated USB bridge: up at plug-in (default), down (the host must "
                         "power it on and train it) or never (training never reaches L0)")
+    c.add_argument("--from-report", type=Path, metavar="FILE",
+                   help="a board like the one a hardware report describes (amdflash hardware-report): its chip, "
+                        "status registers, SFDP, registers as found and measured timings; the divergences from "
+                        "the emulator's model are printed")
     c.add_argument("--gpu-device-id", type=_int, metavar="ID",
                    help="PCI device id of the GPU behind the emulated USB bridge (default 0x744C, Navi31)")
     c.set_defaults(func=cmd_create)
@@ -143,14 +147,20 @@ def cmd_create(args: argparse.Namespace) -> int:
             psp_order = [int(x, 0) for x in args.psp_order.split(",")]
         except ValueError:
             raise Refusal(f"--psp-order: {args.psp_order!r} is not a comma-separated list of numbers") from None
+    chosen = {"chip": args.chip, "transport": args.transport, "bridge": _bridge_options(args)}
+    divergences: list[str] = []
+    if args.from_report is not None:
+        chosen, divergences = _from_report(args)
     try:
         path = create_board(
             args.path, content=content, cmp=args.cmp, bp=args.bp, gated=args.gated, sos=args.sos,
-            no_raw_rom=args.no_raw_rom, mirrored_rom=args.mirrored_rom, transport=args.transport,
+            no_raw_rom=args.no_raw_rom, mirrored_rom=args.mirrored_rom,
             seed=args.seed, faults=args.fault, realtime_scale=args.realtime, psp_order=psp_order,
-            bridge=_bridge_options(args), strict=not args.lenient, chip=args.chip)
+            strict=not args.lenient, **chosen)
     except (BoardExistsError, FaultSpecError, ValueError) as e:
         raise Refusal(str(e)) from None
+    for line in divergences:
+        output.result(f"  diverges:  {line}")
     files = BoardFiles(path)
     try:
         cfg = files.config
@@ -174,6 +184,25 @@ def cmd_create(args: argparse.Namespace) -> int:
     finally:
         files.close()
     return 0
+
+
+def _from_report(args: argparse.Namespace) -> tuple[dict[str, object], list[str]]:
+    """create_board options from a hardware report (an untrusted file: checked field by field)."""
+    from amdflash.stages.transport.sim.calibration import CalibrationError
+    from amdflash.stages.transport.sim.report_model import board_options
+
+    if args.chip != DEFAULT_PART or args.transport != "asm24" or args.cmp or args.bp or _bridge_options(args):
+        raise Refusal("--from-report sets the chip, transport, status registers and bridge itself: "
+                      "--chip, --transport, --cmp, --bp, --bridge-link and --gpu-device-id do not go with it")
+    try:
+        if not args.from_report.is_file() or args.from_report.stat().st_size > 1 << 20:
+            raise Refusal(f"--from-report {args.from_report}: not a regular file of at most 1 MiB")
+        report = json.loads(args.from_report.read_text(encoding="utf-8"))
+        return board_options(report)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise Refusal(f"--from-report {args.from_report}: not a readable JSON report ({e})") from None
+    except (CalibrationError, RecursionError) as e:
+        raise Refusal(f"--from-report {args.from_report}: {e}") from None
 
 
 def cmd_image(args: argparse.Namespace) -> int:

@@ -162,7 +162,10 @@ def _repeat(pattern: bytes, phase: int, n: int) -> bytes:
 
 class NorChip:
     def __init__(self, board: Board, spec: PartSpec | None = None):
-        self.part = p = spec or find_part(board.config.get("chip"))
+        from amdflash.stages.transport.sim.calibration import calibrated_part
+
+        # A calibrated board's part has the busy times and SFDP measured on a real one.
+        self.part = p = spec or calibrated_part(find_part(board.config.get("chip")), board.config.get("calibration"))
         self.board = board
         self.flash = board.files.flash
         self._clock = board.clock
