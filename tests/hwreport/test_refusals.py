@@ -1,0 +1,36 @@
+"""Reports are untrusted input; the scratch mode refuses a protected block before erasing."""
+from __future__ import annotations
+
+import json
+
+from amdflash.stages.transport.sim import create_board
+
+
+def test_scratch_sector_in_a_protected_block_is_refused_and_nothing_changes(amdflash, tmp_path):
+    board = create_board(tmp_path / "b", seed=3, bp=1)          # GD25LQ16E BP=1: the top 64 KiB
+    before = (board / "flash.bin").read_bytes()
+    r = amdflash("hardware-report", "--board", f"sim:{board}", "-o", tmp_path / "r.json",
+                 "--scratch-sector", 0x1F0, "--yes")
+    assert r.code == 2 and "may be protected" in r.err
+    assert (board / "flash.bin").read_bytes() == before
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_malformed_report_is_refused_naming_the_field(amdflash, tmp_path):
+    board = create_board(tmp_path / "b", seed=3)
+    assert amdflash("hardware-report", "--board", f"sim:{board}", "-o", tmp_path / "r.json").code == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    for field, value, said in (("read32", {"n": 1, "min": -1}, "timings.transport.read32"),
+                               ("sfdp", "zz", "flash.sfdp")):
+        bad = json.loads(json.dumps(report))
+        if field == "sfdp":
+            bad["flash"]["sfdp"] = value
+        else:
+            bad["timings"]["transport"]["read32"] = value
+        path = tmp_path / f"bad-{field}.json"
+        path.write_text(json.dumps(bad))
+        r = amdflash("sim", "create", tmp_path / f"c-{field}", "--from-report", path)
+        assert r.code == 2 and said in r.err, r.err
+        assert not (tmp_path / f"c-{field}").exists()
+    (tmp_path / "junk.json").write_text("[1, 2")
+    assert amdflash("sim", "create", tmp_path / "c", "--from-report", tmp_path / "junk.json").code == 2
