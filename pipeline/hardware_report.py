@@ -34,6 +34,7 @@ from amdflash.stages.transport.sim import report_model
 FORMAT = "amdflash-hardware-report"
 VERSION = 1
 BLOCK = 0x10000
+REPORT_EVENT = "hardware report"      # the stages row (stage "measure") holding the whole report
 SECTOR = 0x1000
 
 
@@ -55,15 +56,19 @@ class HardwareReportJob:
         ident = await jobs.identify(dev, self.engine, info)
         engine = dev.romsw
         assert engine is not None and dev.nor is not None
+        # A scratch block the chip protects is refused before anything else is measured.
+        block = self._scratch_block(ident) if self.scratch_sector is not None else None
         sfdp = await dev.call(read_sfdp_space, engine)
         record_stage(dev, "measure", "spi", "SPI time per transaction size")
         spi = await dev.call(measure.spi_times, engine, self.engine.prescale)
         busy: dict[str, Any] = {}
-        if self.scratch_sector is not None:
-            busy = await dev.call(self._scratch, dev, ident)
+        if block is not None:
+            busy = await dev.call(self._scratch, dev, block)
         part = await dev.call(_vbios_part, dev)
         report = build(dev, ident, found, sfdp, latency, spi, busy, part, self.include_ids)
         text = json.dumps(report, indent=2, sort_keys=True) + "\n"
+        # The report is part of the run's record: `sim create --from-run TRAIL RUN` builds from it.
+        record_stage(dev, "measure", REPORT_EVENT, json.dumps(report, sort_keys=True))
         if self.output is not None:
             from amdflash.stages.files import write_new
 
@@ -75,19 +80,27 @@ class HardwareReportJob:
         return {"hardware_report_sha256": hashlib.sha256(text.encode()).hexdigest(),
                 "scratch_block": busy.get("block")}
 
-    def _scratch(self, dev: Device, ident: FlashIdentity) -> dict[str, Any]:
-        """Give up the 64 KiB block of the scratch sector for the run: back it up, time every
-        erase size and every page program there, and put it back, checked."""
-        assert self.scratch_sector is not None and dev.romsw is not None and dev.nor is not None
-        nor, chip = dev.nor, ident.chip
+    def _scratch_block(self, ident: FlashIdentity) -> int:
+        """The 64 KiB block holding the scratch sector, if the part and its protection allow."""
+        assert self.scratch_sector is not None
+        chip = ident.chip
         block = (self.scratch_sector * SECTOR) & ~(BLOCK - 1)
-        erases = {e.size: e.opcode for e in chip.erase_types}
-        if chip.source != "table" or not {SECTOR, 0x8000, BLOCK} <= set(erases) or chip.page_size != 0x100:
+        erases = {e.size for e in chip.erase_types}
+        if chip.source != "table" or not {SECTOR, 0x8000, BLOCK} <= erases or chip.page_size != 0x100:
             raise Refusal(f"--scratch-sector: the {chip.name} is not a table part with 4/32/64 KiB erases and "
                           "256-byte pages; no scratch timing on it")
         if not ident.protection.known or ident.protection.overlaps(block, BLOCK) or ident.protection.individual:
             raise Refusal(f"--scratch-sector {self.scratch_sector}: the block {block:#08x}-{block + BLOCK - 1:#08x} "
                           f"may be protected ({ident.protection.describe()}); choose an unprotected sector")
+        return block
+
+    def _scratch(self, dev: Device, block: int) -> dict[str, Any]:
+        """Give up the 64 KiB block of the scratch sector for the run: back it up, time every
+        erase size and every page program there, and put it back, checked."""
+        assert dev.romsw is not None and dev.nor is not None
+        nor = dev.nor
+        assert nor.chip is not None
+        erases = {e.size: e.opcode for e in nor.chip.erase_types}
         first = nor.read(block, BLOCK)
         if nor.read(block, BLOCK) != first:
             raise Refusal(f"--scratch-sector: two reads of {block:#08x}+64 KiB disagree; not erasing a block "

@@ -3,12 +3,16 @@ measurement's stated error, and the same modelled seconds for dump and flash wit
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.sim import Board, create_board
+from amdflash.stages.transport.sim.calibration import power_on_values
+from amdflash.stages.transport.sim.power_on import power_on_registers
+from amdflash.stages.transport.sim.state import REGIONS
 from amdflash.stages.transport.sim.synth import synthetic_ifwi
 
 # Non-default figures everywhere the report measures: link, busy times, registers, chip, SR.
@@ -20,10 +24,12 @@ SOURCE = {
 CHIP, STATUS = "W25Q16JW", (0x24, 0x02, 0x60)      # BP=1 TB=1 (bottom 64 KiB protected), QE, DRV
 
 
-def report(amdflash, board: Path, out: Path, scratch: bool) -> dict:
+def report(amdflash, board: Path, out: Path, scratch: bool, errors: list[str] | None = None) -> dict:
     extra = ["--scratch-sector", 16, "--yes"] if scratch else []
     r = amdflash("hardware-report", "--board", f"sim:{board}", "-o", out, *extra)
     assert r.code == 0, r.err
+    if errors is not None:
+        errors.append(r.err)
     return json.loads(out.read_text())
 
 
@@ -57,10 +63,11 @@ def compare(first: dict, second: dict) -> None:
         assert close(k["seconds"], other["seconds"], k["error"] + other["error"]), (op, k, other)
 
 
-def test_round_trip_without_scratch(amdflash, tmp_path):
+def test_round_trip_without_scratch(amdflash, tmp_path, isolated):
     source = create_board(tmp_path / "source", seed=7, chip=CHIP, status_registers=STATUS,
                           calibration={"transport": SOURCE["transport"], "registers": SOURCE["registers"]})
-    first = report(amdflash, source, tmp_path / "r1.json", scratch=False)
+    first_run_err: list[str] = []
+    first = report(amdflash, source, tmp_path / "r1.json", scratch=False, errors=first_run_err)
     assert first["timings"]["busy"] == {}
     contradicted = {f["fact"] for f in first["facts"] if f["verdict"] == "contradicted"}
     assert any("write32" in f for f in contradicted)           # 130 us is not the model's 100 us
@@ -69,6 +76,23 @@ def test_round_trip_without_scratch(amdflash, tmp_path):
     assert "diverges:  transport: control" in r.out and "diverges:  register 0x5a508" in r.out
     second = report(amdflash, tmp_path / "copy", tmp_path / "r2.json", scratch=False)
     compare(first, second)
+    # The same board from the run's record in the audit trail.
+    run_id = re.search(r"run (\S+): succeeded", first_run_err[0]).group(1)
+    r = amdflash("sim", "create", tmp_path / "from-run", "--from-run", isolated / "audit.sqlite", run_id,
+                 "--seed", 7)
+    assert r.code == 0, r.err
+    made = [json.loads((tmp_path / name / "board.json").read_text()) for name in ("copy", "from-run")]
+    for key in ("calibration", "chip", "transport"):
+        assert made[0][key] == made[1][key]
+    lo, size = REGIONS["chip"]           # the status registers as the report found them
+    chips = [(tmp_path / name / "state.bin").read_bytes()[lo + 8:lo + 16] for name in ("copy", "from-run")]
+    assert chips[0] == chips[1]
+    assert power_on_registers(power_on_values(made[1]["calibration"]))[R.GPIOPAD_A:R.GPIOPAD_A + 4] == \
+        (0x700).to_bytes(4, "little")
+    info = amdflash("info", "--board", f"sim:{tmp_path / 'copy'}")
+    info_run = re.search(r"run (\S+): succeeded", info.err).group(1)
+    r = amdflash("sim", "create", tmp_path / "nope", "--from-run", isolated / "audit.sqlite", info_run)
+    assert r.code == 2 and "recorded no hardware report" in r.err
     # The emulator's default board is untouched by all this: it still has the model's figures.
     plain = create_board(tmp_path / "plain", seed=7)
     third = report(amdflash, plain, tmp_path / "r3.json", scratch=False)
