@@ -187,11 +187,14 @@ class BusyMeter:
             probe.seen_busy = True
             if at - start > timeout:
                 raise TimeoutError(f"opcode {opcode:#04x} at {address:#08x} still busy after {timeout:g} s")
-        probe.samples.append(at - start)
+        # A board without physical time (or a busy period over before its SPI time's estimate
+        # ended) is done at once: never a negative time.
+        done = max(0.0, at - start)
+        probe.samples.append(done)
         if probe.hi is None:
-            probe.lo, probe.hi = max(0.0, last_busy - start), at - start
+            probe.lo, probe.hi = max(0.0, last_busy - start), done
         else:
-            probe.hi = min(probe.hi, at - start)
+            probe.hi = min(probe.hi, done)
             probe.lo = max(probe.lo, last_busy - start)
 
     def close(self) -> None:

@@ -247,7 +247,8 @@ def board_options(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         divergences.append(f"SPI: the bus clocks as from a {refclk / 1e6:.2f} MHz reference, the model's is 100 MHz")
     cal["transport"] = transport
     busy = {}
-    for op, k in ((report["timings"].get("busy") or {}).get("kinds") or {}).items():
+    measured_busy = ((report["timings"].get("busy") or {}).get("kinds") or {}) if profile.physical else {}
+    for op, k in measured_busy.items():
         opcode = int(op, 16)
         if opcode not in spec.busy:
             raise CalibrationError(f"timings.busy.kinds: the {spec.name} has no busy time for {op}")
