@@ -71,6 +71,8 @@ def test_round_trip_without_scratch(amdflash, tmp_path, isolated):
     assert first["timings"]["busy"] == {}
     contradicted = {f["fact"] for f in first["facts"] if f["verdict"] == "contradicted"}
     assert any("write32" in f for f in contradicted)           # 130 us is not the model's 100 us
+    assert any(f.startswith(f"register {R.GPIOPAD_A:#07x}") for f in contradicted)
+    assert not any(f.startswith("SFDP") for f in contradicted)
     r = amdflash("sim", "create", tmp_path / "copy", "--from-report", tmp_path / "r1.json", "--seed", 7)
     assert r.code == 0, r.err
     assert "diverges:  transport: control" in r.out and "diverges:  register 0x5a508" in r.out

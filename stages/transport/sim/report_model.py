@@ -176,6 +176,7 @@ def facts(report: dict[str, Any], ident: Any = None) -> list[dict[str, str]]:
             fact(name, None, f"over before one status read landed ({s['seconds_at_most'] * 1e6:.1f} us)")
     for finding in report.get("fast_paths", []):
         fact(f"fast path holds on this board: {finding['name']}", bool(finding["ok"]), str(finding["detail"])[:200])
+    _model_facts(report, fact)
     busy = report["timings"].get("busy") or {}
     typical = _typical_busy(ident)
     for op, what in BUSY_KINDS.items():
@@ -193,6 +194,28 @@ def facts(report: dict[str, Any], ident: Any = None) -> list[dict[str, str]]:
             fact(name, _agree(k["seconds"], t, k["error"], BUSY_TOLERANCE) if profile.physical else None,
                  f"measured {k['seconds'] * 1e3:.3f} ms +- {k['error'] * 1e3:.3f} ms")
     return out
+
+
+def _model_facts(report: dict[str, Any], fact: Any) -> None:
+    """The emulated part's SFDP and the assumed power-on registers, against the board's."""
+    from amdflash.stages.transport.sim.catalog import all_parts
+    from amdflash.stages.transport.sim.power_on import POWER_ON_REGISTERS
+
+    sfdp = bytes.fromhex(report["flash"]["sfdp"])
+    jedec = bytes.fromhex(report["flash"]["jedec"])[:3]
+    parts = [p for p in all_parts().values() if p.jedec == jedec]
+    if parts:
+        same = [p.name for p in parts if p.sfdp[:len(sfdp)] == sfdp and sfdp]
+        fact(f"SFDP: the emulated {'/'.join(p.name for p in parts)} table is the board's", bool(same),
+             f"{len(sfdp)} bytes read; " + (f"equal to the {same[0]}'s" if same else "no emulated table is equal"))
+    found = {int(k, 16): v for k, v in report["registers_found"].items()}
+    for offset, value in POWER_ON_REGISTERS.items():
+        if offset in found:
+            fact(f"register {offset:#07x} is {value:#010x} at power-on (assumed: no dump of a Navi31 is public)",
+                 found[offset] == value, f"found {found[offset]:#010x} (as the run found the board, which an "
+                                         "earlier tool may have changed)")
+    fact("SEC=1 with BP=6 protects 32 KiB (flashrom's rule, docs/flash-chip.md)", None,
+         "not measurable without changing the block-protect bits, which amdflash never does")
 
 
 def _typical_busy(ident: Any) -> dict[str, float]:
