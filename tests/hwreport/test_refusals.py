@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.sim import create_board
 
 
@@ -34,3 +35,23 @@ def test_a_malformed_report_is_refused_naming_the_field(amdflash, tmp_path):
         assert not (tmp_path / f"c-{field}").exists()
     (tmp_path / "junk.json").write_text("[1, 2")
     assert amdflash("sim", "create", tmp_path / "c", "--from-report", tmp_path / "junk.json").code == 2
+
+
+def test_unique_id_and_serial_are_hashed_unless_asked_and_nothing_is_written(amdflash, tmp_path):
+    board = create_board(tmp_path / "b", seed=5)
+    config = json.loads((board / "board.json").read_text())
+    def state() -> tuple[bytes, list[bytes]]:
+        # The flash, and the registers every run restores (the engine's window and STATUS are scratch).
+        regs = (board / "regs.bin").read_bytes()
+        return (board / "flash.bin").read_bytes(), [regs[r:r + 4] for r in R.ROM_SW_SAVED]
+
+    before = state()
+    assert amdflash("hardware-report", "--board", f"sim:{board}", "-o", tmp_path / "hashed.json").code == 0
+    assert state() == before
+    hashed = (tmp_path / "hashed.json").read_text()
+    assert config["unique_id"] not in hashed.lower() and config["serial"] not in hashed.lower()
+    assert json.loads(hashed)["flash"]["unique_id"]["sha256"]
+    assert amdflash("hardware-report", "--board", f"sim:{board}", "-o", tmp_path / "ids.json", "--include-ids").code == 0
+    ids = json.loads((tmp_path / "ids.json").read_text())
+    assert ids["flash"]["unique_id"]["value"] == config["unique_id"]
+    assert ids["board"]["serial"]["value"] == config["serial"]
