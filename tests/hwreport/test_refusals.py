@@ -55,3 +55,14 @@ def test_unique_id_and_serial_are_hashed_unless_asked_and_nothing_is_written(amd
     ids = json.loads((tmp_path / "ids.json").read_text())
     assert ids["flash"]["unique_id"]["value"] == config["unique_id"]
     assert ids["board"]["serial"]["value"] == config["serial"]
+
+
+def test_a_scratch_block_whose_backup_reads_disagree_is_refused_before_any_erase(amdflash, tmp_path):
+    # Reads that flip bits now and then: two reads of 64 KiB disagree, so the backup is not confirmed.
+    board = create_board(tmp_path / "b", seed=4, faults=["read-flip=0.0001"])
+    before = (board / "flash.bin").read_bytes()
+    r = amdflash("hardware-report", "--board", f"sim:{board}", "-o", tmp_path / "r.json",
+                 "--scratch-sector", 16, "--yes")
+    assert r.code == 2 and "backup is not confirmed" in r.err
+    assert (board / "flash.bin").read_bytes() == before
+    assert list(tmp_path.glob("r.json*")) == []

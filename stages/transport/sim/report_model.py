@@ -283,7 +283,7 @@ def board_options(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
                                    f"emulated {spec.name}'s typical is {spec.busy[opcode][0] * 1e3:g} ms")
             continue
         busy[f"{opcode:#04x}"] = k["seconds"]
-        if abs(k["seconds"] - spec.busy[opcode][0]) > k["error"]:
+        if abs(k["seconds"] - spec.busy[opcode][0]) > max(k["error"], 0.01 * spec.busy[opcode][0]):
             divergences.append(f"busy: {BUSY_KINDS[op]} {k['seconds'] * 1e3:.3f} ms, the emulated "
                                f"{spec.name}'s typical is {spec.busy[opcode][0] * 1e3:g} ms")
     cal["busy"] = busy
