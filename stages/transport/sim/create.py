@@ -59,7 +59,7 @@ def create_board(
     # The chip's status registers (CMP, BP) are part of its persistent state; this validates them.
     chip_state = NorChip.initial_state(spec, cmp=cmp, bp=bp)
     if status_registers is not None:
-        chip_state = _with_status_registers(spec, chip_state, status_registers)
+        chip_state = NorChip.with_status_registers(spec, chip_state, status_registers)
     if calibration is not None:
         from amdflash.stages.transport.sim.calibration import check
 
@@ -124,18 +124,3 @@ def create_board(
         f.write(chip_state[:size])
     return path
 
-
-def _with_status_registers(spec, state: bytes, values: tuple[int, ...]) -> bytes:
-    """The chip region with the status registers (volatile and non-volatile) as given."""
-    from amdflash.stages.transport.sim import nor
-
-    if len(values) != len(spec.registers) or not all(isinstance(v, int) and 0 <= v <= 0xFF for v in values):
-        raise ValueError(f"the {spec.name} has {len(spec.registers)} status registers of one byte each, "
-                         f"not {values!r:.80}")
-    region = bytearray(state)
-    for i, value in enumerate(values):
-        # WIP and WEL are states of the moment, not settings: a fresh board is idle.
-        if i == 0:
-            value &= ~(nor.WIP | nor.WEL)
-        region[nor._REG + i] = region[nor._NV + i] = value
-    return bytes(region)

@@ -368,6 +368,19 @@ class NorChip:
             region[_LOCKS] = b"\xff" * (_LOCKS.stop - _LOCKS.start)     # every lock set at power-up
         return bytes(region)
 
+    @staticmethod
+    def with_status_registers(spec: PartSpec, state: bytes, values: tuple[int, ...]) -> bytes:
+        """A chip region with the status registers (volatile and non-volatile) as a real
+        board was found with (`sim create --from-report`)."""
+        if len(values) != len(spec.registers) or not all(isinstance(v, int) and 0 <= v <= 0xFF for v in values):
+            raise ValueError(f"the {spec.name} has {len(spec.registers)} status registers of one byte each, "
+                             f"not {values!r:.80}")
+        region = bytearray(state)
+        for i, value in enumerate(values):
+            # WIP and WEL are states of the moment, not settings: a fresh board is idle.
+            region[_REG + i] = region[_NV + i] = value & ~(WIP | WEL) if i == 0 else value
+        return bytes(region)
+
     def _format_otp(self) -> None:
         p = self.part
         if p.security:
