@@ -41,12 +41,12 @@ def _dist(value: Any, what: str) -> Mapping[str, Any]:
 def check(report: Any) -> Mapping[str, Any]:
     """The report, validated (CalibrationError otherwise)."""
     r = mapping(report, "report")
-    if r.get("format") != FORMAT or r.get("version") != VERSION:
+    if r.get("format") != FORMAT or type(r.get("version")) is not int or r["version"] != VERSION:
         raise CalibrationError(f"not an {FORMAT} version {VERSION} document")
     board = mapping(r.get("board"), "board")
-    if board.get("kind") not in ("usb", "pci", "sim"):
+    if not isinstance(board.get("kind"), str) or board["kind"] not in ("usb", "pci", "sim"):
         raise CalibrationError("board.kind: usb, pci or sim")
-    if board.get("profile") not in cost.PROFILES:
+    if not isinstance(board.get("profile"), str) or board["profile"] not in cost.PROFILES:
         raise CalibrationError(f"board.profile: one of {', '.join(cost.PROFILES)}")
     if board.get("device_id") is not None:
         integer(board["device_id"], "board.device_id", 0, 0xFFFF)
@@ -82,9 +82,9 @@ def check(report: Any) -> Mapping[str, Any]:
         integer(int(size) if isinstance(size, str) and size.isdigit() else None, "timings.spi.sizes", 1, 256)
         s = mapping(s, f"timings.spi.sizes.{size}")
         integer(s.get("wire_bytes"), f"timings.spi.sizes.{size}.wire_bytes", 1, 260)
-        for key in ("seconds", "error", "seconds_at_most", "nominal"):
-            if key in s:
-                number(s[key], f"timings.spi.sizes.{size}.{key}", 0.0, MAX_LATENCY)
+        # Either a measurement with its error, or only a bound; always the model's figure.
+        for key in ("nominal", *(("seconds", "error") if "seconds" in s else ("seconds_at_most",))):
+            number(s.get(key), f"timings.spi.sizes.{size}.{key}", 0.0, MAX_LATENCY)
     busy = mapping(timings.get("busy", {}), "timings.busy")
     if busy:
         for op, k in mapping(busy.get("kinds"), "timings.busy.kinds").items():
