@@ -193,23 +193,30 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 def _from_report(args: argparse.Namespace) -> tuple[dict[str, object], list[str]]:
     """create_board options from a hardware report (an untrusted file: checked field by field)."""
-    from amdflash.stages.transport.sim.calibration import CalibrationError
-    from amdflash.stages.transport.sim.report_model import board_options
-
     if args.chip != DEFAULT_PART or args.transport != "asm24" or args.cmp or args.bp or _bridge_options(args):
         raise Refusal("--from-report sets the chip, transport, status registers and bridge itself: "
                       "--chip, --transport, --cmp, --bp, --bridge-link and --gpu-device-id do not go with it")
     if args.from_run is not None:
-        what = f"--from-run {args.from_run[0]} {args.from_run[1]}"
-        text = _recorded_report(*args.from_run)
-    else:
-        what = f"--from-report {args.from_report}"
-        try:
-            if not args.from_report.is_file() or args.from_report.stat().st_size > MAX_REPORT:
-                raise Refusal(f"{what}: not a regular file of at most 1 MiB")
-            text = args.from_report.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise Refusal(f"{what}: not a readable report ({e})") from None
+        return _options(f"--from-run {args.from_run[0]} {args.from_run[1]}", _recorded_report(*args.from_run))
+    return report_options(args.from_report)
+
+
+def report_options(path: Path) -> tuple[dict[str, object], list[str]]:
+    """create_board options and the divergences from the model, from a hardware report file."""
+    what = f"--from-report {path}"
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_REPORT:
+            raise Refusal(f"{what}: not a regular file of at most 1 MiB")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise Refusal(f"{what}: not a readable report ({e})") from None
+    return _options(what, text)
+
+
+def _options(what: str, text: str) -> tuple[dict[str, object], list[str]]:
+    from amdflash.stages.transport.sim.calibration import CalibrationError
+    from amdflash.stages.transport.sim.report_model import board_options
+
     try:
         return board_options(json.loads(text))
     except json.JSONDecodeError as e:
