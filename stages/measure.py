@@ -30,6 +30,8 @@ from amdflash.stages.transport.base import Bar5
 BLOCK_SIZES = (4, 16, 64, 256)      # streamed transfer sizes timed (the window holds 256 bytes)
 SPI_SIZES = (16, 64, 256)           # RX counts of the SPI-time bisection
 BISECT_STEPS = 14
+POLL_FRACTION = 0.01
+POLL_MIN = 20e-6            # seconds: on a native link a status read takes a few microseconds
 WIP = 0x01
 RDSR1, WREN, PP = 0x05, 0x06, 0x02
 SPI_REFCLK_HZ, SPI_OVERHEAD = 100e6, 1e-6   # the engine's assumed bus (docs/rom-sw.md)
@@ -183,6 +185,9 @@ class BusyMeter:
             at, sr1 = self._status()
             if not sr1 & WIP:
                 break
+            # Polls 1 % of the elapsed time apart (at least 20 us): a fast link does not send tens
+            # of thousands of status reads through an erase; the bound stays within about 1 %.
+            clock.sleep(max(POLL_FRACTION * (at - start), POLL_MIN))
             last_busy = at
             probe.seen_busy = True
             if at - start > timeout:

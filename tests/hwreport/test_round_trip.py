@@ -130,5 +130,6 @@ def test_round_trip_with_scratch_dump_and_flash_within_two_percent(amdflash, tmp
                                             "--sector-count", 256))
         seconds[name] = (dump, flash)
     (d1, f1), (d2, f2) = seconds["source"], seconds["copy"]
-    print(f"modelled seconds: dump {d1:.4f} vs {d2:.4f}, flash {f1:.4f} vs {f2:.4f}")
+    print(f"modelled seconds: dump {d1:.6f} vs {d2:.6f} ({(d2 - d1) / d1:+.2e}), "
+          f"flash {f1:.6f} vs {f2:.6f} ({(f2 - f1) / f1:+.2e})")
     assert abs(d2 - d1) <= 0.02 * d1 and abs(f2 - f1) <= 0.02 * f1

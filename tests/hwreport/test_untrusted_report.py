@@ -29,7 +29,7 @@ def paths(node, prefix=()):
 PATHS = [p for p in paths(REPORT) if p]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(PATHS), st.booleans(), values), min_size=1, max_size=4))
 def test_any_mutation_is_taken_or_refused_with_a_calibration_error(mutations):
     report = copy.deepcopy(REPORT)
