@@ -90,7 +90,8 @@ def _add_globals(p: argparse.ArgumentParser, counter: list[int], root: bool) -> 
 def build_parser(globals_everywhere: bool = True) -> Parser:
     """The whole command line. `globals_everywhere`: accept the global options after the
     command too (the CLI); the manual page lists them once instead."""
-    from amdflash.pipeline import (audit_commands, board_cli, extras_cli, fleet, image_commands, replay_command,
+    from amdflash.pipeline import (audit_commands, board_cli, extras_cli, fleet, hardware_report, image_commands,
+                                   replay_command,
                                    restore_command, review_commands, sim_commands, trail_cli)
 
     counter = [0]
@@ -103,6 +104,7 @@ def build_parser(globals_everywhere: bool = True) -> Parser:
     _add_globals(p, counter, root=True)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     board_cli.add_parsers(sub)
+    hardware_report.add_parsers(sub)
     audit_sub = trail_cli.add_parsers(sub)
     replay_command.add_parsers(sub, audit_sub)
     review_commands.add_parsers(sub, audit_sub)

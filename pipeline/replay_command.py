@@ -5,6 +5,7 @@ import argparse
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
 from amdflash.pipeline import output
@@ -44,6 +45,10 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
     p.add_argument("--image", type=Path, metavar="FILE",
                    help="the run's image, if it moved since the run (default: the recorded path); it lets a "
                         "divergence in a unit that verified be pinned to a byte")
+    p.add_argument("--from-report", type=Path, metavar="FILE",
+                   help="a fidelity check: replay onto the board a hardware report of the run's board describes "
+                        "(its chip, SFDP and status registers, amdflash hardware-report); the divergences of that "
+                        "board from the emulator's model are listed")
     p.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
     p.set_defaults(func=cmd_replay)
 
@@ -73,10 +78,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
             raise Refusal(str(e)) from None
         # The image path comes from the run's own (verified) runs row, never from a row added beside it.
         image = _image(db, open_run(db.conn, run_id).key, run_id, args.image)
+        board: dict[str, Any] | None = None
+        listed: list[str] = []
+        if args.from_report is not None:
+            from amdflash.pipeline.sim_commands import report_options
+
+            board, listed = report_options(args.from_report)
         try:
-            result = replay(db, run_id, until=args.until, image=image)
+            result = replay(db, run_id, until=args.until, image=image, board=board)
         except ReplayRefused as e:
             raise Refusal(str(e)) from None
+        result.notes += [f"listed: the report's board diverges from the model: {d}" for d in listed]
     finally:
         db.conn.close()
     if args.format == "json":

@@ -85,6 +85,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--bridge-link", choices=tuple(BRIDGE_LINKS),
                    help="PCIe link of the emulated USB bridge: up at plug-in (default), down (the host must "
                         "power it on and train it) or never (training never reaches L0)")
+    c.add_argument("--from-report", type=Path, metavar="FILE",
+                   help="a board like the one a hardware report describes (amdflash hardware-report): its chip, "
+                        "status registers, SFDP, registers as found and measured timings; the divergences from "
+                        "the emulator's model are printed")
+    c.add_argument("--from-run", nargs=2, metavar=("TRAIL", "RUN"),
+                   help="as --from-report, from the report a hardware-report run RUN recorded in the audit "
+                        "database TRAIL (the run must verify)")
     c.add_argument("--gpu-device-id", type=_int, metavar="ID",
                    help="PCI device id of the GPU behind the emulated USB bridge (default 0x744C, Navi31)")
     c.set_defaults(func=cmd_create)
@@ -143,14 +150,22 @@ def cmd_create(args: argparse.Namespace) -> int:
             psp_order = [int(x, 0) for x in args.psp_order.split(",")]
         except ValueError:
             raise Refusal(f"--psp-order: {args.psp_order!r} is not a comma-separated list of numbers") from None
+    chosen = {"chip": args.chip, "transport": args.transport, "bridge": _bridge_options(args)}
+    divergences: list[str] = []
+    if args.from_report is not None and args.from_run is not None:
+        raise Refusal("--from-report and --from-run: one or the other")
+    if args.from_report is not None or args.from_run is not None:
+        chosen, divergences = _from_report(args)
     try:
         path = create_board(
             args.path, content=content, cmp=args.cmp, bp=args.bp, gated=args.gated, sos=args.sos,
-            no_raw_rom=args.no_raw_rom, mirrored_rom=args.mirrored_rom, transport=args.transport,
+            no_raw_rom=args.no_raw_rom, mirrored_rom=args.mirrored_rom,
             seed=args.seed, faults=args.fault, realtime_scale=args.realtime, psp_order=psp_order,
-            bridge=_bridge_options(args), strict=not args.lenient, chip=args.chip)
+            strict=not args.lenient, **chosen)
     except (BoardExistsError, FaultSpecError, ValueError) as e:
         raise Refusal(str(e)) from None
+    for line in divergences:
+        output.result(f"  diverges:  {line}")
     files = BoardFiles(path)
     try:
         cfg = files.config
@@ -174,6 +189,75 @@ def cmd_create(args: argparse.Namespace) -> int:
     finally:
         files.close()
     return 0
+
+
+def _from_report(args: argparse.Namespace) -> tuple[dict[str, object], list[str]]:
+    """create_board options from a hardware report (an untrusted file: checked field by field)."""
+    if args.chip != DEFAULT_PART or args.transport != "asm24" or args.cmp or args.bp or _bridge_options(args):
+        raise Refusal("--from-report sets the chip, transport, status registers and bridge itself: "
+                      "--chip, --transport, --cmp, --bp, --bridge-link and --gpu-device-id do not go with it")
+    if args.from_run is not None:
+        return _options(f"--from-run {args.from_run[0]} {args.from_run[1]}", _recorded_report(*args.from_run))
+    return report_options(args.from_report)
+
+
+def report_options(path: Path) -> tuple[dict[str, object], list[str]]:
+    """create_board options and the divergences from the model, from a hardware report file."""
+    what = f"--from-report {path}"
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_REPORT:
+            raise Refusal(f"{what}: not a regular file of at most 1 MiB")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise Refusal(f"{what}: not a readable report ({e})") from None
+    return _options(what, text)
+
+
+def _options(what: str, text: str) -> tuple[dict[str, object], list[str]]:
+    from amdflash.stages.transport.sim.calibration import CalibrationError
+    from amdflash.stages.transport.sim.report_model import board_options
+
+    try:
+        return board_options(json.loads(text))
+    except json.JSONDecodeError as e:
+        raise Refusal(f"{what}: not a JSON report ({e})") from None
+    except (CalibrationError, RecursionError) as e:
+        raise Refusal(f"{what}: {e}") from None
+
+
+MAX_REPORT = 1 << 20
+
+
+def _recorded_report(trail: str, run: str) -> str:
+    """The hardware report a run recorded, once the run verifies."""
+    from amdflash.pipeline.auditdb import open_for_reading
+    from amdflash.pipeline.hardware_report import REPORT_EVENT
+    from amdflash.store.queries import RunNotFound, resolve_run
+    from amdflash.store.run_rows import RunUnverified, open_run
+    from amdflash.store.verify import snapshot
+
+    if not Path(trail).is_file():
+        raise Refusal(f"--from-run: no audit database at {trail}")
+    db = open_for_reading(trail)
+    try:
+        with snapshot(db.conn):
+            try:
+                run_id = resolve_run(db, run)
+                rows = open_run(db.conn, run_id)
+            except (RunNotFound, RunUnverified) as e:
+                raise Refusal(f"--from-run: {e}") from None
+            command = next(db.query("SELECT command FROM runs WHERE seq = ?", [rows.key]))["command"]
+            found = list(db.query(f"SELECT detail FROM stages WHERE {rows.sql} AND stage = 'measure' AND event = ? "
+                                  "ORDER BY seq LIMIT 1", [*rows.args, REPORT_EVENT]))
+    finally:
+        db.conn.close()
+    if not found:
+        raise Refusal(f"--from-run: run {run_id} ({command}) recorded no hardware report; only a "
+                      "hardware-report run records the timings, registers and SFDP a board is made from")
+    text = found[0]["detail"]
+    if not isinstance(text, str) or len(text) > MAX_REPORT:
+        raise Refusal(f"--from-run: run {run_id}'s recorded report is not a JSON text of at most 1 MiB")
+    return text
 
 
 def cmd_image(args: argparse.Namespace) -> int:

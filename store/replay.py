@@ -119,14 +119,17 @@ class _Verify:
 
 
 def replay(db: sqlite_utils.Database, run_id: str, until: int | None = None,
-           image: bytes | None = None, workdir: str | None = None) -> ReplayResult:
-    """Replay RUN_ID; `image`, when it is the run's image, pins bytes the record only hashes."""
+           image: bytes | None = None, workdir: str | None = None,
+           board: dict[str, Any] | None = None) -> ReplayResult:
+    """Replay RUN_ID; `image`, when it is the run's image, pins bytes the record only hashes.
+    `board`: the replay board's chip, SFDP and status registers from a hardware report of the
+    run's board (create_board options, report_model.board_options) instead of the default part."""
     with snapshot(db.conn):
-        return _replay(db, run_id, until, image, workdir)
+        return _replay(db, run_id, until, image, workdir, board)
 
 
 def _replay(db: sqlite_utils.Database, run_id: str, until: int | None, image: bytes | None,
-            workdir: str | None) -> ReplayResult:
+            workdir: str | None, options: dict[str, Any] | None = None) -> ReplayResult:
     try:
         run_id = resolve_run(db, run_id)
     except RunNotFound as e:
@@ -149,7 +152,7 @@ def _replay(db: sqlite_utils.Database, run_id: str, until: int | None, image: by
                             "read-back matched the image is compared by hash only")
     with tempfile.TemporaryDirectory(prefix="amdflash-replay-", dir=workdir) as tmp:
         board = build_board(Path(tmp) / "board", backup, result.status_registers,
-                            register_snapshot(db, rows, "before") or {}, result.notes)
+                            register_snapshot(db, rows, "before") or {}, result.notes, options)
         try:
             _Replayer(db, rows, board, backup, image, result).run(until)
         finally:
@@ -174,16 +177,28 @@ def _start(db: sqlite_utils.Database, rows: RunRows, command: str, until: int | 
 
 
 def build_board(path: Path, backup: dict[int, bytes], status: tuple[int, int, int],
-                registers: dict[int, int], notes: list[str]):  # -> a sim Board
-    """A fresh emulated board (ideal profile) holding the run's starting state."""
+                registers: dict[int, int], notes: list[str],
+                options: dict[str, Any] | None = None):  # -> a sim Board
+    """A fresh emulated board (ideal profile) holding the run's starting state; with
+    `options` (from a hardware report), the report's part, SFDP and status registers."""
     from amdflash.stages.transport.sim import Board, create_board
 
     flash = bytearray(b"\xff" * FLASH_SIZE)
     for address, data in backup.items():
         flash[address:address + len(data)] = data
-    create_board(path, content=bytes(flash), transport="ideal", seed=0)
-    board = Board(path)
-    _set_status(board, status, notes)
+    if options is None:
+        create_board(path, content=bytes(flash), transport="ideal", seed=0)
+        board = Board(path)
+        _set_status(board, status, notes)
+    else:
+        # Timings mean nothing on the ideal profile: only the part, its SFDP and its registers.
+        sfdp = (options.get("calibration") or {}).get("sfdp")
+        create_board(path, content=bytes(flash), transport="ideal", seed=0, chip=options["chip"],
+                     status_registers=options["status_registers"],
+                     calibration={"sfdp": sfdp} if sfdp else None)
+        board = Board(path)
+        notes.append(f"the replay board is the hardware report's {options['chip']} with its SFDP and its "
+                     "status registers as the report found them")
     for offset, value in registers.items():
         board.set32(offset, value)
     return board

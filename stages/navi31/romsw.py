@@ -190,6 +190,13 @@ class RomSw:
         if self.originals:
             self._restore(self.originals, disable_writes=not self.options.restore_each)
 
+    def forget(self) -> None:
+        """Another user of the engine's registers (the hardware report's timing probes)
+        wrote COMMAND and the window and ran transactions: what this driver believed they
+        hold is unknown from here, and the next chain starts without a capture waiting."""
+        self._pending, self._command, self._window = None, None, None
+        self._seen, self._moved, self._proven = b"", False, False
+
     def __enter__(self) -> RomSw:
         return self.open()
 

@@ -19,6 +19,7 @@ best ratio the policy's own floor allows.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -121,6 +122,10 @@ def main() -> None:
     ap.add_argument("--reads", type=int, default=2,
                     help="--reads of the 'default' column and its floor (default 2, amdflash's default)")
     ap.add_argument("--jobs", help="comma-separated subset of the job names")
+    ap.add_argument("--report", type=Path, metavar="FILE",
+                    help="run amdflash's columns on boards made from this hardware report (sim create "
+                         "--from-report: its chip, registers and calibrated timings, e.g. tests/boards/*.json); "
+                         "the floors stay the model's (asm24, GD25LQ16E busy times)")
     ap.add_argument("--amdflash-python", default=sys.executable,
                     help="interpreter whose amdflash runs the jobs (e.g. another checkout's venv, to compare)")
     ap.add_argument("--keep", action="store_true",
@@ -143,12 +148,21 @@ def bench(args: argparse.Namespace, work: Path) -> None:
         wanted = set(args.jobs.split(","))
         jobs = [j for j in jobs if j.name in wanted]
     n = 0
+    options: dict = {}
+    if args.report:
+        from amdflash.stages.transport.sim.report_model import board_options
+
+        options, divergences = board_options(json.loads(args.report.read_text()))
+        print(f"boards made from {args.report} ({options['chip']}, {options['transport']}):")
+        for line in divergences:
+            print(f"  diverges: {line}")
 
     def run(job: Job, who: str, argv_for: Callable[[Path, Path], list[str]], tool: list[str],
             transport: str = "asm24") -> None:
         nonlocal n
         n += 1
-        board = create_board(work / f"b{n}", content=job.board, seed=n, transport=transport)
+        made = {"transport": transport, **options}
+        board = create_board(work / f"b{n}", content=job.board, seed=n, **made)
         image = work / f"image{n}.bin"
         if job.image is not None:
             image.write_bytes(job.image)
@@ -168,10 +182,11 @@ def bench(args: argparse.Namespace, work: Path) -> None:
             # The reference client takes the board directory first.
             run(job, "reference", lambda b, i, j=job: [str(b), *j.reference(b, i)], [str(args.seed_client)])
     dense = next((j for j in jobs if j.name == "dense flash"), None)
-    if dense is not None:
+    if dense is not None and not options:
         run(dense, "pcie default", lambda b, i: [*dense.ours(b, i), "--reads", str(args.reads), "--board", f"sim:{b}"],
             ours, "pcie")
-    print_table(jobs, bool(args.seed_client), args.reads)
+    print_table(jobs, bool(args.seed_client), args.reads,
+                f"boards from {args.report.name} (floors: the model's asm24)" if args.report else "asm24 profile")
     print()
     print_landing_trace(work / "trace-board")
 
@@ -214,9 +229,9 @@ def _print_trace(title: str, trace: list) -> None:
               f"{(end - t0) * 1e6:9.1f}")
 
 
-def print_table(jobs: list[Job], with_reference: bool, reads: int) -> None:
+def print_table(jobs: list[Job], with_reference: bool, reads: int, boards: str = "asm24 profile") -> None:
     nan = float("nan")
-    print(f"modelled seconds, asm24 profile; default = --reads {reads} (kept data confirmed, by expectation where "
+    print(f"modelled seconds, {boards}; default = --reads {reads} (kept data confirmed, by expectation where "
           "it applies); the floors count reads of kept data as amdflash confirms them")
     print(f"{'job':28} {'default':>8} {'reads 1':>8} {'reference':>9} {'obs.floor':>9} {'obs.fl.1':>9} "
           f"{'transport':>9} {'physical':>9} {'def/obs':>7} {'r1/obs1':>7} {'def/r1':>7} {'ref/def':>7} "

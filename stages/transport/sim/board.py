@@ -32,6 +32,7 @@ from typing import TypeVar
 from collections.abc import Callable
 
 from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport.sim import calibration
 from amdflash.stages.transport.sim import cost as costmod
 from amdflash.stages.transport.sim.clock import SimClock
 from amdflash.stages.transport.sim.cost import Access
@@ -62,7 +63,10 @@ class Board:
         self.counters = self.files.region("counters").cast("d")
         self.fault_state = self.files.region("faults").cast("q")
         self.faults = Faults.from_json(self.config.get("faults", {}))
-        self.cost = costmod.profile(profile or self.config.get("transport", "asm24"))
+        # A board calibrated from a real one (calibration.py) replaces the profile's figures.
+        self.calibration = self.config.get("calibration")
+        self.cost = calibration.cost_profile(costmod.profile(profile or self.config.get("transport", "asm24")),
+                                             self.calibration)
         scale = self.config.get("realtime_scale", 0.0) if realtime_scale is None else realtime_scale
         self.clock = SimClock(self.counters, C["modelled_seconds"], C["sleep_seconds"], float(scale))
         self.variant: dict = self.config.get("variant", {})
@@ -267,7 +271,7 @@ class Board:
     def power_on_reset(self) -> None:
         """PERST#: the GPU starts over. BAR5 holds its power-on values, the ROM_SW engine
         drops whatever it was doing; the flash (a separate chip) keeps its state."""
-        self.regs[:] = power_on_registers()
+        self.regs[:] = power_on_registers(calibration.power_on_values(self.calibration))
         self.engine.reset()
         self.aperture.reset()
         self.psp.power_on()

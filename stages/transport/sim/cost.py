@@ -46,6 +46,9 @@ class CostProfile:
     pcie_write_dword: float = 0.0 # native PCIe posted write
     usb: bool = False             # BAR accesses travel as USB transfers
     physical: bool = True         # SPI bus time and flash busy time are charged
+    # The SPI bus: a calibrated board (calibration.py) may have measured other figures.
+    spi_overhead: float = 1e-6    # SPI_TRANSACTION_OVERHEAD
+    spi_refclk_hz: float = 100e6  # SPI_REFCLK_HZ
 
     # BAR accesses as a whole, for the direct (non-USB-backend) frontends.
     def stream_read(self, size: int) -> Access:
@@ -74,7 +77,7 @@ class CostProfile:
     def spi_transaction(self, wire_bytes: int, prescale: int) -> float:
         if not self.physical:
             return 0.0
-        return spi_seconds(wire_bytes, prescale)
+        return self.spi_overhead + 8 * wire_bytes * (prescale + 1) / self.spi_refclk_hz
 
 
 def spi_seconds(wire_bytes: int, prescale: int) -> float:

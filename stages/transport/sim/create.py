@@ -35,6 +35,8 @@ def create_board(
     bridge: dict[str, Any] | None = None,
     strict: bool = True,
     chip: str | None = None,
+    calibration: dict[str, Any] | None = None,
+    status_registers: tuple[int, ...] | None = None,
 ) -> Path:
     """Create a board directory. `content` is "synthetic", "blank" or a 2 MiB image.
 
@@ -42,6 +44,9 @@ def create_board(
     `stages.transport.sim.usb.BridgeOptions`), stored as board.json's "bridge" object.
     `strict`: a ROM_SW protocol violation raises (default) rather than only being counted.
     `chip`: the emulated flash part (catalog.py; default GD25LQ16E).
+    `calibration`: timings, SFDP and power-on registers measured on a real board
+    (calibration.py); `status_registers`: the part's status registers as found there
+    (instead of `cmp`/`bp`).
     """
     path = Path(path)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
@@ -53,6 +58,12 @@ def create_board(
     spec = part(chip)
     # The chip's status registers (CMP, BP) are part of its persistent state; this validates them.
     chip_state = NorChip.initial_state(spec, cmp=cmp, bp=bp)
+    if status_registers is not None:
+        chip_state = NorChip.with_status_registers(spec, chip_state, status_registers)
+    if calibration is not None:
+        from amdflash.stages.transport.sim.calibration import check
+
+        calibration = check(calibration, spec)
     fault_set = Faults.parse(faults or [])
     from amdflash.stages.transport.sim.psp import check_order
 
@@ -81,7 +92,9 @@ def create_board(
         raise ValueError(f"unknown board content {content!r}")
 
     identity = hashlib.sha256(f"amdflash-sim:{seed}:{path.resolve()}".encode()).digest()
-    regs = power_on_registers()
+    from amdflash.stages.transport.sim.calibration import power_on_values
+
+    regs = power_on_registers(power_on_values(calibration))
 
     config = {
         "format": 1,
@@ -101,6 +114,8 @@ def create_board(
     }
     if bridge:
         config["bridge"] = dict(bridge)
+    if calibration:
+        config["calibration"] = calibration
     create_files(path, config, flash, regs)
 
     offset, size = REGIONS["chip"]
@@ -108,3 +123,4 @@ def create_board(
         f.seek(offset)
         f.write(chip_state[:size])
     return path
+

@@ -162,7 +162,10 @@ def _repeat(pattern: bytes, phase: int, n: int) -> bytes:
 
 class NorChip:
     def __init__(self, board: Board, spec: PartSpec | None = None):
-        self.part = p = spec or find_part(board.config.get("chip"))
+        from amdflash.stages.transport.sim.calibration import calibrated_part
+
+        # A calibrated board's part has the busy times and SFDP measured on a real one.
+        self.part = p = spec or calibrated_part(find_part(board.config.get("chip")), board.config.get("calibration"))
         self.board = board
         self.flash = board.files.flash
         self._clock = board.clock
@@ -363,6 +366,19 @@ class NorChip:
             region[_REG + i] = region[_NV + i] = value
         if spec.individual_locks:
             region[_LOCKS] = b"\xff" * (_LOCKS.stop - _LOCKS.start)     # every lock set at power-up
+        return bytes(region)
+
+    @staticmethod
+    def with_status_registers(spec: PartSpec, state: bytes, values: tuple[int, ...]) -> bytes:
+        """A chip region with the status registers (volatile and non-volatile) as a real
+        board was found with (`sim create --from-report`)."""
+        if len(values) != len(spec.registers) or not all(isinstance(v, int) and 0 <= v <= 0xFF for v in values):
+            raise ValueError(f"the {spec.name} has {len(spec.registers)} status registers of one byte each, "
+                             f"not {values!r:.80}")
+        region = bytearray(state)
+        for i, value in enumerate(values):
+            # WIP and WEL are states of the moment, not settings: a fresh board is idle.
+            region[_REG + i] = region[_NV + i] = value & ~(WIP | WEL) if i == 0 else value
         return bytes(region)
 
     def _format_otp(self) -> None:

@@ -1,6 +1,8 @@
 """BAR5 as the GPU comes out of reset (board creation and PERST# both start from it)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.transport.sim.state import BAR5_SIZE
 
@@ -16,9 +18,10 @@ POWER_ON_REGISTERS = {
 }
 
 
-def power_on_registers() -> bytes:
-    """BAR5 as the GPU comes out of reset: zero but for the registers above."""
+def power_on_registers(observed: Mapping[int, int] | None = None) -> bytes:
+    """BAR5 as the GPU comes out of reset: zero but for the registers above, and for the
+    values a real board was `observed` to hold (a calibrated board: calibration.py)."""
     regs = bytearray(BAR5_SIZE)
-    for offset, value in POWER_ON_REGISTERS.items():
+    for offset, value in {**POWER_ON_REGISTERS, **(observed or {})}.items():
         regs[offset:offset + 4] = value.to_bytes(4, "little")
     return bytes(regs)

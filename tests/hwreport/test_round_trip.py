@@ -1,0 +1,135 @@
+"""hardware-report -> sim create --from-report -> hardware-report: the same board, within the
+measurement's stated error, and the same modelled seconds for dump and flash within 2 %."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from amdflash.stages.navi31 import regs as R
+from amdflash.stages.transport.sim import Board, create_board
+from amdflash.stages.transport.sim.calibration import power_on_values
+from amdflash.stages.transport.sim.power_on import power_on_registers
+from amdflash.stages.transport.sim.state import REGIONS
+from amdflash.stages.transport.sim.synth import synthetic_ifwi
+
+# Non-default figures everywhere the report measures: link, busy times, registers, chip, SR.
+SOURCE = {
+    "transport": {"control": 130e-6, "bulk": 70e-6, "read_byte": 1 / 1.5e6, "write_byte": 1 / 3.0e6},
+    "busy": {"0x02": 0.8e-3, "0x20": 60e-3, "0x52": 170e-3, "0xd8": 290e-3},
+    "registers": {f"{R.GPIOPAD_A:#07x}": 0x00000700, f"{R.ROM_START:#07x}": 0x00001234},
+}
+CHIP, STATUS = "W25Q16JW", (0x24, 0x02, 0x60)      # BP=1 TB=1 (bottom 64 KiB protected), QE, DRV
+
+
+def report(amdflash, board: Path, out: Path, scratch: bool, errors: list[str] | None = None) -> dict:
+    extra = ["--scratch-sector", 16, "--yes"] if scratch else []
+    r = amdflash("hardware-report", "--board", f"sim:{board}", "-o", out, *extra)
+    assert r.code == 0, r.err
+    if errors is not None:
+        errors.append(r.err)
+    return json.loads(out.read_text())
+
+
+def modelled(board: Path, act) -> float:
+    with Board(board) as b:
+        before = b.stats()["modelled_seconds"]
+    act()
+    with Board(board) as b:
+        return b.stats()["modelled_seconds"] - before
+
+
+def close(a: float, b: float, error: float) -> bool:
+    return abs(a - b) <= error + 1e-9
+
+
+def compare(first: dict, second: dict) -> None:
+    for key in ("chip", "jedec", "status_registers", "sfdp"):
+        assert first["flash"][key] == second["flash"][key], key
+    assert first["registers_found"] == second["registers_found"]
+    t1, t2 = first["timings"]["transport"], second["timings"]["transport"]
+    pairs = [(t1["read32"], t2["read32"]), (t1["write32"], t2["write32"])]
+    pairs += [(t1[k][s], t2[k][s]) for k in ("read_block", "write_block") for s in t1[k]]
+    for a, b in pairs:
+        assert close(a["median"], b["median"], max(a["max"] - a["min"], 0.01 * a["median"])), (a, b)
+    for size, s in first["timings"]["spi"]["sizes"].items():
+        other = second["timings"]["spi"]["sizes"][size]
+        if "seconds" in s:
+            assert close(s["seconds"], other["seconds"], s["error"]), size
+    for op, k in (first["timings"]["busy"].get("kinds") or {}).items():
+        other = second["timings"]["busy"]["kinds"][op]
+        assert close(k["seconds"], other["seconds"], k["error"] + other["error"]), (op, k, other)
+
+
+def test_round_trip_without_scratch(amdflash, tmp_path, isolated):
+    source = create_board(tmp_path / "source", seed=7, chip=CHIP, status_registers=STATUS,
+                          calibration={"transport": SOURCE["transport"], "registers": SOURCE["registers"]})
+    first_run_err: list[str] = []
+    first = report(amdflash, source, tmp_path / "r1.json", scratch=False, errors=first_run_err)
+    assert first["timings"]["busy"] == {}
+    contradicted = {f["fact"] for f in first["facts"] if f["verdict"] == "contradicted"}
+    assert any("write32" in f for f in contradicted)           # 130 us is not the model's 100 us
+    assert any(f.startswith(f"register {R.GPIOPAD_A:#07x}") for f in contradicted)
+    assert not any(f.startswith("SFDP") for f in contradicted)
+    r = amdflash("sim", "create", tmp_path / "copy", "--from-report", tmp_path / "r1.json", "--seed", 7)
+    assert r.code == 0, r.err
+    assert "diverges:  transport: control" in r.out and "diverges:  register 0x5a508" in r.out
+    second = report(amdflash, tmp_path / "copy", tmp_path / "r2.json", scratch=False)
+    compare(first, second)
+    # The same board from the run's record in the audit trail.
+    run_id = re.search(r"run (\S+): succeeded", first_run_err[0]).group(1)
+    r = amdflash("sim", "create", tmp_path / "from-run", "--from-run", isolated / "audit.sqlite", run_id,
+                 "--seed", 7)
+    assert r.code == 0, r.err
+    made = [json.loads((tmp_path / name / "board.json").read_text()) for name in ("copy", "from-run")]
+    for key in ("calibration", "chip", "transport"):
+        assert made[0][key] == made[1][key]
+    lo, size = REGIONS["chip"]           # the status registers as the report found them
+    chips = [(tmp_path / name / "state.bin").read_bytes()[lo + 8:lo + 16] for name in ("copy", "from-run")]
+    assert chips[0] == chips[1]
+    assert power_on_registers(power_on_values(made[1]["calibration"]))[R.GPIOPAD_A:R.GPIOPAD_A + 4] == \
+        (0x700).to_bytes(4, "little")
+    info = amdflash("info", "--board", f"sim:{tmp_path / 'copy'}")
+    info_run = re.search(r"run (\S+): succeeded", info.err).group(1)
+    r = amdflash("sim", "create", tmp_path / "nope", "--from-run", isolated / "audit.sqlite", info_run)
+    assert r.code == 2 and "recorded no hardware report" in r.err
+    # The emulator's default board is untouched by all this: it still has the model's figures.
+    plain = create_board(tmp_path / "plain", seed=7)
+    third = report(amdflash, plain, tmp_path / "r3.json", scratch=False)
+    assert not [f for f in third["facts"] if f["verdict"] == "contradicted"]
+
+
+@pytest.mark.slow
+def test_round_trip_with_scratch_dump_and_flash_within_two_percent(amdflash, tmp_path):
+    source = create_board(tmp_path / "source", seed=7, chip=CHIP, status_registers=STATUS, calibration=SOURCE)
+    flash_before = (source / "flash.bin").read_bytes()
+    first = report(amdflash, source, tmp_path / "r1.json", scratch=True)
+    assert (source / "flash.bin").read_bytes() == flash_before        # the scratch block is put back
+    assert first["timings"]["busy"]["restored"] == "byte-identical"
+    for op, seconds in SOURCE["busy"].items():
+        k = first["timings"]["busy"]["kinds"][op]
+        assert close(k["seconds"], seconds, k["error"]), (op, k)
+    r = amdflash("sim", "create", tmp_path / "copy", "--from-report", tmp_path / "r1.json", "--seed", 7)
+    assert r.code == 0, r.err
+    copy = tmp_path / "copy"
+    second = report(amdflash, copy, tmp_path / "r2.json", scratch=True)
+    compare(first, second)
+    image = tmp_path / "image.bin"
+    image.write_bytes(synthetic_ifwi(99))
+    seconds = {}
+    for name, board in (("source", source), ("copy", copy)):
+        def run(*args):
+            r = amdflash(*args, "--board", f"sim:{board}")
+            assert r.code == 0, r.err
+
+        dump = modelled(board, lambda: run("dump", tmp_path / f"{name}.bin"))
+        # The bottom 64 KiB are protected (BP=1, TB=1): a 1 MiB range of another image above them.
+        flash = modelled(board, lambda: run("flash", image, "--yes", "--force", "--start-sector", 32,
+                                            "--sector-count", 256))
+        seconds[name] = (dump, flash)
+    (d1, f1), (d2, f2) = seconds["source"], seconds["copy"]
+    print(f"modelled seconds: dump {d1:.6f} vs {d2:.6f} ({(d2 - d1) / d1:+.2e}), "
+          f"flash {f1:.6f} vs {f2:.6f} ({(f2 - f1) / f1:+.2e})")
+    assert abs(d2 - d1) <= 0.02 * d1 and abs(f2 - f1) <= 0.02 * f1
