@@ -54,6 +54,7 @@ remove a row; the signed trail stays the truth, and every view says which it sho
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -1086,6 +1087,11 @@ def image_parts(pg: Any, runs: list[tuple[int, str]]) -> dict[tuple[int, str], s
         if isinstance(part, str) and (host_id, run_id) not in found:
             found[(host_id, run_id)] = part
     return found
+
+
+def shown_url(url: str) -> str:
+    """The central database for a message: its URL without a password."""
+    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1@", url)
 
 
 def not_a_reader(pg: Any) -> str | None:

@@ -253,11 +253,9 @@ def _host_public(path: Path) -> bytes | None:
 
 
 def _where(url: str) -> str:
-    """The central database for a message: its URL without a password."""
-    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1@", url)
+    from amdflash.store.central import shown_url
 
-
-shown_url = _where
+    return shown_url(url)
 
 
 def cmd_setup(args: argparse.Namespace) -> int:

@@ -756,7 +756,7 @@ def serve(url: str, listen: str, notify: list[str], window_hours: float, silent_
     config = uvicorn.Config(app(line, url), host=host, port=port, log_level="warning", lifespan="on",
                             timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
-    from amdflash.pipeline.fleet.central_cli import shown_url
+    from amdflash.store.central import shown_url
 
     log(f"serving the line at http://{host}:{port}/ (read-only, from {shown_url(url)})")
     try:
