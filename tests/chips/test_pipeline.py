@@ -43,6 +43,7 @@ def chip_facts(rep: dict) -> dict:
     return json.loads(rows[0]["detail"])
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 @pytest.mark.parametrize("chip", PARTS)
 def test_flash_verify_on_each_part(cli, make_board, image, chip):
     img = image.read_bytes()
@@ -132,6 +133,7 @@ def test_a_flash_killed_anywhere_resumes_on_each_part(tmp_path, chip, fraction):
     kill_and_resume(tmp_path, chip, fraction)
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_resume_of_a_part_without_unique_id_needs_the_same_board_spec(cli, make_board, image, tmp_path):
     board = make_board(chip="UNKNOWN", content=damaged(image.read_bytes()), transport="ideal",
                        faults=["kill-after-writes=19000"])

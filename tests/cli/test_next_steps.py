@@ -84,6 +84,7 @@ def test_info_after_a_killed_flash_names_the_unfinished_run_and_the_resume(amdfl
             and f"amdflash resume {run['run_id']} --board sim:{board} --yes" in r.out), r.out
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_resume_after_the_image_moved_suggests_naming_it(amdflash, make_board, image, tmp_path):
     board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=30000"])
     subprocess.run([sys.executable, "-m", "amdflash", "-q", "flash", str(image), "--yes", "--force",

@@ -82,6 +82,7 @@ def test_log_json_makes_stderr_pure_json_lines(amdflash, make_board, image):
     assert json.loads(typo.err_lines[0])["event"].startswith("unknown command 'flsh'; did you mean 'flash'?")
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_json_is_one_object_per_board_with_the_report_keys(amdflash, make_board, image):
     boards = [make_board(content="blank", transport="ideal") for _ in range(2)]
     specs = [a for b in boards for a in ("--board", f"sim:{b}")]
@@ -117,6 +118,7 @@ def test_typos_get_a_suggestion(amdflash, typed, suggestion):
     assert r.code == 2 and suggestion in r.err and len(r.err_lines) == 1
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_a_closed_pipe_ends_output_quietly(make_board, tmp_path):
     board = make_board(transport="ideal")
     for _ in range(3):

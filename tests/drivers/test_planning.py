@@ -66,6 +66,7 @@ def cost_of(units: list[UnitPlan], erases: list, costs: PlanCosts) -> float:
 @given(actions=st.lists(st.sampled_from(["skip", "program", "erase", None]), min_size=8, max_size=8),
        busy=st.tuples(*(st.floats(0.001, 1.0) for _ in range(3))),
        page=st.floats(0.0, 0.1), unit_read=st.floats(0.0, 0.1))
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_cover_is_the_quickest_against_brute_force(actions, busy, page, unit_read):
     # Two blocks of four units; None = the unit is not part of the job.
     costs = small_costs(busy, page, unit_read)

@@ -105,7 +105,8 @@ def test_a_push_login_reads_only_its_own_hosts_rows_and_blobs(cli, make_board, i
         flash(cli, make_board, image)
         enrol(cli, central, tmp_path, name)
         assert push(cli, as_login(central, name))[0].code == 0
-    psql(central, "CREATE ROLE reviewer LOGIN IN ROLE amdflash_read")
+    reader = f"reviewer_{os.getpid()}_{time.monotonic_ns()}"   # roles are the cluster's, shared by every test database
+    psql(central, f"CREATE ROLE {reader} LOGIN IN ROLE amdflash_read")
     a, b = host_id(central, "hosta"), host_id(central, "hostb")
 
     for table in ("runs", "log_spi", "blobs", "checkpoints", "hosts", "blob_usage", "run_owners"):
@@ -114,13 +115,13 @@ def test_a_push_login_reads_only_its_own_hosts_rows_and_blobs(cli, make_board, i
     for view in ("own_runs", "own_log_spi", "own_blobs", "own_checkpoints", "own_blob_usage"):
         assert psql(as_login(central, "hosta"), f"SELECT DISTINCT host_id FROM amdflash.{view}") == str(a), view
         assert psql(as_login(central, "hostb"), f"SELECT DISTINCT host_id FROM amdflash.{view}") == str(b), view
-        assert psql(as_login(central, "reviewer"), f"SELECT DISTINCT host_id FROM amdflash.{view} ORDER BY 1"
+        assert psql(as_login(central, reader), f"SELECT DISTINCT host_id FROM amdflash.{view} ORDER BY 1"
                     ) == f"{a}\n{b}", view
     assert psql(as_login(central, "hosta"), "SELECT name FROM amdflash.own_hosts") == "hosta"
     # SET ROLE to the shared group does not widen what a login reads: the rows follow session_user.
     assert psql(as_login(central, "hosta"), "SELECT count(DISTINCT host_id) FROM amdflash.own_runs",
                 role="amdflash_push") == "1"
-    reviewer = as_login(central, "reviewer")                 # reviewers read every host, table and view
+    reviewer = as_login(central, reader)                 # reviewers read every host, table and view
     assert psql(reviewer, "SELECT count(DISTINCT host_id) FROM amdflash.blobs") == "2"
     assert sorted(r["host"] for r in json.loads(cli("fleet", "runs", "--from", reviewer, "--format", "json").out)) \
         == ["hosta", "hostb"]

@@ -56,6 +56,7 @@ def test_exporter_config_publishes_each_board_with_its_identity(tmp_path: Path) 
         assert set(attributes) - {"host"} <= set(BOARD_ATTRIBUTES)
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_a_board_busy_with_a_job_keeps_its_identity_when_the_configuration_is_rewritten(
         tmp_path: Path, monkeypatch) -> None:
     """The exporter restarts (a bridge was plugged in) while a job runs on a board: listing
@@ -182,6 +183,7 @@ def test_a_query_of_an_audit_database_being_created_never_fails(tmp_path: Path) 
     assert cli_json(main, ["--db", str(tmp_path / "none.sqlite")], "runs", "--format", "json") is None   # no database
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_driver_flashes_resumes_a_killed_flash_and_dumps(tmp_path: Path) -> None:
     """The labgrid driver on a local board: a flash whose process is SIGKILLed mid-flash (the
     board's host-death fault) is reported interrupted, the next flash of the image resumes it

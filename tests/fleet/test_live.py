@@ -66,7 +66,7 @@ def test_a_push_login_publishes_and_reads_progress_of_its_own_host_only(cli, cen
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         psql(as_a, "SELECT * FROM amdflash.progress")               # not the table itself
     assert psql(as_a, "SELECT DISTINCT host_id FROM amdflash.own_progress") == str(a)   # only its own rows
-    reader = "reviewer"
+    reader = f"reviewer_{os.getpid()}_{time.monotonic_ns()}"   # roles are the cluster's, shared by every test database
     psql(central, f"CREATE ROLE {reader} LOGIN IN ROLE amdflash_read")
     assert psql(as_login(central, reader), "SELECT count(*) FROM amdflash.progress") == "2"
     with pytest.raises(psycopg.errors.InsufficientPrivilege):      # reviewers read, never write
@@ -117,6 +117,7 @@ def _runs(cli) -> list[dict]:
     return json.loads(cli("runs", "--format", "json").out)
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_the_follow_service_publishes_progress_and_every_end_within_two_seconds(cli, make_board, image, central, db,
                                                                                tmp_path, monkeypatch):
     """Three flashes on one host: one succeeds, one fails on a stuck bit, one is SIGKILLed. The

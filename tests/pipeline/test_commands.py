@@ -165,6 +165,7 @@ def test_flash_refusals_before_anything(cli, make_board, image, args, needle):
     assert flash_content(board) == before
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_flash_refuses_wrong_size_and_missing_magic(cli, make_board, tmp_path):
     board = make_board(transport="ideal")
     before = flash_content(board)

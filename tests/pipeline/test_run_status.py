@@ -42,6 +42,7 @@ def every_view(run_id: str, tmp_path: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_a_killed_run_is_interrupted_at_once_everywhere(make_board, image, db, tmp_path):
     board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=30000"])
     killed = amdflash("-q", "flash", image, "--yes", "--force", "--board", f"sim:{board}")

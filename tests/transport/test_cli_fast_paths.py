@@ -102,6 +102,7 @@ def test_dump_templates_that_would_collide_are_refused_up_front(cli, make_board,
     assert sorted(p.name for p in tmp_path.glob("x-*.bin")) == ["x-1-1.bin", "x-2-2.bin"]
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_dump_serials_known_only_once_open_are_filled_in_then(make_board, tmp_path):
     from tests.transport.conftest import run_cli
 

@@ -45,6 +45,7 @@ def diagnostics(path: Path) -> dict[str, int]:
 CLEAN = {"protocol_violations": 0, "unobserved_completions": 0}
 
 
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_dump_and_verify_on_real_time_boards(cli, make_board, tmp_path):
     image = synthetic_ifwi(31)
     board = make_board(content=image, realtime_scale=0.25)     # a whole dump: ~2 s of wall time
