@@ -9,6 +9,11 @@ import pytest
 
 from amdflash.stages.transport.sim import Board, create_board
 
+# The suite starts amdflash as a process hundreds of times; without cached bytecode each one
+# compiles the whole program again (a third of its start-up). An environment that turns the
+# cache off (PYTHONDONTWRITEBYTECODE) would make every one of them pay it.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def host_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
