@@ -107,13 +107,7 @@ def measure(root: Path, boards: int = 16, hosts: int = 4, scale: float = 0.5, po
         lab.start_coordinator()
         for h in range(hosts):
             lab.add_host(f"host{h}", boards, seed=100 * (h + 1), realtime=scale, content=content)
-        admin = new_database(cluster)
-        viewer = lab.central(cluster, admin)
-        for name in lab.hosts:
-            lab.start_exporter(name)
-        lab.make_places("line=bench")
-        for name in lab.hosts:
-            lab.start_follow(name, admin)
+        admin, viewer, _ = lab.watched_line(cluster, "line=bench")
         base = lab.start_serve(viewer)
         report(f"line up: {hosts} exporters, {boards * hosts} boards")
         seen: dict[tuple[str, str, int | None], float] = {}

@@ -221,6 +221,21 @@ class Lab:
             pg.execute("CREATE ROLE line_viewer LOGIN IN ROLE amdflash_read")
         return url.replace("postgresql://amdflash@", "postgresql://line_viewer@")
 
+    def watched_line(self, cluster: Any, *tags: str) -> tuple[str, str, list[dict[str, Any]]]:
+        """The line as it is watched: a fresh central database with every host enrolled, the
+        exporters up, a place per board (tagged), each host's follow service. Returns the
+        administrator's URL, a reviewer's URL for `fleet serve`, and the places."""
+        from tests.fleet.central_trail import new_database
+
+        admin = new_database(cluster)
+        viewer = self.central(cluster, admin)
+        for name in self.hosts:
+            self.start_exporter(name)
+        places = self.make_places(*tags)
+        for name in self.hosts:
+            self.start_follow(name, admin)
+        return admin, viewer, places
+
     def start_follow(self, name: str, url: str) -> subprocess.Popen:
         """The host's follow service (`audit push --follow`), as its own login."""
         host = self.hosts[name]

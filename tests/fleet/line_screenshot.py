@@ -16,7 +16,6 @@ from pathlib import Path
 
 from amdflash.stages.transport.sim.synth import synthetic_ifwi
 
-from tests.fleet.central_trail import new_database
 from tests.fleet.lab import Lab, missing, wait_for
 from tests.fleet.pgcluster import PostgresCluster, server_binaries
 from tests.review import screenshots
@@ -37,13 +36,7 @@ def take(work: Path, out: Path) -> Path:
         for name, seed in (("hosta", 100), ("hostb", 200)):
             lab.add_host(name, 4, seed=seed, realtime=0.3,
                          faults={2: [f"stuck-bit={stuck:#x}:0"]} if name == "hostb" else None)
-        admin = new_database(cluster)
-        viewer = lab.central(cluster, admin)
-        for name in lab.hosts:
-            lab.start_exporter(name)
-        lab.make_places("line=a")
-        for name in lab.hosts:
-            lab.start_follow(name, admin)
+        _, viewer, _ = lab.watched_line(cluster, "line=a")
         base = lab.start_serve(viewer)
         with screenshots.browser() as page:
             page.set_viewport_size({"width": 1400, "height": 520})

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from tests.fleet.central_trail import new_database
 from tests.fleet.lab import FleetOutcome, Lab, wait_for
 from tests.fleet.conftest import job_processes
 from tests.fleet.test_line import place_of
@@ -85,13 +84,8 @@ def test_the_line_view_shows_every_board_live_a_failure_within_5_s_a_kill_and_it
     for name, seed in (("hosta", 100), ("hostb", 200)):
         lab.add_host(name, 4, seed=seed, realtime=0.4,
                      faults={1: [f"stuck-bit={stuck:#x}:0"]} if name == "hostb" else None)
-    admin = new_database(postgres)
-    viewer = lab.central(postgres, admin)
-    for name in lab.hosts:
-        lab.start_exporter(name)
-    places = {p["place"]: p for p in lab.make_places("line=a")}
-    for name in lab.hosts:
-        lab.start_follow(name, admin)
+    _, viewer, made = lab.watched_line(postgres, "line=a")
+    places = {p["place"]: p for p in made}
     receiver = Receiver()
     base = lab.start_serve(viewer, "--notify", receiver.url, "--settle", "4", "--public-url", "https://view.example/")
     failing = place_of(places, lab.hosts["hostb"].boards[1])
