@@ -22,10 +22,16 @@ them all.
   Rows overtaken before the page could show them (a newer one of the same board within one
   update) are counted, not timed. The poll adds up to `--poll` seconds.
 
+The jobs run at low CPU priority (`--jobs-nice`, and their sessions' autogroup too: see
+tests/fleet/lab.py): each carries an emulated board, whose CPU stands for a real board's own
+silicon on another machine; `--jobs-nice 0` shows 64 emulated boards starving the page instead.
+Each update's latency is also split at central's receipt (`received_at`), and the five slowest
+are printed.
+
 Also printed: the central record's size per run with progress on — the progress rows' bytes
 against the signed rows' bytes of the same runs.
 
-    python -m tests.bench.bench_line_view [--boards 16] [--hosts 4] [--scale 0.5] [--poll 0.05]
+    python -m tests.bench.bench_line_view [--boards 16] [--hosts 4] [--scale 0.5] [--poll 0.05] [--jobs-nice 19]
 """
 from __future__ import annotations
 
@@ -52,6 +58,9 @@ ROWS_JS = """() => Array.from(document.querySelectorAll('#boards tr[data-place]'
 PAINT_JS = """() => { const p = performance.getEntriesByType('paint').find(e => e.name === 'first-contentful-paint');
                       return p ? p.startTime : null; }"""
 FIRST_PAINT_TARGET, UPDATE_TARGET = 1.0, 2.0
+# The hosts' jobs run at this CPU priority (tests/fleet/lab.py: Lab's jobs_nice): each carries an
+# emulated board, whose CPU is work a real board does in its own silicon on another machine.
+JOBS_NICE = 19
 
 
 @dataclass
@@ -61,6 +70,9 @@ class Result:
     idle_paint: list[float] = field(default_factory=list)      # the same, 64 boards on the page, line idle
     idle_load: list[float] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)       # every row seen, seconds
+    to_central: list[float] = field(default_factory=list)      # of which: the event to central's receipt
+    to_page: list[float] = field(default_factory=list)         # and central's receipt to the page
+    slowest: list[tuple[float, str]] = field(default_factory=list)
     end_latencies: list[float] = field(default_factory=list)   # the ends, seconds
     overtaken: int = 0
     rows: int = 0
@@ -82,6 +94,9 @@ class Result:
                 f"{stats(self.idle_paint)}; page load (wall) {stats(self.idle_load)}\n"
                 f"updates on the page after the event: {stats(self.latencies)}; ends {stats(self.end_latencies)} "
                 f"(target < {UPDATE_TARGET} s); {self.overtaken} of {self.rows} rows overtaken before shown\n"
+                f"  of which the event to central's receipt {stats(self.to_central)}; central to the page "
+                f"{stats(self.to_page)}\n"
+                + "".join(f"  slow: {what}\n" for _, what in sorted(self.slowest, reverse=True)[:5]) +
                 f"record per run: signed rows {self.record_bytes_per_run / 1e6:.3f} MB, progress rows "
                 f"{self.progress_bytes_per_run / 1e3:.1f} kB "
                 f"(+{100 * self.progress_bytes_per_run / max(1.0, self.record_bytes_per_run):.2f} %)")
@@ -96,11 +111,11 @@ def _image_and_content() -> tuple[bytes, bytes]:
 
 
 def measure(root: Path, boards: int = 16, hosts: int = 4, scale: float = 0.5, poll: float = 0.05,
-            report=print) -> Result:
+            jobs_nice: int = JOBS_NICE, report=print) -> Result:
     image, content = _image_and_content()
     (root / "image.bin").write_bytes(image)
     cluster = PostgresCluster(server_binaries()).start()   # type: ignore[arg-type]
-    lab = Lab(root / "line")
+    lab = Lab(root / "line", jobs_nice=jobs_nice)
     result = Result(boards=boards * hosts)
     try:
         lab.start_sshd()
@@ -166,9 +181,9 @@ def _latencies(url: str, seen: dict[tuple[str, str, int | None], float], result:
     import psycopg
 
     with psycopg.connect(url) as pg:
-        rows = pg.execute("SELECT place, state, bytes_done, bytes_total, at FROM amdflash.progress "
+        rows = pg.execute("SELECT place, state, bytes_done, bytes_total, at, received_at FROM amdflash.progress "
                           "WHERE run_id IS NOT NULL ORDER BY id").fetchall()
-    for place, state, done, total, at in rows:
+    for place, state, done, total, at, received in rows:
         result.rows += 1
         key = (place, state, done if total else None)
         if key not in seen:
@@ -176,6 +191,11 @@ def _latencies(url: str, seen: dict[tuple[str, str, int | None], float], result:
             continue
         latency = seen[key] - at.timestamp()
         result.latencies.append(latency)
+        result.to_central.append(received.timestamp() - at.timestamp())
+        result.to_page.append(seen[key] - received.timestamp())
+        result.slowest.append((latency, f"{latency:.2f} s: {place} {state} {done}/{total}, at {at:%H:%M:%S.%f}, "
+                                        f"received {received:%H:%M:%S.%f}, shown {seen[key] - received.timestamp():+.2f} s "
+                                        "after"))
         if state != "running":
             result.end_latencies.append(latency)
 
@@ -266,6 +286,9 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=4, help="hosts, one exporter each (default 4)")
     parser.add_argument("--scale", type=float, default=0.5, help="real-time scale of the boards (default 0.5)")
     parser.add_argument("--poll", type=float, default=0.05, help="seconds between reads of the page (default 0.05)")
+    parser.add_argument("--jobs-nice", type=int, default=JOBS_NICE,
+                        help=f"CPU priority (nice) of the hosts' jobs, which carry the emulated boards (default "
+                             f"{JOBS_NICE}; 0: the same as everything else)")
     parser.add_argument("--record-only", action="store_true", help="only the record's growth per dense flash")
     parser.add_argument("--view-only", action="store_true", help="only the view (no dense flash for the record)")
     args = parser.parse_args()
@@ -278,7 +301,7 @@ def main() -> None:
     if args.record_only:
         return
     with tempfile.TemporaryDirectory(prefix="amdflash-line-bench-") as d:
-        result = measure(Path(d), args.boards, args.hosts, args.scale, args.poll)
+        result = measure(Path(d), args.boards, args.hosts, args.scale, args.poll, args.jobs_nice)
     print(result.describe())
     print(f"at {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, load average {open('/proc/loadavg').read().split()[0]}")
 

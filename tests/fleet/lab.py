@@ -79,8 +79,14 @@ class Host:
 
 
 class Lab:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, jobs_nice: int = 0):
+        """`jobs_nice`: the CPU priority (nice) of the hosts' jobs (sshd and what it starts). A
+        job's process carries its emulated board, whose CPU stands for work a real board does in
+        its own silicon, on another machine: on one small machine, 64 of them would otherwise
+        take the CPU from the services a test measures (the follow services, fleet serve, the
+        browser)."""
         self.root = root
+        self.jobs_nice = jobs_nice
         self.root.mkdir(parents=True, exist_ok=True)
         self.procs: list[subprocess.Popen] = []
         self.hosts: dict[str, Host] = {}
@@ -92,8 +98,11 @@ class Lab:
 
     # -- processes ----------------------------------------------------------------------------
 
-    def _spawn(self, argv: list[str], log: str, env: dict[str, str] | None = None, **kwargs: Any) -> subprocess.Popen:
+    def _spawn(self, argv: list[str], log: str, env: dict[str, str] | None = None, nice: int = 0,
+               **kwargs: Any) -> subprocess.Popen:
         out = open(self.root / log, "ab")
+        if nice:
+            kwargs["preexec_fn"] = lambda: os.nice(nice)   # inherited by what it starts
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=self.env(PYTHONUNBUFFERED="1", **(env or {})), **kwargs)
         out.close()
@@ -178,18 +187,31 @@ class Lab:
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
             "PermitRootLogin prohibit-password", "MaxSessions 64", "MaxStartups 64:30:128", "LogLevel ERROR",
             # each "host" signs its trail with its own key (as separate machines would)
-            "AcceptEnv AMDFLASH_HOST_KEY", ""]))
+            "AcceptEnv AMDFLASH_HOST_KEY",
+            *([f"ForceCommand {self._low_priority_shell()}"] if self.jobs_nice else []), ""]))
         if os.geteuid() == 0:
             # sshd running as root needs its privilege-separation directory (the package's
             # service unit makes it; a machine without systemd has none).
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-        self._spawn([find_sshd(), "-D", "-e", "-f", str(d / "sshd_config")], "sshd.log")
+        self._spawn([find_sshd(), "-D", "-e", "-f", str(d / "sshd_config")], "sshd.log", nice=self.jobs_nice)
         wait_for(lambda: _port_open(port), 15, "sshd to listen")
         self.ssh_port = port
         self._write_ssh_config()
         ssh = d / "bin" / "ssh"
         ssh.write_text(f"#!/bin/sh\nexec {shutil.which('ssh')} -F {d / 'ssh_config'} \"$@\"\n")
         ssh.chmod(0o755)
+
+    def _low_priority_shell(self) -> Path:
+        """What sshd runs each SSH command through when the jobs run at low priority: sshd gives
+        every session its own scheduling group (autogroup), whose weight a process's nice value
+        does not change, so the group's own nice is set too, then the command runs as sshd
+        would have run it."""
+        path = self.ssh_dir / "low-priority"
+        path.write_text("#!/bin/sh\n"
+                        f"echo {self.jobs_nice} > /proc/self/autogroup 2>/dev/null\n"
+                        'exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"\n')
+        path.chmod(0o755)
+        return path
 
     def _write_ssh_config(self) -> None:
         d = self.ssh_dir

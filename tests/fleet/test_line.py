@@ -328,6 +328,7 @@ def test_a_client_that_dies_leaves_its_jobs_to_finish_on_their_hosts(lab: Lab, f
         assert flash_of(board) == fleet_image.read_bytes()
 
 
+@pytest.mark.wall_clock   # a wall-time ratio: CI runs it on its own (pytest -m wall_clock -n 0)
 def test_eight_boards_over_two_exporters_take_at_most_1_4_times_one_board(tmp_path: Path) -> None:
     """The line's target, on real-time boards (scale 1.0: the boards' modelled time is slept as
     wall time, as hardware takes it). Wall clocks on a shared machine are noisy: the better of

@@ -118,6 +118,7 @@ def _runs(cli) -> list[dict]:
 
 
 @pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
+@pytest.mark.wall_clock   # its 2-second target: CI runs it on its own (pytest -m wall_clock -n 0)
 def test_the_follow_service_publishes_progress_and_every_end_within_two_seconds(cli, make_board, image, central, db,
                                                                                tmp_path, monkeypatch):
     """Three flashes on one host: one succeeds, one fails on a stuck bit, one is SIGKILLed. The

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sqlite3
 import time
 
@@ -17,10 +18,34 @@ from tests.pipeline.conftest import flash_content
 from tests.pipeline.trail_check import uncovered_commands
 
 
+@pytest.fixture(scope="module")
+def flashed_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One full flash on record, made once per module (a flash costs seconds of emulation):
+    the directory holding its database, anchor and backups."""
+    from amdflash.pipeline.cli import main
+    from amdflash.stages.transport.sim import create_board
+    from amdflash.stages.transport.sim.synth import synthetic_ifwi
+
+    where = tmp_path_factory.mktemp("flashed")
+    board = create_board(where / "board", seed=1, content="blank", transport="ideal")
+    (where / "image.bin").write_bytes(synthetic_ifwi(1234))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AMDFLASH_DB", str(where / "audit.sqlite"))
+        env.setenv("AMDFLASH_LOCK_DIR", str(where / "locks"))
+        code = main(["-q", "flash", str(where / "image.bin"), "--yes", "--expect-part", PART_KEY,
+                     "--board", f"sim:{board}"])
+    assert code == 0
+    return where
+
+
 @pytest.fixture
-def flashed(cli, make_board, image, db):
-    board = make_board(content="blank", transport="ideal")
-    assert cli("flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}").code == 0
+def flashed(flashed_once: Path, db: Path) -> Path:
+    """This test's own copy of the recorded flash (tests tamper with it): the database (its
+    writer closed, nothing left in the WAL), the anchor beside it and the backups."""
+    for name in ("audit.sqlite", "audit.sqlite.anchor"):
+        shutil.copy2(flashed_once / name, db.parent / db.name.replace("audit.sqlite", name))
+    if (flashed_once / "backups").exists():
+        shutil.copytree(flashed_once / "backups", db.parent / "backups")
     return db
 
 
@@ -250,6 +275,7 @@ def test_multi_board_one_failure_does_not_stop_the_others(cli, make_board, image
     assert sorted(x["status"] for x in runs[-3:]) == ["failed", "succeeded", "succeeded"]
 
 
+@pytest.mark.wall_clock   # a wall-time ratio: CI runs it on its own (pytest -m wall_clock -n 0)
 def test_boards_in_real_time_run_concurrently(cli_process, make_board, tmp_path):
     """Four boards take about as long in wall time as one (real-time emulation, scale 1)."""
     import os
