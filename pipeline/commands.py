@@ -172,15 +172,38 @@ def _unfinished(db_path: str, result: InfoResult) -> list[str]:
     try:
         rows = runs(reader)
         uid = result.unique_id
-        mine = [r for r in rows if r["command"] in ("flash", "resume")
-                and ((uid and r["unique_id"] == uid) or r["board_spec"] == result.board)]
+        board = [r for r in rows if (uid and r["unique_id"] == uid) or r["board_spec"] == result.board]
+        lines = _scratch_left(reader, board, result.board)
+        mine = [r for r in board if r["command"] in ("flash", "resume")]
         if not mine or mine[-1]["status"] in ("succeeded", "refused") or finished_by(reader, mine[-1]["run_id"]):
-            return []
+            return lines
         last = mine[-1]
-        return [f"unfinished flash {last['run_id']} on this board ({last['status']}): "
-                f"amdflash resume {last['run_id']} --board {result.board} --yes"]
+        return [*lines, f"unfinished flash {last['run_id']} on this board ({last['status']}): "
+                        f"amdflash resume {last['run_id']} --board {result.board} --yes"]
     finally:
         reader.conn.close()
+
+
+def _scratch_left(reader: Any, board: list[dict[str, Any]], spec: str) -> list[str]:
+    """The newest hardware-report run of this board that did not put its scratch block back,
+    unless a flash of the board succeeded after it (which is how the block is put back)."""
+    from amdflash.store.run_rows import RunUnverified
+
+    for i in range(len(board) - 1, -1, -1):
+        r = board[i]
+        if r["command"] != "hardware-report" or r["status"] == "succeeded":
+            continue
+        if any(later["command"] in next_step.WRITES and later["status"] == "succeeded" for later in board[i + 1:]):
+            return []
+        try:
+            rep = _report(reader, r["run_id"])
+        except RunUnverified:
+            return []
+        if next_step.scratch_left(rep) is None:
+            continue
+        return [f"hardware-report {r['run_id']} ({r['status']}) left its scratch block: "
+                f"{next_step.advice(rep, None, r['run_id'], spec)}"]
+    return []
 
 
 def read(session: Session, address: int, size: int, output: Path | None = None,

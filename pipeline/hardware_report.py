@@ -36,6 +36,7 @@ VERSION = 1
 BLOCK = 0x10000
 REPORT_EVENT = "hardware report"      # the stages row (stage "measure") holding the whole report
 SECTOR = 0x1000
+RESTORED = "restored and read back identical"   # a scratch stages row's words once the block is back
 
 
 @dataclass
@@ -108,7 +109,11 @@ class HardwareReportJob:
         backup = self._backup_path(block)
         from amdflash.stages.files import write_new
 
-        write_new(backup, first, overwrite=False)       # on disk before the first erase
+        # On disk before the first erase, as a whole-flash image (the block at its place, 0xFF
+        # elsewhere) that `amdflash flash --start-sector` can put back if this process dies.
+        image = bytearray(b"\xff" * nor.chip.size)
+        image[block:block + BLOCK] = first
+        write_new(backup, bytes(image), overwrite=False)
         record_stage(dev, "measure", "scratch", f"block {block:#08x} backed up to {backup}")
         meter = measure.BusyMeter(dev.romsw, self.engine.prescale)
         try:
@@ -119,17 +124,37 @@ class HardwareReportJob:
                 meter.run(erases[SECTOR], sector)
             for page in range(block, block + BLOCK, 0x100):
                 meter.run(measure.PP, page, first[page - block:page - block + 0x100])
-        finally:
+        except BaseException as failure:
+            # The block may be erased now: put it back before the failure goes up.
             meter.close()
+            self._put_back(dev, block, first, backup, failure)
+            raise
+        meter.close()
         after = nor.read(block, BLOCK)
         if after != first:
             bad = next(i for i in range(BLOCK) if after[i] != first[i])
             raise RuntimeError(f"scratch block not restored: {block + bad:#08x} reads {after[bad]:#04x}, was "
                                f"{first[bad]:#04x}; the backup is {backup}")
         backup.unlink()
-        record_stage(dev, "measure", "scratch", f"block {block:#08x} restored and read back identical")
+        record_stage(dev, "measure", "scratch", f"block {block:#08x} {RESTORED}")
         return {"block": f"{block:#08x}", "restored": "byte-identical",
                 "kinds": {f"{op:#04x}": probe.result() for op, probe in meter.kinds.items()}}
+
+    def _put_back(self, dev: Device, block: int, first: bytes, backup: Path, failure: BaseException) -> None:
+        """Erase the scratch block and program its content back, read back (after `failure`
+        stopped the measurement); if that fails too, the error names the backup."""
+        nor = dev.nor
+        assert nor is not None
+        try:
+            nor.erase(block, BLOCK)
+            nor.program(block, first)
+            if nor.read(block, BLOCK) != first:
+                raise RuntimeError("it does not read back identical")
+        except Exception as e:
+            raise RuntimeError(f"{type(failure).__name__}: {failure}; then putting the scratch block {block:#08x} "
+                               f"back failed ({e}): its content is in {backup}") from failure
+        backup.unlink()
+        record_stage(dev, "measure", "scratch", f"block {block:#08x} {RESTORED} (after: {failure})")
 
     def _backup_path(self, block: int) -> Path:
         assert self.output is not None

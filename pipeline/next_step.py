@@ -7,6 +7,7 @@ as recorded (its units' last states, its backup), never from what the process be
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 WRITES = ("flash", "resume")
@@ -59,9 +60,35 @@ def advice(report: dict[str, Any], backup: str | None, run_id: str, spec: str) -
                     f"amdflash flash {backup} --board {spec} --yes --force" if backup else
                     "No backup of the original content is on record")
         return f"{state}. {original}; or fix the cause and finish the flash: {resume}"
+    if command == "hardware-report":
+        scratch = scratch_left(report)
+        if scratch is not None:
+            block, backup_image = scratch
+            return (f"the scratch block {block:#08x}-{block + 0xFFFF:#08x} may be partly erased: its content is "
+                    f"in {backup_image} (a whole-flash image holding only that block); to put it back: amdflash "
+                    f"flash {backup_image} --start-sector {block // 0x1000} --sector-count 16 --board {spec} "
+                    "--yes --force")
     if command == "ifwi-all":
         return ("the PSP bootloader may hold a partial stream: power the board off and on (all rails) before "
                 "the next command (an emulated board: amdflash sim power-cycle DIR)")
     if status == "interrupted":
         return f"nothing was written to the flash ({command} only reads it); run the command again"
     return None
+
+
+def scratch_left(report: dict[str, Any]) -> tuple[int, str] | None:
+    """(block, backup image) of a hardware-report run's scratch block that was backed up and
+    then not put back (the run died or failed while it was erased or being programmed)."""
+    backed: dict[int, str] = {}
+    for row in report.get("stages") or ():
+        if row.get("stage") != "measure" or row.get("event") != "scratch":
+            continue
+        found = re.match(r"block (0x[0-9a-f]+) (backed up to (.+)|restored)", str(row.get("detail") or ""))
+        if found is None:
+            continue
+        block = int(found.group(1), 16)
+        if found.group(3):
+            backed[block] = found.group(3)
+        else:
+            backed.pop(block, None)
+    return next(iter(backed.items()), None)
