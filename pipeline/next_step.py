@@ -8,6 +8,7 @@ as recorded (its units' last states, its backup), never from what the process be
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
 WRITES = ("flash", "resume")
@@ -64,10 +65,11 @@ def advice(report: dict[str, Any], backup: str | None, run_id: str, spec: str) -
         scratch = scratch_left(report)
         if scratch is not None:
             block, backup_image = scratch
+            # Quoted: the report's name (and so the backup's) is whatever the user chose.
             return (f"the scratch block {block:#08x}-{block + 0xFFFF:#08x} may be partly erased: its content is "
                     f"in {backup_image} (a whole-flash image holding only that block); to put it back: amdflash "
-                    f"flash {backup_image} --start-sector {block // 0x1000} --sector-count 16 --board {spec} "
-                    "--yes --force")
+                    f"flash {shlex.quote(backup_image)} --start-sector {block // 0x1000} --sector-count 16 "
+                    f"--board {shlex.quote(spec)} --yes --force")
     if command == "ifwi-all":
         return ("the PSP bootloader may hold a partial stream: power the board off and on (all rails) before "
                 "the next command (an emulated board: amdflash sim power-cycle DIR)")

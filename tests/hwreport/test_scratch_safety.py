@@ -35,18 +35,18 @@ def test_a_host_killed_mid_scratch_leaves_a_backup_that_info_says_how_to_put_bac
                          faults=[f"kill-after-writes={plain + scratch // 2}"])
     before = (board / "flash.bin").read_bytes()
     killed = subprocess.run([sys.executable, "-m", "amdflash", "hardware-report", "--board", f"sim:{board}",
-                             "-o", str(tmp_path / "r.json"), *SCRATCH], capture_output=True, text=True,
+                             "-o", str(tmp_path / "my report.json"), *SCRATCH], capture_output=True, text=True,
                             env=dict(os.environ), timeout=300)
     assert killed.returncode == -9, killed.stderr
     after = (board / "flash.bin").read_bytes()
     assert after != before and after[:0x20000] == before[:0x20000] and after[0x30000:] == before[0x30000:]
-    backup = tmp_path / "r.json.block-020000.bin"
+    backup = tmp_path / "my report.json.block-020000.bin"       # a name the shell must have quoted
     assert backup.read_bytes()[0x20000:0x30000] == before[0x20000:0x30000]
 
     said = amdflash("info", "--board", f"sim:{board}")
     assert said.code == 0 and "left its scratch block" in said.out, said.out
     command = re.search(r"to put it back: amdflash (flash .*--force)", said.out)
-    assert command and str(backup) in command.group(1), said.out
+    assert command and shlex.split(command.group(1))[1] == str(backup), said.out
     assert amdflash(*shlex.split(command.group(1))).code == 0
     assert (board / "flash.bin").read_bytes() == before            # byte-identical again
     assert "left its scratch block" not in amdflash("info", "--board", f"sim:{board}").out   # no longer named
