@@ -173,7 +173,7 @@ def _unfinished(db_path: str, result: InfoResult) -> list[str]:
         rows = runs(reader)
         uid = result.unique_id
         board = [r for r in rows if (uid and r["unique_id"] == uid) or r["board_spec"] == result.board]
-        lines = _scratch_left(reader, board, result.board)
+        lines = _scratch_left(reader, board, uid, result.board)
         mine = [r for r in board if r["command"] in ("flash", "resume")]
         if not mine or mine[-1]["status"] in ("succeeded", "refused") or finished_by(reader, mine[-1]["run_id"]):
             return lines
@@ -184,26 +184,38 @@ def _unfinished(db_path: str, result: InfoResult) -> list[str]:
         reader.conn.close()
 
 
-def _scratch_left(reader: Any, board: list[dict[str, Any]], spec: str) -> list[str]:
-    """The newest hardware-report run of this board that did not put its scratch block back,
-    unless a flash of the board succeeded after it (which is how the block is put back)."""
+def _scratch_left(reader: Any, board: list[dict[str, Any]], uid: str | None, spec: str) -> list[str]:
+    """Scratch blocks of this board's hardware-report runs left torn, oldest first: a block's
+    first backup holds its content (a later run's backup of a torn block would hold the tear),
+    until a later flash of the board that covers the block succeeded (which is how it is put back)."""
     from amdflash.store.run_rows import RunUnverified
 
-    for i in range(len(board) - 1, -1, -1):
-        r = board[i]
-        if r["command"] != "hardware-report" or r["status"] == "succeeded":
-            continue
-        if any(later["command"] in next_step.WRITES and later["status"] == "succeeded" for later in board[i + 1:]):
-            return []
-        try:
-            rep = _report(reader, r["run_id"])
-        except RunUnverified:
-            return []
-        if next_step.scratch_left(rep) is None:
-            continue
-        return [f"hardware-report {r['run_id']} ({r['status']}) left its scratch block: "
-                f"{next_step.advice(rep, None, r['run_id'], spec)}"]
-    return []
+    torn: dict[int, tuple[str, tuple[str, str]]] = {}
+    unread: list[str] = []
+    for r in board:
+        if uid and r["unique_id"] and r["unique_id"] != uid:
+            continue                           # another flash chip that was at this spec once
+        if r["command"] == "flash" and r["status"] == "succeeded" and torn:
+            try:
+                args = _report(reader, r["run_id"])["arguments"]
+            except RunUnverified:
+                continue
+            first, count = int(args.get("start_sector") or 0), int(args.get("sector_count") or 0)
+            for block in [b for b in torn if first * 0x1000 <= b and b + 0x10000 <= (first + count) * 0x1000]:
+                del torn[block]
+        elif r["command"] == "hardware-report" and r["status"] != "succeeded":
+            try:
+                rep = _report(reader, r["run_id"])
+            except RunUnverified:
+                unread.append(r["run_id"])
+                continue
+            for block, backup in next_step.scratch_left(rep).items():
+                torn.setdefault(block, (r["run_id"], backup))
+    lines = [f"hardware-report {run_id} left its scratch block: {next_step.scratch_advice(block, backup, spec)}"
+             for block, (run_id, backup) in sorted(torn.items())]
+    lines += [f"hardware-report {run_id} does not verify: whether it left its scratch block torn is not known"
+              for run_id in unread]
+    return lines
 
 
 def read(session: Session, address: int, size: int, output: Path | None = None,

@@ -106,15 +106,18 @@ class HardwareReportJob:
         if nor.read(block, BLOCK) != first:
             raise Refusal(f"--scratch-sector: two reads of {block:#08x}+64 KiB disagree; not erasing a block "
                           "whose backup is not confirmed")
-        backup = self._backup_path(block)
-        from amdflash.stages.files import write_new
+        backup = self._backup_path(block).resolve()
+        from amdflash.stages.files import PRIVATE, fsync_dir, write_new
 
-        # On disk before the first erase, as a whole-flash image (the block at its place, 0xFF
-        # elsewhere) that `amdflash flash --start-sector` can put back if this process dies.
+        # On disk (private, durable) before the first erase, as a whole-flash image (the block at
+        # its place, 0xFF elsewhere) that `amdflash flash --start-sector` can put back if this
+        # process dies; its hash goes into the trail, so the advice names only this very file.
         image = bytearray(b"\xff" * nor.chip.size)
         image[block:block + BLOCK] = first
-        write_new(backup, bytes(image), overwrite=False)
-        record_stage(dev, "measure", "scratch", f"block {block:#08x} backed up to {backup}")
+        write_new(backup, bytes(image), mode=PRIVATE, overwrite=False)
+        fsync_dir(backup.parent)
+        record_stage(dev, "measure", "scratch", f"block {block:#08x} sha256 {hashlib.sha256(image).hexdigest()} "
+                                                f"backed up to {backup}")
         meter = measure.BusyMeter(dev.romsw, self.engine.prescale)
         try:
             meter.run(erases[BLOCK], block)
@@ -124,19 +127,19 @@ class HardwareReportJob:
                 meter.run(erases[SECTOR], sector)
             for page in range(block, block + BLOCK, 0x100):
                 meter.run(measure.PP, page, first[page - block:page - block + 0x100])
+            after = nor.read(block, BLOCK)
+            if after != first:
+                bad = next(i for i in range(BLOCK) if after[i] != first[i])
+                raise RuntimeError(f"scratch block not as it was after the measurement: {block + bad:#08x} reads "
+                                   f"{after[bad]:#04x}, was {first[bad]:#04x}")
         except BaseException as failure:
             # The block may be erased now: put it back before the failure goes up.
             meter.close()
             self._put_back(dev, block, first, backup, failure)
             raise
         meter.close()
-        after = nor.read(block, BLOCK)
-        if after != first:
-            bad = next(i for i in range(BLOCK) if after[i] != first[i])
-            raise RuntimeError(f"scratch block not restored: {block + bad:#08x} reads {after[bad]:#04x}, was "
-                               f"{first[bad]:#04x}; the backup is {backup}")
-        backup.unlink()
         record_stage(dev, "measure", "scratch", f"block {block:#08x} {RESTORED}")
+        backup.unlink()           # only once the trail says the block is back
         return {"block": f"{block:#08x}", "restored": "byte-identical",
                 "kinds": {f"{op:#04x}": probe.result() for op, probe in meter.kinds.items()}}
 
@@ -144,8 +147,12 @@ class HardwareReportJob:
         """Erase the scratch block and program its content back, read back (after `failure`
         stopped the measurement); if that fails too, the error names the backup."""
         nor = dev.nor
-        assert nor is not None
+        assert nor is not None and nor.chip is not None
         try:
+            # The operation the measurement stopped in may still run (a busy time past its
+            # timeout): a write enable would be refused until it ends.
+            slowest = max(e.maximum or 0.0 for e in nor.chip.erase_types)
+            nor.wait_ready(0.0, slowest, "the operation under way when the measurement stopped")
             nor.erase(block, BLOCK)
             nor.program(block, first)
             if nor.read(block, BLOCK) != first:
@@ -153,8 +160,8 @@ class HardwareReportJob:
         except Exception as e:
             raise RuntimeError(f"{type(failure).__name__}: {failure}; then putting the scratch block {block:#08x} "
                                f"back failed ({e}): its content is in {backup}") from failure
-        backup.unlink()
         record_stage(dev, "measure", "scratch", f"block {block:#08x} {RESTORED} (after: {failure})")
+        backup.unlink()
 
     def _backup_path(self, block: int) -> Path:
         assert self.output is not None

@@ -7,8 +7,10 @@ as recorded (its units' last states, its backup), never from what the process be
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 WRITES = ("flash", "resume")
@@ -62,14 +64,9 @@ def advice(report: dict[str, Any], backup: str | None, run_id: str, spec: str) -
                     "No backup of the original content is on record")
         return f"{state}. {original}; or fix the cause and finish the flash: {resume}"
     if command == "hardware-report":
-        scratch = scratch_left(report)
-        if scratch is not None:
-            block, backup_image = scratch
-            # Quoted: the report's name (and so the backup's) is whatever the user chose.
-            return (f"the scratch block {block:#08x}-{block + 0xFFFF:#08x} may be partly erased: its content is "
-                    f"in {backup_image} (a whole-flash image holding only that block); to put it back: amdflash "
-                    f"flash {shlex.quote(backup_image)} --start-sector {block // 0x1000} --sector-count 16 "
-                    f"--board {shlex.quote(spec)} --yes --force")
+        left = scratch_left(report)
+        if left:
+            return scratch_advice(*next(iter(left.items())), spec)
     if command == "ifwi-all":
         return ("the PSP bootloader may hold a partial stream: power the board off and on (all rails) before "
                 "the next command (an emulated board: amdflash sim power-cycle DIR)")
@@ -78,19 +75,36 @@ def advice(report: dict[str, Any], backup: str | None, run_id: str, spec: str) -
     return None
 
 
-def scratch_left(report: dict[str, Any]) -> tuple[int, str] | None:
-    """(block, backup image) of a hardware-report run's scratch block that was backed up and
-    then not put back (the run died or failed while it was erased or being programmed)."""
-    backed: dict[int, str] = {}
+def scratch_left(report: dict[str, Any]) -> dict[int, tuple[str, str]]:
+    """The scratch blocks of a hardware-report run that were backed up and then not put back
+    (the run died or failed while one was erased or being programmed): block → (backup image,
+    its sha256)."""
+    backed: dict[int, tuple[str, str]] = {}
     for row in report.get("stages") or ():
         if row.get("stage") != "measure" or row.get("event") != "scratch":
             continue
-        found = re.match(r"block (0x[0-9a-f]+) (backed up to (.+)|restored)", str(row.get("detail") or ""))
-        if found is None:
-            continue
-        block = int(found.group(1), 16)
-        if found.group(3):
-            backed[block] = found.group(3)
-        else:
-            backed.pop(block, None)
-    return next(iter(backed.items()), None)
+        detail = str(row.get("detail") or "")
+        found = re.fullmatch(r"block (0x[0-9a-f]{6}) sha256 ([0-9a-f]{64}) backed up to (/.+)", detail, re.DOTALL)
+        if found:
+            backed[int(found.group(1), 16)] = (found.group(3), found.group(2))
+        elif re.match(r"block (0x[0-9a-f]{6}) restored", detail):
+            backed.pop(int(detail.split()[1], 16), None)
+    return backed
+
+
+def scratch_advice(block: int, backup: tuple[str, str], spec: str) -> str:
+    """What to do about a scratch block left torn: the command that writes its backup back, once
+    the backup is checked to be the very file the run wrote (its sha256 in the trail)."""
+    path, sha256 = backup
+    where = f"the scratch block {block:#08x}-{block + 0xFFFF:#08x} may be partly erased"
+    try:
+        found = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        found = None
+    if found != sha256:
+        return (f"{where}, and its backup {path} is {'gone' if found is None else 'not the file the run wrote'} "
+                "(sha256 differs): its content is on no file amdflash knows of")
+    # Quoted: the report's name (and so the backup's) is whatever the user chose.
+    return (f"{where}: its content is in {path} (a whole-flash image holding only that block, sha256 checked); "
+            f"to put it back: amdflash flash {shlex.quote(path)} --start-sector {block // 0x1000} "
+            f"--sector-count 16 --board {shlex.quote(spec)} --yes --force")

@@ -100,6 +100,15 @@ def new_file(path: Path, mode: int = OUTPUT, overwrite: bool = True) -> Iterator
         raise
 
 
+def fsync_dir(directory: Path) -> None:
+    """Make the names in `directory` durable (a file just renamed into it survives power loss)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_new(path: Path, data: bytes | str, mode: int = OUTPUT, overwrite: bool = True) -> Path:
     """`new_file` for content already in memory (text is written as UTF-8)."""
     with new_file(path, mode, overwrite) as f:

@@ -30,7 +30,7 @@ from amdflash.stages.flash.spinor import FlashIdentity, SpiNor
 from amdflash.stages.identify import record_identity
 from amdflash.stages.navi31 import regs as R
 from amdflash.stages.navi31.romsw import RomSw
-from amdflash.stages.files import PRIVATE, create_new, private_dir
+from amdflash.stages.files import PRIVATE, create_new, fsync_dir, private_dir
 
 # Everything the ROM_SW and aperture paths may touch, captured before any change.
 SNAPSHOT_REGISTERS = (
@@ -299,11 +299,7 @@ def write_backup(backup_dir: Path, run_id: str, units: Iterable[bytes]) -> tuple
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fd = os.open(backup_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(backup_dir)
     return digest.hexdigest(), size, path
 
 

@@ -10,6 +10,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from amdflash.stages import measure
 from amdflash.stages.transport.sim import Board, create_board
 
@@ -43,6 +45,15 @@ def test_a_host_killed_mid_scratch_leaves_a_backup_that_info_says_how_to_put_bac
     backup = tmp_path / "my report.json.block-020000.bin"       # a name the shell must have quoted
     assert backup.read_bytes()[0x20000:0x30000] == before[0x20000:0x30000]
 
+    assert backup.stat().st_mode & 0o777 == 0o600                  # the board's content: the owner's alone
+
+    # A backup replaced since (or gone) is never advised: only the very file the run wrote.
+    kept = backup.read_bytes()
+    backup.write_bytes(kept[:0x20000] + bytes(0x10000) + kept[0x30000:])
+    said = amdflash("info", "--board", f"sim:{board}")
+    assert "not the file the run wrote" in said.out and "to put it back" not in said.out, said.out
+    backup.write_bytes(kept)
+
     said = amdflash("info", "--board", f"sim:{board}")
     assert said.code == 0 and "left its scratch block" in said.out, said.out
     command = re.search(r"to put it back: amdflash (flash .*--force)", said.out)
@@ -52,15 +63,18 @@ def test_a_host_killed_mid_scratch_leaves_a_backup_that_info_says_how_to_put_bac
     assert "left its scratch block" not in amdflash("info", "--board", f"sim:{board}").out   # no longer named
 
 
+@pytest.mark.parametrize("at", [1, 40])   # the 64 KiB erase still running; the first pages programmed
 def test_a_failure_during_the_measurement_puts_the_block_back_before_it_is_reported(amdflash, tmp_path,
-                                                                                   monkeypatch):
-    board = create_board(tmp_path / "b", seed=7, transport="ideal")
+                                                                                   monkeypatch, at):
+    board = create_board(tmp_path / "b", seed=7)          # physical busy times
     before = (board / "flash.bin").read_bytes()
     real, calls = measure.BusyMeter.run, []
 
     def times_out(self, opcode, address, tx=b"", timeout=30.0):  # noqa: ANN001, ANN202
         calls.append(opcode)
-        if len(calls) == 40:     # the sector erases done, the first pages programmed: the block is torn
+        if len(calls) == at:
+            self.engine.command(measure.WREN)
+            self.engine.command(opcode, address, 3, tx)           # the chip busy with it as the failure comes
             raise TimeoutError(f"opcode {opcode:#04x} at {address:#08x} still busy after {timeout:g} s")
         return real(self, opcode, address, tx, timeout)
 
@@ -72,5 +86,5 @@ def test_a_failure_during_the_measurement_puts_the_block_back_before_it_is_repor
     run_id = re.search(r"run (\d{8}T\d{6}-[0-9a-f]{8})", r.err + r.out).group(1)
     stages = json.loads(amdflash("report", run_id, "--format", "json").out)["stages"]
     said = [s["detail"] for s in stages if s["stage"] == "measure" and s["event"] == "scratch"]
-    assert said[-1].startswith("block 0x020000 restored and read back identical (after: opcode 0x02"), said
+    assert said[-1].startswith("block 0x020000 restored and read back identical (after: opcode 0x"), said
     assert "left its scratch block" not in amdflash("info", "--board", f"sim:{board}").out
