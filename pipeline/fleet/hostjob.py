@@ -14,8 +14,8 @@ prints a first line saying it started, then one JSON line per board.
 * A line "stop" on stdin asks every job to stop at its next safe point (SIGTERM, as Ctrl-C).
   End of stdin — the client or its connection went away — changes nothing: the jobs finish
   and this host's trail records them.
-* If a job process is killed, this still reports its boards' runs (left "running" in the
-  trail) as interrupted.
+* If a job process is killed, this still reports its boards' runs: those left "running" in the
+  trail as interrupted, and one that recorded its end before the kill with that end.
 """
 from __future__ import annotations
 
@@ -295,7 +295,9 @@ def run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: st
                 result.update(status=report.get("status"), error=report.get("error"),
                               result_sha256=report.get("result_sha256"))
             result["wall_seconds"] = _seconds(report) or wall
-            if code < 0:
+            if code < 0 and result["status"] in (None, "running", "interrupted"):
+                # A run that recorded its end before the process was killed keeps that end: the
+                # trail, not the process's fate, says how the run went.
                 name = signal.Signals(-code).name
                 result.update(status="interrupted",
                               error=f"the amdflash process was killed ({name}) on {said}; its run stays unfinished "
