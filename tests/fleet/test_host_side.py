@@ -264,3 +264,33 @@ def test_a_labgrid_environment_drives_a_local_board(tmp_path: Path) -> None:
     info = target.get_driver("AmdflashDriver").info()
     assert info["status"] == "succeeded" and info["run_id"]
     assert any(board_json(board)["unique_id"] in line for line in info["lines"])
+
+
+def test_a_killed_job_reports_the_end_a_board_recorded_before_the_kill(tmp_path: Path, monkeypatch) -> None:
+    """Two boards in one job process: one whose flash has nothing to write ends first, then the
+    other board's host-death fault kills the process late in its own flash. The first board's
+    run recorded `succeeded` and is reported so; only the other is interrupted."""
+    from amdflash.pipeline.cli import main
+    from amdflash.pipeline.fleet.hostjob import run
+    from amdflash.stages.transport.sim import Board
+
+    monkeypatch.setenv("AMDFLASH_LOCK_DIR", str(tmp_path / "locks"))
+    image = synthetic_ifwi(77)
+    (tmp_path / "image.bin").write_bytes(image)
+    torn = bytearray(image)
+    for block in (0x80000, 0x110000, 0x190000):
+        torn[block:block + 0x10000] = bytes(0x10000)
+    reference = create_board(tmp_path / "reference", seed=6, transport="ideal", content=bytes(torn))
+    assert main(["-q", "--db", str(tmp_path / "ref.sqlite"), "flash", str(tmp_path / "image.bin"), "--yes",
+                 "--board", f"sim:{reference}"]) == 0
+    with Board(reference) as b:
+        total = int(b.stats()["reg_writes"])
+    done = create_board(tmp_path / "done", seed=5, transport="ideal", content=image)
+    killed = create_board(tmp_path / "killed", seed=6, transport="ideal", content=bytes(torn),
+                          faults=[f"kill-after-writes={int(total * 0.95)}"])
+    results = {r["board"]: r for r in run(main, [f"sim:{done}", f"sim:{killed}"], str(tmp_path / "audit.sqlite"),
+                                             "flash", str(tmp_path / "image.bin"))}
+    assert results[f"sim:{killed}"]["status"] == "interrupted" and "SIGKILL" in results[f"sim:{killed}"]["error"]
+    assert results[f"sim:{done}"]["status"] == "succeeded", results[f"sim:{done}"]
+    assert results[f"sim:{done}"]["run_id"] and not results[f"sim:{done}"]["error"]
+    assert flash_of(done) == image and flash_of(killed) != image
