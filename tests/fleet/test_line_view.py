@@ -196,7 +196,7 @@ def test_sixty_four_boards_paint_within_1_s_and_their_updates_arrive_within_2_s(
     its own silicon on another machine."""
     import statistics
 
-    from tests.bench.bench_line_view import FIRST_PAINT_TARGET, UPDATE_TARGET, measure
+    from tests.bench.bench_line_view import FIRST_PAINT_TARGET, UPDATE_TARGET, measure, p95
     from tests.fleet.lab import missing
     from tests.fleet.pgcluster import server_binaries
 
@@ -211,9 +211,6 @@ def test_sixty_four_boards_paint_within_1_s_and_their_updates_arrive_within_2_s(
     # "Within 2 s" is held at the 95th percentile, of every update and of the ends alone: a
     # wall-clock maximum over thousands of rows on a shared 2-core machine measures its worst
     # hiccup (the slowest seen: three first rows shown 3.3 s late while 64 SSH sessions started).
-    def p95(values: list[float]) -> float:
-        return sorted(values)[int(0.95 * (len(values) - 1))]
-
     assert len(result.latencies) > 10 * 64 and result.overtaken < 0.05 * result.rows, result.describe()
     assert p95(result.latencies) < UPDATE_TARGET, result.describe()
     assert p95(result.end_latencies) < UPDATE_TARGET, result.describe()
