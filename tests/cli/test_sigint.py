@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-import amdflash
 from amdflash.stages.transport.sim.synth import synthetic_ifwi
 from tests.cli.conftest import flash_content
 
