@@ -13,7 +13,9 @@ far each figure can be trusted:
   delay, taken as half its round trip (an assumption, stated in the report);
 * flash busy times (only on a scratch block the user gave up): the time from the end of the
   starting transaction's SPI time to the first status read that shows WIP clear, bounded by
-  the status reads around it, and narrowed by bisection over operations of the same kind.
+  the status reads around it, and narrowed by bisection over operations of the same kind
+  while they all agree; a kind whose operations take different times is reported as the
+  spread of their own times (median, its error, and the distribution).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ BLOCK_SIZES = (4, 16, 64, 256)      # streamed transfer sizes timed (the window 
 SPI_SIZES = (16, 64, 256)           # RX counts of the SPI-time bisection
 BISECT_STEPS = 14
 POLL_FRACTION = 0.01
+AGREE = 1e-9               # seconds: bounds closer than this are one time (float rounding)
 POLL_MIN = 20e-6            # seconds: on a native link a status read takes a few microseconds
 WIP = 0x01
 RDSR1, WREN, PP = 0x05, 0x06, 0x02
@@ -122,23 +125,133 @@ def spi_times(engine: RomSw, prescale: int) -> dict[str, Any]:
 
 
 @dataclass
+class Staircase:
+    """Robbins-Monro search for the time by which a fraction `p` of the operations are done:
+    each operation answers one status read at `x` (done or still busy) and moves `x` by a
+    step that shrinks as answers come in; the estimate is the average of the later half."""
+
+    p: float
+    x: float
+    step: float
+    trail: list[float] = field(default_factory=list)
+
+    def answer(self, done: bool) -> None:
+        self.x = max(0.0, self.x - self.step / (len(self.trail) + 1) ** 0.6 * (float(done) - self.p))
+        self.trail.append(self.x)
+
+    def estimate(self) -> float:
+        later = self.trail[len(self.trail) // 2:]
+        return statistics.fmean(later)
+
+
+# The staircases' targets, in turn: the median twice as often as each of the one-sigma quantiles.
+STAIR_TARGETS = (0.5, 0.15866, 0.5, 0.84134)
+POLL_FIRST = 3             # operations timed by polling alone before any read is placed
+STAIRS_NEEDED = 24          # answers before the staircases' figures are reported
+TIGHT = 0.1                 # per-operation bounds this narrow (of the time) pin each operation
+
+
+@dataclass
 class BusyProbe:
-    """Busy times of one kind of operation: bounds from polling, narrowed by bisection."""
+    """Busy times of one kind of operation.
+
+    Each operation is polled until done, which bounds its own time, and one status read is
+    placed where it tells most. While all operations agree with one time (a chip whose every
+    operation of the kind takes the same), that read bisects what is still unknown; once the
+    bisection has narrowed it, reads go just outside the bounds, where a constant time never
+    answers otherwise. Real chips vary: once two operations' bounds exclude each other the kind
+    `varies`. Its spread is then the operations' own times when polling pins each of them;
+    when it does not (an operation shorter than a status read's round trip), the reads feed
+    staircases that find the median and the one-sigma quantiles (a normal spread assumed)."""
 
     lo: float = 0.0
     hi: float | None = None
     samples: list[float] = field(default_factory=list)
-
+    bounds: list[tuple[float, float]] = field(default_factory=list)
     seen_busy: bool = False
+    varies: bool = False
+    stairs: list[Staircase] = field(default_factory=list)
+    _turn: int = 0
+
+    def next_delay(self) -> float | None:
+        """Where this operation's status read goes (seconds after its start), or None."""
+        if self.hi is None or len(self.bounds) < POLL_FIRST:
+            return None
+        if self.varies:
+            if self._pinned():
+                return None                     # polling alone gives each operation's time
+            if not self.stairs:
+                middle = (self.lo + self.hi) / 2
+                self.stairs = [Staircase(p, middle, 0.25 * middle) for p in STAIR_TARGETS[:2] + STAIR_TARGETS[3:]]
+            return self._stair().x
+        if len(self.bounds) < BISECT_STEPS:
+            return (self.lo + self.hi) / 2
+        margin = max(self.hi - self.lo, 0.02 * self.hi)
+        return self.lo - margin if len(self.bounds) % 2 else self.hi + margin
+
+    def _pinned(self) -> list[tuple[float, float]]:
+        """The operations polling pinned (bounds within TIGHT of their time), when most were."""
+        tight = [(lo, hi) for lo, hi in self.bounds if hi - lo <= TIGHT * (lo + hi) / 2]
+        return tight if 2 * len(tight) > len(self.bounds) else []
+
+    def _stair(self) -> Staircase:
+        p = STAIR_TARGETS[self._turn % len(STAIR_TARGETS)]
+        return next(s for s in self.stairs if s.p == p)
+
+    def answered(self, done: bool) -> None:
+        """The status read this operation placed at `next_delay()` found it done (or busy)."""
+        if self.varies and self.stairs:
+            self._stair().answer(done)
+            self._turn += 1
+
+    def add(self, lo: float, hi: float) -> None:
+        """One operation took between lo and hi seconds."""
+        self.bounds.append((lo, hi))
+        if self.hi is None:
+            self.lo, self.hi = lo, hi
+        elif max(self.lo, lo) > min(self.hi, hi) + AGREE:
+            self.varies = True
+        elif not self.varies:
+            self.lo, self.hi = max(self.lo, lo), max(min(self.hi, hi), max(self.lo, lo))
 
     def result(self) -> dict[str, Any]:
         assert self.hi is not None
         if not self.seen_busy:
             # Over before the first status read could land (a page program over a slow link):
-            # only an upper bound.
-            return {"seconds_at_most": self.hi, "polled": distribution(self.samples)}
-        return {"seconds": (self.lo + self.hi) / 2, "error": (self.hi - self.lo) / 2,
-                "polled": distribution(self.samples)}
+            # only an upper bound, the one every operation kept.
+            return {"seconds_at_most": max(hi for _, hi in self.bounds) if self.varies else self.hi,
+                    "polled": distribution(self.samples)}
+        if not self.varies:
+            return {"seconds": (self.lo + self.hi) / 2, "error": (self.hi - self.lo) / 2,
+                    "polled": distribution(self.samples)}
+        answers = sum(len(s.trail) for s in self.stairs)
+        pinned = self._pinned()
+        if not pinned and answers >= STAIRS_NEEDED:
+            return self._from_stairs(answers)
+        # The median of the operations' own times (those polling pinned: an operation a
+        # bisection read found done early is known only to be shorter); its error is the
+        # widest operation's bounds and the median's standard error (1.2533 sigma / sqrt n
+        # for a normal spread).
+        kept = pinned or self.bounds
+        own = [(lo + hi) / 2 for lo, hi in kept]
+        widths = [hi - lo for lo, hi in kept]
+        spread = distribution(own)
+        return {"seconds": spread["median"], "error": max(widths) / 2 + 1.2533 * spread["stdev"] / len(own) ** 0.5,
+                "polled": distribution(self.samples), "per_operation": spread}
+
+    def _from_stairs(self, answers: int) -> dict[str, Any]:
+        est = {s.p: s.estimate() for s in self.stairs}
+        median = est[0.5]
+        sigma = max(0.0, (est[0.84134] - est[0.15866]) / 2)
+        n = len(next(s for s in self.stairs if s.p == 0.5).trail)
+        # Averaging the later half of a Robbins-Monro search: about 1.77 sigma / sqrt(n) for the
+        # median (1.2533 for the sample median, sqrt 2 for half the answers); twice that stated.
+        error = 2 * 1.77 * sigma / n ** 0.5
+        return {"seconds": median, "error": error, "polled": distribution(self.samples),
+                "per_operation": {"n": answers, "min": max(0.0, median - 3 * sigma), "median": median,
+                                  "mean": median, "max": median + 3 * sigma, "stdev": sigma,
+                                  "estimated": "status reads placed by staircases (a normal spread assumed; "
+                                               "min and max are the median -+ 3 sigma)"}}
 
 
 class BusyMeter:
@@ -168,18 +281,21 @@ class BusyMeter:
         self._sent.clear()
         engine.command(opcode, address, 3, tx)
         start = self._sent[0] + spi_nominal(4 + len(tx), self.prescale)
-        if probe.hi is not None:
-            # Bisection: one status read at the middle of what is still unknown.
-            # The status read answers `lead` after it is sent (its register writes and SPI time).
-            clock.sleep(start + (probe.lo + probe.hi) / 2 - self._lead - clock.now())
+        lo, hi = 0.0, float("inf")              # this operation's own bounds
+        delay = probe.next_delay()
+        if delay is not None:
+            # One status read where it tells most (BusyProbe). It answers `lead` after it is
+            # sent (its register writes and SPI time).
+            clock.sleep(start + delay - self._lead - clock.now())
             sent = clock.now()
             at, sr1 = self._status()
             self._lead = at - sent
             if sr1 & WIP:
                 probe.seen_busy = True
-                probe.lo = max(probe.lo, at - start)
+                lo = at - start
             else:
-                probe.hi = min(probe.hi, at - start)
+                hi = at - start
+            probe.answered(not sr1 & WIP)
         last_busy = start
         while True:
             at, sr1 = self._status()
@@ -196,11 +312,7 @@ class BusyMeter:
         # ended) is done at once: never a negative time.
         done = max(0.0, at - start)
         probe.samples.append(done)
-        if probe.hi is None:
-            probe.lo, probe.hi = max(0.0, last_busy - start), done
-        else:
-            probe.hi = min(probe.hi, done)
-            probe.lo = max(probe.lo, last_busy - start)
+        probe.add(max(lo, last_busy - start, 0.0), min(hi, done))
 
     def close(self) -> None:
         self.engine.observer = None

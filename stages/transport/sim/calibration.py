@@ -7,7 +7,9 @@ cost.py, the part's typical busy times, the assumed power-on registers). The obj
 
     {"source": "...",                         # what it was made from (said by `sim create`)
      "transport": {"control": s, ...},        # CostProfile fields replacing the profile's own
-     "busy": {"0x20": s, ...},                # typical busy seconds by the opcode that starts them
+     "busy": {"0x20": s, ...},                # typical busy seconds by the opcode that starts them,
+                                              # or {"median": s, "stdev": s, "min": s, "max": s}
+                                              # for a chip whose operations took varying times
      "sfdp": "hex",                           # the SFDP space the chip answers 5Ah with
      "registers": {"0x5a3a0": v, ...}}        # BAR5 values at power-on (plain registers only)
 
@@ -108,14 +110,36 @@ def transport(cal: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+SPREAD_KEYS = ("median", "stdev", "min", "max")
+
+
 def busy(cal: Mapping[str, Any], part: PartSpec | None = None) -> dict[int, float]:
+    """The typical busy seconds by opcode (a varying kind's median)."""
+    return {opcode: spread[0] for opcode, spread in _busy(cal, part).items()}
+
+
+def busy_spread(cal: Mapping[str, Any], part: PartSpec | None = None) -> dict[int, tuple[float, float, float]]:
+    """(stdev, least, most) of the kinds whose busy time varies."""
+    return {opcode: s[1:] for opcode, s in _busy(cal, part).items() if len(s) == 4}
+
+
+def _busy(cal: Mapping[str, Any], part: PartSpec | None) -> dict[int, tuple[float, ...]]:
     times = mapping(cal.get("busy", {}), "calibration.busy")
-    out = {}
+    out: dict[int, tuple[float, ...]] = {}
     for key, value in times.items():
         opcode = hex_key(key, "calibration.busy", 0xFF)
+        what = f"calibration.busy.{key}"
         if part is not None and opcode not in part.busy:
             raise CalibrationError(f"calibration.busy: the {part.name} has no busy time for opcode {opcode:#04x}")
-        out[opcode] = number(value, f"calibration.busy.{key}", 0.0, MAX_BUSY_SECONDS)
+        if not isinstance(value, dict):
+            out[opcode] = (number(value, what, 0.0, MAX_BUSY_SECONDS),)
+            continue
+        if sorted(value) != sorted(SPREAD_KEYS):
+            raise CalibrationError(f"{what}: expected a number or an object with {', '.join(SPREAD_KEYS)}")
+        median, stdev, least, most = (number(value[k], f"{what}.{k}", 0.0, MAX_BUSY_SECONDS) for k in SPREAD_KEYS)
+        if not least <= median <= most:
+            raise CalibrationError(f"{what}: min <= median <= max does not hold")
+        out[opcode] = (median, stdev, least, most)
     return out
 
 
@@ -150,18 +174,20 @@ def cost_profile(base: CostProfile, cal: Mapping[str, Any] | None) -> CostProfil
 
 
 def calibrated_part(part: PartSpec, cal: Mapping[str, Any] | None) -> PartSpec:
-    """The part with the calibration's busy times (as typical; the maximum never below them)
-    and SFDP."""
+    """The part with the calibration's busy times (as typical; the maximum never below them,
+    nor below the most a varying kind took), their spread, and SFDP."""
     if not cal:
         return part
     times = busy(cal, part)
+    spread = busy_spread(cal, part)
     table = sfdp(cal)
     if not times and table is None:
         return part
     merged = dict(part.busy)
     for opcode, seconds in times.items():
-        merged[opcode] = (seconds, max(seconds, part.busy[opcode][1]))
-    return dataclasses.replace(part, busy=merged, sfdp=part.sfdp if table is None else table)
+        most = spread[opcode][2] if opcode in spread else seconds
+        merged[opcode] = (seconds, max(most, part.busy[opcode][1]))
+    return dataclasses.replace(part, busy=merged, sfdp=part.sfdp if table is None else table, busy_spread=spread)
 
 
 def power_on_values(cal: Mapping[str, Any] | None) -> dict[int, int]:

@@ -108,6 +108,9 @@ Modelling decisions (the datasheets leave them open, or the model has to pick on
 """
 from __future__ import annotations
 
+import hashlib
+import statistics
+import struct
 from typing import TYPE_CHECKING
 from collections.abc import Callable
 
@@ -158,6 +161,20 @@ def _repeat(pattern: bytes, phase: int, n: int) -> bytes:
     reps = (phase % len(pattern) + n) // len(pattern) + 1
     start = phase % len(pattern)
     return (pattern * reps)[start:start + n]
+
+
+def varying_busy(typical: float, spread: tuple[float, float, float], seed: int, kind: int, address: int,
+                 now: float) -> float:
+    """The busy time of one operation of a kind that varies (a calibrated part): a normal draw
+    around the typical figure, within the least and most the real chip took. The draw is a
+    hash of the board's seed, the operation and the moment it starts, so a run on a virtual
+    clock takes the same modelled seconds every time."""
+    stdev, least, most = spread
+    if stdev <= 0:
+        return typical
+    digest = hashlib.blake2b(struct.pack("<QIId", seed & (1 << 64) - 1, kind, address, now), digest_size=8).digest()
+    u = (int.from_bytes(digest, "little") + 0.5) / 2.0 ** 64
+    return min(most, max(least, statistics.NormalDist(typical, stdev).inv_cdf(u)))
 
 
 class NorChip:
@@ -415,6 +432,9 @@ class NorChip:
             return
         # A slow-busy chip takes longer than typical, never longer than the datasheet allows.
         typical, maximum = self.part.busy[kind]
+        spread = self.part.busy_spread.get(kind)
+        if spread is not None:
+            typical = varying_busy(typical, spread, self.board.seed, kind, lo, self._now())
         seconds = min(typical * self._slow, maximum)
         self._times[_BUSY_UNTIL] = self._now() + seconds
         self._ranges[_BUSY_LO], self._ranges[_BUSY_HI] = lo, hi

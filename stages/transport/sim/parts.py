@@ -161,6 +161,9 @@ class PartSpec:
     # SCUR): each program (erase) leaves its flag set when it failed or was refused, clear otherwise.
     fail_flags: tuple[Bit, Bit] | None = None
     notes: tuple[str, ...] = field(default=())
+    # A calibrated part whose busy times varied from operation to operation on the real chip:
+    # opcode -> (stdev, least, most) seconds around the typical figure (calibration.py).
+    busy_spread: Mapping[int, tuple[float, float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.registers) > 4:

@@ -96,7 +96,21 @@ def check(report: Any) -> Mapping[str, Any]:
             else:
                 number(k.get("seconds"), f"timings.busy.kinds.{op}.seconds", 0.0, MAX_BUSY_SECONDS)
                 number(k.get("error"), f"timings.busy.kinds.{op}.error", 0.0, MAX_BUSY_SECONDS)
+                if "per_operation" in k:                # a kind whose operations took varying times
+                    _spread(k, f"timings.busy.kinds.{op}.per_operation")
     return r
+
+
+def _spread(k: Mapping[str, Any], what: str) -> dict[str, float]:
+    """The calibration of a varying busy kind (calibration.py): its median, stdev, least and most."""
+    d = mapping(k["per_operation"], what)
+    integer(d.get("n"), f"{what}.n", 2, 1 << 20)
+    out = {"median": k["seconds"]}
+    for key in ("stdev", "min", "max"):
+        out[key] = number(d.get(key), f"{what}.{key}", 0.0, MAX_BUSY_SECONDS)
+    if not out["min"] <= out["median"] <= out["max"]:
+        raise CalibrationError(f"{what}: min <= seconds <= max does not hold")
+    return out
 
 
 # -- the model's view of a report -----------------------------------------------------------------
@@ -269,7 +283,7 @@ def board_options(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         transport["spi_refclk_hz"] = refclk
         divergences.append(f"SPI: the bus clocks as from a {refclk / 1e6:.2f} MHz reference, the model's is 100 MHz")
     cal["transport"] = transport
-    busy = {}
+    busy: dict[str, Any] = {}
     measured_busy = ((report["timings"].get("busy") or {}).get("kinds") or {}) if profile.physical else {}
     for op, k in measured_busy.items():
         opcode = int(op, 16)
@@ -282,7 +296,15 @@ def board_options(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
                 divergences.append(f"busy: {BUSY_KINDS[op]} at most {k['seconds_at_most'] * 1e3:.3f} ms, the "
                                    f"emulated {spec.name}'s typical is {spec.busy[opcode][0] * 1e3:g} ms")
             continue
-        busy[f"{opcode:#04x}"] = k["seconds"]
+        if "per_operation" in k:
+            spread = _spread(k, f"timings.busy.kinds.{op}.per_operation")
+            busy[f"{opcode:#04x}"] = spread
+            divergences.append(f"busy: {BUSY_KINDS[op]} varies from operation to operation: median "
+                               f"{spread['median'] * 1e3:.3f} ms, stdev {spread['stdev'] * 1e3:.3f} ms, "
+                               f"{spread['min'] * 1e3:.3f}..{spread['max'] * 1e3:.3f} ms over "
+                               f"{k['per_operation']['n']}; the emulated {spec.name}'s is always the same")
+        else:
+            busy[f"{opcode:#04x}"] = k["seconds"]
         if abs(k["seconds"] - spec.busy[opcode][0]) > max(k["error"], 0.01 * spec.busy[opcode][0]):
             divergences.append(f"busy: {BUSY_KINDS[op]} {k['seconds'] * 1e3:.3f} ms, the emulated "
                                f"{spec.name}'s typical is {spec.busy[opcode][0] * 1e3:g} ms")
