@@ -107,3 +107,17 @@ def test_sim_create_bridge_options_reach_the_emulated_bridge(tmp_path):
 
     bad = run_cli(tmp_path, "sim", "create", str(tmp_path / "bad"), "--gpu-device-id", "0x12345")
     assert bad.returncode == 2 and "16-bit" in bad.stderr
+
+
+def test_a_calibrated_board_behind_the_emulated_bridge_keeps_its_measured_link(tmp_path):
+    """A board made from a hardware report answers over the emulated USB bridge with the real
+    bridge's transfer latencies, as it does over sim: (before, the bridge charged the model's)."""
+    from amdflash.stages.transport.sim import create_board
+
+    path = create_board(tmp_path / "b", seed=3, calibration={"transport": {"control": 160e-6, "bulk": 60e-6}})
+    out = tmp_path / "r.json"
+    result = run_cli(tmp_path, "hardware-report", "--board", "usb", "-o", str(out), env=sim_usb_env(path))
+    assert result.returncode == 0, result.stderr
+    transport = json.loads(out.read_text())["timings"]["transport"]
+    assert abs(transport["write32"]["median"] - 160e-6) < 2e-6, transport["write32"]
+    assert abs(transport["read32"]["median"] - 320e-6) < 4e-6, transport["read32"]

@@ -383,10 +383,13 @@ class _Asm24(_SimDevice):
 
         physical = board.cost.physical
         self._charge = board.clock.advance if physical else None
-        self._control_cost = ASM24.control
-        self._bulk_cost = ASM24.bulk
-        self._write_byte = ASM24.write_byte
-        self._read_byte = ASM24.read_byte
+        # The board's own figures when it is an asm24 board (a calibrated one has a real
+        # bridge's); the bridge's model figures in front of a board made for another link.
+        link = board.cost if board.cost.usb else ASM24
+        self._control_cost = link.control
+        self._bulk_cost = link.bulk
+        self._write_byte = link.write_byte
+        self._read_byte = link.read_byte
         self._counters = board.counters
         self._faults = board.fault_state
         fired = self._faults[F_USB_DISCONNECTED]
