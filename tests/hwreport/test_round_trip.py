@@ -188,3 +188,41 @@ def test_busy_times_that_vary_round_trip_as_a_spread(amdflash, tmp_path):
         seconds[name] = flash
     print(f"modelled seconds: flash {seconds['source']:.6f} vs {seconds['copy']:.6f}")
     assert abs(seconds["copy"] - seconds["source"]) <= 0.02 * seconds["source"]
+
+
+# A bridge whose transfers take a different time each (a real USB link does).
+JITTERY = {"control": {"median": 130e-6, "stdev": 15e-6, "min": 95e-6, "max": 190e-6},
+           "bulk": {"median": 70e-6, "stdev": 12e-6, "min": 40e-6, "max": 120e-6},
+           "read_byte": 1 / 1.5e6, "write_byte": 1 / 3.0e6}
+
+
+@pytest.mark.slow
+def test_a_link_that_varies_round_trips_as_a_spread_and_dumps_in_the_same_time(amdflash, tmp_path):
+    source = create_board(tmp_path / "source", seed=4, calibration={"transport": JITTERY})
+    first = report(amdflash, source, tmp_path / "r1.json", scratch=False)
+    t = first["timings"]["transport"]
+    assert 8e-6 <= t["write32"]["stdev"] <= 25e-6, t["write32"]      # 16 control transfers: 15 us +- noise
+    assert close(t["write32"]["median"], 130e-6, 12e-6), t["write32"]
+    r = amdflash("sim", "create", tmp_path / "copy", "--from-report", tmp_path / "r1.json", "--seed", 8)
+    assert r.code == 0, r.err
+    assert "diverges:  transport: control varies from transfer to transfer" in r.out, r.out
+    made = json.loads((tmp_path / "copy" / "board.json").read_text())["calibration"]["transport"]
+    assert isinstance(made["control"], dict) and isinstance(made["bulk"], dict)
+    copy = tmp_path / "copy"
+    second = report(amdflash, copy, tmp_path / "r2.json", scratch=False)
+    compare(first, second)
+    assert 0.4 * t["write32"]["stdev"] <= second["timings"]["transport"]["write32"]["stdev"] <= 2.5 * t["write32"]["stdev"]
+    seconds = {}
+    for name, board in (("source", source), ("copy", copy)):
+        def dump():
+            r = amdflash("dump", tmp_path / f"{name}.bin", "--board", f"sim:{board}")
+            assert r.code == 0, r.err
+
+        seconds[name] = modelled(board, dump)
+    # A board without the spread: the link's model figures at the same medians.
+    steady = create_board(tmp_path / "steady", seed=4, calibration={"transport": {
+        k: v["median"] if isinstance(v, dict) else v for k, v in JITTERY.items()}})
+    seconds["steady"] = modelled(steady, lambda: amdflash("dump", tmp_path / "steady.bin", "--board", f"sim:{steady}"))
+    print(f"modelled seconds: dump {seconds}")
+    assert abs(seconds["copy"] - seconds["source"]) <= 0.02 * seconds["source"]
+    assert seconds["steady"] != seconds["source"]                # the spread is in the source's dump

@@ -36,6 +36,7 @@ from amdflash.stages.transport.sim import calibration
 from amdflash.stages.transport.sim import cost as costmod
 from amdflash.stages.transport.sim.clock import SimClock
 from amdflash.stages.transport.sim.cost import Access
+from amdflash.stages.transport.sim.jitter import LinkJitter
 from amdflash.stages.transport.sim.faults import Faults
 from amdflash.stages.transport.sim.romsw import BLOCK_END, BLOCK_START
 from amdflash.stages.transport.sim.power_on import power_on_registers
@@ -79,6 +80,9 @@ class Board:
         self._tlp_read, self._tlp_write = cost.tlp_read32(), cost.tlp_write32()
         self._stream_read_cost = functools.lru_cache(maxsize=64)(cost.stream_read)
         self._stream_write_cost = functools.lru_cache(maxsize=64)(cost.stream_write)
+        # A calibrated link whose transfers took varying times (jitter.py); None for the rest.
+        spreads = calibration.transport_spread(self.calibration) if cost.physical else {}
+        self.jitter = LinkJitter(cost, spreads, self.seed, self.clock.now()) if spreads else None
 
         self._read_hooks: dict[int, ReadHook] = {}
         self._write_hooks: dict[int, WriteHook] = {}
@@ -215,6 +219,8 @@ class Board:
             c[_BULK_BYTES] += size
         c[_TLPS] += (size + 3) >> 2
         access = self._stream_read_cost(size)
+        if self.jitter is not None:
+            access = self.jitter.stream_read(access, size)
         if self.trace is not None:
             return self._traced("stream read", offset, size, access, lambda: self.reg_read(offset, size))
         advance = self.clock.advance
@@ -233,6 +239,8 @@ class Board:
             c[_BULK_BYTES] += size
         c[_TLPS] += (size + 3) >> 2
         access = self._stream_write_cost(size)
+        if self.jitter is not None:
+            access = self.jitter.stream_write(access, size)
         if self.trace is not None:
             self._traced("stream write", offset, size, access, lambda: self.reg_write(offset, data))
             return
@@ -245,7 +253,7 @@ class Board:
         if self.cost.usb:
             self.counters[_CONTROL] += 2
         self.counters[_TLPS] += 1
-        access = self._tlp_read
+        access = self._tlp_read if self.jitter is None else self.jitter.read32(self._tlp_read)
         if self.trace is not None:
             return _U32.unpack(self._traced("read32", offset, 4, access, lambda: self.reg_read(offset, 4)))[0]
         advance = self.clock.advance
@@ -258,7 +266,7 @@ class Board:
         if self.cost.usb:
             self.counters[_CONTROL] += 1
         self.counters[_TLPS] += 1
-        access = self._tlp_write
+        access = self._tlp_write if self.jitter is None else self.jitter.write32(self._tlp_write)
         data = _U32.pack(value & 0xFFFFFFFF)
         if self.trace is not None:
             self._traced("write32", offset, 4, access, lambda: self.reg_write(offset, data))

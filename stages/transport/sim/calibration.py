@@ -6,7 +6,9 @@ its board.json; a board without one behaves exactly as before (the default cost 
 cost.py, the part's typical busy times, the assumed power-on registers). The object:
 
     {"source": "...",                         # what it was made from (said by `sim create`)
-     "transport": {"control": s, ...},        # CostProfile fields replacing the profile's own
+     "transport": {"control": s, ...},        # CostProfile fields replacing the profile's own; a
+                                              # transfer's latency may be {"median", "stdev",
+                                              # "min", "max"} when transfers took varying times
      "busy": {"0x20": s, ...},                # typical busy seconds by the opcode that starts them,
                                               # or {"median": s, "stdev": s, "min": s, "max": s}
                                               # for a chip whose operations took varying times
@@ -36,6 +38,7 @@ TRANSPORT_FIELDS: dict[str, tuple[float, float]] = {
 MAX_BUSY_SECONDS = 200.0          # no NOR chip erases slower than this (chip erase maxima are ~100 s)
 MAX_SFDP = 0x1000                 # the SFDP space amdflash reads and serves
 KEYS = ("source", "transport", "busy", "sfdp", "registers")
+SPREAD_KEYS = ("median", "stdev", "min", "max")   # a figure that varies
 
 
 class CalibrationError(ValueError):
@@ -100,17 +103,42 @@ def check(cal: Any, part: PartSpec | None = None) -> dict[str, Any]:
     return dict(cal)
 
 
+# Figures that are one transfer's latency, and so may vary from transfer to transfer.
+VARYING_TRANSPORT = ("control", "bulk", "pcie_read_dword", "pcie_write_dword")
+
+
 def transport(cal: Mapping[str, Any]) -> dict[str, float]:
+    """The cost-profile figures (a varying one's median)."""
+    return {name: spread[0] for name, spread in _transport(cal).items()}
+
+
+def transport_spread(cal: Mapping[str, Any] | None) -> dict[str, tuple[float, float, float, float]]:
+    """(median, stdev, least, most) of the link figures whose transfers took varying times."""
+    return {name: s for name, s in _transport(cal).items() if len(s) == 4} if cal else {}
+
+
+def _transport(cal: Mapping[str, Any]) -> dict[str, tuple[float, ...]]:
     figures = mapping(cal.get("transport", {}), "calibration.transport")
-    out = {}
+    out: dict[str, tuple[float, ...]] = {}
     for name, value in figures.items():
         if name not in TRANSPORT_FIELDS:
             raise CalibrationError(f"calibration.transport: unknown figure {name!r:.40}")
-        out[name] = number(value, f"calibration.transport.{name}", *TRANSPORT_FIELDS[name])
+        what = f"calibration.transport.{name}"
+        if not isinstance(value, dict) or name not in VARYING_TRANSPORT:
+            out[name] = (number(value, what, *TRANSPORT_FIELDS[name]),)
+            continue
+        out[name] = _spread(value, what, *TRANSPORT_FIELDS[name])
     return out
 
 
-SPREAD_KEYS = ("median", "stdev", "min", "max")
+def _spread(value: Mapping[str, Any], what: str, lo: float, hi: float) -> tuple[float, float, float, float]:
+    """(median, stdev, min, max) of a figure that varies, checked."""
+    if sorted(value) != sorted(SPREAD_KEYS):
+        raise CalibrationError(f"{what}: expected a number or an object with {', '.join(SPREAD_KEYS)}")
+    median, stdev, least, most = (number(value[k], f"{what}.{k}", lo, hi) for k in SPREAD_KEYS)
+    if not least <= median <= most:
+        raise CalibrationError(f"{what}: min <= median <= max does not hold")
+    return median, stdev, least, most
 
 
 def busy(cal: Mapping[str, Any], part: PartSpec | None = None) -> dict[int, float]:
@@ -134,12 +162,7 @@ def _busy(cal: Mapping[str, Any], part: PartSpec | None) -> dict[int, tuple[floa
         if not isinstance(value, dict):
             out[opcode] = (number(value, what, 0.0, MAX_BUSY_SECONDS),)
             continue
-        if sorted(value) != sorted(SPREAD_KEYS):
-            raise CalibrationError(f"{what}: expected a number or an object with {', '.join(SPREAD_KEYS)}")
-        median, stdev, least, most = (number(value[k], f"{what}.{k}", 0.0, MAX_BUSY_SECONDS) for k in SPREAD_KEYS)
-        if not least <= median <= most:
-            raise CalibrationError(f"{what}: min <= median <= max does not hold")
-        out[opcode] = (median, stdev, least, most)
+        out[opcode] = _spread(value, what, 0.0, MAX_BUSY_SECONDS)
     return out
 
 

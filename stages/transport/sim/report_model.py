@@ -132,6 +132,31 @@ def transport_fit(report: dict[str, Any]) -> dict[str, float]:
     return {}
 
 
+def transport_spread_fit(report: dict[str, Any], medians: Mapping[str, float]) -> dict[str, dict[str, float]]:
+    """The spread of each transfer latency whose accesses took varying times (calibration.py's
+    {"median", "stdev", "min", "max"}), from the distributions the report measured: a control
+    transfer's from a single-TLP write (one control transfer), a bulk transfer's from the
+    smallest streamed write beyond it (its variance less the control's); a native link's
+    dword costs from single-TLP reads and writes."""
+    t = report["timings"]["transport"]
+    kinds: dict[str, list[tuple[dict[str, Any], dict[str, Any] | None]]] = {}
+    if report["board"]["profile"] == "asm24":
+        smallest = t["write_block"][min(t["write_block"], key=int)]
+        kinds = {"control": [(t["write32"], None)], "bulk": [(smallest, t["write32"])]}
+    elif report["board"]["profile"] == "pcie":
+        kinds = {"pcie_read_dword": [(t["read32"], None)], "pcie_write_dword": [(t["write32"], None)]}
+    out = {}
+    for name, [(d, less)] in kinds.items():
+        variance = d["stdev"] ** 2 - (less["stdev"] ** 2 if less else 0.0)
+        if variance <= 0 or d["n"] < 2 or name not in medians:
+            continue
+        median = medians[name]
+        # The observed range around the access's median, moved onto this figure's median.
+        out[name] = {"median": median, "stdev": variance ** 0.5,
+                     "min": max(0.0, median - (d["median"] - d["min"])), "max": median + (d["max"] - d["median"])}
+    return out
+
+
 def _line(points: dict[str, Any]) -> tuple[float, float]:
     xs = [float(k) for k in points]
     ys = [points[k]["median"] for k in points]
@@ -271,12 +296,16 @@ def board_options(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if sfdp != spec.sfdp[:len(sfdp)] or not sfdp:
         cal["sfdp"] = sfdp.hex()
         divergences.append(f"SFDP: the board's {len(sfdp)} bytes differ from the emulated {spec.name}'s table")
-    transport = transport_fit(report)
+    transport: dict[str, Any] = dict(transport_fit(report))
     profile = cost.PROFILES[report["board"]["profile"]]
     for name, value in transport.items():
         if abs(value - getattr(profile, name)) > 1e-12:
             divergences.append(f"transport: {name} {value:.4g} s, the {profile.name} profile's is "
                                f"{getattr(profile, name):.4g} s")
+    for name, spread in transport_spread_fit(report, transport).items():
+        transport[name] = spread
+        divergences.append(f"transport: {name} varies from transfer to transfer: stdev {spread['stdev']:.3g} s, "
+                           f"{spread['min']:.4g}..{spread['max']:.4g} s; the {profile.name} profile's never does")
     spi = report["timings"]["spi"]
     refclk = _refclk(spi)
     if refclk is not None and abs(refclk - profile.spi_refclk_hz) > 0.005 * profile.spi_refclk_hz:

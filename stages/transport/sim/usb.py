@@ -390,6 +390,7 @@ class _Asm24(_SimDevice):
         self._bulk_cost = link.bulk
         self._write_byte = link.write_byte
         self._read_byte = link.read_byte
+        self._jitter = board.jitter if board.cost.usb else None
         self._counters = board.counters
         self._faults = board.fault_state
         fired = self._faults[F_USB_DISCONNECTED]
@@ -454,6 +455,10 @@ class _Asm24(_SimDevice):
         self.out_armed = False
         self.in_queue.clear()
 
+    def _latency(self, kind: str, median: float) -> float:
+        """One transfer's fixed latency (a calibrated link may vary it: sim/jitter.py)."""
+        return median if self._jitter is None else self._jitter.transfer(kind, median)
+
     # -- control transfers ----------------------------------------------------------------
     def control(self, request_type: int, request: int, value: int, index: int, buf: memoryview,
                 timeout: int) -> int:
@@ -461,7 +466,8 @@ class _Asm24(_SimDevice):
         self._counters[_CONTROL] += 1
         # The request reaches the firmware when the transfer's fixed latency has passed
         # (cost.py's landing rule): whatever it does to the board happens at that moment.
-        self.charge(self._control_cost)
+        latency = self._latency("control", self._control_cost)
+        self.charge(latency)
         try:
             if self.hung:
                 raise _Timeout
@@ -473,7 +479,7 @@ class _Asm24(_SimDevice):
             else:
                 n = handler(value, index, buf, timeout)
         except _Timeout:
-            self.wait_out(timeout, already=self._control_cost)
+            self.wait_out(timeout, already=latency)
             raise usb_error(LIBUSB_ERROR_TIMEOUT) from None
         return n
 
@@ -777,7 +783,8 @@ class _Asm24(_SimDevice):
             raise usb_error(LIBUSB_ERROR_IO)
         total = len(data)
         sent = 0
-        self.charge(self._bulk_cost)                    # the data lands after the fixed latency
+        latency = self._latency("bulk", self._bulk_cost)
+        self.charge(latency)                            # the data lands after the fixed latency
         complete = self.out_armed and not self.hung
         if complete:
             if total == 0:
@@ -792,7 +799,7 @@ class _Asm24(_SimDevice):
         self.charge(sent * self._write_byte)
         if complete:
             return sent
-        self.wait_out(timeout, already=self._bulk_cost + sent * self._write_byte)
+        self.wait_out(timeout, already=latency + sent * self._write_byte)
         if sent:
             return sent                                 # libusb: a partial transfer is not an error
         raise usb_error(LIBUSB_ERROR_TIMEOUT)
@@ -806,7 +813,8 @@ class _Asm24(_SimDevice):
         got = 0
         complete = False
         queue = self.in_queue
-        self.charge(self._bulk_cost)                    # later chunks are fetched from here on
+        latency = self._latency("bulk", self._bulk_cost)
+        self.charge(latency)                            # later chunks are fetched from here on
         while queue and not self.hung:
             packet = queue[0]
             size = len(packet)
@@ -825,7 +833,7 @@ class _Asm24(_SimDevice):
         self.charge(got * self._read_byte)
         if complete:
             return got
-        self.wait_out(timeout, already=self._bulk_cost + got * self._read_byte)
+        self.wait_out(timeout, already=latency + got * self._read_byte)
         if got:
             return got
         raise usb_error(LIBUSB_ERROR_TIMEOUT)
