@@ -12,7 +12,10 @@ from hypothesis import strategies as st
 from amdflash.stages.transport.sim.calibration import CalibrationError
 from amdflash.stages.transport.sim.report_model import board_options
 
-REPORT = json.loads((Path(__file__).resolve().parents[1] / "boards" / "emulated-mx25u1635f-asm24.json").read_text())
+BOARDS = Path(__file__).resolve().parents[1] / "boards"
+REPORT = json.loads((BOARDS / "emulated-mx25u1635f-asm24.json").read_text())
+# A board whose busy times and link vary: its report carries spreads (per_operation, stdev).
+VARYING = json.loads((BOARDS / "emulated-varying-w25q16jw-asm24.json").read_text())
 
 values = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
                    st.text(max_size=12), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=4),
@@ -27,12 +30,23 @@ def paths(node, prefix=()):
 
 
 PATHS = [p for p in paths(REPORT) if p]
+VARYING_PATHS = [p for p in paths(VARYING) if p]
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(PATHS), st.booleans(), values), min_size=1, max_size=4))
 def test_any_mutation_is_taken_or_refused_with_a_calibration_error(mutations):
-    report = copy.deepcopy(REPORT)
+    mutate(REPORT, mutations)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(VARYING_PATHS), st.booleans(), values), min_size=1, max_size=4))
+def test_any_mutation_of_a_report_with_spreads_is_taken_or_refused_with_a_calibration_error(mutations):
+    mutate(VARYING, mutations)
+
+
+def mutate(base, mutations) -> None:  # noqa: ANN001
+    report = copy.deepcopy(base)
     for path, delete, value in mutations:
         node = report
         for key in path[:-1]:
@@ -53,9 +67,9 @@ def test_any_mutation_is_taken_or_refused_with_a_calibration_error(mutations):
 
 
 def test_every_field_missing_or_of_another_type_is_taken_or_refused_with_a_calibration_error():
-    for path in PATHS:
+    for base, path in [(REPORT, p) for p in PATHS] + [(VARYING, p) for p in VARYING_PATHS]:
         for change in ("delete", None, "x", -1, 2**64, [], {}):
-            report = copy.deepcopy(REPORT)
+            report = copy.deepcopy(base)
             node = report
             for key in path[:-1]:
                 node = node[key]
