@@ -247,8 +247,8 @@ class BusyProbe:
         return {"seconds": mu, "error": error, "polled": distribution(self.samples),
                 "per_operation": {"n": len(self.bounds), "min": max(0.0, mu - 3 * sigma), "median": mu,
                                   "mean": mu, "max": mu + 3 * sigma, "stdev": sigma,
-                                  "estimated": "the normal likeliest for every operation's status reads (placed by "
-                                               f"staircases, {answers} of them); min and max are the median -+ 3 sigma"}}
+                                  "estimated": f"the normal likeliest for every operation's status reads ({answers} "
+                                               "placed by staircases); min and max are the median -+ 3 sigma"}}
 
 
 def censored_normal_fit(bounds: list[tuple[float, float]]) -> tuple[float, float, float]:
