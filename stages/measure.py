@@ -128,7 +128,8 @@ def spi_times(engine: RomSw, prescale: int) -> dict[str, Any]:
 class Staircase:
     """Robbins-Monro search for the time by which a fraction `p` of the operations are done:
     each operation answers one status read at `x` (done or still busy) and moves `x` by a
-    step that shrinks as answers come in; the estimate is the average of the later half."""
+    step that shrinks as answers come in. It only places the reads where they tell most
+    about the spread; the figures come from every read's answer (censored_normal_fit)."""
 
     p: float
     x: float
@@ -138,10 +139,6 @@ class Staircase:
     def answer(self, done: bool) -> None:
         self.x = max(0.0, self.x - self.step / (len(self.trail) + 1) ** 0.6 * (float(done) - self.p))
         self.trail.append(self.x)
-
-    def estimate(self) -> float:
-        later = self.trail[len(self.trail) // 2:]
-        return statistics.fmean(later)
 
 
 # The staircases' targets, in turn: the median twice as often as each of the one-sigma quantiles.
@@ -161,8 +158,9 @@ class BusyProbe:
     bisection has narrowed it, reads go just outside the bounds, where a constant time never
     answers otherwise. Real chips vary: once two operations' bounds exclude each other the kind
     `varies`. Its spread is then the operations' own times when polling pins each of them;
-    when it does not (an operation shorter than a status read's round trip), the reads feed
-    staircases that find the median and the one-sigma quantiles (a normal spread assumed)."""
+    when it does not (an operation shorter than a status read's round trip), staircases place
+    the reads around the median and the one-sigma quantiles, and the spread is the normal
+    likeliest for every operation's bounds (censored_normal_fit)."""
 
     lo: float = 0.0
     hi: float | None = None
