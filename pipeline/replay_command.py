@@ -5,10 +5,13 @@ import argparse
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
 from amdflash.pipeline import output
+
+if TYPE_CHECKING:
+    from amdflash.store.replay import ReplayResult
 
 DESCRIPTION = """\
 Rebuild the board of RUN_ID as the run found it — flash content from the run's backup,
@@ -31,9 +34,16 @@ Only a run whose record verifies is replayed (its rows as its checkpoints seal t
 'amdflash audit verify --run'); rows of an unsealed tail (a host that died with its writer)
 are replayed as recorded, and said to be unverified.
 
+With --from-report FILE (a hardware report of the run's board), the replay board is the
+report's chip, and a divergence the report accounts for is shown "as listed" instead: a write
+the board did not take once and took when retried, when the report lists the chip's busy
+times as differing from the model (it was still busy; the replay board never is). Every
+other divergence stays one.
+
 Writes nothing but the temporary emulated board, which is deleted afterwards; the audit
-database is opened read-only. Exit 0 identical, 1 diverged or the run does not verify, 2
-refused (unknown run, run without a backup, an --image that is not the run's image)."""
+database is opened read-only. Exit 0 identical (with --from-report: but for divergences the
+report lists), 1 diverged or the run does not verify, 2 refused (unknown run, run without a
+backup, an --image that is not the run's image)."""
 
 
 def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction) -> None:
@@ -89,13 +99,29 @@ def cmd_replay(args: argparse.Namespace) -> int:
         except ReplayRefused as e:
             raise Refusal(str(e)) from None
         result.notes += [f"listed: the report's board diverges from the model: {d}" for d in listed]
+        explain(result, listed)
     finally:
         db.conn.close()
     if args.format == "json":
         print(json.dumps(result.to_json(), indent=2))
     else:
         output.result(render_text(result))
-    return EXIT_OK if result.identical else EXIT_FAILED
+    return EXIT_OK if not result.unexplained else EXIT_FAILED
+
+
+def explain(result: ReplayResult, listed: list[str]) -> None:
+    """The divergences a hardware report's own list accounts for. One kind only: a write the
+    board did not take once and took when retried (`transient`), on a board whose busy times
+    the report lists as differing from the model — the chip was still busy when the next
+    command came, and the replay board (ideal profile) is never busy. Anything else, and the
+    same on a board whose busy times the report does not list, stays a divergence."""
+    busy = [d for d in listed if d.startswith("busy: ")]
+    if not busy:
+        return
+    for d in result.divergences:
+        if d.transient:
+            d.explained_by = ("a write the board did not take while still busy, taken when retried; the report "
+                              "lists its busy times as differing from the model (" + "; ".join(busy) + ")")
 
 
 def _image(db, key: int, run_id: str, given: Path | None) -> bytes | None:
@@ -133,11 +159,17 @@ def render_text(r) -> str:
                      f"{'matches' if r.result_matches else 'differs from'} the recorded {r.result_sha256}")
     for note in r.notes:
         lines.append(f"note       {note}")
-    first = r.first
-    if first is None:
-        lines.append("identical  the replay reproduces every recorded outcome")
+    explained = [d for d in r.divergences if d.explained_by is not None]
+    for d in explained:
+        lines.append(f"as listed  unit {d.unit:#08x} (verify row seq {d.verify_seq}): {d.explained_by}")
+    unexplained = r.unexplained
+    if not unexplained:
+        lines.append("identical  the replay reproduces every recorded outcome"
+                     + (" but those the hardware report lists" if explained else ""))
         return "\n".join(lines)
-    lines.append(f"DIVERGED   {len(r.divergences)} divergence{'s' if len(r.divergences) != 1 else ''}; the first:")
+    first = unexplained[0]
+    lines.append(f"DIVERGED   {len(unexplained)} divergence{'s' if len(unexplained) != 1 else ''}"
+                 f"{' not listed' if explained else ''}; the first:")
     where = []
     if first.verify_seq is not None:
         where.append(f"verify row seq {first.verify_seq} (attempt {first.attempt})")

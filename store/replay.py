@@ -55,6 +55,9 @@ _WREN, _WRSR, _WRSR3, _RDSR1, _RDSR2, _RDSR3 = 0x06, 0x01, 0x11, 0x05, 0x35, 0x1
 _SR1_WRITABLE, _SR2_KEPT, _SR3_WRITABLE = 0xFC, 0x7B, 0x60   # SR2 without SUS1/SUS2: transient
 
 
+NOT_TAKEN = "the recorded read-back differed from the image; the replayed unit equals it"
+
+
 class ReplayRefused(Exception):
     """Nothing to replay: unknown run, or a run without a backup to start from."""
 
@@ -71,6 +74,10 @@ class Divergence:
     address: int | None = None            # the first differing byte, when the record pins it
     recorded_byte: int | None = None
     replayed_byte: int | None = None
+    # The unit's read-back differed on the board, a later attempt there verified, and the replay
+    # of that attempt matches the record: what the board did not take once, it took when retried.
+    transient: bool = False
+    explained_by: str | None = None       # a divergence the hardware report lists (replay --from-report)
 
 
 @dataclass
@@ -100,8 +107,12 @@ class ReplayResult:
     def first(self) -> Divergence | None:
         return self.divergences[0] if self.divergences else None
 
+    @property
+    def unexplained(self) -> list[Divergence]:
+        return [d for d in self.divergences if d.explained_by is None]
+
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "identical": self.identical}
+        return {**asdict(self), "identical": self.identical, "unexplained": len(self.unexplained)}
 
 
 @dataclass
@@ -232,6 +243,7 @@ class _Replayer:
         self.flash = board.files.flash
         self.last_n: int | None = None
         self.last_seq: int | None = None
+        self._checked = 0                 # verify rows reached (in order)
 
     def run(self, until: int | None) -> None:
         verifies = self._verifies()
@@ -255,6 +267,15 @@ class _Replayer:
                                      "verify rows and the final content were not compared")
         else:
             self._compare_result()
+        self._mark_transient(verifies)
+
+    def _mark_transient(self, verifies: list[_Verify]) -> None:
+        diverged = {d.verify_seq for d in self.result.divergences}
+        for d in self.result.divergences:
+            if d.what != "verify" or d.detail != NOT_TAKEN:
+                continue
+            d.transient = any(v.seq > (d.verify_seq or 0) and v.address == d.unit and v.ok and v.seq not in diverged
+                              and v.actual_sha256 is not None for v in verifies[:self._checked])
 
     def _verifies(self) -> list[_Verify]:
         found = self.db.conn.execute(
@@ -288,6 +309,7 @@ class _Replayer:
 
     # -- comparisons ------------------------------------------------------------------------
     def _check(self, v: _Verify) -> None:
+        self._checked += 1
         result = self.result
         if any(a not in self.backup for a in range(v.address, v.address + v.size, UNIT)):
             result.verifies_excluded += 1
@@ -309,8 +331,9 @@ class _Replayer:
             return
         address, recorded_byte = self._locate(v, got)
         replayed_ok = v.expected_sha256 is not None and hashlib.sha256(got).hexdigest() == v.expected_sha256
-        detail = (f"the recorded read-back {'equalled' if v.ok else 'differed from'} the image; "
-                  f"the replayed unit {'equals' if replayed_ok else 'differs from'} it")
+        detail = NOT_TAKEN if replayed_ok and not v.ok else (
+            f"the recorded read-back {'equalled' if v.ok else 'differed from'} the image; "
+            f"the replayed unit {'equals' if replayed_ok else 'differs from'} it")
         self._diverged(v, detail, address, recorded_byte,
                        got[address - v.address] if address is not None else None)
 

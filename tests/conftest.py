@@ -15,6 +15,13 @@ from amdflash.stages.transport.sim import Board, create_board
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--board-report", action="append", default=[], type=Path, metavar="FILE",
+                     help="a hardware report (amdflash hardware-report) of a board to run tests/boards/ against "
+                          "besides those stored there: its emulated board must reproduce the report and "
+                          "dump, flash, verify and replay on it (repeatable)")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def host_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The audit trail's signing key for the whole session: never the user's own."""

@@ -4,16 +4,10 @@ a new hardware report of that board agrees with the stored one within its stated
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
-import pytest
 
 from amdflash.stages.transport.sim.report_model import check
+from tests.boards.conftest import STORED as REPORTS
 from tests.hwreport.test_round_trip import compare
-
-HERE = Path(__file__).resolve().parent
-REPORTS = sorted(HERE.glob("*.json"))
-QUICK = "emulated-gd25lq16e-asm24.json"      # one in the quick suite; CI runs them all (slow)
 
 
 def test_there_is_a_report_of_every_emulated_chip_on_every_profile():
@@ -27,9 +21,8 @@ def test_there_is_a_report_of_every_emulated_chip_on_every_profile():
     assert not missing
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, id=p.name, marks=() if p.name == QUICK else pytest.mark.slow)
-                                  for p in REPORTS])
-def test_the_board_of_a_report_reproduces_it(amdflash, tmp_path, path):
+def test_the_board_of_a_report_reproduces_it(amdflash, tmp_path, report_path):
+    path = report_path
     stored = json.loads(path.read_text())
     check(stored)
     r = amdflash("sim", "create", tmp_path / "board", "--from-report", path, "--seed", 1)

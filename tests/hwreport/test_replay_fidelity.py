@@ -29,3 +29,35 @@ def test_a_flash_run_replays_identically_onto_the_board_its_report_describes(amd
     bad.write_text("{}")
     r = amdflash("replay", run_id, "--from-report", bad)
     assert r.code == 2 and "--from-report" in r.err
+
+
+def test_a_write_the_slow_chip_did_not_take_is_as_listed_only_where_the_report_lists_its_busy_times(
+        amdflash, tmp_path, isolated):
+    """The board of a report whose page programs take longer than the chip table says: the
+    driver's timed pages are not taken at first (the chip is still busy), the read-back sees it
+    and the unit is written again, checked. The replay (never busy) takes every write: against
+    that report the divergence is one it lists; alone, or against a report of a board whose busy
+    times are the model's, it is a divergence."""
+    from pathlib import Path
+
+    boards = Path(__file__).resolve().parents[1] / "boards"
+    varying, plain = boards / "emulated-varying-w25q16jw-asm24.json", boards / "emulated-w25q16jw-asm24.json"
+    assert amdflash("sim", "create", tmp_path / "b", "--from-report", varying, "--seed", 3).code == 0
+    content = bytearray((tmp_path / "b" / "flash.bin").read_bytes())
+    content[0xF0000:0x100000] = bytes(range(256)) * 256
+    (tmp_path / "image.bin").write_bytes(bytes(content))
+    r = amdflash("flash", tmp_path / "image.bin", "--board", f"sim:{tmp_path / 'b'}", "--yes", "--force",
+                 "--start-sector", 240, "--sector-count", 16)
+    assert r.code == 0, r.err
+    assert "timed pages off for this board" in r.err               # the fast path's own check caught it
+    run_id = re.search(r"run (\S+): succeeded", r.err).group(1)
+    alone = amdflash("replay", run_id)
+    assert alone.code == 1 and "DIVERGED   1 divergence" in alone.out, alone.out
+    listed = amdflash("replay", run_id, "--from-report", varying)
+    assert listed.code == 0, listed.out
+    assert "as listed  unit 0x0f0000" in listed.out and "busy: page program" in listed.out
+    assert "identical  the replay reproduces every recorded outcome but those the hardware report lists" in listed.out
+    other = amdflash("replay", run_id, "--from-report", plain, "--format", "json")
+    assert other.code == 1
+    result = json.loads(other.out)
+    assert result["unexplained"] == 1 and result["divergences"][0]["transient"]
