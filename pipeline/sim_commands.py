@@ -91,7 +91,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "the emulator's model are printed")
     c.add_argument("--from-run", nargs=2, metavar=("TRAIL", "RUN"),
                    help="as --from-report, from the report a hardware-report run RUN recorded in the audit "
-                        "database TRAIL (the run must verify)")
+                        "database TRAIL (the run must verify); any other run that identified its board gives its "
+                        "chip, status registers and registers as found, with the model's timings and SFDP "
+                        "(said as divergences: a dump or flash measures none)")
     c.add_argument("--gpu-device-id", type=_int, metavar="ID",
                    help="PCI device id of the GPU behind the emulated USB bridge (default 0x744C, Navi31)")
     c.set_defaults(func=cmd_create)
@@ -197,7 +199,9 @@ def _from_report(args: argparse.Namespace) -> tuple[dict[str, object], list[str]
         raise Refusal("--from-report sets the chip, transport, status registers and bridge itself: "
                       "--chip, --transport, --cmp, --bp, --bridge-link and --gpu-device-id do not go with it")
     if args.from_run is not None:
-        return _options(f"--from-run {args.from_run[0]} {args.from_run[1]}", _recorded_report(*args.from_run))
+        what = f"--from-run {args.from_run[0]} {args.from_run[1]}"
+        recorded = _recorded_report(*args.from_run)
+        return _options(what, recorded) if isinstance(recorded, str) else _run_options(what, recorded)
     return report_options(args.from_report)
 
 
@@ -228,11 +232,22 @@ def _options(what: str, text: str) -> tuple[dict[str, object], list[str]]:
 MAX_REPORT = 1 << 20
 
 
-def _recorded_report(trail: str, run: str) -> str:
-    """The hardware report a run recorded, once the run verifies."""
+def _run_options(what: str, facts: dict[str, object]) -> tuple[dict[str, object], list[str]]:
+    from amdflash.stages.transport.sim.calibration import CalibrationError
+    from amdflash.stages.transport.sim.report_model import run_board_options
+
+    try:
+        return run_board_options(facts)
+    except CalibrationError as e:
+        raise Refusal(f"{what}: {e}") from None
+
+
+def _recorded_report(trail: str, run: str) -> str | dict[str, object]:
+    """The hardware report a run recorded, once the run verifies; for any other run, what its
+    record says of the board (identity, status registers, registers as found)."""
     from amdflash.pipeline.auditdb import open_for_reading
     from amdflash.pipeline.hardware_report import REPORT_EVENT
-    from amdflash.store.queries import RunNotFound, resolve_run
+    from amdflash.store.queries import RunNotFound, register_snapshot, resolve_run
     from amdflash.store.run_rows import RunUnverified, open_run
     from amdflash.store.verify import snapshot
 
@@ -249,11 +264,16 @@ def _recorded_report(trail: str, run: str) -> str:
             command = next(db.query("SELECT command FROM runs WHERE seq = ?", [rows.key]))["command"]
             found = list(db.query(f"SELECT detail FROM stages WHERE {rows.sql} AND stage = 'measure' AND event = ? "
                                   "ORDER BY seq LIMIT 1", [*rows.args, REPORT_EVENT]))
+            if not found:
+                board = list(db.query(f"SELECT kind, jedec, chip, sr1, sr2, sr3, detail FROM boards WHERE {rows.sql} "
+                                      "ORDER BY seq LIMIT 1", rows.args))
+                registers = register_snapshot(db, rows, "before")
     finally:
         db.conn.close()
     if not found:
-        raise Refusal(f"--from-run: run {run_id} ({command}) recorded no hardware report; only a "
-                      "hardware-report run records the timings, registers and SFDP a board is made from")
+        if not board or not board[0]["jedec"]:
+            raise Refusal(f"--from-run: run {run_id} ({command}) recorded no identified board to make one from")
+        return {"run": f"run {run_id} ({command})", **board[0], "registers": registers or {}}
     text = found[0]["detail"]
     if not isinstance(text, str) or len(text) > MAX_REPORT:
         raise Refusal(f"--from-run: run {run_id}'s recorded report is not a JSON text of at most 1 MiB")

@@ -91,10 +91,25 @@ def test_round_trip_without_scratch(amdflash, tmp_path, isolated):
     assert chips[0] == chips[1]
     assert power_on_registers(power_on_values(made[1]["calibration"]))[R.GPIOPAD_A:R.GPIOPAD_A + 4] == \
         (0x700).to_bytes(4, "little")
+    # Any run that identified its board: identity, status registers and registers as found (no
+    # timings, no raw SFDP: said as divergences).
     info = amdflash("info", "--board", f"sim:{tmp_path / 'copy'}")
     info_run = re.search(r"run (\S+): succeeded", info.err).group(1)
-    r = amdflash("sim", "create", tmp_path / "nope", "--from-run", isolated / "audit.sqlite", info_run)
-    assert r.code == 2 and "recorded no hardware report" in r.err
+    r = amdflash("sim", "create", tmp_path / "from-info", "--from-run", isolated / "audit.sqlite", info_run)
+    assert r.code == 0, r.err
+    assert f"diverges:  timings: run {info_run} (info) measured none" in r.out
+    assert "diverges:  register 0x5a508: found 0x00000700" in r.out
+    made_from_info = json.loads((tmp_path / "from-info" / "board.json").read_text())
+    assert made_from_info["chip"] == CHIP and made_from_info["transport"] == "asm24"
+    assert made_from_info["calibration"]["registers"] == made[0]["calibration"]["registers"]
+    assert (tmp_path / "from-info" / "state.bin").read_bytes()[lo + 8:lo + 16] == chips[0]
+    assert "transport" not in made_from_info["calibration"] and "busy" not in made_from_info["calibration"]
+    # A run that never identified its chip (ROM_SW gated): nothing to make a board from.
+    gated = create_board(tmp_path / "gated", seed=7, gated=True)
+    failed = amdflash("info", "--board", f"sim:{gated}")
+    failed_run = re.search(r"run (\S+), failed", failed.err).group(1)
+    r = amdflash("sim", "create", tmp_path / "nope", "--from-run", isolated / "audit.sqlite", failed_run)
+    assert r.code == 2 and "recorded no identified board to make one from" in r.err, r.err
     # The emulator's default board is untouched by all this: it still has the model's figures.
     plain = create_board(tmp_path / "plain", seed=7)
     third = report(amdflash, plain, tmp_path / "r3.json", scratch=False)

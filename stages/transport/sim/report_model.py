@@ -7,6 +7,7 @@ reads — types, ranges, sizes — and raises CalibrationError naming the field.
 """
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Mapping
 from typing import Any
@@ -273,7 +274,6 @@ def board_options(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """create_board keyword arguments reproducing the report, and the divergences from the
     emulator's model that the new board carries (said by `sim create`)."""
     from amdflash.stages.transport.sim.catalog import all_parts
-    from amdflash.stages.transport.sim.power_on import POWER_ON_REGISTERS
 
     check(report)
     flash = report["flash"]
@@ -338,16 +338,7 @@ def board_options(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             divergences.append(f"busy: {BUSY_KINDS[op]} {k['seconds'] * 1e3:.3f} ms, the emulated "
                                f"{spec.name}'s typical is {spec.busy[opcode][0] * 1e3:g} ms")
     cal["busy"] = busy
-    registers: dict[str, int] = {}
-    for key, value in report["registers_found"].items():
-        offset = int(key, 16)
-        if offset in MODEL_REGISTERS:
-            continue                            # the engine model's own state, not a setting
-        registers[f"{offset:#07x}"] = value
-        if value != POWER_ON_REGISTERS.get(offset, 0):
-            divergences.append(f"register {offset:#07x}: found {value:#010x}, the model's power-on value is "
-                               f"{POWER_ON_REGISTERS.get(offset, 0):#010x}")
-    cal["registers"] = registers
+    cal["registers"] = _found_registers(report["registers_found"], divergences)
     options: dict[str, Any] = {"chip": spec.name, "transport": profile.name, "calibration": cal,
                                "status_registers": tuple(regs[n] for n in names)}
     if report["board"].get("device_id") not in (None, 0x744C):
@@ -355,6 +346,61 @@ def board_options(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
                            "emulation carries it)")
         options["bridge"] = {"gpu_device_id": report["board"]["device_id"]}
     return options, divergences
+
+
+def run_board_options(facts: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """create_board keyword arguments from what a run's record says of its board (`sim create
+    --from-run` of a run that made no hardware report): its chip by JEDEC id (and the name it
+    was identified as), its status registers, and its registers as the run found them. A dump
+    or flash measures no timings and records no raw SFDP: those stay the model's, and the
+    divergences say so. The record is read from an audit database that verifies, but is
+    checked like any file a user sent."""
+    from amdflash.stages.transport.sim.catalog import all_parts
+
+    jedec = hex_bytes(facts.get("jedec"), "boards.jedec", 8)[:3]
+    chip = str(facts.get("chip") or "")
+    parts = [p for p in all_parts().values() if p.jedec == jedec]
+    if len(jedec) < 3 or not parts:
+        raise CalibrationError(f"boards.jedec {jedec.hex(' ')}: no emulated part has this JEDEC id; "
+                               "the emulator cannot model this chip yet")
+    spec = next((p for p in parts if p.name in chip), parts[0])
+    kind = facts.get("kind")
+    profile = {"usb": "asm24", "pci": "pcie"}.get(kind) if isinstance(kind, str) else None
+    if kind == "sim":
+        detail = facts.get("detail")
+        try:
+            profile = json.loads(detail).get("profile") if isinstance(detail, str) else None
+        except (ValueError, AttributeError):
+            profile = None
+    if profile not in cost.PROFILES:
+        raise CalibrationError(f"boards.kind {kind!r:.20}: not a board amdflash knows the link of")
+    status = [integer(facts.get(f"sr{i + 1}") or 0, f"boards.sr{i + 1}", 0, 0xFF) for i in range(3)]
+    divergences = [f"timings: {facts.get('run', 'the run')} measured none; the board keeps the {profile} "
+                   "profile's and the part's figures (a hardware-report run records them)",
+                   f"SFDP: not in the run's record; the board answers with the emulated {spec.name}'s table"]
+    cal: dict[str, Any] = {"source": f"record of {str(facts.get('run', 'a run'))[:80]} on a {kind} board ({spec.name})",
+                           "registers": _found_registers(mapping(facts.get("registers") or {}, "registers"),
+                                                         divergences)}
+    return {"chip": spec.name, "transport": profile, "calibration": cal,
+            "status_registers": tuple(status[:len(spec.registers)])}, divergences
+
+
+def _found_registers(found: Mapping[Any, Any], divergences: list[str]) -> dict[str, int]:
+    """The registers a board was found with, as a calibration's power-on values (not those the
+    engine and PSP models own); each that differs from the model's is a divergence."""
+    from amdflash.stages.transport.sim.power_on import POWER_ON_REGISTERS
+
+    registers: dict[str, int] = {}
+    for key, value in found.items():
+        offset = integer(int(key, 16) if isinstance(key, str) else key, "registers", 0, 0xFFFFF)
+        value = integer(value, f"registers.{offset:#07x}", 0, 0xFFFFFFFF)
+        if offset in MODEL_REGISTERS:
+            continue                            # the engine model's own state, not a setting
+        registers[f"{offset:#07x}"] = value
+        if value != POWER_ON_REGISTERS.get(offset, 0):
+            divergences.append(f"register {offset:#07x}: found {value:#010x}, the model's power-on value is "
+                               f"{POWER_ON_REGISTERS.get(offset, 0):#010x}")
+    return registers
 
 
 def _refclk(spi: dict[str, Any]) -> float | None:
