@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,8 @@ from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
 from amdflash.pipeline import output
 
 if TYPE_CHECKING:
+    import sqlite_utils
+
     from amdflash.store.replay import ReplayResult
 
 DESCRIPTION = """\
@@ -34,11 +37,13 @@ Only a run whose record verifies is replayed (its rows as its checkpoints seal t
 'amdflash audit verify --run'); rows of an unsealed tail (a host that died with its writer)
 are replayed as recorded, and said to be unverified.
 
-With --from-report FILE (a hardware report of the run's board), the replay board is the
-report's chip, and a divergence the report accounts for is shown "as listed" instead: a write
-the board did not take once and took when retried, when the report lists the chip's busy
-times as differing from the model (it was still busy; the replay board never is). Every
-other divergence stays one.
+With --from-report FILE (a hardware report of the run's own board: a report whose flash JEDEC
+id, unique ID or bridge serial differ from the run's is refused), the replay board is the
+report's chip, and a divergence the report accounts for is shown "as listed" instead: a unit
+whose read-back differed once, turning the driver's timed page programs off, and verified when
+written again, when the report lists the chip's page program as taking other times than the
+model — consistent with programs the chip did not take while still busy (the replay board is
+never busy). Every other divergence stays one.
 
 Writes nothing but the temporary emulated board, which is deleted afterwards; the audit
 database is opened read-only. Exit 0 identical (with --from-report: but for divergences the
@@ -90,16 +95,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
         image = _image(db, open_run(db.conn, run_id).key, run_id, args.image)
         board: dict[str, Any] | None = None
         listed: list[str] = []
+        record: RecordFacts | None = None
         if args.from_report is not None:
-            from amdflash.pipeline.sim_commands import report_options
+            from amdflash.pipeline.sim_commands import read_report, report_options
 
             board, listed = report_options(args.from_report)
+            record = _record_facts(db, run_id)
+            same = _same_board(read_report(args.from_report), record)
+            if same is False:
+                raise Refusal(f"--from-report {args.from_report}: the report is of another board than run {run_id}'s "
+                              "(its flash JEDEC id, unique ID or bridge serial differ); a fidelity check needs a "
+                              "report of the run's own board")
+            record.identified = bool(same)
         try:
             result = replay(db, run_id, until=args.until, image=image, board=board)
         except ReplayRefused as e:
             raise Refusal(str(e)) from None
         result.notes += [f"listed: the report's board diverges from the model: {d}" for d in listed]
-        explain(result, listed)
+        if record is not None:
+            if not record.identified:
+                result.notes.append("the report cannot be matched to the run's board beyond its JEDEC id (no unique "
+                                    "ID or serial in both): no divergence is taken as listed")
+            explain(result, listed, record)
     finally:
         db.conn.close()
     if args.format == "json":
@@ -109,19 +126,79 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return EXIT_OK if not result.unexplained else EXIT_FAILED
 
 
-def explain(result: ReplayResult, listed: list[str]) -> None:
-    """The divergences a hardware report's own list accounts for. One kind only: a write the
-    board did not take once and took when retried (`transient`), on a board whose busy times
-    the report lists as differing from the model — the chip was still busy when the next
-    command came, and the replay board (ideal profile) is never busy. Anything else, and the
-    same on a board whose busy times the report does not list, stays a divergence."""
-    busy = [d for d in listed if d.startswith("busy: ")]
-    if not busy:
+@dataclass
+class RecordFacts:
+    """What the run's own (sealed) record says of its board, for matching a report to it."""
+
+    jedec: str = ""
+    unique_id: str | None = None
+    serial: str | None = None
+    timed_pages_off_at: set[int] = field(default_factory=set)   # units whose read-back turned it off
+    identified: bool = False
+
+
+def _record_facts(db: sqlite_utils.Database, run_id: str) -> RecordFacts:
+    import re
+
+    from amdflash.store.run_rows import open_run
+
+    rows = open_run(db.conn, run_id)
+    facts = RecordFacts()
+    for b in db.query(f"SELECT jedec, unique_id, bridge_serial FROM boards WHERE {rows.sealed_sql} ORDER BY seq "
+                      "LIMIT 1", rows.sealed_args):
+        facts.jedec = str(b["jedec"] or "")
+        facts.unique_id = b["unique_id"] if isinstance(b["unique_id"], str) else None
+        facts.serial = b["bridge_serial"] if isinstance(b["bridge_serial"], str) else None
+    for st in db.query(f"SELECT detail FROM stages WHERE {rows.sealed_sql} AND stage = 'rom_sw' AND event = "
+                       "'fast path'", rows.sealed_args):
+        found = re.match(r"timed pages: off for this board: the unit at (0x[0-9a-f]{1,8}) differed on read-back",
+                         str(st["detail"] or ""))
+        if found:
+            facts.timed_pages_off_at.add(int(found.group(1), 16))
+    return facts
+
+
+def _same_board(report: dict[str, Any], record: RecordFacts) -> bool | None:
+    """Whether a hardware report is of the run's board: False when its flash JEDEC id differs, or
+    its unique ID (else its bridge serial) does; True when one of those matches; None when
+    neither can be compared (hashed or plain, as the report carries them)."""
+    def compare(kept: Any, value: str | None) -> bool | None:
+        if not value or not isinstance(kept, dict):
+            return None
+        if isinstance(kept.get("value"), str):
+            return kept["value"] == value
+        if isinstance(kept.get("sha256"), str):
+            return kept["sha256"] == hashlib.sha256(value.encode()).hexdigest()
+        return None
+
+    if str(report["flash"]["jedec"])[:6] != record.jedec[:6]:
+        return False
+    uid = compare(report["flash"].get("unique_id"), record.unique_id)
+    if uid is not None:
+        return uid
+    return compare(report["board"].get("serial"), record.serial)
+
+
+PAGE_PROGRAM_LISTED = "busy: page program "
+
+
+def explain(result: ReplayResult, listed: list[str], record: RecordFacts) -> None:
+    """The divergences a hardware report of the run's own board accounts for. One kind only: a
+    unit whose read-back differed once and verified when written again (`transient`), where the
+    run's record shows the driver's timed page programs turned off by that very read-back, and
+    the report lists the chip's page program as taking other times than the model — consistent
+    with page programs the chip did not take while still busy (the replay board is never busy).
+    Consistent with, not proven: a weak cell that took on the retry looks the same to the record.
+    Anything else stays a divergence, as does everything when the report cannot be matched to
+    the run's board."""
+    busy = [d for d in listed if d.startswith(PAGE_PROGRAM_LISTED)]
+    if not busy or not record.identified:
         return
     for d in result.divergences:
-        if d.transient:
-            d.explained_by = ("a write the board did not take while still busy, taken when retried; the report "
-                              "lists its busy times as differing from the model (" + "; ".join(busy) + ")")
+        if d.transient and d.unit in record.timed_pages_off_at:
+            d.explained_by = ("consistent with page programs the chip did not take while still busy: the run turned "
+                              "timed pages off at this unit's read-back, the unit verified when written again, and "
+                              "the report lists " + "; ".join(busy))
 
 
 def _image(db, key: int, run_id: str, given: Path | None) -> bytes | None:

@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from amdflash.pipeline.checks import output_option, read_image, write_output
 from amdflash.pipeline.errors import Refusal
@@ -207,14 +208,28 @@ def _from_report(args: argparse.Namespace) -> tuple[dict[str, object], list[str]
 
 def report_options(path: Path) -> tuple[dict[str, object], list[str]]:
     """create_board options and the divergences from the model, from a hardware report file."""
+    return _options(f"--from-report {path}", _report_text(path))
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """The report file, checked (report_model.check): for reading fields beside its options."""
+    from amdflash.stages.transport.sim.calibration import CalibrationError
+    from amdflash.stages.transport.sim.report_model import check
+
+    try:
+        return dict(check(json.loads(_report_text(path))))
+    except (CalibrationError, ValueError, RecursionError) as e:
+        raise Refusal(f"--from-report {path}: {e}") from None
+
+
+def _report_text(path: Path) -> str:
     what = f"--from-report {path}"
     try:
         if not path.is_file() or path.stat().st_size > MAX_REPORT:
             raise Refusal(f"{what}: not a regular file of at most 1 MiB")
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise Refusal(f"{what}: not a readable report ({e})") from None
-    return _options(what, text)
 
 
 def _options(what: str, text: str) -> tuple[dict[str, object], list[str]]:
@@ -240,6 +255,8 @@ def _run_options(what: str, facts: dict[str, object]) -> tuple[dict[str, object]
         return run_board_options(facts)
     except CalibrationError as e:
         raise Refusal(f"{what}: {e}") from None
+    except (ValueError, TypeError, RecursionError) as e:      # a record no run of amdflash writes
+        raise Refusal(f"{what}: the run's record of its board is malformed ({type(e).__name__})") from None
 
 
 def _recorded_report(trail: str, run: str) -> str | dict[str, object]:
@@ -262,17 +279,23 @@ def _recorded_report(trail: str, run: str) -> str | dict[str, object]:
             except (RunNotFound, RunUnverified) as e:
                 raise Refusal(f"--from-run: {e}") from None
             command = next(db.query("SELECT command FROM runs WHERE seq = ?", [rows.key]))["command"]
-            found = list(db.query(f"SELECT detail FROM stages WHERE {rows.sql} AND stage = 'measure' AND event = ? "
-                                  "ORDER BY seq LIMIT 1", [*rows.args, REPORT_EVENT]))
+            # Only rows a checkpoint seals: an unsealed tail (a host that died with its writer) is
+            # not verifiable, and a board is not made from what anyone could have added there.
+            found = list(db.query(f"SELECT detail FROM stages WHERE {rows.sealed_sql} AND stage = 'measure' "
+                                  "AND event = ? ORDER BY seq LIMIT 1", [*rows.sealed_args, REPORT_EVENT]))
             if not found:
-                board = list(db.query(f"SELECT kind, jedec, chip, sr1, sr2, sr3, detail FROM boards WHERE {rows.sql} "
-                                      "ORDER BY seq LIMIT 1", rows.args))
-                registers = register_snapshot(db, rows, "before")
+                board = list(db.query(f"SELECT kind, jedec, chip, sr1, sr2, sr3, detail FROM boards WHERE "
+                                      f"{rows.sealed_sql} ORDER BY seq LIMIT 1", rows.sealed_args))
+                try:
+                    registers = register_snapshot(db, rows, "before", sealed_only=True)
+                except (ValueError, TypeError, AttributeError, RecursionError):
+                    raise Refusal(f"--from-run: run {run_id}'s register snapshot is not a map of registers") from None
     finally:
         db.conn.close()
     if not found:
         if not board or not board[0]["jedec"]:
-            raise Refusal(f"--from-run: run {run_id} ({command}) recorded no identified board to make one from")
+            raise Refusal(f"--from-run: run {run_id} ({command}) recorded no identified board to make one from "
+                          "(in the rows its checkpoints seal)")
         return {"run": f"run {run_id} ({command})", **board[0], "registers": registers or {}}
     text = found[0]["detail"]
     if not isinstance(text, str) or len(text) > MAX_REPORT:

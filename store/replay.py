@@ -243,7 +243,7 @@ class _Replayer:
         self.flash = board.files.flash
         self.last_n: int | None = None
         self.last_seq: int | None = None
-        self._checked = 0                 # verify rows reached (in order)
+        self._matched: set[int] = set()   # seqs of verify rows compared that match the record
 
     def run(self, until: int | None) -> None:
         verifies = self._verifies()
@@ -270,12 +270,12 @@ class _Replayer:
         self._mark_transient(verifies)
 
     def _mark_transient(self, verifies: list[_Verify]) -> None:
-        diverged = {d.verify_seq for d in self.result.divergences}
         for d in self.result.divergences:
             if d.what != "verify" or d.detail != NOT_TAKEN:
                 continue
-            d.transient = any(v.seq > (d.verify_seq or 0) and v.address == d.unit and v.ok and v.seq not in diverged
-                              and v.actual_sha256 is not None for v in verifies[:self._checked])
+            # A later verify of the same unit that the board passed and the replay compared equal.
+            d.transient = any(v.seq > (d.verify_seq or 0) and v.address == d.unit and v.ok and v.seq in self._matched
+                              for v in verifies)
 
     def _verifies(self) -> list[_Verify]:
         found = self.db.conn.execute(
@@ -309,7 +309,6 @@ class _Replayer:
 
     # -- comparisons ------------------------------------------------------------------------
     def _check(self, v: _Verify) -> None:
-        self._checked += 1
         result = self.result
         if any(a not in self.backup for a in range(v.address, v.address + v.size, UNIT)):
             result.verifies_excluded += 1
@@ -328,6 +327,7 @@ class _Replayer:
             return
         if hashlib.sha256(got).hexdigest() == v.actual_sha256:
             result.verifies_matching += 1
+            self._matched.add(v.seq)
             return
         address, recorded_byte = self._locate(v, got)
         replayed_ok = v.expected_sha256 is not None and hashlib.sha256(got).hexdigest() == v.expected_sha256

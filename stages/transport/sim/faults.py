@@ -13,6 +13,8 @@ FAULT_HELP = """\
 read-flip=P             flip one bit of a byte read from the flash (ROM_SW RX or ROM aperture)
                         with probability P per byte (transient)
 stuck-bit=ADDR[:BIT]    that flash bit stays 1 (default bit 0): programming it to 0 fails
+weak-bit=ADDR[:BIT]     that flash bit stays 1 the first time a program would clear it (a weak cell;
+                        programming it again takes, once)
 erase-fail=SECTOR       erasing that 4 KiB sector (by index) silently does nothing
 slow-busy=F             programs, erases and status writes take F (>= 1) times their typical time,
                         at most the datasheet maximum: a slower part within specification
@@ -74,6 +76,7 @@ class Faults:
     silent_rx: float = 0.0                    # probability an RX transaction ends without running
     stale_done: float = 0.0                   # probability a write of 0 to ROM_SW_STATUS is lost
     busy_read: tuple[int, int] | None = None  # (unit address, transactions the chip stays busy)
+    weak_bit: tuple[int, int] | None = None   # (address, bit) that fails its first program
 
     @classmethod
     def parse(cls, specs: list[str]) -> Faults:
@@ -91,6 +94,8 @@ class Faults:
         elif name == "stuck-bit":
             addr, bit = _address_and(value, name, "bit", 0, 7, 0)
             self.stuck_bits.append((addr, bit))
+        elif name == "weak-bit":
+            self.weak_bit = _address_and(value, name, "bit", 0, 7, 0)
         elif name == "slow-busy":
             self.slow_busy = _float(value, name, 1.0, 100.0, "factor")
         elif name in ("silent-rx", "stale-done"):
@@ -132,6 +137,7 @@ class Faults:
             "silent_rx": self.silent_rx,
             "stale_done": self.stale_done,
             "busy_read": list(self.busy_read) if self.busy_read else None,
+            "weak_bit": list(self.weak_bit) if self.weak_bit else None,
         }
 
     @classmethod
@@ -148,6 +154,7 @@ class Faults:
             silent_rx=float(data.get("silent_rx", 0.0)),
             stale_done=float(data.get("stale_done", 0.0)),
             busy_read=(int(data["busy_read"][0]), int(data["busy_read"][1])) if data.get("busy_read") else None,
+            weak_bit=(int(data["weak_bit"][0]), int(data["weak_bit"][1])) if data.get("weak_bit") else None,
         )
 
     def describe(self) -> list[str]:
@@ -166,4 +173,6 @@ class Faults:
                 if getattr(self, n.replace("-", "_"))]
         if self.busy_read:
             out.append(f"busy-read={self.busy_read[0]:#x}:{self.busy_read[1]}")
+        if self.weak_bit:
+            out.append(f"weak-bit={self.weak_bit[0]:#x}:{self.weak_bit[1]}")
         return out

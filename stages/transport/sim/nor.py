@@ -116,6 +116,7 @@ from collections.abc import Callable
 
 from amdflash.stages.transport.sim import command_log
 from amdflash.stages.transport.sim.parts import FLASH_SIZE, PAGE_SIZE, SECTOR_SIZE, Bit, PartSpec
+from amdflash.stages.transport.sim.state import F_WEAK_FIRED
 from amdflash.stages.transport.sim.catalog import part as find_part
 
 if TYPE_CHECKING:
@@ -510,6 +511,13 @@ class NorChip:
         return bytes(patched)
 
     def _program_page(self, page: int, latch: bytes) -> None:
+        weak = self.board.faults.weak_bit
+        if weak is not None and page <= weak[0] < page + PAGE_SIZE and not self.board.fault_state[F_WEAK_FIRED]:
+            address, mask = weak[0], 1 << weak[1]
+            if not latch[address - page] & mask and self.flash[address] & mask:
+                # The weak cell keeps its 1 this once (the program "succeeds"; the array says otherwise).
+                self.board.fault_state[F_WEAK_FIRED] = 1
+                latch = latch[:address - page] + bytes((latch[address - page] | mask,)) + latch[address - page + 1:]
         old = self.flash[page:page + PAGE_SIZE]
         new = int.from_bytes(old, "big") & int.from_bytes(latch, "big")
         self.flash[page:page + PAGE_SIZE] = new.to_bytes(PAGE_SIZE, "big")

@@ -149,9 +149,13 @@ def transport_spread_fit(report: dict[str, Any], medians: Mapping[str, float]) -
     out = {}
     for name, [(d, less)] in kinds.items():
         variance = d["stdev"] ** 2 - (less["stdev"] ** 2 if less else 0.0)
-        if variance <= 0 or d["n"] < 2 or name not in medians:
+        if d["n"] < 2 or name not in medians:
             continue
         median = medians[name]
+        # Steadier than 1 % of the figure (or 1 ns): constant, as the model is — a variance left
+        # by floating-point rounding is not a link that varies.
+        if variance <= max(0.01 * median, 1e-9) ** 2:
+            continue
         # The observed range around the access's median, moved onto this figure's median.
         out[name] = {"median": median, "stdev": variance ** 0.5,
                      "min": max(0.0, median - (d["median"] - d["min"])), "max": median + (d["max"] - d["median"])}
@@ -325,6 +329,11 @@ def board_options(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
                 divergences.append(f"busy: {BUSY_KINDS[op]} at most {k['seconds_at_most'] * 1e3:.3f} ms, the "
                                    f"emulated {spec.name}'s typical is {spec.busy[opcode][0] * 1e3:g} ms")
             continue
+        # A chip ten times slower than its datasheet's maximum is not one a board is made of.
+        most = k["per_operation"].get("max") if "per_operation" in k else k["seconds"]
+        if isinstance(most, (int, float)) and most > 10 * spec.busy[opcode][1]:
+            raise CalibrationError(f"timings.busy.kinds.{op}: {most:g} s is over ten times the {spec.name}'s "
+                                   f"datasheet maximum ({spec.busy[opcode][1]:g} s)")
         if "per_operation" in k:
             spread = _spread(k, f"timings.busy.kinds.{op}.per_operation")
             busy[f"{opcode:#04x}"] = spread
@@ -370,9 +379,9 @@ def run_board_options(facts: Mapping[str, Any]) -> tuple[dict[str, Any], list[st
         detail = facts.get("detail")
         try:
             profile = json.loads(detail).get("profile") if isinstance(detail, str) else None
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             profile = None
-    if profile not in cost.PROFILES:
+    if not isinstance(profile, str) or profile not in cost.PROFILES:
         raise CalibrationError(f"boards.kind {kind!r:.20}: not a board amdflash knows the link of")
     status = [integer(facts.get(f"sr{i + 1}") or 0, f"boards.sr{i + 1}", 0, 0xFF) for i in range(3)]
     divergences = [f"timings: {facts.get('run', 'the run')} measured none; the board keeps the {profile} "

@@ -47,6 +47,7 @@ F_SILENT_DRAWS = 6    # silent-rx random draws consumed
 F_STALE_DRAWS = 7     # stale-done random draws consumed
 F_BUSY_LEFT = 8       # busy-read: transactions the chip is still busy for
 F_BUSY_FIRED = 9      # busy-read has fired (one-shot)
+F_WEAK_FIRED = 10     # weak-bit has fired (one-shot)
 
 COUNTER_NAMES = (
     "modelled_seconds",
