@@ -81,3 +81,38 @@ def test_every_field_missing_or_of_another_type_is_taken_or_refused_with_a_calib
                 board_options(report)
             except CalibrationError:
                 pass
+
+
+def test_a_steady_link_is_not_said_to_vary_and_an_absurd_spread_is_refused():
+    """Floating-point leftovers in a steady link's spread (1e-19 s) are no spread; a page program
+    spread reaching 200 s (over ten times the datasheet maximum) is not a board to make."""
+    options, divergences = board_options(copy.deepcopy(REPORT))
+    assert not any("varies" in d for d in divergences), divergences
+    assert all(not isinstance(v, dict) for v in options["calibration"]["transport"].values())
+    report = copy.deepcopy(VARYING)
+    report["timings"]["busy"]["kinds"]["0x02"]["per_operation"].update(max=200.0, stdev=100.0)
+    try:
+        board_options(report)
+    except CalibrationError as e:
+        assert "over ten times" in str(e)
+    else:
+        raise AssertionError("a 200 s page program was taken")
+
+
+def test_a_runs_record_that_no_amdflash_wrote_is_refused_with_a_calibration_error():
+    """`sim create --from-run` of a plain run reads the run's boards row and register snapshot:
+    whatever is in them, a board or a CalibrationError — never another error."""
+    from amdflash.stages.transport.sim.report_model import run_board_options
+
+    good = {"run": "run X (dump)", "kind": "sim", "jedec": "ef6015ef", "chip": "Winbond W25Q16JW", "sr1": 0,
+            "sr2": 2, "sr3": 96, "detail": '{"profile": "asm24"}', "registers": {0x5A508: 0x700}}
+    options, _ = run_board_options(good)
+    assert options["chip"] == "W25Q16JW" and options["status_registers"] == (0, 2, 96)
+    for key, bad in [("detail", '{"profile": ["x"]}'), ("detail", "[" * 100_000), ("detail", "not json"),
+                     ("kind", ["usb"]), ("jedec", "zz"), ("jedec", 7), ("sr1", "x"), ("sr2", 1 << 40),
+                     ("registers", {"zz": 1}), ("registers", {0x5A508: "x"}), ("registers", [1, 2]),
+                     ("registers", {0x5A508: -1})]:
+        try:
+            run_board_options({**good, key: bad})
+        except CalibrationError:
+            pass

@@ -401,7 +401,7 @@ def _found_registers(found: Mapping[Any, Any], divergences: list[str]) -> dict[s
 
     registers: dict[str, int] = {}
     for key, value in found.items():
-        offset = integer(int(key, 16) if isinstance(key, str) else key, "registers", 0, 0xFFFFF)
+        offset = hex_key(key, "registers", 0xFFFFF) if isinstance(key, str) else integer(key, "registers", 0, 0xFFFFF)
         value = integer(value, f"registers.{offset:#07x}", 0, 0xFFFFFFFF)
         if offset in MODEL_REGISTERS:
             continue                            # the engine model's own state, not a setting
