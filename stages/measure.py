@@ -144,7 +144,6 @@ class Staircase:
 # The staircases' targets, in turn: the median twice as often as each of the one-sigma quantiles.
 STAIR_TARGETS = (0.5, 0.15866, 0.5, 0.84134)
 POLL_FIRST = 3             # operations timed by polling alone before any read is placed
-STAIRS_NEEDED = 24          # answers before the staircases' figures are reported
 TIGHT = 0.1                 # per-operation bounds this narrow (of the time) pin each operation
 
 
@@ -157,10 +156,11 @@ class BusyProbe:
     operation of the kind takes the same), that read bisects what is still unknown; once the
     bisection has narrowed it, reads go just outside the bounds, where a constant time never
     answers otherwise. Real chips vary: once two operations' bounds exclude each other the kind
-    `varies`. Its spread is then the operations' own times when polling pins each of them;
-    when it does not (an operation shorter than a status read's round trip), staircases place
-    the reads around the median and the one-sigma quantiles, and the spread is the normal
-    likeliest for every operation's bounds (censored_normal_fit)."""
+    `varies` — beyond the timing's own uncertainty (`tolerance`: a real link's jitter puts the
+    host's clock off from the chip's by part of a round trip). Its spread is the normal
+    likeliest for every operation's bounds (censored_normal_fit); where polling cannot pin each
+    operation (one shorter than a status read's round trip), staircases place the reads around
+    the median and the one-sigma quantiles, where they tell most about it."""
 
     lo: float = 0.0
     hi: float | None = None
@@ -169,7 +169,15 @@ class BusyProbe:
     seen_busy: bool = False
     varies: bool = False
     stairs: list[Staircase] = field(default_factory=list)
+    # How far a time taken on the host's clock is from when the chip saw it: about the standard
+    # deviation of a status read's round trip (a link's jitter), set by the meter.
+    noise: float = 0.0
     _turn: int = 0
+
+    @property
+    def tolerance(self) -> float:
+        """Bounds that miss each other by no more than this may be one time (4 sigma of noise)."""
+        return AGREE + 4 * self.noise
 
     def next_delay(self) -> float | None:
         """Where this operation's status read goes (seconds after its start), or None."""
@@ -184,7 +192,9 @@ class BusyProbe:
             return self._stair().x
         if len(self.bounds) < BISECT_STEPS:
             return (self.lo + self.hi) / 2
-        margin = max(self.hi - self.lo, 0.02 * self.hi)
+        # Outside the bounds by more than the timing's uncertainty, so an answer there that
+        # disagrees is the chip's doing, not the link's.
+        margin = max(self.hi - self.lo, 0.02 * self.hi, 1.5 * self.tolerance)
         return self.lo - margin if len(self.bounds) % 2 else self.hi + margin
 
     def _pinned(self) -> list[tuple[float, float]]:
@@ -207,7 +217,7 @@ class BusyProbe:
         self.bounds.append((lo, hi))
         if self.hi is None:
             self.lo, self.hi = lo, hi
-        elif max(self.lo, lo) > min(self.hi, hi) + AGREE:
+        elif max(self.lo, lo) > min(self.hi, hi) + self.tolerance:
             self.varies = True
         elif not self.varies:
             self.lo, self.hi = max(self.lo, lo), max(min(self.hi, hi), max(self.lo, lo))
@@ -220,39 +230,39 @@ class BusyProbe:
             return {"seconds_at_most": max(hi for _, hi in self.bounds) if self.varies else self.hi,
                     "polled": distribution(self.samples)}
         if not self.varies:
-            return {"seconds": (self.lo + self.hi) / 2, "error": (self.hi - self.lo) / 2,
+            # The bounds every operation agrees with, and the host clock's own uncertainty.
+            return {"seconds": (self.lo + self.hi) / 2, "error": (self.hi - self.lo) / 2 + 4 * self.noise,
                     "polled": distribution(self.samples)}
+        if not any(lo > self.tolerance for lo, _ in self.bounds):
+            # No read ever saw one busy beyond the timing's own uncertainty: only a bound.
+            return {"seconds_at_most": max(hi for _, hi in self.bounds), "polled": distribution(self.samples)}
+        # Every operation's own bounds fitted as the normal under which they are likeliest (the
+        # reads the staircases placed count as much as the polls); the error is a 95 % interval
+        # of the median. The bounds were taken on the host's clock: their noise adds its
+        # variance to the chip's, and is taken out of the spread.
+        mu, observed, error = censored_normal_fit(self.bounds)
+        sigma = max(0.0, observed ** 2 - self.noise ** 2) ** 0.5
         answers = sum(len(s.trail) for s in self.stairs)
         pinned = self._pinned()
-        if not pinned and answers >= STAIRS_NEEDED:
-            return self._from_stairs(answers)
-        # The median of the operations' own times (those polling pinned: an operation a
-        # bisection read found done early is known only to be shorter); its error is the
-        # widest operation's bounds and the median's standard error (1.2533 sigma / sqrt n
-        # for a normal spread).
-        kept = pinned or self.bounds
-        own = [(lo + hi) / 2 for lo, hi in kept]
-        widths = [hi - lo for lo, hi in kept]
-        spread = distribution(own)
-        return {"seconds": spread["median"], "error": max(widths) / 2 + 1.2533 * spread["stdev"] / len(own) ** 0.5,
-                "polled": distribution(self.samples), "per_operation": spread}
-
-    def _from_stairs(self, answers: int) -> dict[str, Any]:
-        """The spread from every operation's bounds (the reads the staircases placed, and the
-        polls), as the normal that makes them likeliest: each operation took between its last
-        busy and its first done status read (interval-censored maximum likelihood)."""
-        mu, sigma, error = censored_normal_fit(self.bounds)
+        if pinned:
+            # Most operations pinned by polling: their range is the real one (around the fit).
+            own = [(lo + hi) / 2 for lo, hi in pinned]
+            least, most = min(min(own), mu), max(max(own), mu)
+            how = f"the normal likeliest for every operation's bounds; min and max of the {len(pinned)} polling pinned"
+        else:
+            least, most = max(0.0, mu - 3 * sigma), mu + 3 * sigma
+            how = (f"the normal likeliest for every operation's bounds ({answers} status reads placed by staircases); "
+                   "min and max are the median -+ 3 sigma")
         return {"seconds": mu, "error": error, "polled": distribution(self.samples),
-                "per_operation": {"n": len(self.bounds), "min": max(0.0, mu - 3 * sigma), "median": mu,
-                                  "mean": mu, "max": mu + 3 * sigma, "stdev": sigma,
-                                  "estimated": f"the normal likeliest for every operation's status reads ({answers} "
-                                               "placed by staircases); min and max are the median -+ 3 sigma"}}
+                "per_operation": {"n": len(self.bounds), "min": least, "median": mu, "mean": mu, "max": most,
+                                  "stdev": sigma, "estimated": how}}
 
 
 def censored_normal_fit(bounds: list[tuple[float, float]]) -> tuple[float, float, float]:
     """(mu, sigma, error of mu) of the normal under which operations known only to have taken
     between lo and hi seconds each are likeliest. A grid search, narrowed four times; the
-    error stated is twice mu's standard error from the likelihood's curvature."""
+    error stated is a 95 % interval: mu's standard error from the likelihood's curvature,
+    times Student's t for n - 1 degrees of freedom."""
     import math
 
     def loglik(mu: float, sigma: float) -> float:
@@ -260,6 +270,8 @@ def censored_normal_fit(bounds: list[tuple[float, float]]) -> tuple[float, float
         return sum(math.log(max(nd.cdf(hi) - nd.cdf(lo), 1e-300)) for lo, hi in bounds)
 
     scale = max(hi for _, hi in bounds)
+    if scale <= 0:
+        return 0.0, 0.0, 0.0                    # every operation was over at once
     mu_lo, mu_hi = 0.0, scale
     ls_lo, ls_hi = math.log(scale * 1e-3), math.log(scale)      # log sigma
     best = (0.0, 0.0, -math.inf)
@@ -278,7 +290,15 @@ def censored_normal_fit(bounds: list[tuple[float, float]]) -> tuple[float, float
     h = max(sigma * 0.05, 1e-12)
     curvature = (loglik(mu + h, sigma) - 2 * best[2] + loglik(mu - h, sigma)) / (h * h)
     se = 1 / math.sqrt(-curvature) if curvature < 0 else sigma
-    return mu, sigma, 2 * se
+    # A 95 % interval: Student's t for the few operations there are (sigma is estimated from
+    # them too, and the maximum likelihood sigma divides by n, not n - 1).
+    n = len(bounds)
+    if n < 3:
+        return mu, sigma, 4 * max(se, sigma)
+    nu = n - 1
+    z = 1.959964
+    t = z + (z ** 3 + z) / (4 * nu) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * nu ** 2)
+    return mu, sigma, t * se * math.sqrt(n / nu)
 
 
 class BusyMeter:
@@ -289,6 +309,7 @@ class BusyMeter:
         self.clock = engine.bar.clock
         self.kinds: dict[int, BusyProbe] = {}
         self._sent: list[float] = []
+        self._round_trips: list[float] = []
         self._lead = 0.0
         engine.observer = lambda *a: self._sent.append(self.clock.now())
 
@@ -298,8 +319,16 @@ class BusyMeter:
         a capture left waiting by an earlier one, so the engine forgets it first."""
         self.engine.forget()
         self._sent.clear()
+        began = self.clock.now()
         sr1 = self.engine.read(RDSR1)[0]
+        self._round_trips.append(self.clock.now() - began)
         return self._sent[0] + spi_nominal(3, self.prescale), sr1
+
+    def _noise(self) -> float:
+        """The standard deviation of a status read's round trip: a time taken on the host's
+        clock is off from the chip's by part of a round trip's jitter."""
+        trips = self._round_trips[-256:]
+        return statistics.pstdev(trips) if len(trips) > 1 else 0.0
 
     def run(self, opcode: int, address: int, tx: bytes = b"", timeout: float = 30.0) -> None:
         engine, clock = self.engine, self.clock
@@ -339,6 +368,7 @@ class BusyMeter:
         # ended) is done at once: never a negative time.
         done = max(0.0, at - start)
         probe.samples.append(done)
+        probe.noise = self._noise()
         probe.add(max(lo, last_busy - start, 0.0), min(hi, done))
 
     def close(self) -> None:
