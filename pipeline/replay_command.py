@@ -61,9 +61,10 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
                    help="the run's image, if it moved since the run (default: the recorded path); it lets a "
                         "divergence in a unit that verified be pinned to a byte")
     p.add_argument("--from-report", type=Path, metavar="FILE",
-                   help="a fidelity check: replay onto the board a hardware report of the run's board describes "
-                        "(its chip, SFDP and status registers, amdflash hardware-report); the divergences of that "
-                        "board from the emulator's model are listed")
+                   help="a fidelity check: replay onto the board a hardware report of the run's own board "
+                        "describes (its chip, SFDP and status registers; a report of another board is refused); "
+                        "the report's divergences from the model are listed, and a divergence they account for "
+                        "is shown 'as listed' (see above)")
     p.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
     p.set_defaults(func=cmd_replay)
 
