@@ -41,6 +41,15 @@ def modelled(board: Path, act) -> float:
         return b.stats()["modelled_seconds"] - before
 
 
+def modelled_command(amdflash, board: Path, *args) -> float:  # noqa: ANN001, ANN002
+    """The modelled seconds one amdflash command takes on the board (it must succeed)."""
+    def run() -> None:
+        r = amdflash(*args, "--board", f"sim:{board}")
+        assert r.code == 0, r.err
+
+    return modelled(board, run)
+
+
 def close(a: float, b: float, error: float) -> bool:
     return abs(a - b) <= error + 1e-9
 
@@ -138,14 +147,10 @@ def test_round_trip_with_scratch_dump_and_flash_within_two_percent(amdflash, tmp
     image.write_bytes(synthetic_ifwi(99))
     seconds = {}
     for name, board in (("source", source), ("copy", copy)):
-        def run(*args):
-            r = amdflash(*args, "--board", f"sim:{board}")
-            assert r.code == 0, r.err
-
-        dump = modelled(board, lambda: run("dump", tmp_path / f"{name}.bin"))
+        dump = modelled_command(amdflash, board, "dump", tmp_path / f"{name}.bin")
         # The bottom 64 KiB are protected (BP=1, TB=1): a 1 MiB range of another image above them.
-        flash = modelled(board, lambda: run("flash", image, "--yes", "--force", "--start-sector", 32,
-                                            "--sector-count", 256))
+        flash = modelled_command(amdflash, board, "flash", image, "--yes", "--force", "--start-sector", 32,
+                                 "--sector-count", 256)
         seconds[name] = (dump, flash)
     (d1, f1), (d2, f2) = seconds["source"], seconds["copy"]
     print(f"modelled seconds: dump {d1:.6f} vs {d2:.6f} ({(d2 - d1) / d1:+.2e}), "
@@ -195,12 +200,7 @@ def test_busy_times_that_vary_round_trip_as_a_spread(amdflash, tmp_path):
     image.write_bytes(synthetic_ifwi(99))
     seconds = {}
     for name, board in (("source", source), ("copy", copy)):
-        def run(*args):
-            r = amdflash(*args, "--board", f"sim:{board}")
-            assert r.code == 0, r.err
-
-        flash = modelled(board, lambda: run("flash", image, "--yes", "--force", "--sector-count", 256))
-        seconds[name] = flash
+        seconds[name] = modelled_command(amdflash, board, "flash", image, "--yes", "--force", "--sector-count", 256)
     print(f"modelled seconds: flash {seconds['source']:.6f} vs {seconds['copy']:.6f}")
     assert abs(seconds["copy"] - seconds["source"]) <= 0.02 * seconds["source"]
 
@@ -228,16 +228,11 @@ def test_a_link_that_varies_round_trips_as_a_spread_and_dumps_in_the_same_time(a
     compare(first, second)
     assert 0.4 * t["write32"]["stdev"] <= second["timings"]["transport"]["write32"]["stdev"] <= 2.5 * t["write32"]["stdev"]
     seconds = {}
-    for name, board in (("source", source), ("copy", copy)):
-        def dump():
-            r = amdflash("dump", tmp_path / f"{name}.bin", "--board", f"sim:{board}")
-            assert r.code == 0, r.err
-
-        seconds[name] = modelled(board, dump)
     # A board without the spread: the link's model figures at the same medians.
     steady = create_board(tmp_path / "steady", seed=4, calibration={"transport": {
         k: v["median"] if isinstance(v, dict) else v for k, v in JITTERY.items()}})
-    seconds["steady"] = modelled(steady, lambda: amdflash("dump", tmp_path / "steady.bin", "--board", f"sim:{steady}"))
+    for name, board in (("source", source), ("copy", copy), ("steady", steady)):
+        seconds[name] = modelled_command(amdflash, board, "dump", tmp_path / f"{name}.bin")
     print(f"modelled seconds: dump {seconds}")
     assert abs(seconds["copy"] - seconds["source"]) <= 0.02 * seconds["source"]
     assert seconds["steady"] != seconds["source"]                # the spread is in the source's dump
