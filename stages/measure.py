@@ -14,12 +14,13 @@ far each figure can be trusted:
 * flash busy times (only on a scratch block the user gave up): the time from the end of the
   starting transaction's SPI time to the first status read that shows WIP clear, bounded by
   the status reads around it, and narrowed by bisection over operations of the same kind
-  while they all agree; a kind whose operations take different times is reported as the
-  spread of their own times (median, its error, and the distribution).
+  while they all agree; a kind whose operations take different times is reported as a
+  spread: the normal under which every operation's bounds are likeliest (BusyProbe).
 """
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -188,7 +189,7 @@ class BusyProbe:
                 return None                     # polling alone gives each operation's time
             if not self.stairs:
                 middle = (self.lo + self.hi) / 2
-                self.stairs = [Staircase(p, middle, 0.25 * middle) for p in STAIR_TARGETS[:2] + STAIR_TARGETS[3:]]
+                self.stairs = [Staircase(p, middle, 0.25 * middle) for p in sorted(set(STAIR_TARGETS))]
             return self._stair().x
         if len(self.bounds) < BISECT_STEPS:
             return (self.lo + self.hi) / 2
@@ -263,8 +264,6 @@ def censored_normal_fit(bounds: list[tuple[float, float]]) -> tuple[float, float
     between lo and hi seconds each are likeliest. A grid search, narrowed four times; the
     error stated is a 95 % interval: mu's standard error from the likelihood's curvature,
     times Student's t for n - 1 degrees of freedom."""
-    import math
-
     def loglik(mu: float, sigma: float) -> float:
         nd = statistics.NormalDist(mu, sigma)
         return sum(math.log(max(nd.cdf(hi) - nd.cdf(lo), 1e-300)) for lo, hi in bounds)
