@@ -137,6 +137,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     if misplaced:
         raise UsageError(f"{misplaced} goes after the command, e.g. 'amdflash info {misplaced} …' "
                          f"(see '{PROG} --help')")
+    unknown = _unknown_before_command(parser, list(argv))
+    if unknown:
+        parser.error(unknown)
     # argparse will not take positionals after an option once it has matched them
     # ("sim fault PATH --clear SPEC"); commands that list SPECs say where extras belong.
     args, extra = parser.parse_known_args(list(argv))
@@ -162,12 +165,35 @@ def _misplaced_option(parser: argparse.ArgumentParser, argv: list[str]) -> str |
         if isinstance(action, argparse._SubParsersAction):
             commands = set(action.choices)
     for token in argv:
-        if token in commands or token == "--":
-            return None
+        if token in commands or token == "--" or _is_command_slot(parser, argv, token):
+            return None     # the command (or a misspelling of it, which argparse names first)
         name = token.split("=", 1)[0]
         if name.startswith("--") and name not in root and any(
                 name in a.option_strings for sub in subparsers(parser) for a in sub._actions):
             return name
+    return None
+
+
+def _is_command_slot(parser: argparse.ArgumentParser, argv: list[str], token: str) -> bool:
+    """`token` stands where the command goes: not an option, nor the value of a root option."""
+    if token.startswith("-"):
+        return False
+    at = argv.index(token)
+    before = argv[at - 1] if at else ""
+    takes_value = {o for a in parser._actions if a.nargs is None and a.option_strings for o in a.option_strings}
+    return before not in takes_value
+
+
+def _unknown_before_command(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """An option no command knows, typed before the command (`--versoin`): argparse would first
+    complain that the command is missing; the misspelling is what to fix."""
+    known = {o for p in (parser, *subparsers(parser)) for a in p._actions for o in a.option_strings}
+    for token in argv:
+        if token == "--" or _is_command_slot(parser, argv, token):
+            return None
+        name = token.split("=", 1)[0]
+        if name.startswith("-") and name not in known:
+            return f"unrecognized arguments: {token}"
     return None
 
 
@@ -216,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         configure(json_lines=json_lines, verbosity=verbosity)
         args = parse(argv)
+        from amdflash.pipeline import next_step
+
+        next_step.use_globals(args.db, args.config)   # every suggested command reaches this db and config
         _configure(args)
         args.main = main   # for a command that runs others (the demo): no import back up to here
         args.build_parser = build_parser   # for the manual page, likewise
@@ -234,9 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException as raised:
         return _report(raised)
     finally:
-        from amdflash.pipeline import config
+        from amdflash.pipeline import config, next_step
 
         config.choose(None)   # --config held for this command line only
+        next_step.use_globals()
 
 
 def _report(raised: BaseException) -> int:

@@ -178,8 +178,8 @@ def _unfinished(db_path: str, result: InfoResult) -> list[str]:
         if not mine or mine[-1]["status"] in ("succeeded", "refused") or finished_by(reader, mine[-1]["run_id"]):
             return lines
         last = mine[-1]
-        return [*lines, f"unfinished flash {last['run_id']} on this board ({last['status']}): "
-                        f"amdflash resume {last['run_id']} --board {result.board} --yes"]
+        resume = next_step.command("resume", last["run_id"], "--board", result.board, "--yes")
+        return [*lines, f"unfinished flash {last['run_id']} on this board ({last['status']}): {resume}"]
     finally:
         reader.conn.close()
 
@@ -277,7 +277,7 @@ def flash(session: Session, image: Path, options: FlashOptions = FlashOptions(),
                  "sector_count": count, "force": options.force, "retries": options.retries,
                  "expect_part": options.expect_part, "unknown_chip_ok": options.unknown_chip_ok,
                  **_engine_args(engine)}
-    backups = checks.backup_folder(Path(session.db_path).parent / "backups")
+    backups = checks.backup_folder(Path(session.db_path).absolute().parent / "backups")
     return _run(session, specs, "flash", arguments,
                 lambda s, i: jobs.FlashJob(engine, data, options.start_sector, count, options.clear_cmp,
                                            options.retries, backups,
@@ -295,7 +295,7 @@ def resume(session: Session, run_id: str | None = None, image: Path | None = Non
     a = plan.arguments
     engine = _engine(EngineOptions(a.get("prescale", 8), a.get("rx_mode", "chained"), a.get("restore_each", False),
                                    a.get("reads", 2)))
-    backups = checks.backup_folder(Path(session.db_path).parent / "backups")
+    backups = checks.backup_folder(Path(session.db_path).absolute().parent / "backups")
 
     def body(spec: BoardSpec, info: RunInfo) -> JobBody:
         info.resumes_run_id = plan.run_id

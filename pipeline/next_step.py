@@ -8,12 +8,37 @@ as recorded (its units' last states, its backup), never from what the process be
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shlex
 from pathlib import Path
 from typing import Any
 
 WRITES = ("flash", "resume")
+READS = ("info", "read", "dump", "verify", "probe")
+
+# The global options of the command line being run (--db, --config), as absolute paths: a
+# suggested command reaches the same audit database and config from any directory.
+_globals: list[str] = []
+
+
+def use_globals(db: str | None = None, config: str | None = None) -> None:
+    """Every command suggested from now on carries these (the CLI sets them once parsed,
+    and clears them when its command line is done)."""
+    _globals.clear()
+    for option, path in (("--db", db), ("--config", config)):
+        if path:
+            _globals.extend((option, os.path.abspath(path)))
+
+
+def command(*words: str) -> str:
+    """`amdflash [--db X] [--config Y] WORDS…`, each word shell-quoted: a line to paste."""
+    return shlex.join(["amdflash", *_globals, *words])
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """'1 unit', '2 units'."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
 
 
 def _units(report: dict[str, Any]) -> dict[str, int]:
@@ -35,44 +60,50 @@ def flash_state(report: dict[str, Any]) -> str:
     programmed, failed = n.get("programmed", 0), n.get("failed", 0)
     if not (erased or programmed or failed):
         verified = n.get("verified", 0)
-        return (f"the flash holds the image in {verified} unit(s) verified so far; the rest is as it was"
+        return (f"the flash holds the image in {plural(verified, 'unit')} verified so far; the rest is as it was"
                 if verified else "the flash was not changed")
     parts = []
     if erased:
-        parts.append(f"{erased} unit(s) erased (or about to be) and not programmed")
+        parts.append(f"{plural(erased, 'unit')} erased (or about to be) and not programmed")
     if programmed:
-        parts.append(f"{programmed} programmed and not verified")
+        parts.append(f"{plural(programmed, 'unit')} programmed and not verified")
     if failed:
-        parts.append(f"{failed} failed verify")
+        parts.append(f"{plural(failed, 'unit')} failed verify")
     return "the flash is partly written: " + ", ".join(parts)
 
 
 def advice(report: dict[str, Any], backup: str | None, run_id: str, spec: str) -> str | None:
     """The next step after a run that did not succeed (None when there is nothing to add)."""
-    status, command = report.get("status"), report.get("command")
+    status, ran = report.get("status"), report.get("command")
     if status in (None, "succeeded", "refused"):
         return None        # a refusal wrote nothing and says why; success needs no advice
-    resume = f"amdflash resume {run_id} --board {spec} --yes"
-    if command in WRITES:
+    resume = command("resume", run_id, "--board", spec, "--yes")
+    if ran in WRITES:
         state = flash_state(report)
         if status == "interrupted":
             return f"{state}. To finish the flash: {resume}"
         if not _touched(report):
             return f"{state}. Fix the cause, then finish the flash: {resume}"
         original = (f"The original content is backup {backup} (run {run_id}): to put it back, "
-                    f"amdflash flash {backup} --board {spec} --yes --force" if backup else
+                    f"{command('flash', backup, '--board', spec, '--yes', '--force')}" if backup else
                     "No backup of the original content is on record")
         return f"{state}. {original}; or fix the cause and finish the flash: {resume}"
-    if command == "hardware-report":
+    if ran == "hardware-report":
         left = scratch_left(report)
         if left:
             return scratch_advice(*next(iter(left.items())), spec)
-    if command == "ifwi-all":
+    if ran == "ifwi-all":
         return ("the PSP bootloader may hold a partial stream: power the board off and on (all rails) before "
-                "the next command (an emulated board: amdflash sim power-cycle DIR)")
-    if status == "interrupted":
-        return f"nothing was written to the flash ({command} only reads it); run the command again"
+                f"the next command (an emulated board: {command('sim', 'power-cycle', sim_dir(spec))})")
+    if ran in READS:
+        again = "run the command again" if status == "interrupted" else "fix the cause, then run the command again"
+        return f"the flash was not changed ({ran} only reads it); {again}"
     return None
+
+
+def sim_dir(spec: str) -> str:
+    """An emulated board's directory from its spec (sim:DIR), else a placeholder to fill in."""
+    return spec[len("sim:"):] if spec.startswith("sim:") else "DIR"
 
 
 def scratch_left(report: dict[str, Any]) -> dict[int, tuple[str, str]]:
@@ -105,6 +136,7 @@ def scratch_advice(block: int, backup: tuple[str, str], spec: str) -> str:
         return (f"{where}, and its backup {path} is {'gone' if found is None else 'not the file the run wrote'} "
                 "(sha256 differs): its content is on no file amdflash knows of")
     # Quoted: the report's name (and so the backup's) is whatever the user chose.
+    put_back = command("flash", path, "--start-sector", str(block // 0x1000), "--sector-count", "16",
+                       "--board", spec, "--yes", "--force")
     return (f"{where}: its content is in {path} (a whole-flash image holding only that block, sha256 checked); "
-            f"to put it back: amdflash flash {shlex.quote(path)} --start-sector {block // 0x1000} "
-            f"--sector-count 16 --board {shlex.quote(spec)} --yes --force")
+            f"to put it back: {put_back}")

@@ -12,6 +12,7 @@ from typing import Any
 from amdflash.pipeline.auditdb import open_reader
 from amdflash.pipeline.checks import read_image
 from amdflash.pipeline.errors import Refusal
+from amdflash.pipeline.next_step import command
 from amdflash.stages.open_transport import BoardSpec
 from amdflash.store.queries import (RunNotFound, has_intents, latest_unfinished, report, resolve_run, run_chain, runs,
                                     unit_states, writes_since)
@@ -79,7 +80,8 @@ def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | N
     except Refusal as e:
         if image_override is not None:
             raise
-        raise Refusal(f"{e}; if the image has moved, name it: amdflash resume {run_id} --image FILE --yes") from None
+        again = command("resume", run_id, "--board", str(spec), "--image", "FILE", "--yes")
+        raise Refusal(f"{e}; if the image has moved, name it: {again}") from None
     sha = hashlib.sha256(image).hexdigest()
     if sha != rep["image_sha256"]:
         raise Refusal(f"image {image_file} is not the image of run {run_id} "

@@ -41,11 +41,17 @@ def _last_status(db: sqlite_utils.Database, rows: RunRows) -> dict[str, Any]:
     return found[0] if found else {}
 
 
+def _db_file(db: sqlite_utils.Database) -> str:
+    """The file the connection reads (the operator needs to know which database was searched)."""
+    rows = [r for r in db.conn.execute("PRAGMA database_list") if r[1] == "main"]
+    return rows[0][2] if rows and rows[0][2] else "(in memory)"
+
+
 def resolve_run(db: sqlite_utils.Database, run_id: str) -> str:
     rows = list(dict.fromkeys(r["run_id"] for r in db.query(
         "SELECT run_id FROM runs WHERE substr(run_id, 1, ?) = ? ORDER BY seq", [len(run_id), run_id])))
     if not rows:
-        raise RunNotFound(f"no run {run_id!r} in the audit database")
+        raise RunNotFound(f"no run {run_id!r} in the audit database {_db_file(db)}")
     if len(rows) > 1 and run_id not in rows:
         raise RunNotFound(f"run id {run_id!r} is ambiguous ({len(rows)} runs start with it)")
     return run_id if run_id in rows else rows[0]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from tests.cli.conftest import flash_content
 
 
 def first_differing_bit(image: bytes, start: int) -> int:
@@ -93,7 +94,7 @@ def test_resume_after_the_image_moved_suggests_naming_it(amdflash, make_board, i
     moved = tmp_path / "moved.bin"
     image.rename(moved)
     r = amdflash("resume", "--yes", "--board", f"sim:{board}")
-    assert r.code == 2 and f"amdflash resume {run} --image FILE --yes" in r.err, r.err
+    assert r.code == 2 and f"amdflash resume {run} --board sim:{board} --image FILE --yes" in r.err, r.err
     assert amdflash("resume", "--yes", "--image", moved, "--board", f"sim:{board}").code == 0
 
 
@@ -130,7 +131,7 @@ def test_a_disk_that_fills_during_a_flash_fails_the_run_on_record(amdflash, make
     assert f"audit database {db}: the file system has" in r.err and "free some space" in r.err, r.err
     [run] = json.loads(amdflash("runs", "--format", "json", "--db", db).out)
     assert run["status"] == "failed"
-    assert "  next: " in r.err and f"amdflash resume {run['run_id']}" in r.err
+    assert "  next: " in r.err and f"amdflash --db {db} resume {run['run_id']}" in r.err
 
 
 def test_sim_power_cycle_restarts_the_bootloader_after_ifwi_all(amdflash, make_board, tmp_path):
@@ -165,3 +166,93 @@ def test_sim_power_cycle_waits_for_a_job(amdflash, make_board):
     with sim_lock(board):
         r = amdflash("sim", "power-cycle", board)
     assert r.code == 2 and "board busy" in r.err
+
+
+# -- next steps that work when pasted (issue 27, item 1) -------------------------------------------
+
+def pasted(text: str) -> list[list[str]]:
+    """Every amdflash command in `text`, split as a shell splits it: from 'amdflash' to the end
+    of its clause (a shell's ';' or ')', or the end of the line)."""
+    import shlex
+
+    found = []
+    for line in text.splitlines():
+        at = line.find("amdflash ")
+        while at >= 0:
+            lexer = shlex.shlex(line[at:], posix=True, punctuation_chars=";()")
+            lexer.whitespace_split = True
+            words = []
+            for token in lexer:
+                if token in (";", "(", ")"):
+                    break
+                words.append(token)
+            found.append(words)
+            at = line.find("amdflash ", at + 1)
+    return found
+
+
+def run_pasted(words: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """A pasted command, run by a shell's rules in another directory (`amdflash` is this one)."""
+    assert words[0] == "amdflash", words
+    return subprocess.run([sys.executable, "-m", "amdflash", "--no-progress", *words[1:]], capture_output=True,
+                          text=True, cwd=cwd, env=dict(os.environ), timeout=300)
+
+
+def test_the_steps_after_a_failed_flash_work_pasted_elsewhere_with_their_db(amdflash, make_board, image, tmp_path,
+                                                                           monkeypatch):
+    img = image.read_bytes()
+    stuck = first_differing_bit(img, 0x100000)
+    board = make_board(transport="ideal", faults=[f"stuck-bit={stuck:#x}:0"])
+    (tmp_path / "my runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    db = "my runs/audit db.sqlite"               # relative, with spaces: the run's own, not $AMDFLASH_DB
+    r = amdflash("--no-progress", "--db", db, "flash", image, "--yes", "--force", "--board", f"sim:{board}")
+    assert r.code == 1, r.err
+    advice = r.err_lines[-1]
+    [put_back, resume] = pasted(advice)
+    assert resume[:4] == ["amdflash", "--db", str(tmp_path / db), "resume"], resume
+    assert put_back[:4] == ["amdflash", "--db", str(tmp_path / db), "flash"], put_back
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert amdflash("sim", "fault", board, "--clear").code == 0
+    done = run_pasted(resume, elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert flash_content(board) == img                         # it finished the flash
+    runs = json.loads(amdflash("--db", tmp_path / db, "runs", "--format", "json").out)
+    assert [(x["command"], x["status"]) for x in runs] == [("flash", "failed"), ("resume", "succeeded")]
+    done = run_pasted(put_back, elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert flash_content(board) == Path(put_back[4]).read_bytes()   # and this put the backup back
+
+
+def test_info_names_a_resume_that_works_pasted_elsewhere(amdflash, make_board, image, tmp_path):
+    board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=30000"])
+    db = tmp_path / "a dir" / "trail's db.sqlite"              # a space and a quote to survive the shell
+    db.parent.mkdir()
+    subprocess.run([sys.executable, "-m", "amdflash", "-q", "--db", str(db), "flash", str(image), "--yes",
+                    "--force", "--board", f"sim:{board}"], capture_output=True, text=True, env=dict(os.environ))
+    assert amdflash("sim", "fault", board, "--clear").code == 0
+    r = amdflash("--db", db, "info", "--board", f"sim:{board}")
+    [line] = [x for x in r.out.splitlines() if x.startswith("unfinished flash")]
+    [resume] = pasted(line)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = run_pasted(resume, elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert flash_content(board) == image.read_bytes()
+
+
+def test_no_such_run_names_the_database_searched(amdflash, make_board, tmp_path):
+    board = make_board(transport="ideal")
+    db = tmp_path / "other.sqlite"
+    assert amdflash("--db", db, "info", "--board", f"sim:{board}").code == 0
+    r = amdflash("--db", db, "resume", "20260101T000000-00000000", "--yes", "--board", f"sim:{board}")
+    assert r.code == 2 and f"no run '20260101T000000-00000000' in the audit database {db}" in r.err, r.err
+
+
+def test_a_failed_dump_says_the_flash_was_not_changed(amdflash, make_board, tmp_path):
+    board = make_board(transport="ideal", faults=["stall-after=300"])
+    r = amdflash("--no-progress", "dump", tmp_path / "out.bin", "--board", f"sim:{board}")
+    assert r.code == 1, r.err
+    assert r.err_lines[-1] == "  next: the flash was not changed (dump only reads it); fix the cause, then run " \
+                              "the command again", r.err
