@@ -1,5 +1,5 @@
 """Audit trail commands: `audit key`, `audit verify` (database, --run, --key, --anchor),
-`audit archive`, and the host key's place in the data directory."""
+`audit archive`, `audit upgrade`, and the host key's place in the data directory."""
 from __future__ import annotations
 
 import argparse
@@ -34,6 +34,18 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
     p.add_argument("--backups", choices=("keep", "move"), default="keep",
                    help="backup images of archived runs: keep them in place (default) or move them beside FILE")
     p.set_defaults(func=cmd_archive)
+
+    p = audit_sub.add_parser(
+        "upgrade", help="upgrade a database of an older amdflash (unsigned) to today's signed trail, once",
+        description="Upgrade the audit database (--db), written by an older amdflash (schema version 1: a hash "
+                    "chain and no signatures), to today's schema, in place. Its version-1 chain is verified "
+                    "first (a broken one is refused and the file left as it is). Its rows stay what they are: "
+                    "recorded by an older amdflash, unsigned — so every view (runs, report, audit verify) says "
+                    "so, and 'report --key' refuses them; the first signed checkpoint, this host's, covers only "
+                    "what follows and records where the legacy part ends (the version-1 chain head). Only the "
+                    "file's owner may upgrade it. No other command upgrades a database: reading one (runs, "
+                    "report, replay, audit verify) never changes it, and a board command refuses it.")
+    p.set_defaults(func=cmd_upgrade)
 
     verify = audit_sub.choices["verify"]
     verify.description = (
@@ -91,4 +103,45 @@ def cmd_archive(args: argparse.Namespace) -> int:
     except ArchiveRefused as e:
         raise Refusal(str(e)) from None
     output.result(result.describe())
+    return EXIT_OK
+
+
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from amdflash.pipeline.auditdb import legacy_version
+    from amdflash.pipeline.commands import db_path
+    from amdflash.store import keys, migrate
+    from amdflash.store.schema import SchemaError
+    from amdflash.store.writer import StoreUnavailable
+
+    path = db_path(args)
+    if not Path(path).is_file():
+        raise Refusal(f"no audit database at {path}")
+    me = os.geteuid()
+    for what, place in (("audit database", Path(path)), ("directory", Path(os.path.abspath(path)).parent)):
+        owner = place.stat().st_uid
+        if owner != me:
+            # The upgrade signs with this user's key: it must never vouch for someone else's file.
+            raise Refusal(f"{what} {place} belongs to uid {owner}, not to you (uid {me}): only the owner of "
+                          f"{path} upgrades it, as that user")
+    if not legacy_version(path):
+        open_for_reading(path).conn.close()   # refuses a missing or foreign database
+        output.result(f"audit database {path} is already of this amdflash's schema: nothing to upgrade")
+        return EXIT_OK
+    try:
+        cp = migrate.upgrade(path, host_key_path())
+    except (SchemaError, StoreUnavailable) as e:
+        raise Refusal(str(e)) from None
+    except (OSError, keys.KeyError_) as e:
+        raise Refusal(f"audit database {path}: {e}") from None
+    if cp is None:
+        output.result(f"audit database {path} was upgraded meanwhile by another process")
+        return EXIT_OK
+    info = json.loads(cp.detail or "{}")
+    output.result(f"upgraded {path}: {info['legacy_rows']} legacy rows (seq 1..{info['v1_head_seq']}) stay "
+                  "recorded by an older amdflash, unsigned (their version-1 chain verified, head hash "
+                  f"{info['v1_head_hash']}); signed checkpoint #{cp.id} marks where they end, and everything "
+                  "recorded from now on is signed")
     return EXIT_OK

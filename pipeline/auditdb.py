@@ -3,8 +3,10 @@
 Refused before any run starts, with exit 2 and one line: a path that is a directory,
 device or FIFO; a directory or file that is not writable; a file that is not SQLite; a
 SQLite database of another program (amdflash never adds its tables to it); a database
-of another schema version. Writability is proven by a write that is rolled back, so a
-read-only file, mount or permission is caught here and not at the first audit write.
+of another schema version — one of an older amdflash too: only its owner's explicit
+`audit upgrade` upgrades it, no command does as a side effect. Writability is proven by a
+write that is rolled back, so a read-only file, mount or permission is caught here and not
+at the first audit write.
 """
 from __future__ import annotations
 
@@ -17,10 +19,18 @@ import sqlite_utils
 
 from amdflash.pipeline import config
 from amdflash.pipeline.errors import Refusal
-from amdflash.store.migrate import prepare
 from amdflash.store.schema import SchemaError
-from amdflash.store.writer import START_FREE, AuditWriter, StoreUnavailable, free_bytes, low_space
-from amdflash.stages.files import private_dir, private_file, readonly_uri
+from amdflash.store.verify import connect_reader
+from amdflash.store.writer import (
+    START_FREE,
+    AuditWriter,
+    StoreUnavailable,
+    free_bytes,
+    low_space,
+    needs_upgrade,
+    prepare,
+)
+from amdflash.stages.files import private_dir, private_file
 
 OURS = "meta"   # every amdflash database has this table, with its schema version
 
@@ -45,7 +55,7 @@ def _tables(conn: sqlite3.Connection) -> list[str]:
 def _check_existing(path: Path) -> list[str]:
     """An existing file must be an amdflash database (or empty); its tables."""
     try:
-        conn = sqlite3.connect(readonly_uri(path), uri=True, timeout=30.0)
+        conn = connect_reader(str(path))
         try:
             tables = _tables(conn)
         finally:
@@ -111,7 +121,7 @@ def open_writer(path_text: str) -> AuditWriter:
     except OSError as e:
         raise Refusal(f"audit database {path}: {e.strerror}") from None
     try:
-        prepare(str(path), host_key_path())      # created, or upgraded from an older amdflash's
+        prepare(str(path))      # created; one of an older amdflash is refused ('audit upgrade' upgrades it)
         writer = AuditWriter(str(path), key_path=host_key_path()).open()
     except (StoreUnavailable, SchemaError) as e:
         raise Refusal(str(e)) from None
@@ -135,7 +145,7 @@ def open_reader(path_text: str) -> sqlite_utils.Database:
         # An empty file: the first run on this host is creating the schema right now (it does so
         # in one transaction, so a reader sees nothing or everything), or it never got that far.
         raise Refusal(f"no audit trail in {path} yet: no run has been recorded there")
-    return open_for_reading(str(path))      # a database of an older amdflash is migrated first
+    return open_for_reading(str(path))      # one of an older amdflash is refused, never changed
 
 
 KEY_FILE = "host_key.pem"
@@ -148,22 +158,44 @@ def host_key_path() -> Path:
 
 
 def open_for_reading(path: str):
-    """The audit database read-only, upgraded first if an older amdflash made it."""
+    """The audit database read-only. Reading never writes: no upgrade, no key, and for a trail
+    of another user nothing created beside it (store.verify.reader_uri). A database of an
+    older amdflash (unsigned) is refused, naming the command its owner upgrades it with."""
     from amdflash.store import schema
     from amdflash.store.queries import open_readonly
 
     if not Path(path).exists():
         raise Refusal(f"no audit database at {path}")
     try:
-        conn = schema.connect(path, readonly=True)
+        conn = connect_reader(path)
         try:
             found = schema.version(conn)
         finally:
             conn.close()
         if found is not None and 0 < found < schema.SCHEMA_VERSION:
-            prepare(path, host_key_path())
+            raise Refusal(needs_upgrade(path, found) + " (reading it here changed nothing)")
         return open_readonly(path)
     except (schema.SchemaError, StoreUnavailable) as e:
         raise Refusal(str(e)) from None
+    except sqlite3.Error as e:
+        raise Refusal(f"cannot read audit database {path}: {e}") from None
     except OSError as e:
         raise Refusal(f"cannot read audit database {path}: {e}") from None
+
+
+def legacy_version(path: str) -> int | None:
+    """The schema version of the database at `path` if an older amdflash wrote it, else None
+    (also when it cannot be read: the usual open then says why)."""
+    from amdflash.store import schema
+
+    try:
+        if not Path(path).is_file():
+            return None
+        conn = connect_reader(path)
+        try:
+            found = schema.version(conn)
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return found if found is not None and 0 < found < schema.SCHEMA_VERSION else None

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from amdflash.pipeline import commands, output
+from amdflash.pipeline.auditdb import legacy_version
 from amdflash.pipeline.checks import output_option, writable_output, write_output
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK
 from amdflash.store.read_checks import describe as describe_reads
@@ -60,7 +61,8 @@ def print_runs(rows: list[dict[str, Any]], fmt: str, none: str, line: Callable[[
 
 
 def run_line(r: dict[str, Any]) -> str:
-    return f"{r['run_id']:26} {r['command']:9} {r['status'] or '?':12} {r['started']:30} {r['board_spec']}"
+    legacy = "  [legacy: recorded by an older amdflash, unsigned]" if r.get("legacy") else ""
+    return f"{r['run_id']:26} {r['command']:9} {r['status'] or '?':12} {r['started']:30} {r['board_spec']}{legacy}"
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -108,6 +110,9 @@ def render_text(rep: dict[str, Any]) -> str:
         lines.append(f"resumes    {rep['resumes_run_id']}")
     for r in rep.get("resumed_by") or []:
         lines.append(f"resumed by {r['run_id']} ({r['status']})")
+    legacy = (rep.get("chain") or {}).get("legacy")
+    if legacy:
+        lines.insert(1, f"legacy     {legacy}")
     if rep.get("finished_by"):
         lines.append(f"finished by {rep['finished_by']} (the resume that completed this run's work)")
     reads = describe_reads(rep["reads"]) if rep.get("reads") is not None else None
@@ -125,7 +130,7 @@ def render_text(rep: dict[str, Any]) -> str:
     c = rep.get("chain") or {}
     lines.append(f"chain      {'intact' if c.get('ok') else 'BROKEN: ' + str(c.get('problem'))}; checkpoint "
                  f"#{c.get('checkpoint')} ({c.get('sealed')}) head {c.get('head')}")
-    lines.append(f"signature  {c.get('signature')}; signed by {c.get('signed_by')}")
+    lines.append(f"signature  {c.get('signature')}; signed by {c.get('signed_by') or 'nobody'}")
     if c.get("unsealed_rows"):
         lines.append(f"unsealed   the run's last {c['unsealed_rows']} row(s) are not sealed by any checkpoint "
                      "(still being written, or their writer died): what they say is not verified")
@@ -133,6 +138,33 @@ def render_text(rep: dict[str, Any]) -> str:
 
 
 def cmd_audit_verify(args: argparse.Namespace) -> int:
-    result = commands.audit_verify(commands.db_path(args), args.run, args.key, args.anchor)
+    path = commands.db_path(args)
+    if legacy_version(path):
+        return _verify_legacy_file(path, args.key)
+    result = commands.audit_verify(path, args.run, args.key, args.anchor)
     output.result(result.describe())
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _verify_legacy_file(path: str, keyfiles: list[Any] | None) -> int:
+    """`audit verify` of a database of an older amdflash, as it is and read-only: its own,
+    unsigned chain (whole: it has no per-run seals). Nothing in it is signed, so with --key
+    it cannot verify (exit 1)."""
+    from amdflash.store.migrate import MigrationRefused, read_legacy
+    from amdflash.store.writer import needs_upgrade
+
+    try:
+        head_seq, head_hash, runs = read_legacy(path)
+    except MigrationRefused as e:
+        output.result(f"audit chain BROKEN in the database (an older amdflash's, unsigned): {e}")
+        return EXIT_FAILED
+    legacy = (f"{head_seq} legacy rows (seq 1..{head_seq}, {runs} run(s)) verified by their unsigned v1 chain "
+              f"only (head hash {head_hash}): nothing in this file is signed, so nothing proves who wrote it")
+    if keyfiles:
+        output.result(f"audit chain NOT SIGNED in the database: {legacy}; no signature can be checked against --key")
+        output.note(needs_upgrade(path, 1))
+        return EXIT_FAILED
+    output.result(f"audit chain intact (legacy, unsigned): the database, recorded by an older amdflash\n"
+                  f"legacy      {legacy}")
+    output.note(needs_upgrade(path, 1) + " (this check changed nothing)")
+    return EXIT_OK

@@ -15,6 +15,7 @@ import json
 import structlog
 
 from amdflash.stages.device import Device
+from amdflash.stages.flash import chips
 from amdflash.stages.flash.spinor import FlashIdentity, SpiNor
 from amdflash.stages.navi31.fastpaths import Finding
 from amdflash.stages.navi31.romsw import RomSw, RomSwOptions
@@ -53,6 +54,7 @@ def chip_facts(ident: FlashIdentity) -> dict[str, object]:
         **chip.facts(),
         "jedec_capture": ident.jedec_capture.hex(),
         "status_registers_read": {r.name: v for r, v in zip(chip.registers, ident.registers)},
+        "identified_by": chips.why_part(chip, ident.sfdp),
         "protection_now": ident.protection.describe(),
         "sfdp": ident.sfdp.facts() if ident.sfdp else {"error": ident.sfdp_error},
         "unique_id": ident.unique_id.hex() or None,
@@ -78,6 +80,7 @@ def identity_lines(ident: FlashIdentity) -> list[str]:
     return [
         f"flash       {chip.name} ({chip.size // 1024} KiB, {chip.voltage}); "
         f"JEDEC capture {ident.jedec_capture.hex(' ')}{where}",
+        f"part        {chips.why_part(chip, ident.sfdp)}",
         status,
         f"protection  {ident.protection.describe()}",
         f"SFDP        {ident.sfdp.describe() if ident.sfdp else 'unreadable: ' + str(ident.sfdp_error)}",

@@ -43,6 +43,12 @@ from typing import Any
 from amdflash.store.schema import PHYSICAL, PLAIN
 
 GENESIS = bytes(32)
+# The kind of the checkpoints that seal rows an older amdflash recorded (schema version 1:
+# a hash chain, no signatures), moved into this schema by `audit upgrade` (store.migrate).
+# They are chained but never signed, and never counted as signed: nothing vouches for those
+# rows but their own unsigned chain, checked once, at the upgrade. (An upgrade by amdflash
+# before this rule signed them; that signature is ignored: it vouched for what it could not know.)
+LEGACY = "migrated"
 EMPTY = hashlib.sha256(b"").digest()
 TABLE_ORDER = tuple(PHYSICAL)
 
@@ -153,7 +159,7 @@ def segment_head(prev: bytes, digests: dict[str, bytes]) -> bytes:
 @dataclass
 class Checkpoint:
     id: int
-    kind: str                 # commit | final | migrated | archive
+    kind: str                 # commit | final | archive | migration | migrated (LEGACY)
     run_id: str | None
     rows: int | None          # rows of the run sealed so far
     last_seq: int | None      # the run's last sealed seq (archive: the last archived seq)
@@ -282,10 +288,14 @@ class KeyCheck:
     def __init__(self, trusted: list[bytes] | None = None):
         self.trusted = trusted
         self.signers: dict[bytes, int] = {}
+        self.legacy = 0            # legacy checkpoints seen: unsigned by design, never counted as signed
 
     def check(self, cp: Checkpoint) -> None:
         from amdflash.store.keys import fingerprint, verify_signature
 
+        if cp.kind == LEGACY:
+            self.legacy += 1
+            return
         if not cp.public_key:
             raise Broken(f"checkpoint #{cp.id}: its host key is missing from the database")
         if self.trusted is not None and cp.public_key not in self.trusted:

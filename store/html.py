@@ -623,7 +623,8 @@ def _chain(c: dict[str, Any]) -> str:
              f"BROKEN: {c['problem']}")
     sealed = {"final": "its final checkpoint (the run's end is sealed)",
               "commit": "its last checkpoint (the run recorded no end)",
-              "migrated": "the checkpoint sealed when its database was upgraded"}.get(str(c.get("sealed")), "—")
+              "migrated": "an unsigned legacy checkpoint, made when its database was upgraded"}.get(
+                  str(c.get("sealed")), "—")
     rows = [("chain", "chain", state),
             ("checkpoint", "sealed by", f"checkpoint #{c['checkpoint']}: {sealed}" if c.get("checkpoint") else None),
             ("chain_head", "chain head", c.get("head")),
@@ -653,6 +654,8 @@ CSS = """
 :root { --skip: #cfe3d4; --program: #3d7dd8; --erase: #e69a28; --failed: #d23a3a; --protected: #5b6270;
         --none: #ffffff; --line: #d5d9e0; --ink: #1d2330; --muted: #6a7282; }
 * { box-sizing: border-box; }
+    if c.get("legacy"):
+        rows.insert(1, ("legacy", "legacy", c["legacy"]))
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: var(--ink); margin: 24px 32px;
        background: #f6f7f9; max-width: 1300px; }
 header { display: flex; align-items: center; gap: 12px; }

@@ -1,14 +1,18 @@
 """Upgrading an audit database of schema version 1 (one hash per row, one row per register
-write) to version 2, in place, on open.
+write, no signatures) to version 2, in place — only by its owner's explicit `amdflash audit
+upgrade`, never as a side effect of opening it: a version-1 file needs no key to forge (edit
+a row, recompute the chain), so signing it on open would vouch for whatever it says.
 
 Version 1 chained every row with `hash = sha256(prev_hash || canonical row)`; that chain is
 verified first, and a database whose chain is broken is not touched (it is evidence as it
 is). Then, in one transaction, every row is moved to the compact tables under the seq it
 already had — register writes regrouped into ROM_SW transaction rows exactly as they would
 be recorded today, TX data and backed-up units into content-addressed blobs, `boards.detail`
-from Python text to JSON, clocks to microseconds — and every run is sealed with a signed
-checkpoint of kind "migrated". A last checkpoint (kind "migration") records the version-1
-chain head the rows came from. Then the file is vacuumed: the old tables' pages are freed.
+from Python text to JSON, clocks to microseconds — and every run is sealed with an UNSIGNED
+checkpoint of kind "migrated" (store.chain.LEGACY): its rows stay "recorded by an older
+amdflash, unsigned" in every view. The first signed checkpoint (kind "migration") comes
+after them and says where the legacy part ends: the version-1 chain head (seq, hash) the
+rows came from, the legacy seq range and row count. Then the file is vacuumed.
 """
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ from typing import Any
 
 from amdflash.store import schema
 from amdflash.store import writer
+from amdflash.store.chain import GENESIS, LEGACY, Checkpoint
+from amdflash.store.verify import reader_uri
 from amdflash.store.writer import Assembler, ChainWriter, Signer, default_anchor, now_iso, sign_and_insert
 
 V1_TABLES: dict[str, tuple[str, ...]] = {
@@ -48,6 +54,10 @@ V1_GENESIS = "0" * 64
 _DOUBLE = struct.Struct(">d")
 
 
+LEGACY_NOTE = ("rows up to v1_head_seq were recorded by an older amdflash, unsigned; their version-1 chain "
+               "verified at this upgrade, and nothing signs them")
+
+
 class MigrationRefused(schema.SchemaError):
     pass
 
@@ -65,17 +75,19 @@ def _v1_field(value: Any) -> bytes:
     return b"b" + bytes(value).hex().encode()
 
 
-def _v1_rows(conn: sqlite3.Connection) -> Iterator[tuple[int, str, tuple]]:
+def _v1_rows(conn: sqlite3.Connection, prefix: str) -> Iterator[tuple[int, str, tuple]]:
     def table(name: str) -> Iterator[tuple[int, str, tuple]]:
-        for row in conn.execute(f"SELECT seq, {', '.join(V1_TABLES[name])}, hash FROM v1_{name} ORDER BY seq"):
+        for row in conn.execute(f"SELECT seq, {', '.join(V1_TABLES[name])}, hash FROM {prefix}{name} ORDER BY seq"):
             yield row[0], name, row
     return heapq.merge(*(table(t) for t in V1_TABLES), key=lambda x: x[0])
 
 
-def verify_v1(conn: sqlite3.Connection) -> tuple[int, str]:
-    """(head seq, head hash) of an intact version-1 chain; MigrationRefused naming the first bad row."""
+def verify_v1(conn: sqlite3.Connection, prefix: str = "v1_") -> tuple[int, str]:
+    """(head seq, head hash) of an intact version-1 chain; MigrationRefused naming the first bad row.
+    `prefix`: of the version-1 tables' names (renamed "v1_..." during the upgrade; "" when a
+    version-1 file is read as it is, read-only)."""
     prev, expected = V1_GENESIS, 1
-    for seq, table, row in _v1_rows(conn):
+    for seq, table, row in _v1_rows(conn, prefix):
         if seq != expected:
             raise MigrationRefused(f"its version-1 chain is broken: {table} seq {seq}, expected {expected}")
         canonical = b"|".join([table.encode(), b"%d" % seq, *map(_v1_field, row[1:-1])])
@@ -83,7 +95,7 @@ def verify_v1(conn: sqlite3.Connection) -> tuple[int, str]:
         if digest != row[-1]:
             raise MigrationRefused(f"its version-1 chain is broken: {table} seq {seq} does not match its hash")
         prev, expected = digest, expected + 1
-    head = conn.execute("SELECT seq, hash FROM v1_chain_head WHERE id = 1").fetchone()
+    head = conn.execute(f"SELECT seq, hash FROM {prefix}chain_head WHERE id = 1").fetchone()
     if head is not None and (head[0], head[1]) != (expected - 1, prev):
         raise MigrationRefused("its version-1 chain head does not match the last row (rows removed from the end)")
     return expected - 1, prev
@@ -100,15 +112,16 @@ def _detail_json(text: str | None) -> tuple[str | None, int]:
     return json.dumps(value, sort_keys=True, default=str), int(bool(isinstance(value, dict) and value.get("emulated")))
 
 
-def migrate(conn: sqlite3.Connection, path: str, signer: Signer) -> None:
-    """Migrate the database behind `conn` from version 1 to version 2 (see the module doc)."""
+def migrate(conn: sqlite3.Connection, path: str, signer: Signer) -> Checkpoint | None:
+    """Migrate the database behind `conn` from version 1 to version 2 (see the module doc);
+    the signed "migration" checkpoint it ends with (None: another process migrated it)."""
     print(f"amdflash: upgrading audit database {path} to schema version {schema.SCHEMA_VERSION} "
           "(once; this can take a while on a large trail)", file=sys.stderr)
     conn.execute("BEGIN IMMEDIATE")
     try:
         if schema.version(conn) != 1:      # another process migrated it meanwhile
             conn.execute("ROLLBACK")
-            return
+            return None
         for (trigger,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
             conn.execute(f"DROP TRIGGER {trigger}")
         for table in (*V1_TABLES, "meta", "chain_head"):
@@ -116,15 +129,18 @@ def migrate(conn: sqlite3.Connection, path: str, signer: Signer) -> None:
         head_seq, head_hash = verify_v1(conn)
         schema.create(conn)
         writer = ChainWriter(conn, signer, None)
-        writer.kind = "migrated"
+        writer.kind = LEGACY         # sealed, chained, never signed
         _copy(conn, writer)
         writer._flush_inserts()
         writer._seal()
         ident, prev = conn.execute("SELECT checkpoint, hash FROM chain_head WHERE id = 1").fetchone()
-        from amdflash.store.chain import GENESIS, Checkpoint
-
+        legacy_rows = sum(run.rows for run in writer.runs.values())
+        # The first signed checkpoint: it vouches only for what follows it, and says where
+        # the unsigned, legacy part ends (checked by store.verify.legacy_part).
         cp = Checkpoint(ident + 1, "migration", None, None, head_seq, None, signer.public, now_iso(),
-                        json.dumps({"from_schema": 1, "v1_head_seq": head_seq, "v1_head_hash": head_hash}))
+                        json.dumps({"from_schema": 1, "v1_head_seq": head_seq, "v1_head_hash": head_hash,
+                                    "legacy_seq": [1, head_seq], "legacy_rows": legacy_rows,
+                                    "legacy_checkpoints": ident, "legacy": LEGACY_NOTE}))
         sign_and_insert(conn, signer, cp, prev or GENESIS)
         conn.execute("UPDATE chain_head SET seq = ?, checkpoint = ?, hash = ? WHERE id = 1",
                      (max(head_seq, writer.seq), cp.id, cp.hash))
@@ -137,6 +153,7 @@ def migrate(conn: sqlite3.Connection, path: str, signer: Signer) -> None:
             conn.execute("ROLLBACK")
         raise
     conn.execute("VACUUM")
+    return cp
 
 
 def _copy(conn: sqlite3.Connection, writer: ChainWriter) -> None:
@@ -170,7 +187,34 @@ def _copy(conn: sqlite3.Connection, writer: ChainWriter) -> None:
         assembler.finish()
 
 
-def prepare(path: str, key_path: Path) -> None:
-    """Create the schema, or migrate an older one (signing with the host key at `key_path`),
-    or refuse a database that is not ours; proves it writable (else StoreUnavailable)."""
-    writer.prepare(path, upgrade=lambda conn: migrate(conn, path, Signer.load(key_path)))
+def prepare(path: str, key_path: Path | None = None) -> None:
+    """Create the schema, or refuse a database that is not ours or is of an older schema
+    (store.writer.prepare: nothing upgrades as a side effect; `key_path` is not used)."""
+    writer.prepare(path)
+
+
+def upgrade(path: str, key_path: Path) -> Checkpoint | None:
+    """`audit upgrade`: migrate the version-1 database at `path` (its owner's, checked by the
+    caller), signing the migration checkpoint with the host key at `key_path`."""
+    done: Checkpoint | None = None
+
+    def run(conn: sqlite3.Connection) -> None:
+        nonlocal done
+        done = migrate(conn, path, Signer.load(key_path))
+
+    writer.prepare(path, upgrade=run)
+    return done
+
+
+def read_legacy(path: str) -> tuple[int, str, int]:
+    """A version-1 file read as it is, read-only: (head seq, head hash, runs) of its intact
+    chain (MigrationRefused naming the first bad row). Nothing in it is signed."""
+    conn = sqlite3.connect(reader_uri(path), uri=True, timeout=30.0, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        head_seq, head_hash = verify_v1(conn, "")
+        runs = conn.execute("SELECT count(DISTINCT run_id) FROM runs").fetchone()[0]
+        conn.execute("COMMIT")
+        return head_seq, head_hash, runs
+    finally:
+        conn.close()

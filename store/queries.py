@@ -14,9 +14,14 @@ from typing import Any
 
 import sqlite_utils
 from amdflash.store import schema
+from amdflash.store.chain import LEGACY
 from amdflash.store.run_rows import RunRows, RunUnverified, open_run
 from amdflash.store.status import ENDS, PROCESS_STAGE, run_status
-from amdflash.store.verify import VerifyReport, snapshot
+from amdflash.store.verify import VerifyReport, connect_reader, snapshot
+
+
+LEGACY_RUN = ("recorded by an older amdflash, unsigned: its rows are verified only by their version-1 chain, "
+              "checked when the trail was upgraded; nothing signs them")
 
 
 class RunNotFound(LookupError):
@@ -24,8 +29,9 @@ class RunNotFound(LookupError):
 
 
 def open_readonly(path: str) -> sqlite_utils.Database:
-    """The database, read-only; SchemaError unless it is an amdflash database of this version."""
-    conn = schema.connect(path, readonly=True)
+    """The database, read-only (store.verify.reader_uri: root reading another user's trail
+    creates nothing beside it); SchemaError unless it is an amdflash database of this version."""
+    conn = connect_reader(path)
     found = schema.version(conn)
     if found != schema.SCHEMA_VERSION:
         conn.close()
@@ -70,7 +76,9 @@ def runs(db: sqlite_utils.Database) -> list[dict[str, Any]]:
                    (SELECT emulated FROM boards b WHERE b.run_id = r.run_id ORDER BY seq LIMIT 1) AS emulated
             FROM runs r ORDER BY r.seq""")]
         resumed = {r["resumes_run_id"] for r in rows if r["resumes_run_id"]}
+        legacy = {r for (r,) in db.conn.execute("SELECT DISTINCT run_id FROM checkpoints WHERE kind = ?", (LEGACY,))}
         for r in rows:
+            r["legacy"] = r["run_id"] in legacy      # an older amdflash recorded it, unsigned
             process = None if r["status"] in ENDS else _process(db, r["run_id"])
             r["status"] = run_status(r["status"], r["run_id"] in resumed, process, r.pop("machine_id"))
     return rows
@@ -275,7 +283,8 @@ def _report(db: sqlite_utils.Database, rows: RunRows, keyfiles: list[Path] | Non
             "sealed": cp.kind if cp else None,
             "head": cp.head.hex() if cp and cp.head else None,
             "checkpoint_hash": cp.hash.hex() if cp else None,
-            "signed_by": fingerprint(cp.public_key) if cp and cp.public_key else None,
+            "signed_by": fingerprint(cp.public_key) if cp and cp.public_key and not checked.legacy else None,
+            "legacy": LEGACY_RUN if checked.legacy else None,
             "unsealed_rows": rows.unsealed_rows,
             "signature": _signature(checked),
         },
@@ -286,6 +295,8 @@ def _report(db: sqlite_utils.Database, rows: RunRows, keyfiles: list[Path] | Non
 
 def _signature(checked: VerifyReport) -> str:
     """What the run's signatures prove, and of which rows."""
+    if checked.legacy:
+        return f"none: {LEGACY_RUN}"
     if not checked.checkpoints:
         return "none: no checkpoint seals any row of this run yet, so nothing in it is verified"
     how = ("verified against the given key" if checked.trusted else

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import Any
 from amdflash.store import keys, schema
 from amdflash.store.chain import (
     GENESIS,
+    LEGACY,
     Broken,
     Checkpoint,
     KeyCheck,
@@ -34,9 +36,73 @@ from amdflash.store.chain import (
 )
 from amdflash.store.files import read_regular
 from amdflash.store.schema import LOGICAL, PHYSICAL, PLAIN, RUN_END_SQL, TERMINAL
+from amdflash.stages.files import readonly_uri
 
 RUN_KINDS = ("commit", "final", "migrated")
 ANCHOR_LIMIT = 1 << 30    # one short line per checkpoint: millions of runs fit
+
+
+def reader_uri(path: str) -> str:
+    """An SQLite URI that reads `path` and changes nothing: read-only; and for a trail this
+    user does not own, or in a directory it does not own (root reading another user's file),
+    also without creating a -wal and -shm beside it (they would be the reader's, and could
+    keep the owner's next run out): `immutable` when no writer has the trail open (it has
+    no -wal), else through the -wal and -shm its writer made."""
+    uri = readonly_uri(path)
+    try:
+        owners = {os.stat(path).st_uid, os.stat(os.path.dirname(os.path.abspath(path))).st_uid}
+    except OSError:
+        return uri
+    if owners == {os.geteuid()} or (os.path.exists(f"{path}-wal") and os.path.exists(f"{path}-shm")):
+        return uri
+    return uri + "&immutable=1"
+
+
+def connect_reader(path: str) -> sqlite3.Connection:
+    """A read-only connection (reader_uri), autocommit like schema.connect."""
+    return sqlite3.connect(reader_uri(path), uri=True, timeout=30.0, isolation_level=None, check_same_thread=False)
+
+
+@dataclass
+class Legacy:
+    """The part of a trail an older amdflash recorded, unsigned (store.migrate): what
+    verifies it is only its own version-1 chain, checked at the upgrade."""
+
+    rows: int                  # rows its legacy checkpoints seal
+    first: int                 # its seq range
+    last: int
+    runs: int
+    migration: int             # the signed checkpoint that says where it ends
+
+    def describe(self) -> str:
+        return (f"{self.rows} legacy rows (seq {self.first}..{self.last}, {self.runs} run(s)) recorded by an "
+                "older amdflash, unsigned: verified by their unsigned v1 chain only (at the upgrade, "
+                f"checkpoint #{self.migration}); no signature covers them")
+
+
+def legacy_part(checkpoints: list[Checkpoint], migrations: list[Checkpoint]) -> Legacy | None:
+    """The legacy part sealed by `checkpoints` (LEGACY ones), None if none. They must all come
+    before the signed migration checkpoint and end where it says the legacy part ends: a
+    legacy checkpoint anywhere else was not made by an upgrade (Broken)."""
+    legacy = [c for c in checkpoints if c.kind == LEGACY]
+    if not legacy:
+        return None
+    if not migrations:
+        raise Broken(f"checkpoint #{legacy[0].id} (run {legacy[0].run_id}) seals legacy rows (an older amdflash's, "
+                     "unsigned), but no migration checkpoint says where the legacy part ends: not made by "
+                     "'audit upgrade'")
+    migration = migrations[0]
+    try:
+        end = int(json.loads(migration.detail or "{}")["v1_head_seq"])
+    except (ValueError, KeyError, TypeError):
+        raise Broken(f"migration checkpoint #{migration.id}: its detail does not say where the legacy part "
+                     "ends (v1_head_seq)") from None
+    for c in legacy:
+        if c.id > migration.id or (c.last_seq or 0) > end:
+            raise Broken(f"checkpoint #{c.id} (run {c.run_id}) seals legacy rows after the migration checkpoint "
+                         f"#{migration.id}, which ends the legacy part at seq {end}: added after the upgrade")
+    last = {c.run_id: c.rows or 0 for c in legacy}
+    return Legacy(sum(last.values()), 1, end, len(last), migration.id)
 
 
 @contextlib.contextmanager
@@ -62,6 +128,9 @@ class VerifyReport:
     runs: int = 0
     head: Checkpoint | None = None           # the newest checkpoint checked
     signers: dict[str, int] = field(default_factory=dict)   # key fingerprint -> checkpoints
+    legacy: Legacy | None = None             # rows of an older amdflash: never signed (store.migrate)
+    legacy_checkpoints: int = 0              # the checkpoints that seal them (unsigned)
+    unsigned: bool = False                   # --key asked for signatures the legacy rows cannot have
     trusted: bool = False                    # checked against --key
     archived: str | None = None              # what an archive seal vouches for
     anchor: str | None = None                # what the anchor file said
@@ -73,15 +142,21 @@ class VerifyReport:
     seconds: float = 0.0
 
     def describe(self) -> str:
+        if self.unsigned:
+            return f"audit chain NOT SIGNED in {self.scope}: {self.problem}"
         if not self.ok:
             return f"audit chain BROKEN in {self.scope}: {self.problem}"
         lines = [f"audit chain intact: {self.scope}, {self.rows} rows, {self.runs} run(s), "
-                 f"{self.checkpoints} signed checkpoints ({self.seconds:.2f} s)"]
+                 f"{self.checkpoints - self.legacy_checkpoints} signed checkpoints ({self.seconds:.2f} s)"]
+        if self.legacy is not None:
+            lines.append(f"legacy      {self.legacy.describe()}")
         if self.head is not None:
             lines.append(f"chain head  checkpoint #{self.head.id} hash {self.head.hash.hex()}")
         signers = ", ".join(f"{fp} ({n})" for fp, n in self.signers.items()) or "none"
         how = "verified against the given --key" if self.trusted else \
             "valid under the keys recorded in the database; pass --key PUBFILE to prove who signed"
+        if self.legacy is not None:
+            how += " (the legacy rows above excepted)"
         lines.append(f"signatures  {how}: {signers}")
         if self.key is not None and not self.checkpoints:
             lines.append("no checkpoint seals any row of this run yet: nothing in it is verified")
@@ -140,6 +215,7 @@ def _checked(report: VerifyReport, keyfiles: list[Path] | None, body: Callable[[
     except Broken as e:
         report.problem = str(e)
     report.signers = {keys.fingerprint(k): n for k, n in check.signers.items()}
+    report.legacy_checkpoints = check.legacy
     report.seconds = time.perf_counter() - started
     return report
 
@@ -163,6 +239,7 @@ def verify_database(conn: sqlite3.Connection, keyfiles: list[Path] | None = None
                              "checkpoints were removed")
             check_checkpoint_chain(checkpoints, base, check)
             _check_head(conn, checkpoints)
+            report.legacy = legacy_part(checkpoints, [c for c in checkpoints if c.kind == "migration"])
             by_id = {c.run_id: c for c in _chains(checkpoints).values()}
             runs: dict[str, int] = {}
             for run_id, key in conn.execute("SELECT run_id, seq FROM runs ORDER BY seq"):
@@ -194,6 +271,16 @@ def verify_run(conn: sqlite3.Connection, run_id: str, keyfiles: list[Path] | Non
             through, base, _ = _base(load_checkpoints(conn, "WHERE c.kind = 'archive'"))
             for cp in checkpoints:
                 check_checkpoint_chain([cp], _hash_before(conn, cp.id, through, base), check)
+            if any(c.kind == LEGACY for c in checkpoints):
+                migrations = load_checkpoints(conn, "WHERE c.kind = 'migration'")
+                legacy = report.legacy = legacy_part(checkpoints, migrations)
+                if check.trusted is not None and legacy is not None:
+                    report.unsigned = True
+                    raise Broken(f"run {run_id} was recorded by an older amdflash, unsigned: its rows are verified "
+                                 f"only by their version-1 chain, checked when the trail was upgraded (checkpoint "
+                                 f"#{legacy.migration}); no signature of it can be checked against --key")
+                for cp in migrations[:1]:     # the signed checkpoint that says where the legacy part ends
+                    check_checkpoint_chain([cp], _hash_before(conn, cp.id, through, base), check)
             chains = {run_id: RunChain(run_id, checkpoints)} if checkpoints else {}
             report.rows, report.unsealed = check_runs(conn, {run_id: key}, chains)
             # The bytes its rows refer to: the run's rows lie between its runs row and its end
@@ -375,7 +462,7 @@ class _Helper:
 
     def _run(self, path: str, rows: list[tuple[int, int, str, int, int]]) -> None:
         try:
-            conn = schema.connect(path, readonly=True)
+            conn = connect_reader(path)
             try:
                 conn.execute("BEGIN")
                 _load_segments(conn, rows)

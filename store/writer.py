@@ -31,6 +31,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import select
+import shlex
 import signal
 import socket
 import sqlite3
@@ -147,12 +148,29 @@ class FrameReader:
 
 # -- opening a database -------------------------------------------------------------------------
 
+def needs_upgrade(path: str, found: int) -> str:
+    """Why a database of an older schema is not used, and the one command that upgrades it."""
+    return (f"audit database {path} was written by an older amdflash (schema version {found}: a hash chain, "
+            "no signatures); no command upgrades it as a side effect of using it. Its owner upgrades it, "
+            f"once, with: amdflash --db {shlex.quote(path)} audit upgrade")
+
+
 def prepare(path: str, upgrade: Callable[[sqlite3.Connection], None] | None = None) -> None:
-    """Create the schema, or upgrade an older one with `upgrade` (store.migrate.prepare hands
-    it down: the migration is built on this module, so this module does not import it), or
-    refuse a database that is not ours or that needs an upgrade and got none. Proves the
-    database writable (else StoreUnavailable)."""
+    """Create the schema, or upgrade an older one with `upgrade` (only `audit upgrade` hands
+    one down, store.migrate.upgrade: the migration is built on this module, so this module
+    does not import it), or refuse a database that is not ours or that needs an upgrade and
+    got none. Proves the database writable (else StoreUnavailable)."""
     try:
+        if upgrade is None and os.path.isfile(path) and os.path.getsize(path):
+            # Looked at read-only first: opening it for writing would already change an older
+            # database (its journal mode), which only `audit upgrade` may.
+            probe = connect(path, readonly=True)
+            try:
+                found = version(probe)
+            finally:
+                probe.close()
+            if found is not None and 0 < found < SCHEMA_VERSION:
+                raise SchemaError(needs_upgrade(path, found))
         conn = connect(path)
         try:
             found = version(conn)
@@ -170,8 +188,7 @@ def prepare(path: str, upgrade: Callable[[sqlite3.Connection], None] | None = No
                     raise
             elif found < SCHEMA_VERSION:
                 if upgrade is None:
-                    raise SchemaError(f"audit database {path} has schema version {found}; it must be upgraded "
-                                      "first (every amdflash command does that when it opens it)")
+                    raise SchemaError(needs_upgrade(path, found))
                 upgrade(conn)
             elif found > SCHEMA_VERSION:
                 raise SchemaError(f"audit database {path} has schema version {found}; this amdflash understands "
@@ -777,8 +794,10 @@ class ChainWriter:
 
 
 def sign_and_insert(conn: sqlite3.Connection, signer: Signer, cp: chain.Checkpoint, prev: bytes) -> None:
+    """Insert `cp` chained after `prev`, signed; a legacy checkpoint (chain.LEGACY: rows an
+    older, unsigning amdflash recorded) is chained but never signed: no key vouches for them."""
     cp.hash = cp.digest(prev)
-    cp.sig = signer.sign(cp.hash)
+    cp.sig = b"" if cp.kind == chain.LEGACY else signer.sign(cp.hash)
     if cp.host is None:
         cp.host = signer.host_id(conn)
     conn.execute("INSERT INTO checkpoints (id, kind, run, run_id, rows, last_seq, head, host, at, detail, hash, sig) "

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from amdflash.stages.flash.protection import BP_TB_SEC_CMP, ProtectionLayout
+from amdflash.stages.flash.protection import BP_TB_SEC_CMP, SPI25_READINGS, ProtectionLayout, Reading
 from amdflash.stages.flash.sfdp import Sfdp
 
 KiB = 1024
@@ -156,6 +156,7 @@ class ChipInfo:
             "status_registers": [f"{r.name} {r.read:02X}h" + (f"/{r.write:02X}h" if r.write else "")
                                  for r in self.registers],
             "protection": (f"{layout.scheme}: " + ", ".join(_bit_names(layout))) if layout else None,
+            "protection_readings": [r.source for r in layout.all_readings()] if layout else [],
             "unique_id": f"{self.unique_id.kind}, {self.unique_id.length} bytes" if self.unique_id else None,
             "flashrom": self.flashrom or None, "sources": list(self.sources), "assumed": list(self.assumed),
         }
@@ -227,7 +228,7 @@ W25Q16DW = ChipInfo(
 # and global block unlock (98h) for the individual block locks WPS=1 selects. The FW keeps
 # the DW's QPI (38h); the JW has none. Times: as the DW's, assumed.
 _W25Q16W_PROTECTION = ProtectionLayout(bp=((0, 2), (0, 3), (0, 4)), tb=(0, 5), sec=(0, 6), cmp=(1, 6), srp1=(1, 0),
-                                       wps=(2, 2), wps_name="WPS")
+                                       wps=(2, 2), wps_name="WPS", readings=SPI25_READINGS)
 W25Q16FW = replace(
     W25Q16DW, name="Winbond W25Q16FW",
     registers=(SR1, StatusRegister("SR2", 0x35, 0x31), StatusRegister("SR3", 0x15, 0x11)),
@@ -240,6 +241,22 @@ W25Q16JW = replace(W25Q16FW, name="Winbond W25Q16JW", bfpt_minors=(6,))
 
 # MX25U1635F: flashrom "MX25U1635E" (same id; probe and read tested; no .reg_bits); the
 # protection table and ESN from ufprog. 35h on this part enables QPI: never send it.
+# Its BP bits are read two ways: ufprog's table (the bottom 1 MiB .. 1.94 MiB for BP = 10..14)
+# and flashrom's decode_range_spi25, which flashrom applies to the part's 4-BP 16 Mbit
+# siblings MX25L1635E and MX25L1633E (every BP from 6 up: everything). amdflash takes both.
+_MX_TABLE = (("top", 0), ("top", 64 * KiB), ("top", 128 * KiB), ("top", 256 * KiB), ("top", 512 * KiB),
+             ("top", 1024 * KiB), ("top", 2048 * KiB), ("top", 2048 * KiB), ("top", 2048 * KiB),
+             ("top", 2048 * KiB), ("bottom", 1024 * KiB), ("bottom", 1536 * KiB), ("bottom", 1792 * KiB),
+             ("bottom", 1920 * KiB), ("bottom", 1984 * KiB), ("top", 2048 * KiB))
+MX_UFPROG = Reading("ufprog mx25x_wpr_type2_4bp_tb0", "table")
+MX_FLASHROM = Reading("flashrom decode_range_spi25 as for the MX25L1635E/MX25L1633E", "spi25")
+# The MX25U1632F/1633F keep TB in a one-time configuration-register bit (CR bit 3, as flashrom's
+# MX25L3273F `.tb = {CONFIG, 3, OTP}`; ufprog MXIC_F_WPR_4BP_TB_OTP), which amdflash does not read:
+# both ends are taken as protected.
+MX_TB0 = Reading("flashrom decode_range_spi25 with TB=0 (the one-time TB bit is not read)", "spi25", tb=False)
+MX_TB1 = Reading("flashrom decode_range_spi25 with TB=1 (the one-time TB bit is not read)", "spi25", tb=True)
+_MX_BP = ((0, 2), (0, 3), (0, 4), (0, 5))
+
 MX25U1635F = ChipInfo(
     name="Macronix MX25U1635F",
     jedec=bytes((0xC2, 0x25, 0x35)),
@@ -255,22 +272,42 @@ MX25U1635F = ChipInfo(
     status_write=(0.010, 0.040),
     voltage="1.8 V",
     registers=(StatusRegister("SR", 0x05), StatusRegister("SCUR", 0x2B)),
-    protection=ProtectionLayout(
-        bp=((0, 2), (0, 3), (0, 4), (0, 5)),
-        table=(("top", 0), ("top", 64 * KiB), ("top", 128 * KiB), ("top", 256 * KiB), ("top", 512 * KiB),
-               ("top", 1024 * KiB), ("top", 2048 * KiB), ("top", 2048 * KiB), ("top", 2048 * KiB),
-               ("top", 2048 * KiB), ("bottom", 1024 * KiB), ("bottom", 1536 * KiB), ("bottom", 1792 * KiB),
-               ("bottom", 1920 * KiB), ("bottom", 1984 * KiB), ("top", 2048 * KiB)),
-        wps=(1, 7), wps_name="WPSEL"),
+    protection=ProtectionLayout(bp=_MX_BP, table=_MX_TABLE, wps=(1, 7), wps_name="WPSEL",
+                                readings=(MX_UFPROG, MX_FLASHROM)),
     unique_id=UniqueIdMethod("secured-otp", 16),
     qe=(0, 6),
     fail_flags=FailFlags(register=1, program=5, erase=6),
     flashrom="MX25U1635E (C2 25 35), tested: probe and read OK",
     sources=(FLASHROM, UFPROG),
-    assumed=("every time (Macronix 1.8 V figures as recalled)", "BP3..BP0 = 1000b protects everything"),
+    assumed=("every time (Macronix 1.8 V figures as recalled)",),
+    bfpt_minors=(0,),
 )
 
-CHIPS: tuple[ChipInfo, ...] = (GD25LQ16E, W25Q16DW, W25Q16FW, W25Q16JW, MX25U1635F)
+# MX25U1632F / MX25U1633F: ufprog lists both under C2 25 35 with an SFDP 1.6 (the 1635F's is
+# 1.0), P_FAIL/E_FAIL in SCUR, 2 x 512 B OTP with the ESN last, WPSEL in SCUR bit 7 (the 1632F;
+# taken for both) and four BP bits with a one-time TB. SFDP cannot tell the two apart; they
+# are one entry, and the TB bit is not read (both ends protected). The ESN's place is not
+# modelled: no unique ID (resume then needs the same --board).
+MX25U163XF = replace(
+    MX25U1635F, name="Macronix MX25U1632F/MX25U1633F",
+    protection=ProtectionLayout(bp=_MX_BP, wps=(1, 7), wps_name="WPSEL", readings=(MX_TB0, MX_TB1)),
+    unique_id=None,
+    flashrom="MX25U1635E (C2 25 35, the id it shares), tested: probe and read OK",
+    sources=(UFPROG, FLASHROM),
+    assumed=("every time (the MX25U1635F's)", "that its busy times and erase set are the MX25U1635F's"),
+    bfpt_minors=(6,),
+)
+
+# C2 25 35 whose SFDP does not say which part it is: the most careful of the three — every
+# reading of each (the 1635F's table and flashrom's rule, the 1632F/1633F's either TB).
+MX25U163X_UNKNOWN = replace(
+    MX25U1635F, name="Macronix MX25U1635F, MX25U1632F or MX25U1633F (not told apart by SFDP)",
+    protection=ProtectionLayout(bp=_MX_BP, table=_MX_TABLE, wps=(1, 7), wps_name="WPSEL",
+                                readings=(MX_UFPROG, MX_FLASHROM, MX_TB1)),
+    bfpt_minors=(),
+)
+
+CHIPS: tuple[ChipInfo, ...] = (GD25LQ16E, W25Q16DW, W25Q16FW, W25Q16JW, MX25U163X_UNKNOWN, MX25U1635F, MX25U163XF)
 
 
 def match_jedec(capture: bytes) -> ChipInfo | None:
@@ -290,7 +327,8 @@ def match_jedec(capture: bytes) -> ChipInfo | None:
 
 def identify_part(capture: bytes, table: Sfdp | None) -> ChipInfo | None:
     """The table entry for an RDID capture and the part's SFDP: among the entries sharing the
-    id, the one whose BFPT minor revision matches (ufprog's w25q16xw rule), else the default."""
+    id, the one whose BFPT minor revision matches (ufprog's rule), else the default (for the
+    Macronix id, the entry that takes every reading of every part sharing it)."""
     default = match_jedec(capture)
     if default is None or table is None:
         return default
@@ -298,6 +336,20 @@ def identify_part(capture: bytes, table: Sfdp | None) -> ChipInfo | None:
         if chip.jedec == default.jedec and chip.bfpt_minors and table.bfpt_revision[1] in chip.bfpt_minors:
             return chip
     return default
+
+
+def why_part(chip: ChipInfo, table: Sfdp | None) -> str:
+    """Why the identification chose `chip` (for `info` and the run's chip facts)."""
+    siblings = [c for c in CHIPS if c.jedec == chip.jedec and c.bfpt_minors]
+    if chip.source == "sfdp" or not siblings:
+        return f"the JEDEC id {chip.jedec.hex(' ')} is this part's alone in the chip table"
+    names = ", ".join(c.name.split(" ", 1)[1] for c in siblings)
+    shown = "unreadable" if table is None else f"{table.bfpt_revision[0]}.{table.bfpt_revision[1]}"
+    if chip.bfpt_minors:
+        return (f"the JEDEC id {chip.jedec.hex(' ')} is shared ({names}); the SFDP basic table's revision "
+                f"{shown} selects this one (ufprog's rule)")
+    return (f"the JEDEC id {chip.jedec.hex(' ')} is shared ({names}); the SFDP basic table's revision ({shown}) "
+            "selects none of the others, so this entry applies")
 
 
 def from_sfdp(table: Sfdp, capture: bytes) -> ChipInfo:

@@ -11,6 +11,12 @@ instead of the chip ignoring it and only a read-back noticing. Each part's layou
 * "table": one (side, bytes) entry per BP value, as the part's datasheet lists them,
   for parts whose ranges follow no formula.
 
+Where credible sources read the same bits differently (docs/flash-chip.md, "Where the
+sources disagree"), a layout lists every reading (`Reading`, each naming its source); the
+first is the one the part is modelled on. A write is refused when ANY reading calls its
+target protected: amdflash takes the larger protected range, since a chip that follows
+the other reading would silently ignore the write and only the read-back would notice.
+
 A part amdflash only knows from its SFDP has no layout: JESD216's tables do not say
 where block-protect bits are. Its protection is `UNKNOWN`, and nothing that needs it
 (refusing a protected target, clearing CMP) can be done for it.
@@ -31,6 +37,23 @@ Side = Literal["top", "bottom"]
 
 
 @dataclass(frozen=True)
+class Range:
+    """What one source's reading of the bits protects: [start, start + length)."""
+
+    source: str
+    start: int
+    length: int
+
+    def overlaps(self, address: int, size: int) -> bool:
+        return self.length > 0 and address < self.start + self.length and self.start < address + size
+
+    def describe(self) -> str:
+        if not self.length:
+            return "nothing"
+        return f"{self.start:#08x}-{self.start + self.length - 1:#08x} ({self.length // 1024} KiB)"
+
+
+@dataclass(frozen=True)
 class Protection:
     bp: int
     tb: bool
@@ -41,13 +64,22 @@ class Protection:
     bits: str = ""  # the part's protection bits as read, e.g. "BP=1 TB=0 SEC=0 CMP=0"
     known: bool = True
     individual: str = ""   # "WPS"/"WPSEL" when per-block locks replace the BP bits
+    # Other sources' readings of the same bits where they differ from this one (start,
+    # length): a target any of them calls protected is refused as protected.
+    others: tuple[Range, ...] = ()
+    source: str = ""       # the source of start/length's reading, named when others differ
 
     @property
     def end(self) -> int:
         return self.start + self.length
 
     def overlaps(self, address: int, size: int) -> bool:
-        return self.length > 0 and address < self.end and self.start < address + size
+        own = self.length > 0 and address < self.end and self.start < address + size
+        return own or any(r.overlaps(address, size) for r in self.others)
+
+    def readings(self) -> tuple[Range, ...]:
+        """Every source's reading, this one first."""
+        return (Range(self.source, self.start, self.length), *self.others)
 
     def describe(self) -> str:
         if not self.known:
@@ -55,12 +87,32 @@ class Protection:
         if self.individual:
             return (f"{self.bits}: individual block locks in force (the BP bits are ignored; every block has "
                     "its own lock, which amdflash neither reads nor changes): any address may be protected")
+        if self.others:
+            readings = "; ".join(f"{r.describe()} by {r.source}" for r in self.readings())
+            return (f"{self.bits}: read more than one way — {readings}; amdflash takes every one of these "
+                    "ranges as protected")
         if not self.length:
             return f"{self.bits}: nothing protected"
         return f"{self.bits}: {self.start:#08x}-{self.end - 1:#08x} protected ({self.length // 1024} KiB)"
 
 
 UNKNOWN = Protection(0, False, False, False, 0, 0, known=False)
+
+
+Rule = Literal["spi25", "spi25-bp11-all", "table"]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One source's rule for the bits: "spi25" flashrom's decode_range_spi25 (ufprog's
+    wpr_3bp_tb_sec_cmp gives the same ranges for 3 BP bits); "spi25-bp11-all" the same, except
+    that BP2..BP1 = 11 protects everything whatever SEC says (the Winbond/GigaDevice datasheet
+    tables); "table" the layout's per-BP table. `tb` forces the TB value for a part whose TB
+    bit amdflash does not read (the MX25U1632F/1633F keep it in a one-time configuration bit)."""
+
+    source: str
+    rule: Rule
+    tb: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +130,9 @@ class ProtectionLayout:
     # that state too). amdflash does not read those locks: the protection is then "any".
     wps: Bit | None = None
     wps_name: str = "WPS"
+    # Every source's reading, the one the part is modelled on first (() : "table" if the
+    # layout has a table, else "spi25", from flashrom).
+    readings: tuple[Reading, ...] = ()
 
     def status_locked(self, regs: Sequence[int]) -> bool:
         """The status registers cannot be written by software (SRP1 set)."""
@@ -101,14 +156,28 @@ class ProtectionLayout:
         if on(self.wps):
             names.append(f"{self.wps_name}=1")
             return Protection(bp, tb, sec, cmp, 0, size, " ".join(names), individual=self.wps_name)
-        if self.table is not None:
+        ranges = [self.reading_range(r, bp, tb, sec, cmp, size) for r in self.all_readings()]
+        first = ranges[0]
+        others = tuple(r for r in ranges[1:] if (r.start, r.length) != (first.start, first.length))
+        return Protection(bp, tb, sec, cmp, first.start, first.length, " ".join(names), others=others,
+                          source=first.source)
+
+    def all_readings(self) -> tuple[Reading, ...]:
+        return self.readings or (Reading("flashrom", "table" if self.table is not None else "spi25"),)
+
+    def reading_range(self, reading: Reading, bp: int, tb: bool, sec: bool, cmp: bool, size: int) -> Range:
+        """What `reading` says BP/TB/SEC/CMP protect."""
+        if reading.tb is not None:
+            tb = reading.tb
+        if reading.rule == "table":
+            assert self.table is not None
             side, length = self.table[bp]
             start = 0 if side == "bottom" else size - length
-            return Protection(bp, tb, sec, cmp, start if length else 0, length, " ".join(names))
+            return Range(reading.source, start if length else 0, length)
         top = (1 << len(self.bp)) - 1
         if bp == 0:
             length = 0
-        elif bp == top:
+        elif bp == top or (reading.rule == "spi25-bp11-all" and bp >> (len(self.bp) - 2) == 0b11):
             length = size
         elif sec:
             length = min(0x1000 << (bp - 1), 0x8000)
@@ -118,7 +187,7 @@ class ProtectionLayout:
         if cmp:
             # The complement of [start, start+length): one contiguous range on the other side.
             start, length = (length, size - length) if tb else (0, size - length)
-        return Protection(bp, tb, sec, cmp, start if length else 0, length, " ".join(names))
+        return Range(reading.source, start if length else 0, length)
 
     def without_cmp(self, regs: Sequence[int]) -> list[int]:
         """The registers as they read once CMP is cleared."""
@@ -128,9 +197,19 @@ class ProtectionLayout:
         return out
 
 
+# The BP/TB/SEC/CMP parts' readings. flashrom (decode_range_spi25) and ufprog
+# (wpr_3bp_tb_sec_cmp) agree on all 64 settings; the Winbond/GigaDevice datasheet tables (as
+# recalled: no datasheet text reached here) differ at SEC=1, BP=6: everything, where both
+# programs say 32 KiB (and so, with CMP=1, nothing rather than all but 32 KiB).
+SPI25_READINGS = (
+    Reading("flashrom decode_range_spi25 and ufprog wpr_3bp_tb_sec_cmp", "spi25"),
+    Reading("the Winbond/GigaDevice datasheet tables (recalled)", "spi25-bp11-all"),
+)
+
 # BP2..BP0 in SR1 bits 2..4, TB bit 5, SEC bit 6, CMP in SR2 bit 6, SRP1 in SR2 bit 0
 # (GD25LQ16E, W25Q16DW).
-BP_TB_SEC_CMP = ProtectionLayout(bp=((0, 2), (0, 3), (0, 4)), tb=(0, 5), sec=(0, 6), cmp=(1, 6), srp1=(1, 0))
+BP_TB_SEC_CMP = ProtectionLayout(bp=((0, 2), (0, 3), (0, 4)), tb=(0, 5), sec=(0, 6), cmp=(1, 6), srp1=(1, 0),
+                                 readings=SPI25_READINGS)
 
 
 def decode(sr1: int, sr2: int, size: int = 0x200000) -> Protection:

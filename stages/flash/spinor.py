@@ -98,6 +98,7 @@ class SpiNor:
         self.chip = chip
         self.clock = spi.bar.clock
         self._busy: _Busy | None = None
+        self.cmp_attempts: list[str] = []   # the last clear_cmp's writes and read-backs
 
     # -- identification ---------------------------------------------------------------------
     def rdid(self) -> bytes:
@@ -213,8 +214,12 @@ class SpiNor:
     def clear_cmp(self) -> bool:
         """Clear CMP, preserving every other protection and QE bit. False if already clear.
 
-        01h with the registers from the first up to CMP's (SR1, SR2 on the parts that have
-        CMP): a one-byte 01h clears CMP and QE on some parts (W25Q16DW), so all are written.
+        Two ways to write CMP's register: 01h with the registers from the first up to CMP's
+        (SR1, SR2: a one-byte 01h clears CMP and QE on some parts, W25Q16DW, so all are
+        written), or its own opcode (31h: SR2 alone, the FW/JW per ufprog). Which one a part
+        takes is known only as well as its identification (the kernel writes every EF 60 15
+        part with a two-byte 01h): on a part identified for 31h, a CMP still set after it is
+        retried with 01h. Each attempt and its read-back is kept in `cmp_attempts` for the trail.
         """
         chip = self._chip()
         layout = chip.protection
@@ -222,24 +227,30 @@ class SpiNor:
             raise ProtectedError(f"{chip.name}: no known CMP bit to clear")
         self._idle()
         index, bit = layout.cmp
+        register = chip.registers[index]
         regs = [self.status(r.read) for r in chip.registers[:index + 1]]
+        self.cmp_attempts = []
         if not regs[index] >> bit & 1:
             return False
-        self.write_enable()
         # WIP and WEL are not writable; lock bits are written back as read, so nothing is locked.
         cleared = layout.without_cmp([regs[0] & 0xFC, *regs[1:]])
-        own = chip.registers[index].write
-        if chip.status_write_method == "own" and own is not None:
-            self.spi.command(own, tx=bytes((cleared[index],)))      # the register alone (31h)
-        else:
-            self.spi.command(WRSR, tx=bytes(cleared))
+        methods: list[tuple[int, bytes]] = [(WRSR, bytes(cleared))]
+        if chip.status_write_method == "own" and register.write is not None:
+            methods.insert(0, (register.write, bytes((cleared[index],))))     # the register alone (31h)
         typical, maximum = chip.status_write
-        self.wait_ready(typical, maximum, "write status", self.spi.last_end)
-        now = self.status(chip.registers[index].read)
-        if now >> bit & 1:
-            raise FlashError(f"CMP did not clear ({chip.registers[index].name}={now:#04x}); "
-                             "the status register may be locked (SRP)")
-        return True
+        for opcode, data in methods:
+            self.write_enable()
+            self.spi.command(opcode, tx=data)
+            self.wait_ready(typical, maximum, "write status", self.spi.last_end)
+            now = self.status(register.read)
+            done = not now >> bit & 1
+            self.cmp_attempts.append(f"{opcode:02X}h {data.hex(' ')}: {register.name}={now:#04x}, "
+                                     f"CMP {'clear' if done else 'still set'}")
+            if done:
+                return True
+        raise FlashError(f"CMP did not clear ({register.name}={now:#04x} after "
+                         f"{' then '.join(f'{op:02X}h' for op, _ in methods)}); the status register may be "
+                         "locked (SRP)")
 
     # -- array operations -------------------------------------------------------------------
     def read(self, address: int, count: int) -> bytes:

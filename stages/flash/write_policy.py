@@ -14,6 +14,7 @@ do not say.
 """
 from __future__ import annotations
 
+from amdflash.stages.flash.protection import ProtectionLayout
 from amdflash.stages.flash.spinor import FlashIdentity
 
 
@@ -40,7 +41,8 @@ def refusal(ident: FlashIdentity, lo: int, hi: int, clear_cmp: bool, unknown_chi
     if after.overlaps(lo, hi - lo):
         return (f"the target range {lo:#08x}-{hi - 1:#08x} is write-protected "
                 f"({after.describe()}{' even with CMP cleared' if clear_cmp else ''}); "
-                "amdflash does not change block protection bits")
+                f"amdflash does not change block protection bits: clear {_bp_names(layout)} with a programmer "
+                "that knows the part, then run again")
     return None
 
 
@@ -63,6 +65,10 @@ def _unknown_chip(ident: FlashIdentity, clear_cmp: bool, unknown_chip_ok: bool) 
                 "bits, and this part's SFDP does not say what they protect; clear them with a tool that knows "
                 "the part, then run again")
     return None
+
+
+def _bp_names(layout: ProtectionLayout) -> str:
+    return "..".join(f"BP{i}" for i in (len(layout.bp) - 1, 0))
 
 
 def _bits(mask: int) -> str:

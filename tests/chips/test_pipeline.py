@@ -159,7 +159,7 @@ REFUSALS = [
     ("UNKNOWN", {}, ["--unknown-chip-ok", "--clear-cmp"], "--clear-cmp: the part is known only from its SFDP"),
     ("UNKNOWN", {"bp": 1}, ["--unknown-chip-ok"], "SR1=44 has bits 2 set"),
     ("MX25U1635F", {}, ["--clear-cmp"], "has no CMP bit"),
-    ("MX25U1635F", {"bp": 10}, [], "0x000000-0x0fffff protected"),
+    ("MX25U1635F", {"bp": 10}, [], "0x000000-0x0fffff (1024 KiB) by ufprog"),
     ("W25Q16DW", {"cmp": True}, [], "--clear-cmp"),
 ]
 
@@ -174,12 +174,13 @@ def test_writes_are_refused_before_anything_is_written(cli, make_board, image, c
         assert b.stats()["flash_busy_seconds"] == 0
 
 
-def test_the_mx25u1635f_writes_outside_its_protected_bottom_half(cli, make_board, image):
-    board = make_board(chip="MX25U1635F", content="blank", transport="ideal", bp=10)
-    r = cli("flash", image, "--yes", "--expect-part", PART_KEY, "--start-sector", "256", "--board", f"sim:{board}")
+def test_the_mx25u1635f_writes_outside_what_every_reading_protects(cli, make_board, image):
+    """BP=4: the top 512 KiB by ufprog's table and flashrom's rule alike; below it is written."""
+    board = make_board(chip="MX25U1635F", content="blank", transport="ideal", bp=4)
+    r = cli("flash", image, "--yes", "--expect-part", PART_KEY, "--sector-count", "384", "--board", f"sim:{board}")
     assert r.code == 0, r.err
     got = flash_content(board)
-    assert got[0x100000:] == image.read_bytes()[0x100000:] and got[:0x100000] == b"\xff" * 0x100000
+    assert got[:0x180000] == image.read_bytes()[:0x180000] and got[0x180000:] == b"\xff" * 0x80000
 
 
 def test_cmp_on_the_w25q16dw_is_cleared_with_both_status_bytes(cli, make_board, image):
@@ -201,6 +202,8 @@ def test_cmp_on_the_w25q16fw_and_jw_is_cleared_by_writing_sr2_alone(cli, make_bo
     assert status_writes == [(0x31, b"\x00")]          # SR2 alone, CMP cleared, nothing else touched
     with Board(board) as b:
         assert b.chip.transaction(b"\x35", 1) == b"\x00"
+    ends = [s["detail"] for s in last_report(cli)["stages"] if (s["stage"], s["event"]) == ("clear_cmp", "end")]
+    assert ends == ["SR2.CMP cleared: 31h 00: SR2=0x00, CMP clear"]
 
 
 @pytest.mark.parametrize("chip, select", [("W25Q16JW", "WPS"), ("MX25U1635F", "WPSEL")])

@@ -130,6 +130,23 @@ def test_clear_cmp_on_the_w25q16jw_writes_sr2_alone_with_31h(open_board):
     assert [(op, tx) for op, _, tx, rx in o.ops if op in (0x01, 0x31, 0x11)] == [(0x31, 1)]
 
 
+def test_a_w25q16dw_taken_for_an_fw_has_cmp_cleared_with_01h_once_31h_left_it_set(open_board):
+    """The FW/JW are written with 31h (ufprog), the DW with a two-byte 01h only (the kernel
+    writes every EF 60 15 part so): a DW identified as an FW ignores 31h, and the driver,
+    reading CMP back, tries 01h rather than stopping a board it can write."""
+    o = open_board(chip="W25Q16DW", transport="ideal")
+    chip = o.board.chip
+    for out in (b"\x06", b"\x01\x00\x42"):              # QE and CMP set
+        chip.transaction(out, 0)
+    with o.engine:
+        o.nor.identify()
+        o.nor.chip = chips.W25Q16FW                      # what an SFDP saying 1.5 would have picked
+        assert o.nor.clear_cmp()
+        assert o.nor.status(0x35) == 0x02                # CMP clear, QE kept
+    assert [(op, tx) for op, _, tx, rx in o.ops if op in (0x01, 0x31, 0x11)] == [(0x31, 1), (0x01, 2)]
+    assert o.nor.cmp_attempts == ["31h 02: SR2=0x42, CMP still set", "01h 00 02: SR2=0x02, CMP clear"]
+
+
 def test_a_revision_1_0_table_lacks_what_a_write_needs(open_board):
     o = open_board(chip="UNKNOWN-SFDP10", transport="ideal")
     with o.engine:
@@ -171,14 +188,17 @@ def test_clear_cmp_on_the_w25q16dw_writes_both_registers_and_keeps_qe(open_board
 
 
 def test_the_mx25u1635f_has_no_cmp_to_clear_and_its_protection_is_its_table(open_board):
+    """BP=10: the bottom 1 MiB by ufprog's table, everything by flashrom's rule: both are named
+    and the larger is refused."""
     o = open_board(chip="MX25U1635F", transport="ideal", bp=10)
     with o.engine:
         ident = o.nor.identify()
         assert (ident.protection.start, ident.protection.length) == (0, 0x100000)
-        assert ident.protection.describe() == "BP=10: 0x000000-0x0fffff protected (1024 KiB)"
-        o.nor.check_writable(0x100000, 0x1000)
-        with pytest.raises(ProtectedError):
-            o.nor.check_writable(0xFF000, 0x1000)
+        assert "0x000000-0x0fffff (1024 KiB) by ufprog" in ident.protection.describe()
+        assert "0x000000-0x1fffff (2048 KiB) by flashrom" in ident.protection.describe()
+        for address in (0xFF000, 0x100000):
+            with pytest.raises(ProtectedError):
+                o.nor.check_writable(address, 0x1000)
         with pytest.raises(ProtectedError, match="no known CMP"):
             o.nor.clear_cmp()
     assert not o.writes_to_flash()
@@ -220,3 +240,17 @@ def test_a_part_that_takes_4_byte_addresses_only_cannot_be_written_through_rom_s
     chip = chips.from_sfdp(parse_bfpt((1, 6), struct.pack("<16I", *dw)), bytes.fromhex("e55315ff"))
     assert chip.address_bytes == "4" and chip.name.startswith("unknown part (JEDEC e5 53 15")
     assert chip.write_gaps() == ["it takes 4-byte addresses only (the ROM_SW engine sends at most 3)"]
+
+
+@pytest.mark.parametrize("part", ["GD25LQ16E", "W25Q16FW", "W25Q16JW"])
+def test_an_emulated_sfdp_names_35h_exactly_when_the_chip_answers_35h_with_sr2(open_board, part):
+    """Linux's sfdp.c reads QER 100b as "SR2 has no read instruction" (SNOR_F_NO_READ_CR): a
+    table saying so of a part that answers 35h contradicts the part."""
+    o = open_board(chip=part, transport="ideal")
+    chip = o.board.chip
+    for out in (b"\x06", b"\x01\x00\x02"):              # QE set: SR2 = 02h
+        chip.transaction(out, 0)
+    with o.engine:
+        ident = o.nor.identify()
+        assert ident.sfdp is not None and ident.sfdp.sr2_read == 0x35
+        assert o.nor.status(0x35) == 0x02

@@ -1,7 +1,8 @@
 """A database made by amdflash with audit schema version 1 (tests/review/data, made at commit
-4b7a341) is upgraded on open: every recorded value stays queryable under the same names,
-its runs are sealed and signed, replay still reproduces them, and a broken version-1 chain
-is refused untouched."""
+4b7a341) is upgraded by its owner's `audit upgrade`, never on open: every recorded value
+stays queryable under the same names, its runs stay legacy (sealed by unsigned checkpoints,
+the first signed one marking where they end), replay still reproduces them, and a broken
+version-1 chain is refused untouched."""
 from __future__ import annotations
 
 import json
@@ -58,36 +59,47 @@ def amdflash(db: Path, capsys, *args: object) -> tuple[int, str, str]:  # noqa: 
     return code, out, err
 
 
-def test_a_version_1_database_is_upgraded_on_open_and_keeps_every_value(v1: Path, capsys, tmp_path, host_key):
+def test_a_version_1_database_is_upgraded_by_audit_upgrade_and_keeps_every_value(v1: Path, capsys, tmp_path,
+                                                                                   host_key):
     from amdflash.store import keys
 
     before = _content(v1)
     assert len(before["register_writes"]) > 4000 and len(before["spi_transactions"]) > 1000
     size = v1.stat().st_size
+    code, _, err = amdflash(v1, capsys, "runs", "--format", "json")
+    assert code == 2 and f"amdflash --db {v1} audit upgrade" in err and "upgrading" not in err
+    code, out, err = amdflash(v1, capsys, "audit", "upgrade")
+    assert code == 0 and "upgrading audit database" in err and "5787" in out, out + err
     code, out, err = amdflash(v1, capsys, "runs", "--format", "json")
-    assert code == 0 and "upgrading audit database" in err
+    assert code == 0, err
     runs = json.loads(out)
     assert len(runs) == 8 and {r["command"] for r in runs} == {"info", "flash", "read", "resume"}
+    assert all(r["legacy"] for r in runs)
     con = sqlite3.connect(v1)
     assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
-    kinds = [k for (k,) in con.execute("SELECT kind FROM checkpoints ORDER BY id")]
+    kinds = [(k, bool(sig)) for (k, sig) in con.execute("SELECT kind, sig FROM checkpoints ORDER BY id")]
     migration = json.loads(con.execute("SELECT detail FROM checkpoints WHERE kind = 'migration'").fetchone()[0])
     detail, emulated = con.execute("SELECT detail, emulated FROM boards ORDER BY seq LIMIT 1").fetchone()
     con.close()
-    assert kinds == ["migrated"] * 8 + ["migration"]
+    # The legacy runs are sealed unsigned; the one signed checkpoint says where they end.
+    assert kinds == [("migrated", False)] * 8 + [("migration", True)]
     assert migration["from_schema"] == 1 and migration["v1_head_seq"] == 5787 and len(migration["v1_head_hash"]) == 64
+    assert migration["legacy_seq"] == [1, 5787] and migration["legacy_checkpoints"] == 8
     assert json.loads(detail) == {"emulated": True, "profile": "ideal"} and emulated == 1
     # Same content under the same names, much smaller.
     assert _content(v1) == before
     assert v1.stat().st_size < size / 2
-    # Sealed and signed by this host.
+    # The upgrade's checkpoint is signed by this host; the legacy rows by nobody.
     pub = tmp_path / "host.pub"
     pub.write_text(keys.public_line(keys.public_bytes(keys.load_private(host_key))))
     code, out, _ = amdflash(v1, capsys, "audit", "verify", "--key", pub)
-    assert code == 0 and "8 run(s), 9 signed checkpoints" in out, out
+    assert code == 0 and "8 run(s), 1 signed checkpoints" in out, out
+    assert f"{migration['legacy_rows']} legacy rows (seq 1..5787, 8 run(s))" in out
+    assert "verified by their unsigned v1 chain only" in out
 
 
 def test_replay_still_reproduces_the_migrated_runs(v1: Path, capsys):
+    assert amdflash(v1, capsys, "audit", "upgrade")[0] == 0
     runs = {r["board_spec"].rsplit("/", 1)[-1] + ":" + r["command"]: r["run_id"]
             for r in json.loads(amdflash(v1, capsys, "runs", "--format", "json")[1])}
     code, out, _ = amdflash(v1, capsys, "replay", runs["clean:flash"], "--format", "json")
@@ -108,7 +120,9 @@ def test_a_broken_version_1_chain_is_refused_and_left_untouched(v1: Path, capsys
     con.commit()
     con.close()
     before = _content(v1)
-    code, _, err = amdflash(v1, capsys, "audit", "verify")
+    code, out, _ = amdflash(v1, capsys, "audit", "verify")
+    assert code == 1 and "BROKEN" in out and "version-1 chain is broken: units seq" in out
+    code, _, err = amdflash(v1, capsys, "audit", "upgrade")
     assert code == 2 and "version-1 chain is broken: units seq" in err
     con = sqlite3.connect(v1)
     assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("1",)

@@ -663,7 +663,7 @@ def test_sfdp_header_and_required_fields(open_board):
     assert dw[12] == 0x757A757A and not dw[11] >> 31             # suspend 75h, resume 7Ah
     assert (dw[13] >> 15) & 0xFF == 0xAB and (dw[13] >> 23) & 0xFF == 0xB9
     assert not dw[13] >> 31                                      # deep power-down supported
-    assert (dw[14] >> 20) & 0x7 == 0b100                         # QER: 01h with two bytes
+    assert (dw[14] >> 20) & 0x7 == 0b101                         # QER: 35h reads SR2, 01h writes both
     assert (dw[15] >> 8) & 0x3F == 0b010000                      # reset 66h + 99h
     assert sfdp(b, 0x30 + 64, 4) == b"\xff" * 4                  # nothing past the table
     assert tx(b, 0x5A, 0, 0, 0, 0, rx=4) == b"SFDP"              # dummy sent as TX

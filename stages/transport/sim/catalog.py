@@ -6,6 +6,7 @@ module can import the parts, without a loop between them.
 from __future__ import annotations
 
 from amdflash.stages.transport.sim.gd25 import GD25LQ16E
+from amdflash.stages.transport.sim.mx25u1633f import MX25U1633F
 from amdflash.stages.transport.sim.mx25u1635f import MX25U1635F
 from amdflash.stages.transport.sim.parts import PartSpec
 from amdflash.stages.transport.sim.unknown_part import UNKNOWN, UNKNOWN_2BFPT, UNKNOWN_SFDP2, UNKNOWN_SFDP10
@@ -16,8 +17,8 @@ DEFAULT_PART = "GD25LQ16E"
 
 
 def all_parts() -> dict[str, PartSpec]:
-    return {p.name: p for p in (GD25LQ16E, W25Q16DW, W25Q16FW, W25Q16JW, MX25U1635F, UNKNOWN, UNKNOWN_SFDP10,
-                                        UNKNOWN_2BFPT, UNKNOWN_SFDP2)}
+    return {p.name: p for p in (GD25LQ16E, W25Q16DW, W25Q16FW, W25Q16JW, MX25U1635F, MX25U1633F, UNKNOWN,
+                                UNKNOWN_SFDP10, UNKNOWN_2BFPT, UNKNOWN_SFDP2)}
 
 
 def part(name: str | None) -> PartSpec:

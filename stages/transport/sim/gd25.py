@@ -26,14 +26,16 @@ BUSY: dict[int, tuple[float, float]] = {
 
 # No dump of the real part's SFDP is public: the table follows JESD216B (revision 1.6)
 # with the part's density, erase types and page size; the fast-read, suspend, deep
-# power-down, quad-enable (QER = 100b: QE is SR2 bit 1, a one-byte 01h leaves SR2 alone)
-# and reset fields describe what the GD25LQ datasheets describe. Times encode the typical
+# power-down, quad-enable and reset fields describe what the GD25LQ datasheets describe. QER
+# is 101b (QE is SR2 bit 1, SR2 read with 35h, written with a two-byte 01h), the code Linux's
+# sfdp.c reads as "35h reads SR2": the emulated chip answers 35h. (Until issue 30 it said 100b,
+# which Linux reads as "no SR2 read instruction", contradicting the chip.) Times encode the typical
 # column as closely as JESD216's units allow (48 / 144 / 256 ms, 512 µs, 8 s) with a max
 # multiplier of 6 (4 KiB max = 288 ms, within the confirmed 300 ms).
 SFDP = build_sfdp(Bfpt(
     revision=(1, 6), density_bits=16 << 20,
     erase_types=((0x1000, 0x20, 50e-3), (0x8000, 0x52, 150e-3), (0x10000, 0xD8, 250e-3)),
-    page_program=0.5e-3, chip_erase=8.0, qer=0b100))
+    page_program=0.5e-3, chip_erase=8.0, qer=0b101))
 
 GD25LQ16E = PartSpec(
     name="GD25LQ16E",

@@ -164,6 +164,8 @@ class PartSpec:
     # A calibrated part whose busy times varied from operation to operation on the real chip:
     # opcode -> (stdev, least, most) seconds around the typical figure (calibration.py).
     busy_spread: Mapping[int, tuple[float, float, float]] = field(default_factory=dict)
+    # Registers amdflash's driver never reads (so a hardware report has no value for them).
+    unread_registers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.registers) > 4:
