@@ -17,7 +17,7 @@ from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.terminal import printable
 from amdflash.stages import ifwi
 from amdflash.stages.navi31 import aperture
-from amdflash.stages.files import write_new
+from amdflash.stages.files import room_problem, write_new
 from amdflash.stages.open_transport import BoardSpec, BoardSpecError, parse_spec
 from amdflash.store.files import NotAFile, kind_of, read_regular
 
@@ -86,7 +86,7 @@ def backup_folder(path: Path) -> Path:
     return path
 
 
-def writable_output(path: Path, what: str = "output", overwrite: bool = False) -> None:
+def writable_output(path: Path, what: str = "output", overwrite: bool = False, need: int = 0) -> None:
     """A file we are about to create: a name the trail can record and the system can hold, its
     directory exists and is writable, and it is not a directory or a device itself — nor an
     existing file, unless `overwrite` (nothing the user did not ask to lose is replaced)."""
@@ -104,6 +104,9 @@ def writable_output(path: Path, what: str = "output", overwrite: bool = False) -
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise Refusal(f"cannot write {what} {path}: directory {parent} does not exist")
+    problem = room_problem(parent, need)    # a /proc path, a read-only mount, a full disk: before any run
+    if problem:
+        raise Refusal(f"cannot write {what} {path}: {problem}")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise Refusal(f"cannot write {what} {path}: permission denied")
 

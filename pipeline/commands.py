@@ -224,7 +224,7 @@ def read(session: Session, address: int, size: int, output: Path | None = None,
     specs, engine = session.specs(), _engine(engine)
     checks.read_range(address, size)
     if output is not None:
-        checks.writable_output(output, overwrite=overwrite)
+        checks.writable_output(output, overwrite=overwrite, need=size)
         if len(specs) > 1:
             raise Refusal("read -o writes one file: name one board")
     arguments = {"address": address, "size": size, "output": str(output) if output else None, **_engine_args(engine)}
@@ -241,7 +241,7 @@ def dump(session: Session, output: Path, via: str = "rom-sw", engine: EngineOpti
         raise Refusal(f"--via {via!r}: rom-sw or aperture")
     outputs.check(output, specs)     # several boards: a template that tells their files apart
     for n, spec in enumerate(specs, 1):
-        checks.writable_output(outputs.for_board(output, n, spec), overwrite=overwrite)
+        checks.writable_output(outputs.for_board(output, n, spec), "dump", overwrite, need=jobs.FLASH_SIZE)
     arguments = {"output": str(output), "via": via, **_engine_args(engine)}
     results = _run(session, specs, "dump", arguments,
                    lambda s, i: jobs.DumpJob(engine, outputs.for_board(output, specs.index(s) + 1, s), via, overwrite),

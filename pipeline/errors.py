@@ -31,6 +31,13 @@ def leaves(raised: BaseException) -> list[BaseException]:
 
 
 def one_line(e: BaseException) -> str:
-    """The message of `e` on one line: what an operator reads after 'error: '."""
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text
+    """The message of `e` on one line: what an operator reads after 'error: '. An OS error
+    names its file and says its cause in words ("[Errno 30] …" says neither well)."""
+    if isinstance(e, OSError) and e.strerror and type(e).__str__ is OSError.__str__:
+        from amdflash.stages.files import reason
+
+        where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+        text = f"{where}: {reason(e)}" if where else reason(e)
+    else:
+        text = str(e)
+    return " ".join(text.split()) or type(e).__name__

@@ -14,12 +14,13 @@ report, an export) gets the user's umask, but never more open than 0644.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, cast
 
 PRIVATE = 0o600
 PRIVATE_DIR = 0o700
@@ -28,6 +29,75 @@ OUTPUT = 0o644      # the most open an output may be; the umask narrows it furth
 
 class OutputExists(FileExistsError):
     """The output's name is taken and overwriting was not asked for."""
+
+
+# What the errors an operator meets writing a file mean, in words (the others: the system's own).
+_REASONS = {errno.EROFS: "the file system is read-only (mounted ro)",
+            errno.ENOSPC: "no space left on the file system",
+            errno.EDQUOT: "the disk quota is used up",
+            errno.EACCES: "permission denied",
+            errno.EPERM: "operation not permitted"}
+
+
+def reason(e: OSError) -> str:
+    """Why an OS call failed, in words, with the error's symbolic name (ENOSPC) to search for."""
+    name = errno.errorcode.get(e.errno or 0, "")
+    text = _REASONS.get(e.errno or 0) or (e.strerror or str(e)).lower()
+    return f"{text} ({name})" if name else text
+
+
+class FileFailure(OSError):
+    """An OS error on a file amdflash writes, said with what was being done and to which file
+    (the name asked for, not the hidden partial file beside it)."""
+
+    def __init__(self, doing: str, path: Path, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror, str(path))
+        self.doing = doing
+        self.cause = cause
+
+    def __str__(self) -> str:
+        return f"{self.doing} {self.filename}: {reason(self.cause)}"
+
+
+# File systems the kernel makes up (no disk behind them): a file written there is not kept.
+PSEUDO = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs",
+                    "configfs", "pstore", "bpf", "efivarfs", "fusectl", "mqueue", "binfmt_misc", "autofs"})
+
+
+def fs_type(path: Path) -> str | None:
+    """The type of the file system `path` is on (from /proc/self/mountinfo), None if unknown."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    target, best, kind = os.path.realpath(path), "", None
+    for line in lines:
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        point = fields[4].encode().decode("unicode_escape")     # "\040" is a space
+        under = target == point or target.startswith(point.rstrip("/") + "/")
+        if under and len(point) >= len(best):
+            best, kind = point, fields[fields.index("-", 6) + 1]
+    return kind
+
+
+def room_problem(directory: Path, need: int = 0) -> str | None:
+    """Why a file of `need` bytes cannot be written in `directory`, when the file system says so
+    before anything is written: a pseudo file system, a read-only one, or too little free space."""
+    kind = fs_type(directory)
+    if kind in PSEUDO:
+        return f"{directory} is on a {kind} file system (made up by the kernel, not a disk)"
+    try:
+        vfs = os.statvfs(directory)
+    except OSError:
+        return None
+    if vfs.f_flag & os.ST_RDONLY:
+        return f"{directory} is on a read-only file system (mounted ro)"
+    free = vfs.f_bavail * vfs.f_frsize
+    if free < need:
+        return f"{directory} has {free // 1024} KiB free on its file system, {need // 1024} KiB are needed"
+    return None
 
 
 def create_new(path: Path, mode: int = PRIVATE) -> int:
@@ -70,6 +140,23 @@ def _partial(path: Path) -> Path:
     return path.with_name(f".amdflash-{secrets.token_hex(8)}.partial")
 
 
+class _Named:
+    """The file being written, whose write errors name the file asked for (an error raised by
+    whatever produces the data stays that error)."""
+
+    def __init__(self, f: BinaryIO, path: Path) -> None:
+        self._f, self._path = f, path
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            raise FileFailure("writing", self._path, e) from e
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+
 @contextlib.contextmanager
 def new_file(path: Path, mode: int = OUTPUT, overwrite: bool = True) -> Iterator[BinaryIO]:
     """A whole file, written through the yielded file object: under a fresh unguessable name
@@ -78,12 +165,18 @@ def new_file(path: Path, mode: int = OUTPUT, overwrite: bool = True) -> Iterator
     existing `path` is left as it was (OutputExists), checked atomically by the link that
     puts the new file in place."""
     tmp = _partial(path)
-    fd = create_new(tmp, mode)
+    try:
+        fd = create_new(tmp, mode)
+    except OSError as e:
+        raise FileFailure("creating", path, e) from e
+    doing: str | None = None      # None while the caller's body runs: its own errors stay its own
     try:
         with os.fdopen(fd, "wb") as f:
-            yield f
+            yield cast(BinaryIO, _Named(f, path))
+            doing = "writing"
             f.flush()
             os.fsync(f.fileno())
+        doing = "renaming the finished file to"
         if overwrite:
             os.replace(tmp, path)
         else:
@@ -92,6 +185,14 @@ def new_file(path: Path, mode: int = OUTPUT, overwrite: bool = True) -> Iterator
             except FileExistsError:
                 raise OutputExists(f"{path} exists (use --overwrite to replace it)") from None
             os.unlink(tmp)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        if doing is None or isinstance(e, (FileFailure, OutputExists)):
+            raise
+        raise FileFailure(doing, path, e) from e
     except BaseException:
         try:
             os.unlink(tmp)

@@ -286,3 +286,74 @@ def test_fleet_dump_into_something_that_is_not_a_directory_is_refused(amdflash, 
     target.write_bytes(b"keep me")
     refused(amdflash("fleet", "dump", target), "exists and is not a directory")
     assert target.read_bytes() == b"keep me"
+
+
+# -- errors with a path and a state (issue 27, item 8) ----------------------------------------------
+
+def test_a_misspelled_command_is_named_before_any_option_hint(amdflash, tmp_path):
+    r = amdflash("flsh", tmp_path / "img.bin", "--yes")
+    refused(r, "unknown command 'flsh'; did you mean 'flash'?")
+    assert "goes after the command" not in r.err
+
+
+def test_a_misspelled_global_option_suggests_the_right_one(amdflash):
+    refused(amdflash("--versoin"), "unknown option '--versoin'; did you mean '--version'?")
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(MiB, read_only) -> a directory on a file system of its own (tmpfs; needs root)."""
+    mounted: list[Path] = []
+
+    def mount(mib: int, read_only: bool = False) -> Path:
+        where = tmp_path / f"fs{len(mounted)}"
+        where.mkdir()
+        options = f"size={mib}m" + (",ro" if read_only else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()}): needs root")
+        mounted.append(where)
+        return where
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", str(where)], capture_output=True)
+
+
+def _dump_refused(amdflash, make_board, output: Path, needle: str) -> None:
+    board = make_board(transport="ideal")
+    before = untouched(board)
+    r = amdflash("--no-progress", "dump", output, "--board", f"sim:{board}")
+    refused(r, f"cannot write dump {output}: ")
+    assert needle in r.err, r.err
+    assert untouched(board) == before and not Path(os.environ["AMDFLASH_DB"]).exists()   # no run was started
+    assert not [p for p in output.parent.iterdir() if p.name.startswith(".amdflash-")]
+
+
+def test_a_dump_that_cannot_fit_is_refused_before_the_run(amdflash, make_board, tmpfs):
+    where = tmpfs(1)
+    _dump_refused(amdflash, make_board, where / "x.bin", f"{where} has 1024 KiB free on its file system, "
+                                                          "2048 KiB are needed")
+
+
+def test_a_dump_onto_a_read_only_mount_is_called_that(amdflash, make_board, tmpfs):
+    where = tmpfs(4, read_only=True)
+    _dump_refused(amdflash, make_board, where / "x.bin", f"{where} is on a read-only file system (mounted ro)")
+
+
+def test_a_dump_into_proc_is_refused_before_the_run(amdflash, make_board):
+    board = make_board(transport="ideal")
+    r = amdflash("--no-progress", "dump", "/proc/x.bin", "--board", f"sim:{board}")
+    refused(r, "cannot write dump /proc/x.bin: /proc is on a proc file system")
+    assert ".partial" not in r.err and "Errno" not in r.err
+
+
+def test_a_disk_that_fills_while_a_file_is_written_names_the_file_not_its_partial(tmpfs):
+    from amdflash.pipeline.errors import one_line
+    from amdflash.stages.files import write_new
+
+    where = tmpfs(1)
+    with pytest.raises(OSError) as raised:
+        write_new(where / "out.bin", bytes(2 << 20))
+    assert one_line(raised.value) == f"writing {where / 'out.bin'}: no space left on the file system (ENOSPC)"
+    assert list(where.iterdir()) == []          # the partial file is gone
