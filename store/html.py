@@ -631,6 +631,8 @@ def _chain(c: dict[str, Any]) -> str:
             ("checkpoint_hash", "checkpoint hash", c.get("checkpoint_hash")),
             ("signed_by", "signed by", c.get("signed_by")),
             ("signature", "signature", c.get("signature"))]
+    if c.get("legacy"):
+        rows.insert(1, ("legacy", "legacy", c["legacy"]))
     if c.get("unsealed_rows"):
         rows.append(("unsealed_rows", "not sealed", f"the run's last {c['unsealed_rows']} row(s): no checkpoint "
                      "seals them (still being written, or their writer died), so what they say is not verified"))
@@ -654,8 +656,6 @@ CSS = """
 :root { --skip: #cfe3d4; --program: #3d7dd8; --erase: #e69a28; --failed: #d23a3a; --protected: #5b6270;
         --none: #ffffff; --line: #d5d9e0; --ink: #1d2330; --muted: #6a7282; }
 * { box-sizing: border-box; }
-    if c.get("legacy"):
-        rows.insert(1, ("legacy", "legacy", c["legacy"]))
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: var(--ink); margin: 24px 32px;
        background: #f6f7f9; max-width: 1300px; }
 header { display: flex; align-items: center; gap: 12px; }
