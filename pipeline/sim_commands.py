@@ -167,6 +167,8 @@ def cmd_create(args: argparse.Namespace) -> int:
             strict=not args.lenient, **chosen)
     except (BoardExistsError, FaultSpecError, ValueError) as e:
         raise Refusal(str(e)) from None
+    except OSError as e:        # the directory could not be made (permissions, a missing parent's parent...)
+        raise Refusal(f"{args.path}: cannot create the board ({e.strerror or e})") from None
     for line in divergences:
         output.result(f"  diverges:  {line}")
     files = BoardFiles(path)

@@ -44,7 +44,9 @@ def record(board_dir: Path, out: bytes) -> None:
     if fd is None:
         if len(_OPEN) >= 8:
             os.close(_OPEN.pop(next(iter(_OPEN))))
-        fd = _OPEN[board_dir] = os.open(board_dir / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # Never through a link planted at the name (the board directory may be shared).
+        fd = _OPEN[board_dir] = os.open(board_dir / LOG_NAME,
+                                        os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     os.write(fd, f"{op:02x} {address:06x} {data.hex()}\n".encode())
 
 

@@ -5,16 +5,42 @@ import datetime as _dt
 import hashlib
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
 from amdflash.stages.transport.sim import cost
 from amdflash.stages.transport.sim.faults import Faults
 from amdflash.stages.transport.sim.power_on import power_on_registers
-from amdflash.stages.transport.sim.state import FLASH_SIZE, REGIONS, create_files
+from amdflash.stages.transport.sim.state import FLASH_SIZE, create_files
 
 class BoardExistsError(FileExistsError):
     pass
+
+
+def _board_dir(path: Path, make: bool) -> None:
+    """Check (and with `make`, take) the board's directory: one this creates, or an existing
+    empty directory — not a link — of the user running this. A directory another user made
+    (an empty one in /tmp, say) is refused: they could put links in it between our writes."""
+    if make:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(path, 0o755)
+            return
+        except FileExistsError:
+            pass
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise BoardExistsError(f"{path} already exists and is not a directory (a board is made in a new "
+                               "or empty directory)")
+    if st.st_uid != os.getuid():
+        raise BoardExistsError(f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.getuid()}): "
+                               "a board is made only in a new directory or an empty one of your own")
+    if any(path.iterdir()):
+        raise BoardExistsError(f"{path} already exists and is not an empty directory")
 
 
 def create_board(
@@ -49,8 +75,7 @@ def create_board(
     (instead of `cmp`/`bp`).
     """
     path = Path(path)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise BoardExistsError(f"{path} already exists and is not an empty directory")
+    _board_dir(path, make=False)     # refused before anything is made
     cost.profile(transport)  # validates the name
     from amdflash.stages.transport.sim.nor import NorChip
     from amdflash.stages.transport.sim.catalog import part
@@ -116,11 +141,10 @@ def create_board(
         config["bridge"] = dict(bridge)
     if calibration:
         config["calibration"] = calibration
-    create_files(path, config, flash, regs)
-
-    offset, size = REGIONS["chip"]
-    with open(path / "state.bin", "r+b") as f:
-        f.seek(offset)
-        f.write(chip_state[:size])
+    _board_dir(path, make=True)
+    try:
+        create_files(path, config, flash, regs, {"chip": chip_state})
+    except FileExistsError as e:
+        raise BoardExistsError(str(e)) from None
     return path
 

@@ -432,7 +432,7 @@ class PspMailbox:
     @property
     def _sram(self) -> mmap.mmap:
         if self._sram_map is None:
-            fd = os.open(self.board.path / SRAM_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.board.path / SRAM_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             try:
                 if os.fstat(fd).st_size != SRAM_SIZE:
                     os.ftruncate(fd, SRAM_SIZE)

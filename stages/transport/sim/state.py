@@ -12,11 +12,14 @@ instant, and the next process continues from there.
 """
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
-from typing import BinaryIO
+import stat
 from pathlib import Path
+
+from amdflash.stages.files import create_new, write_new
 
 FLASH_SIZE = 0x200000
 BAR5_SIZE = 0x100000
@@ -70,17 +73,44 @@ COUNTER_NAMES = (
 C = {name: i for i, name in enumerate(COUNTER_NAMES)}
 
 
+FILE_MODE = 0o644     # the board's files, as before (the umask narrows it)
+
+
+class BoardFileError(ValueError):
+    """A board file that is a link or not a regular file: never opened through (another user
+    may have planted it, pointing at a file of the user running amdflash)."""
+
+
+def open_board_file(path: Path, flags: int = os.O_RDWR) -> int:
+    """A descriptor of the regular file at `path`, never through a symbolic link (O_NOFOLLOW)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise BoardFileError(f"{path} is a symbolic link: an emulated board's files are never "
+                                 "opened through a link") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BoardFileError(f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
 class BoardFiles:
-    """Opens (or creates) the files of one board directory and maps them."""
+    """Opens the files of one board directory and maps them."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         config_file = self.path / "board.json"
-        if not config_file.is_file():
+        try:
+            fd = open_board_file(config_file, os.O_RDONLY)
+        except FileNotFoundError:
             raise FileNotFoundError(f"{self.path} is not an emulated board (no board.json); "
-                                    "create one with 'amdflash sim create'")
-        self.config: dict = json.loads(config_file.read_text())
-        self._files: list[BinaryIO] = []
+                                    "create one with 'amdflash sim create'") from None
+        with os.fdopen(fd, "rb") as f:
+            self.config: dict = json.loads(f.read())
+        self._fds: list[int] = []
         self.flash = self._map("flash.bin", FLASH_SIZE)
         self.regs = self._map("regs.bin", BAR5_SIZE)
         self.state = self._map("state.bin", STATE_SIZE)
@@ -88,21 +118,20 @@ class BoardFiles:
             raise ValueError(f"{self.path}/state.bin is not an emulated board state file")
 
     def _map(self, name: str, size: int) -> mmap.mmap:
-        file = open(self.path / name, "r+b")
-        if os.fstat(file.fileno()).st_size != size:
-            file.close()
+        fd = open_board_file(self.path / name)
+        if os.fstat(fd).st_size != size:
+            os.close(fd)
             raise ValueError(f"{self.path / name} has the wrong size (expected {size:#x} bytes)")
-        self._files.append(file)
-        return mmap.mmap(file.fileno(), size)
+        self._fds.append(fd)
+        return mmap.mmap(fd, size)
 
     def region(self, name: str) -> memoryview:
         offset, size = REGIONS[name]
         return memoryview(self.state)[offset:offset + size]
 
     def save_config(self) -> None:
-        tmp = self.path / "board.json.tmp"
-        tmp.write_text(json.dumps(self.config, indent=2, sort_keys=True))
-        os.replace(tmp, self.path / "board.json")
+        # A new file renamed over board.json: a link planted at either name is replaced, never followed.
+        write_new(self.path / "board.json", json.dumps(self.config, indent=2, sort_keys=True), FILE_MODE)
 
     def close(self) -> None:
         for m in (self.flash, self.regs, self.state):
@@ -112,19 +141,29 @@ class BoardFiles:
             except (BufferError, ValueError):
                 # A memoryview onto the map is still alive somewhere; the map closes with it.
                 pass
-        for f in self._files:
-            f.close()
-        self._files.clear()
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
 
 
-def create_files(path: Path, config: dict, flash: bytes, regs: bytes) -> None:
-    """Write a fresh board directory atomically enough: board.json is written last."""
+def create_files(path: Path, config: dict, flash: bytes, regs: bytes, regions: dict[str, bytes] | None = None) -> None:
+    """Write the files of a fresh board into the directory `path` (made by the caller);
+    board.json last. Each is created new (O_EXCL | O_NOFOLLOW): a name someone took meanwhile
+    — a link to another file, say — fails the creation instead of being written through.
+    `regions`: initial content of state.bin regions (by name), the rest zero."""
     if len(flash) != FLASH_SIZE or len(regs) != BAR5_SIZE:
         raise ValueError("internal: wrong flash or register image size")
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "flash.bin").write_bytes(flash)
-    (path / "regs.bin").write_bytes(regs)
     state = bytearray(STATE_SIZE)
     state[0:8] = STATE_MAGIC
-    (path / "state.bin").write_bytes(bytes(state))
-    (path / "board.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    for name, data in (regions or {}).items():
+        offset, size = REGIONS[name]
+        state[offset:offset + min(size, len(data))] = data[:size]
+    for name, data in (("flash.bin", flash), ("regs.bin", regs), ("state.bin", bytes(state)),
+                       ("board.json", json.dumps(config, indent=2, sort_keys=True).encode())):
+        try:
+            fd = create_new(path / name, FILE_MODE)
+        except FileExistsError:
+            raise FileExistsError(f"{path / name} appeared while the board was being created "
+                                  "(another user writes to this directory?): not written through") from None
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
