@@ -164,9 +164,26 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--unknown-chip-ok", action="store_true",
                    help="write a flash part that is not in the chip table, using only its SFDP facts (erase "
                         "types and times, page size); refused if they are missing or protection knowledge is needed")
+    p.add_argument("--start-over", action="store_true",
+                   help="flash a board whose last flash never finished (killed, or failed after it began writing) "
+                        "instead of refusing and naming the 'amdflash resume' that finishes it; the backup this "
+                        "run makes is then the content as found, and the board's original stays the earlier one")
     board_options(p)
     engine_options(p)
     p.set_defaults(func=cmd_flash)
+
+    p = sub.add_parser("restore-original", help="write back the content amdflash first found on a board",
+                       description="Write back the board's original content: the backup its first flash on "
+                                   "record made before writing anything (with, when range flashes came first, their "
+                                   "backups of those sectors), as the audit database names it for the board (flash "
+                                   "unique ID and chip of the newest run at --board). Refuses (exit 2) before "
+                                   "writing anything when a backup file is gone or no longer matches the SHA-256 "
+                                   "on record. A flash of the board left unfinished is started over. Each backup "
+                                   "is written by a flash run of its own, audited like any flash.")
+    p.add_argument("--yes", action="store_true", help="required: confirm that the flash may be written")
+    board_options(p)
+    engine_options(p)
+    p.set_defaults(func=cmd_restore_original)
 
     p = sub.add_parser("resume", help="finish an interrupted flash run",
                        description="Resume RUN_ID (default: the latest unfinished flash run of --board): checks that "
@@ -251,8 +268,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_flash(args: argparse.Namespace) -> int:
     _require_yes(args, "writes the flash")
     options = commands.FlashOptions(args.clear_cmp, args.start_sector, args.sector_count, args.force, args.retries,
-                                    args.expect_part, args.unknown_chip_ok)
+                                    args.expect_part, args.unknown_chip_ok, args.start_over)
     return show(args, commands.flash(session(args), args.image, options, engine(args)))
+
+
+def cmd_restore_original(args: argparse.Namespace) -> int:
+    _require_yes(args, "writes the flash")
+    return show(args, commands.restore_original(session(args), engine(args)))
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

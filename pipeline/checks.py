@@ -37,8 +37,9 @@ def recordable(path: Path | str, what: str) -> None:
                       "records names as text; rename the file (or link it under a UTF-8 name)") from None
 
 
-def read_image(path: Path, what: str = "image") -> bytes:
-    """The 2 MiB image at `path`; Refusal unless it is a regular file of exactly 2 MiB."""
+def read_image(path: Path, what: str = "image", range_size: int = FLASH_SIZE) -> bytes:
+    """The 2 MiB image at `path`; Refusal unless it is a regular file of exactly 2 MiB — or of
+    exactly `range_size` bytes, a sector range's own content (a range flash's backup)."""
     recordable(path, what)
     try:
         st = os.stat(path)
@@ -46,15 +47,17 @@ def read_image(path: Path, what: str = "image") -> bytes:
         raise Refusal(f"cannot read {what} {path}: {e.strerror}") from None
     if not stat.S_ISREG(st.st_mode):
         raise Refusal(f"{what} {path} is {kind_of(st.st_mode)}, not a regular file")
-    if st.st_size != FLASH_SIZE:
-        raise Refusal(f"{what} {path} is {st.st_size:#x} bytes; a Navi31 flash image is exactly {FLASH_SIZE:#x}")
+    if st.st_size not in (FLASH_SIZE, range_size):
+        also = f" (or {range_size:#x}, the sectors named)" if range_size != FLASH_SIZE else ""
+        raise Refusal(f"{what} {path} is {st.st_size:#x} bytes; a Navi31 flash image is exactly {FLASH_SIZE:#x}"
+                      + also)
     try:
-        data = read_regular(path, FLASH_SIZE)     # it may have been swapped since the stat
+        data = read_regular(path, st.st_size)     # it may have been swapped since the stat
     except OSError as e:
         raise Refusal(f"cannot read {what} {path}: {e.strerror}") from None
     except NotAFile as e:
         raise Refusal(f"{what} {e}") from None
-    if len(data) != FLASH_SIZE:
+    if len(data) != st.st_size:
         raise Refusal(f"{what} {path} changed while it was read ({len(data):#x} bytes)")
     return data
 

@@ -7,13 +7,14 @@ destructive stage. A failed check is a `Refusal`: exit 2, nothing written to the
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from amdflash.pipeline import outputs
+from amdflash.pipeline import next_step, outputs
 from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.flash_graph import run_flash_graph
 from amdflash.pipeline.runner import RunInfo, stage
@@ -30,7 +31,7 @@ from amdflash.stages.plan import PlanSummary
 from amdflash.stages.snapshot import (UnitRead, file_sha256, keep, partial_path, read_backup, read_checks,
                                       read_identity, read_unit, write_backup)
 from amdflash.stages.verify import first_mismatch, record_verify
-from amdflash.store.originals import original_units
+from amdflash.store.originals import Backup, BoardHistory, BoardKey, board_history, original_units
 from amdflash.stages.files import new_file, write_new
 
 FLASH_SIZE = 0x200000
@@ -269,6 +270,8 @@ class FlashJob:
     db_path: str | None = None
     part_policy: part_check.PartPolicy = field(default_factory=part_check.PartPolicy)
     unknown_chip_ok: bool = False     # a part known only from its SFDP may be written from its SFDP facts
+    # A board whose last flash never finished is refused unless this says to start a new one.
+    start_over: bool = False
 
     @property
     def addresses(self) -> list[int]:
@@ -277,6 +280,7 @@ class FlashJob:
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
         ident = await identify(dev, self.engine, info)
         self._check_identity(dev, ident)
+        history = await self._check_unfinished(dev, ident, info)
         if not self.resuming:   # is the image for this board? (a resumed run was checked when it began)
             decision = await dev.call(part_check.check_flash, dev, self.image, self.part_policy)
             if decision.refusal:
@@ -297,7 +301,7 @@ class FlashJob:
             stage(dev.recorder, "backup", "fail", f"stopped after {len(units)} of {n} units")
             raise Interrupted(dev.stop.reason or "interrupted")
         if self.backup_dir:
-            info.output.append(await self._store_backup(dev, units))
+            info.output.append(await self._store_backup(dev, units, history, str(info.spec)))
         stage(dev.recorder, "backup", "end")
 
         # Backup -> plan -> erase -> program -> verify, through bounded queues: pipeline/flash_graph.py.
@@ -322,7 +326,23 @@ class FlashJob:
             "units": counts, "erases": summary.erases,
             "result_sha256": hashlib.sha256(self.image).hexdigest() if whole else None})
 
-    async def _store_backup(self, dev: Device, units: list[UnitRead]) -> str:
+    async def _check_unfinished(self, dev: Device, ident: FlashIdentity, info: RunInfo) -> BoardHistory | None:
+        """What the trail knows of this board: its original, and a flash of it that never
+        finished — which a new flash (not a resume) refuses unless told to start over,
+        before anything is written."""
+        if self.resuming or not self.db_path:
+            return None
+        key = BoardKey(ident.unique_id.hex(), ident.chip.name, str(info.spec))
+        history = await anyio.to_thread.run_sync(board_history, self.db_path, key, dev.recorder.run_id)
+        gone = history.unfinished
+        if gone is not None and not self.start_over:
+            raise Refusal(f"{unfinished_words(gone, history)}. Finish it: "
+                          f"{next_step.command('resume', gone.run_id, '--board', str(info.spec), '--yes')}; "
+                          "or start a new flash anyway: the same command with --start-over")
+        return history
+
+    async def _store_backup(self, dev: Device, units: list[UnitRead], history: BoardHistory | None = None,
+                            spec: str = "") -> str:
         """Write the original content, fsynced, and record it; returns a line for the operator.
 
         A fresh run's original content is what it just read. A resume's is, per unit, the
@@ -343,9 +363,25 @@ class FlashJob:
             content = [recorded.units.get(u.address, u.data) for u in units]
         sha, size, path = await anyio.to_thread.run_sync(write_backup, self.backup_dir, run_id, content)
         dev.recorder.add("backups", sha256=sha, size=size, path=str(path), at=None)
+        if self.resuming:
+            await dev.call(dev.recorder.durable)
+            return f"backup of the original content: {path} (rebuilt from the recorded units)"
+        mine = Backup(run_id, str(path), sha, size, self.start_sector)
+        original = history.first if history is not None and history.first is not None else mine
+        gone = history.unfinished if history is not None else None
+        # On record, sealed with the run: which backup holds the board's original (one row a run).
+        stage(dev.recorder, "backup", "original", json.dumps({
+            "original": {"run_id": original.run_id, "path": original.path, "sha256": original.sha256},
+            "this_backup": "original" if original is mine else "content as found",
+            "unfinished": {"run_id": gone.run_id, "units_written": gone.written} if gone else None}))
         await dev.call(dev.recorder.durable)
-        rebuilt = " (rebuilt from the recorded units)" if self.resuming else ""
-        return f"backup of the original content: {path}{rebuilt}"
+        put_back = f"to put it back: {restore_command(mine, spec)}"
+        if original is mine:
+            return f"backup of the original content: {path}; {put_back}"
+        found = f" ({unfinished_words(gone, None, short=True)})" if gone else ""
+        return (f"backup of the content as found: {path}{found}; {put_back}; the board's original: "
+                f"{original.path} (run {original.run_id}; to put it back: "
+                f"{next_step.command('restore-original', '--board', spec, '--yes')})")
 
     def _check_identity(self, dev: Device, ident: FlashIdentity) -> None:
         want = self.expected_identity
@@ -371,8 +407,39 @@ class FlashJob:
             await dev.call(dev.recorder.durable)
             assert dev.nor is not None
             await dev.call(dev.nor.clear_cmp)
-            stage(dev.recorder, "clear_cmp", "end", "SR2.CMP cleared")
+            stage(dev.recorder, "clear_cmp", "end", "SR2.CMP cleared: " + "; ".join(dev.nor.cmp_attempts))
             dev.extra.setdefault("notes", []).append("cleared SR2.CMP")
+
+
+def place(data: bytes, start_sector: int) -> bytes:
+    """A whole-flash image from a sector range's own bytes (a range flash's backup), the
+    rest erased-state: only the range is written from it."""
+    if len(data) == FLASH_SIZE:
+        return data
+    start = start_sector * UNIT
+    return b"\xff" * start + data + b"\xff" * (FLASH_SIZE - start - len(data))
+
+
+def restore_command(backup: Backup, spec: str, start_over: bool = False) -> str:
+    """The command that writes `backup` back to the board it was read from: its own sectors."""
+    sectors = [] if backup.whole else ["--start-sector", str(backup.start_sector),
+                                       "--sector-count", str(backup.sector_count)]
+    return next_step.command("flash", backup.path, *sectors, "--board", spec, "--yes", "--force",
+                             *(["--start-over"] if start_over else []))
+
+
+def unfinished_words(gone: Any, history: BoardHistory | None, short: bool = False) -> str:
+    """A flash that never finished, in words: its run, what it wrote and, unless `short`,
+    where the board's original is."""
+    written = ("its record does not verify" if gone.written is None else
+               f"{next_step.plural(gone.written, 'unit')} written by run {gone.run_id}")
+    if short:
+        return f"{written}, which did not finish"
+    words = f"flash run {gone.run_id} of this board never finished ({gone.status}; {written})"
+    original = history.first if history is not None else None
+    if original is not None:
+        return f"{words}; the board's original content: backup {original.path} (run {original.run_id})"
+    return f"{words}; no backup of the board's original content is on record"
 
 
 # -- PSP mailbox jobs -------------------------------------------------------------------------

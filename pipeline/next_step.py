@@ -72,8 +72,10 @@ def flash_state(report: dict[str, Any]) -> str:
     return "the flash is partly written: " + ", ".join(parts)
 
 
-def advice(report: dict[str, Any], backup: str | None, run_id: str, spec: str) -> str | None:
-    """The next step after a run that did not succeed (None when there is nothing to add)."""
+def advice(report: dict[str, Any], backup: str | None, made_by: str | None = None, put_back: str | None = None, *,
+           run_id: str, spec: str) -> str | None:
+    """The next step after a run that did not succeed (None when there is nothing to add).
+    `backup`: the board's original content, made by run `made_by`, written back by `put_back`."""
     status, ran = report.get("status"), report.get("command")
     if status in (None, "succeeded", "refused"):
         return None        # a refusal wrote nothing and says why; success needs no advice
@@ -84,8 +86,8 @@ def advice(report: dict[str, Any], backup: str | None, run_id: str, spec: str) -
             return f"{state}. To finish the flash: {resume}"
         if not _touched(report):
             return f"{state}. Fix the cause, then finish the flash: {resume}"
-        original = (f"The original content is backup {backup} (run {run_id}): to put it back, "
-                    f"{command('flash', backup, '--board', spec, '--yes', '--force')}" if backup else
+        original = (f"The original content is backup {backup} (run {made_by or run_id}): to put it back, "
+                    f"{put_back or command('flash', backup, '--board', spec, '--yes', '--force')}" if backup else
                     "No backup of the original content is on record")
         return f"{state}. {original}; or fix the cause and finish the flash: {resume}"
     if ran == "hardware-report":

@@ -12,6 +12,7 @@ from typing import Any
 from amdflash.pipeline.auditdb import open_reader
 from amdflash.pipeline.checks import read_image
 from amdflash.pipeline.errors import Refusal
+from amdflash.pipeline.jobs import place
 from amdflash.pipeline.next_step import command
 from amdflash.stages.open_transport import BoardSpec
 from amdflash.store.queries import (RunNotFound, has_intents, latest_unfinished, report, resolve_run, run_chain, runs,
@@ -76,7 +77,9 @@ def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | N
         raise Refusal(f"run {run_id} recorded no image path; name it with --image")
     image_file = image_override or Path(recorded)
     try:
-        image = read_image(image_file)
+        # A range flash may have written a range's own bytes (a backup put back): placed as it did.
+        start = int(arguments.get("start_sector") or 0)
+        image = place(read_image(image_file, range_size=int(arguments.get("sector_count") or 512) * 0x1000), start)
     except Refusal as e:
         if image_override is not None:
             raise
@@ -108,6 +111,8 @@ def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | N
             later = writes_since(db, lineage[0], identity["unique_id"], ids)
         else:   # a part without a readable unique ID: the board is known by its spec alone
             later = _spec_writes_since(db, ids, rep["board"]["spec"])
+        refused = {r["run_id"] for r in runs(db) if r["status"] == "refused"}
+        later = [r for r in later if r["run_id"] not in refused]     # a refused run wrote nothing
         if later:
             raise Refusal(f"run {later[0]['run_id']} ({later[0]['command']}) wrote this board after run "
                           f"{run_id} began; resuming would overwrite it — start a new flash instead")

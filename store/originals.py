@@ -1,13 +1,31 @@
-"""The original content of a flash run's units, as its lineage (the run and its resumes)
-recorded it: for a resume that must rebuild the backup file."""
+"""A board's original content as the audit trail knows it.
+
+* `original_units`: the original content of a flash run's units, as its lineage (the run and
+  its resumes) recorded it: for a resume that must rebuild the backup file.
+* `board_history`: per physical board (its flash's unique ID and chip, or its spec when the
+  part has no readable unique ID, as resume matches boards), the backups that hold the
+  content amdflash first found there, and the newest flash of it that never finished.
+
+Nothing here is a new record: every flash already records its backup (`backups`, one row,
+with the file's SHA-256) before its first erase, and its units' states; the board's
+original is the first backup of each unit any flash of the board made.
+"""
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
-from amdflash.store.queries import open_readonly
-from amdflash.store.run_rows import open_run
+import sqlite_utils
+
+from amdflash.store.queries import open_readonly, run_chain, runs, unit_states
+from amdflash.store.run_rows import RunRows, RunUnverified, open_run
 from amdflash.store.verify import snapshot
+
+FLASH_SIZE, UNIT = 0x200000, 0x1000
+WRITES = ("flash", "resume")
+BLANK_UIDS = ("f" * 32, "0" * 32, "")      # a unique ID that tells no two boards apart
 
 
 class DamagedBackup(RuntimeError):
@@ -52,3 +70,138 @@ def original_units(path: str | None, lineage: list[str], addresses: list[int]) -
     finally:
         db.conn.close()
     return out
+
+
+# -- the board's original, across runs -----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Backup:
+    """A backup file a flash run recorded (sealed), and the sectors it holds."""
+    run_id: str
+    path: str
+    sha256: str
+    size: int
+    start_sector: int = 0
+
+    @property
+    def whole(self) -> bool:
+        return self.size == FLASH_SIZE and self.start_sector == 0
+
+    @property
+    def sector_count(self) -> int:
+        return self.size // UNIT
+
+    def intact(self) -> bool:
+        """Whether the file still holds exactly what the run recorded (its SHA-256)."""
+        try:
+            with open(self.path, "rb") as f:
+                return hashlib.file_digest(f, "sha256").hexdigest() == self.sha256
+        except OSError:
+            return False
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """The newest flash of a board, when it never finished (interrupted, or failed after it
+    began writing) and no resume finished it."""
+    run_id: str                  # the newest run of its lineage: what `resume` takes
+    status: str
+    lineage: tuple[str, ...]     # from the first flash to run_id
+    written: int | None          # units its lineage wrote or began to write (None: its record does not verify)
+    backup: Backup | None        # the lineage's own backup: the content as its first run found it
+
+
+@dataclass(frozen=True)
+class BoardHistory:
+    original: tuple[Backup, ...] = ()   # oldest first; put back newest first, each unit ends as first found
+    unfinished: Unfinished | None = None
+    writes: tuple[str, ...] = ()        # the flash runs of the board since its first backup, oldest first
+
+    @property
+    def first(self) -> Backup | None:
+        """The backup named as the board's original (the oldest; whole unless ranges preceded it)."""
+        return self.original[0] if self.original else None
+
+
+@dataclass(frozen=True)
+class BoardKey:
+    """How a physical board is known across runs: its flash's unique ID and chip; a part whose
+    unique ID tells nothing (blank or unreadable) is known by its --board spec alone."""
+    unique_id: str
+    chip: str
+    spec: str
+
+    @property
+    def by_uid(self) -> bool:
+        return self.unique_id not in BLANK_UIDS
+
+
+def board_history(path: str, key: BoardKey, exclude: str | None = None) -> BoardHistory:
+    """What the trail at `path` knows of the board: read before a flash writes anything, so
+    `exclude` (the run asking) is left out."""
+    db = open_readonly(path)
+    try:
+        with snapshot(db.conn):
+            return _history(db, key, exclude)
+    finally:
+        db.conn.close()
+
+
+def _board_runs(db: sqlite_utils.Database, key: BoardKey) -> set[str]:
+    if key.by_uid:
+        found = db.conn.execute("SELECT DISTINCT run_id FROM boards WHERE unique_id = ? AND chip = ?",
+                                (key.unique_id, key.chip))
+    else:
+        found = db.conn.execute("SELECT run_id FROM runs WHERE board_spec = ?", (key.spec,))
+    return {r for (r,) in found}
+
+
+def _history(db: sqlite_utils.Database, key: BoardKey, exclude: str | None) -> BoardHistory:
+    mine = _board_runs(db, key)
+    writes = [r for r in runs(db) if r["run_id"] in mine and r["run_id"] != exclude and r["command"] in WRITES]
+    original: list[Backup] = []
+    for r in writes:       # every backup up to the first whole one: together they hold each unit as first found
+        try:
+            backup = _first_backup(db, open_run(db.conn, r["run_id"]))
+        except RunUnverified:
+            continue       # nothing it recorded is taken as the board's content
+        if backup is not None:
+            original.append(backup)
+            if backup.whole:
+                break
+    since = original[0].run_id if original else None
+    ids = [r["run_id"] for r in writes]
+    changed = tuple(ids[ids.index(since):]) if since else ()
+    acted = [r for r in writes if r["status"] != "refused"]      # a refused run wrote nothing
+    return BoardHistory(tuple(original), _unfinished(db, acted[-1]) if acted else None, changed)
+
+
+def _unfinished(db: sqlite_utils.Database, newest: dict[str, Any]) -> Unfinished | None:
+    if newest["status"] in ("succeeded", "running"):
+        return None
+    try:
+        lineage = run_chain(db, newest["run_id"])
+    except RunUnverified:
+        return Unfinished(newest["run_id"], newest["status"], (newest["run_id"],), None, None)
+    touched: set[int] = set()      # units some run of the lineage meant to write (intent on record)
+    for rows in lineage:
+        touched |= {a for a, u in unit_states(db, rows, sealed_only=True).items() if u["intended"]}
+    written = len(touched)
+    if newest["status"] != "interrupted" and not written:
+        return None        # failed before it changed anything: the board is as it found it
+    backup = next((b for b in map(lambda rows: _first_backup(db, rows), lineage) if b is not None), None)
+    return Unfinished(newest["run_id"], newest["status"], tuple(r.run_id for r in lineage), written, backup)
+
+
+def _first_backup(db: sqlite_utils.Database, rows: RunRows) -> Backup | None:
+    found = db.conn.execute(f"SELECT sha256, size, path FROM backups WHERE {rows.sealed_sql} ORDER BY seq LIMIT 1",
+                            rows.sealed_args).fetchone()
+    if not found:
+        return None
+    sha, size, path = found
+    (arguments,) = db.conn.execute("SELECT arguments FROM runs WHERE seq = ?", (rows.key,)).fetchone()
+    try:
+        start = int(json.loads(arguments or "{}").get("start_sector") or 0)
+    except (ValueError, TypeError, AttributeError):
+        start = 0
+    return Backup(rows.run_id, path, sha, int(size), 0 if size == FLASH_SIZE else start)

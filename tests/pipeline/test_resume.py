@@ -154,7 +154,9 @@ def test_resume_refuses_when_another_run_wrote_the_board_since(cli, make_board, 
     killed = _killed_flash(board, image, env)
     other = tmp_path / "other.bin"
     other.write_bytes(synthetic_ifwi(4321))
-    assert cli("flash", other, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}").code == 0
+    # A new flash of a board with an unfinished one is an override (the default refuses, naming the resume).
+    assert cli("flash", other, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}").code == 2
+    assert cli("flash", other, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}", "--start-over").code == 0
     r = cli("resume", killed, "--board", f"sim:{board}", "--yes")
     assert r.code == 2 and "wrote this board after" in r.err
     assert flash_content(board) == other.read_bytes()
