@@ -117,12 +117,13 @@ class BoardProgress:
             return f"failed at {self.failed_at:#08x}"
         return self.state
 
-    def describe(self, stage: StageProgress) -> str:
+    def describe(self, stage: StageProgress, final: bool = False) -> str:
+        """One stage in one clause; on the run's final line its state says 'done' once."""
         done, total = stage.amounts(self.skipped)
         rate = stage.rate(self.skipped)
         text = f"{stage.name} {self.amounts_text(stage)}"
         if done >= total and total:
-            return text + " done"
+            return text if final else text + " done"
         if rate:
             text += f" {_amount(int(rate), stage.in_bytes)}/s"
             if self.state == "running":
@@ -131,11 +132,13 @@ class BoardProgress:
 
 
     def amounts_text(self, stage: StageProgress) -> str:
-        """'1.00/2.00 MiB'; for the erase stage, the bytes it actually erased first: units that
-        needed no erase pass it too (a 4 KiB fix erases 4 KiB, not the 2 MiB it looked at)."""
+        """'1.00 MiB/2.00 MiB'; for the erase stage, with the bytes it actually erased: units
+        that needed no erase pass it too (a 4 KiB fix erases 4 KiB, not the 2 MiB it looked at)."""
         done, total = stage.amounts(self.skipped)
         text = f"{_amount(done, stage.in_bytes)}/{_amount(total, stage.in_bytes)}"
-        return f"{_amount(self.erased, True)} erased, {text} through" if stage.name == "erase" else text
+        if stage.name != "erase":
+            return text
+        return f"{text} ({_amount(self.erased, True) + ' erased' if self.erased else 'none erased'})"
 
 
 def _amount(n: int, in_bytes: bool) -> str:
@@ -225,8 +228,8 @@ class ProgressBoard:
         self._last[progress.board] = now
         log = logger(run_id=progress.run_id, board=progress.board)
         if self.mode == "lines":
-            parts = [progress.describe(s) for s in progress.stages.values()] + ([progress.final] if final else [])
-            log.info(f"{progress.board}: " + ", ".join(parts))
+            parts = [progress.describe(s, final) for s in progress.stages.values()]
+            log.info(f"{progress.board}: " + "; ".join(parts + ([progress.final] if final else [])))
             return
         for s in (progress.stages.values() if due or final else [stage]):
             assert s is not None

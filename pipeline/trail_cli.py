@@ -68,7 +68,8 @@ def run_line(r: dict[str, Any]) -> str:
 def cmd_report(args: argparse.Namespace) -> int:
     if args.output is not None:
         writable_output(args.output, "report", args.overwrite)
-    rep, page = commands.report(args.run_id, commands.db_path(args), html=args.format == "html", keys=args.key)
+    rep, page = commands.report(args.run_id, commands.db_path(args), html=args.format == "html", keys=args.key,
+                                beside=args.output.parent if args.output is not None else None)
     if args.format == "json":
         import json
 
@@ -86,6 +87,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def render_text(rep: dict[str, Any]) -> str:
+    from amdflash.store.html import clock_words
+
     b = rep["board"]
     counts: dict[str, int] = {}
     for u in rep["units"]:
@@ -95,7 +98,8 @@ def render_text(rep: dict[str, Any]) -> str:
     claimed = f" (claims to be {rep['operator_claimed']})" if rep.get("operator_claimed") else ""
     lines = [
         f"run        {rep['run_id']}  ({rep['command']}, {rep['status']}){badge}",
-        f"started    {rep['started']}   ended {rep['ended'] or '-'}   clock {rep.get('clock_sync') or 'unknown'}",
+        f"started    {rep['started']}   ended {rep['ended'] or '-'}",
+        f"clock      {clock_words(rep.get('clock_sync')) or 'unknown'}",
         f"operator   OS account {rep['operator']}{claimed} on {rep['host']} "
         f"(machine-id {rep.get('machine_id') or '-'})",
         f"amdflash   {rep['tool_version']}{' ' + rep['tool_revision'] if rep.get('tool_revision') else ''}",

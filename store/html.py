@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from html import escape
+from pathlib import Path
 from typing import Any
 
 import sqlite_utils
@@ -58,13 +59,14 @@ OPCODES = {
 }
 
 
-def render(db: sqlite_utils.Database, rep: RunReport) -> str:
+def render(db: sqlite_utils.Database, rep: RunReport, beside: Path | None = None) -> str:
     """The page of one run, from its report (store.queries.report, which verified the run and
-    read it through its verified rows: so does this page)."""
+    read it through its verified rows: so does this page). `beside`: the directory the page is
+    written into; other runs are linked only to their pages there."""
     run_id, rows = rep["run_id"], rep.rows
     body = [
         _header(rep),
-        _identity(rep),
+        _identity(rep, beside),
         _sector_map(rep, unit_states(db, rows), _earlier(db, rep)),
         _timeline(rep),
         _facts(rep),
@@ -90,6 +92,14 @@ def _header(rep: dict[str, Any]) -> str:
             "</header>")
 
 
+def clock_words(state: str | None) -> str | None:
+    """The host clock's state, and what it means for this record's timestamps (said here once)."""
+    if state and state.startswith("unsynchronised"):
+        return (f"{state}: no time source had set the host's clock when the run started, so the record's "
+                "timestamps may be off from real time (their order within the run holds)")
+    return state
+
+
 def _emulated_badge(rep: dict[str, Any]) -> str:
     if not rep.get("emulated"):
         return ""
@@ -100,7 +110,7 @@ def _status_class(status: str) -> str:
     return {"succeeded": "ok", "failed": "bad", "interrupted": "warn"}.get(status, "neutral")
 
 
-def _identity(rep: dict[str, Any]) -> str:
+def _identity(rep: dict[str, Any], beside: Path | None) -> str:
     b = rep["board"]
     srs = (f"SR1={b['sr1']:02x} SR2={b['sr2']:02x} SR3={b['sr3']:02x}"
            if None not in (b["sr1"], b["sr2"], b["sr3"]) else None)
@@ -111,15 +121,15 @@ def _identity(rep: dict[str, Any]) -> str:
         ("status", "status", rep["status"]),
         ("started", "started", rep["started"]),
         ("ended", "ended", rep["ended"]),
-        ("resumes_run_id", "resumed from", _run_link(rep["resumes_run_id"])),
-        ("resumed_by", "resumed by", _Html(", ".join(f"{_run_link(r['run_id'])} ({escape(r['status'])})"
+        ("resumes_run_id", "resumed from", _run_link(rep["resumes_run_id"], beside)),
+        ("resumed_by", "resumed by", _Html(", ".join(f"{_run_link(r['run_id'], beside)} ({escape(r['status'])})"
                                                      for r in rep.get("resumed_by") or [])) or None),
-        ("finished_by", "finished by", _run_link(rep.get("finished_by"))),
+        ("finished_by", "finished by", _run_link(rep.get("finished_by"), beside)),
         ("operator", "operator (OS account)", rep["operator"]),
         ("operator_claimed", "operator (claimed, --operator)", rep.get("operator_claimed")),
         ("host", "host", rep["host"]),
         ("machine_id", "machine-id", rep.get("machine_id")),
-        ("clock_sync", "system clock", rep.get("clock_sync")),
+        ("clock_sync", "system clock", clock_words(rep.get("clock_sync"))),
         ("tool_version", "amdflash version", rep["tool_version"]),
         ("tool_revision", "amdflash revision", rep.get("tool_revision")),
         ("emulated", "board", "emulated (a synthetic board, not hardware)" if rep.get("emulated") else
@@ -179,7 +189,17 @@ def _plain(item: Any) -> str:
         return "; ".join(_plain(x) for x in item)
     if isinstance(item, dict):
         return ", ".join(f"{str(k).replace('_', ' ')} {_plain(v)}" for k, v in item.items())
+    if isinstance(item, float):
+        return _number(item)
     return str(item)
+
+
+def _number(x: float) -> str:
+    """A recorded float as people read it: to the thousandth (a duration to the ms), trailing
+    zeros dropped; a tiny value keeps three significant digits (0.28800000000000003 -> 0.288)."""
+    if x == 0 or abs(x) >= 0.001:
+        return f"{x:.3f}".rstrip("0").rstrip(".")
+    return f"{x:.3g}"
 
 
 def _readable(detail: str | None) -> _Html | str:
@@ -204,14 +224,17 @@ def _value(value: Any) -> str:
 RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}-[0-9a-f]{8}")
 
 
-def _run_link(run_id: str | None) -> _Html | str | None:
+def _run_link(run_id: str | None, beside: Path | None) -> _Html | str | None:
     """Another run, linked to its report file by the name that
-    `amdflash report RUN_ID --format html -o RUN_ID.html` gives; a value that is not a run id
-    is shown as text, not linked."""
+    `amdflash report RUN_ID --format html -o RUN_ID.html` gives — when the page is written
+    into `beside`, only if that file is there (a link must lead somewhere), else its run id as
+    text; a value that is not a run id is shown as text, never linked."""
     if not run_id:
         return None
     if not RUN_ID.fullmatch(run_id):
         return run_id
+    if beside is not None and not (beside / f"{run_id}.html").is_file():
+        return _Html(f"<span class=\"mono\">{run_id}</span>")
     return _Html(f"<a class=\"mono\" href=\"{run_id}.html\">{run_id}</a>")
 
 
@@ -404,7 +427,7 @@ def _stage_row(s: _Stage, t0: dt.datetime, span: float) -> str:
     else:
         width, end, duration = 100.0, "—", "—"    # open: drawn to the edge of the axis
     kind = {"ended": "ok", "failed": "bad", "cancelled": "cancelled", "stopped early": "stopped"}.get(s.outcome, "open")
-    extra = f" · {s.events} events" if s.events else ""
+    extra = f" · {s.events} event{'' if s.events == 1 else 's'}" if s.events else ""
     return (f"<tr data-stage=\"{escape(s.name)}\"><th>{escape(s.name)}</th><td class=\"num\">{_seconds(start)}</td>"
             f"<td class=\"num\">{end}</td><td class=\"num\">{duration}</td><td class=\"{kind}\">{escape(s.outcome)}"
             f"</td><td class=\"track\"><div class=\"bar {kind}\" style=\"left:{left:.2f}%;"
@@ -664,10 +687,11 @@ section { background: #fff; border: 1px solid var(--line); border-radius: 6px; p
 .mono, td.num { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; font-size: 12.5px; }
 td.num { text-align: right; white-space: nowrap; }
 .muted { color: var(--muted); }
-.badge { border-radius: 10px; padding: 2px 10px; font-weight: 600; color: #fff; background: var(--muted); }
-.badge.ok { background: #2f8f4e; } .badge.bad { background: var(--failed); } .badge.warn { background: #c77b12; }
-.badge.emulated { background: #6b4fbb; }
-p.ok, td.ok { color: #2f8f4e; } p.warn, span.warn { color: #c77b12; font-weight: 600; }
+.badge, span.badge { border-radius: 10px; padding: 2px 10px; font-weight: 600; color: #fff; background: #5d6575; }
+.badge.ok { background: #23703c; } .badge.bad { background: #b42323; }
+span.badge.warn { background: #8f4f00; color: #fff; }   /* span.warn's text colour would hide it */
+.badge.emulated { background: #5b3fa8; }
+p.ok, td.ok { color: #23703c; } p.warn, span.warn { color: #8f4f00; font-weight: 600; }
 p.bad, td.bad { color: var(--failed); font-weight: 600; } td.open { color: #c77b12; }
 table { border-collapse: collapse; }
 table.kv th { text-align: left; font-weight: 500; color: var(--muted); padding: 2px 16px 2px 0; vertical-align: top;

@@ -64,9 +64,10 @@ def describe(checks: dict[str, Any]) -> str | None:
     how = []
     for purpose, c in (checks.get("confirmation") or {}).items():
         if c["single"] == c["units"]:
-            how.append(f"{purpose}: {c['units']} units read once")
+            how.append(f"{purpose}: {c['units']} unit{'' if c['units'] == 1 else 's'} read once")
             continue
-        how.append(f"{purpose}: {c['matched']} units matched {c['matched_what'] or 'what they should hold'}, "
+        how.append(f"{purpose}: {c['matched']} unit{'' if c['matched'] == 1 else 's'} matched "
+                   f"{c['matched_what'] or 'what they should hold'}, "
                    f"{c['mixed']} in part, {c['agreeing']} by agreeing reads")
     if how:
         line += "; confirmed — " + "; ".join(how)

@@ -147,3 +147,52 @@ def test_every_argument_has_help_text():
     missing = [f"{path} {action.dest}" for path, action in _actions(build_parser())
                if not action.help and action.dest != "help"]
     assert missing == []
+
+
+# -- words a technician reads at 3 a.m. (issue 27, item 10) -----------------------------------------
+
+def test_the_final_progress_line_says_each_stage_once(amdflash, make_board, image, tmp_path):
+    board = make_board(content="blank", transport="ideal")
+    img = bytearray(image.read_bytes())
+    assert amdflash("-q", "flash", image, "--yes", "--expect-part", "SYNTH-0001", "--board", f"sim:{board}").code == 0
+    at = next(a for a in range(0x100000, len(img)) if img[a] != 0xFF)
+    img[at] = 0xFF                   # a 0 bit back to 1: one unit to erase and program again
+    changed = tmp_path / "changed.bin"
+    changed.write_bytes(img)
+    r = amdflash("flash", changed, "--yes", "--board", f"sim:{board}")
+    assert r.code == 0, r.err
+    [final] = [line for line in r.err_lines if line.startswith(f"sim:{board}: backup")]
+    assert final == (f"sim:{board}: backup 2.00 MiB/2.00 MiB; erase 2.00 MiB/2.00 MiB (4 KiB erased); "
+                     "program 2.00 MiB/2.00 MiB; verify 2.00 MiB/2.00 MiB; done"), final
+
+
+def test_counts_are_said_in_the_singular_for_one():
+    from amdflash.pipeline.next_step import flash_state
+    from amdflash.store.read_checks import describe
+
+    assert flash_state({"units": [{"state": "erased"}, {"state": "programmed"}, {"state": "programmed"}]}) == \
+        "the flash is partly written: 1 unit erased (or about to be) and not programmed, 2 units programmed and " \
+        "not verified"
+    one = {"units": 1, "matched": 1, "mixed": 0, "agreeing": 0, "single": 0, "matched_what": "the image"}
+    line = describe({"policy": "2 agreeing reads", "confirmation": {"backup": one}, "disagreed_reads": 0})
+    assert "backup: 1 unit matched the image" in line, line
+
+
+def test_reports_round_numbers_and_explain_an_unsynchronised_clock_once(amdflash, make_board, image, tmp_path,
+                                                                       monkeypatch):
+    from amdflash.pipeline import run_facts
+
+    monkeypatch.setattr(run_facts, "clock_sync", lambda: "unsynchronised (kernel adjtimex)")
+    board = make_board(content="blank", transport="ideal")
+    assert amdflash("-q", "flash", image, "--yes", "--expect-part", "SYNTH-0001", "--board", f"sim:{board}").code == 0
+    run = json.loads(amdflash("runs", "--format", "json").out)[-1]["run_id"]
+    page = tmp_path / "run.html"
+    assert amdflash("-q", "report", run, "--format", "html", "-o", page).code == 0
+    text = amdflash("report", run).out
+    import re
+
+    for shown in (page.read_text(), text):
+        assert not re.search(r"\d\.\d{7,}", shown), re.search(r".{40}\d\.\d{7,}", shown)   # 0.28800000000000003
+        assert shown.count("timestamps may be off from real time") == 1
+    assert "maximum s 0.288" in page.read_text()
+    assert "clock" not in amdflash("runs").out

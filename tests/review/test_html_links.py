@@ -61,6 +61,11 @@ def test_a_run_id_is_linked_to_its_page(tmp_path, capsys, host_key):  # noqa: AN
     db = tmp_path / "audit.sqlite"
     _trail(db, host_key)
     out = tmp_path / "report.html"
+    # Linked only once its page is beside this one (issue 27: a link must lead somewhere).
     assert main(["-q", "--db", str(db), "report", HOSTILE_CHILD, "--format", "html", "-o", str(out)]) == 0
+    assert Links(out.read_text()).hrefs == [] and GOOD in out.read_text()
+    assert main(["-q", "--db", str(db), "report", GOOD, "--format", "html", "-o", str(tmp_path / f"{GOOD}.html")]) == 0
+    assert main(["-q", "--db", str(db), "report", HOSTILE_CHILD, "--format", "html", "-o", str(out),
+                 "--overwrite"]) == 0
     hrefs = Links(out.read_text()).hrefs
     assert hrefs == [f"{GOOD}.html"] and all(re.fullmatch(r"[0-9]{8}T[0-9]{6}-[0-9a-f]{8}\.html", h) for h in hrefs)
