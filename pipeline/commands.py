@@ -66,6 +66,7 @@ class FlashOptions:
     retries: int = 2                 # re-erase/program attempts per unit after a failed verify
     expect_part: str | None = None   # a blank/unreadable (bricked) board's part number, vouched for by the user
     unknown_chip_ok: bool = False    # write a flash part the chip table lacks, from its SFDP facts alone
+    start_over: bool = False         # flash a board whose last flash never finished (instead of resuming it)
 
 
 def _engine(engine: EngineOptions | None) -> EngineOptions:
@@ -102,7 +103,7 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
     reports, backups = _reports(session.db_path, runs)
     return [result(r.run_id, r.spec, command, r.status, r.exit_code, r.error, tuple(r.output), dict(r.summary),
                    reports.get(r.run_id, {}),
-                   next_step.advice(reports[r.run_id], backups.get(r.run_id), r.run_id, r.spec)
+                   next_step.advice(reports[r.run_id], *backups.get(r.run_id, (None,)), run_id=r.run_id, spec=r.spec)
                    if r.run_id in reports else None, **extra) for r in runs]
 
 
@@ -119,10 +120,9 @@ def _report(reader: Any, run_id: str, keys: Sequence[Path] | None = None) -> Run
     return report(reader, run_id, _key_list(keys))
 
 
-def _reports(db: str, runs: list[RunResult]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Each run's report, and the backup of the original content its flash lineage made."""
-    from amdflash.store.queries import run_chain
-    from amdflash.store.run_rows import RunUnverified
+def _reports(db: str, runs: list[RunResult]) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[str, str, str]]]:
+    """Each run's report, and for a flash the backup of its board's original content: (path,
+    the run that made it, the command that puts it back)."""
 
     ids = [r.run_id for r in runs if r.run_id]
     if not ids:
@@ -130,23 +130,33 @@ def _reports(db: str, runs: list[RunResult]) -> tuple[dict[str, dict[str, Any]],
     reader = auditdb.open_reader(db)
     try:
         found: dict[str, dict[str, Any]] = {}
-        backups: dict[str, str] = {}
         for run_id in ids:
             try:
                 found[run_id] = _report(reader, run_id)
             except RunNotFound:   # killed before its first row reached the trail
                 continue
-            if found[run_id]["command"] in next_step.WRITES:
-                try:
-                    first = run_chain(reader, run_id)[0].run_id
-                except RunUnverified:       # an earlier run of the lineage does not verify: no backup to name
-                    continue
-                rows = list(reader.query("SELECT path FROM backups WHERE run_id = ? ORDER BY seq LIMIT 1", [first]))
-                if rows:
-                    backups[run_id] = rows[0]["path"]
-        return found, backups
+        return found, {run_id: original for run_id, rep in found.items()
+                       if rep["command"] in next_step.WRITES and (original := _original(db, rep))}
     finally:
         reader.conn.close()
+
+
+def _original(db: str, rep: dict[str, Any]) -> tuple[str, str, str] | None:
+    """The backup that holds the original content of a flash run's board (store.originals),
+    with the command that puts it back even while a flash of the board is unfinished."""
+    from amdflash.store.originals import BoardKey, board_history
+
+    board = rep.get("board") or {}
+    history = board_history(db, BoardKey(board.get("unique_id") or "", board.get("chip") or "",
+                                         board.get("spec") or ""))
+    first = history.first
+    if first is None:
+        return None
+    if len(history.original) == 1:
+        put_back = jobs.restore_command(first, board.get("spec") or "", start_over=True)
+    else:      # range backups before the first whole one: put back in turn, in one command
+        put_back = next_step.command("restore-original", "--board", board.get("spec") or "", "--yes")
+    return first.path, first.run_id, put_back
 
 
 def _engine_args(engine: EngineOptions) -> dict[str, Any]:
@@ -166,7 +176,7 @@ def info(session: Session, engine: EngineOptions | None = None) -> list[InfoResu
 def _unfinished(db_path: str, result: InfoResult) -> list[str]:
     """A flash of this board (same flash unique ID, or same spec) that never finished: the
     operator who looks at the board after a crash learns it here, with the command that ends it."""
-    from amdflash.store.queries import finished_by, runs
+    from amdflash.store.queries import runs
 
     reader = auditdb.open_reader(db_path)
     try:
@@ -174,14 +184,25 @@ def _unfinished(db_path: str, result: InfoResult) -> list[str]:
         uid = result.unique_id
         board = [r for r in rows if (uid and r["unique_id"] == uid) or r["board_spec"] == result.board]
         lines = _scratch_left(reader, board, uid, result.board)
-        mine = [r for r in board if r["command"] in ("flash", "resume")]
-        if not mine or mine[-1]["status"] in ("succeeded", "refused") or finished_by(reader, mine[-1]["run_id"]):
+        history = _board_history(db_path, result)
+        gone = history.unfinished
+        if gone is None:
             return lines
-        last = mine[-1]
-        resume = next_step.command("resume", last["run_id"], "--board", result.board, "--yes")
-        return [*lines, f"unfinished flash {last['run_id']} on this board ({last['status']}): {resume}"]
+        original = (f"the board's original: backup {history.first.path} (run {history.first.run_id})"
+                    if history.first else "no backup of the board's original content is on record")
+        written = "its record does not verify" if gone.written is None else next_step.plural(gone.written, "unit")
+        resume = next_step.command("resume", gone.run_id, "--board", result.board, "--yes")
+        return [*lines, f"unfinished flash {gone.run_id} on this board ({gone.status}, {written} written; "
+                        f"{original}): to finish it, {resume}"]
     finally:
         reader.conn.close()
+
+
+def _board_history(db_path: str, result: InfoResult) -> Any:
+    """What the trail knows of the identified board (store.originals: by flash unique ID and chip)."""
+    from amdflash.store.originals import BoardKey, board_history
+
+    return board_history(db_path, BoardKey(result.unique_id or "", result.chip or "", result.board))
 
 
 def _scratch_left(reader: Any, board: list[dict[str, Any]], uid: str | None, spec: str) -> list[str]:
@@ -265,25 +286,78 @@ def verify(session: Session, image: Path, engine: EngineOptions | None = None) -
 
 
 def flash(session: Session, image: Path, options: FlashOptions = FlashOptions(),
-          engine: EngineOptions | None = None) -> list[FlashResult]:
-    """Write IMAGE: backup, plan, erase, program, verify; nothing is written before every check."""
+          engine: EngineOptions | None = None, board: dict[str, str] | None = None,
+          image_sha256: str | None = None) -> list[FlashResult]:
+    """Write IMAGE: backup, plan, erase, program, verify; nothing is written before every check.
+    IMAGE is the whole flash, or — with a sector range — that range's own bytes (a range
+    flash's backup). `board`: the identity the board must have (unique_id, jedec_chip);
+    `image_sha256`: what IMAGE must hash to (restore_original: the backup as recorded)."""
     specs, engine = session.specs(), _engine(engine)
     count = checks.sector_range(options.start_sector, options.sector_count)
     checks.retries(options.retries)
-    data = checks.read_image(image)
+    raw = checks.read_image(image, range_size=count * jobs.UNIT)
+    if image_sha256 is not None and hashlib.sha256(raw).hexdigest() != image_sha256:
+        raise Refusal(f"backup {image} changed since it was checked (sha256 differs from the one on record)")
+    data = jobs.place(raw, options.start_sector)
     checks.check_signature(data, image, options.force)
     path = str(image.resolve())
     arguments = {"image": path, "clear_cmp": options.clear_cmp, "start_sector": options.start_sector,
                  "sector_count": count, "force": options.force, "retries": options.retries,
                  "expect_part": options.expect_part, "unknown_chip_ok": options.unknown_chip_ok,
-                 **_engine_args(engine)}
+                 "start_over": options.start_over, **_engine_args(engine)}
     backups = checks.backup_folder(Path(session.db_path).absolute().parent / "backups")
     return _run(session, specs, "flash", arguments,
                 lambda s, i: jobs.FlashJob(engine, data, options.start_sector, count, options.clear_cmp,
-                                           options.retries, backups,
+                                           options.retries, backups, expected_identity=board,
+                                           db_path=session.db_path,
                                            part_policy=PartPolicy(options.force, options.expect_part),
-                                           unknown_chip_ok=options.unknown_chip_ok),
+                                           unknown_chip_ok=options.unknown_chip_ok, start_over=options.start_over),
                 FlashResult, data, path, options)
+
+
+def restore_original(session: Session, engine: EngineOptions | None = None) -> list[FlashResult]:
+    """Write back the content amdflash first found on the one board named: the backups of its
+    first flashes (store.originals), each checked against the SHA-256 on record first, newest
+    first so each unit ends as first found. A flash of the board left unfinished is started
+    over (this is the way back from it)."""
+    from amdflash.store.originals import board_history
+
+    specs = session.specs()
+    if len(specs) != 1 or specs[0].kind == "auto":
+        raise Refusal("restore-original needs exactly one --board, as the board's earlier runs named it")
+    spec = str(specs[0])
+    key = _known_board(session.db_path, spec)
+    history = board_history(session.db_path, key)
+    if not history.original:
+        raise Refusal(f"no backup of the original content of board {spec} is on record in {session.db_path}")
+    for b in history.original:
+        if not b.intact():
+            raise Refusal(f"backup {b.path} (run {b.run_id}) is gone or no longer matches the sha256 on record "
+                          f"({b.sha256}): refusing to write it as the board's original")
+    board = {"unique_id": key.unique_id, "jedec_chip": key.chip} if key.by_uid else None
+    results: list[FlashResult] = []
+    for b in reversed(history.original):
+        options = FlashOptions(start_sector=b.start_sector, sector_count=b.sector_count, force=True, start_over=True)
+        results += flash(session, Path(b.path), options, engine, board, b.sha256)
+        if not all(r.ok for r in results):
+            break
+    return results
+
+
+def _known_board(db: str, spec: str) -> Any:
+    """The board at `spec` as the newest run that identified it there recorded it."""
+    from amdflash.store.originals import BoardKey
+
+    reader = auditdb.open_reader(db)
+    try:
+        found = reader.conn.execute(
+            "SELECT b.unique_id, b.chip FROM boards b JOIN runs r ON r.run_id = b.run_id "
+            "WHERE r.board_spec = ? AND b.chip IS NOT NULL ORDER BY b.seq DESC LIMIT 1", (spec,)).fetchone()
+    finally:
+        reader.conn.close()
+    if not found:
+        raise Refusal(f"no run in {db} identified a board at {spec}: its original is not known")
+    return BoardKey(found[0] or "", found[1], spec)
 
 
 def resume(session: Session, run_id: str | None = None, image: Path | None = None) -> list[FlashResult]:
