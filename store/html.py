@@ -88,7 +88,8 @@ def _header(rep: dict[str, Any]) -> str:
     status = str(rep["status"])
     return (f"<header><h1>Run <span class=\"mono\">{escape(rep['run_id'])}</span></h1>"
             f"<span class=\"badge {escape(_status_class(status))}\" data-field=\"status-badge\">"
-            f"{escape(status)}</span>{_emulated_badge(rep)} <span class=\"muted\">{escape(str(rep['command']))}</span>"
+            f"{escape(status)}</span>{_emulated_badge(rep)}{_legacy_badge(rep)} "
+            f"<span class=\"muted\">{escape(str(rep['command']))}</span>"
             "</header>")
 
 
@@ -98,6 +99,14 @@ def clock_words(state: str | None) -> str | None:
         return (f"{state}: no time source had set the host's clock when the run started, so the record's "
                 "timestamps may be off from real time (their order within the run holds)")
     return state
+
+
+def _legacy_badge(rep: dict[str, Any]) -> str:
+    """Beside the status: a legacy run's status is what an unsigned file said (store.migrate)."""
+    if not (rep.get("chain") or {}).get("legacy"):
+        return ""
+    return (" <span class=\"badge warn\" data-field=\"legacy-badge\" title=\"recorded by an older amdflash: "
+            "nothing signs this run's rows\">legacy, unsigned</span>")
 
 
 def _emulated_badge(rep: dict[str, Any]) -> str:

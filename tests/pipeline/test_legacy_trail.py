@@ -165,6 +165,7 @@ def test_after_the_upgrade_the_legacy_runs_are_never_shown_as_signed(trail: Path
     page = tmp_path / "page.html"
     assert amdflash(trail, capsys, "report", FAILED, "--format", "html", "-o", page)[0] == 0
     assert 'data-field="legacy"' in page.read_text() and "older amdflash, unsigned" in page.read_text()
+    assert 'data-field="legacy-badge"' in page.read_text()        # beside the (forged) status
     code, out, err = amdflash(trail, capsys, "report", FAILED, "--key", pub)
     assert code == 1 and not out and "older amdflash, unsigned" in err
     code, out, _ = amdflash(trail, capsys, "audit", "verify", "--run", FAILED, "--key", pub)
