@@ -2,11 +2,15 @@
 classes and the host job (`amdflash fleet job`) run through the labgrid driver."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -144,7 +148,8 @@ def test_resource_classes_carry_every_exported_attribute() -> None:
 @pytest.mark.parametrize("runs, expected", [
     ([], None),
     ([{"board_spec": "sim:/b", "command": "flash", "status": "running", "image_sha256": "aa", "run_id": "r1"}], "r1"),
-    ([{"board_spec": "sim:/b", "command": "flash", "status": "interrupted", "image_sha256": "aa", "run_id": "r1"}], "r1"),
+    ([{"board_spec": "sim:/b", "command": "flash", "status": "interrupted", "image_sha256": "aa", "run_id": "r1"}],
+     "r1"),
     # another image, a finished or failed run, another board, a read-only run: no resume
     ([{"board_spec": "sim:/b", "command": "flash", "status": "running", "image_sha256": "bb", "run_id": "r1"}], None),
     ([{"board_spec": "sim:/b", "command": "flash", "status": "succeeded", "image_sha256": "aa", "run_id": "r1"}], None),
@@ -152,7 +157,8 @@ def test_resource_classes_carry_every_exported_attribute() -> None:
     ([{"board_spec": "sim:/c", "command": "flash", "status": "running", "image_sha256": "aa", "run_id": "r1"}], None),
     # only the newest flash/resume of the board counts; verify runs in between do not
     ([{"board_spec": "sim:/b", "command": "flash", "status": "interrupted", "image_sha256": "aa", "run_id": "r1"},
-      {"board_spec": "sim:/b", "command": "resume", "status": "succeeded", "image_sha256": "aa", "run_id": "r2"}], None),
+      {"board_spec": "sim:/b", "command": "resume", "status": "succeeded", "image_sha256": "aa", "run_id": "r2"}],
+     None),
     ([{"board_spec": "sim:/b", "command": "flash", "status": "interrupted", "image_sha256": "aa", "run_id": "r1"},
       {"board_spec": "sim:/b", "command": "resume", "status": "running", "image_sha256": "aa", "run_id": "r2"},
       {"board_spec": "sim:/b", "command": "verify", "status": "failed", "image_sha256": "aa", "run_id": "r3"}], "r2"),
@@ -237,7 +243,7 @@ def test_boards_are_batched_by_host_within_the_parallel_limit(parallel: int, exp
 
     from amdflash.pipeline.fleet.run import batches
 
-    def job(host: str, i: int):  # noqa: ANN202
+    def job(host: str, i: int):
         args = {"spec": f"sim:/{host}/{i}", "db": f"/{host}.sqlite", "command": "amdflash"}
         return SimpleNamespace(board=SimpleNamespace(exporter=host, host=host, args=args))
 
@@ -266,10 +272,32 @@ def test_a_labgrid_environment_drives_a_local_board(tmp_path: Path) -> None:
     assert any(board_json(board)["unique_id"] in line for line in info["lines"])
 
 
+def _host_dies_once_run_ended(db: Path, spec: str, dies: Callable[[object], None]) -> Callable[[object], None]:
+    """The emulator's host death, held back until the audit trail `db` shows the run of board
+    `spec` ended (committed, as any reader sees it): the order a test needs, made explicit
+    rather than left to the scheduler. The wait is in the dying job process (a fork inherits
+    this patch); the kill then happens exactly as the fault would do it."""
+    def die_after(board: object) -> None:
+        deadline = time.monotonic() + 300            # a safety net only: the CLI's own timeout
+        while time.monotonic() < deadline:
+            if db.exists():
+                with contextlib.closing(sqlite3.connect(db, timeout=30)) as conn:
+                    ended = conn.execute("SELECT count(*) FROM runs r JOIN run_status s ON s.run_id = r.run_id "
+                                         "WHERE r.board_spec = ? AND s.status != 'running'", (spec,)).fetchone()[0]
+                if ended:
+                    break
+            time.sleep(0.02)
+        dies(board)
+
+    return die_after
+
+
 def test_a_killed_job_reports_the_end_a_board_recorded_before_the_kill(tmp_path: Path, monkeypatch) -> None:
     """Two boards in one job process: one whose flash has nothing to write ends first, then the
     other board's host-death fault kills the process late in its own flash. The first board's
-    run recorded `succeeded` and is reported so; only the other is interrupted."""
+    run recorded `succeeded` and is reported so; only the other is interrupted. (The fault fires
+    at 95 % of the flash's writes but not before the first board's end is in the trail: on a
+    busy machine the kill could otherwise come first.)"""
     from amdflash.pipeline.cli import main
     from amdflash.pipeline.fleet.hostjob import run
     from amdflash.stages.transport.sim import Board
@@ -288,6 +316,8 @@ def test_a_killed_job_reports_the_end_a_board_recorded_before_the_kill(tmp_path:
     done = create_board(tmp_path / "done", seed=5, transport="ideal", content=image)
     killed = create_board(tmp_path / "killed", seed=6, transport="ideal", content=bytes(torn),
                           faults=[f"kill-after-writes={int(total * 0.95)}"])
+    monkeypatch.setattr(Board, "_host_dies", _host_dies_once_run_ended(tmp_path / "audit.sqlite", f"sim:{done}",
+                                                                      Board._host_dies))
     results = {r["board"]: r for r in run(main, [f"sim:{done}", f"sim:{killed}"], str(tmp_path / "audit.sqlite"),
                                              "flash", str(tmp_path / "image.bin"))}
     assert results[f"sim:{killed}"]["status"] == "interrupted" and "SIGKILL" in results[f"sim:{killed}"]["error"]
