@@ -110,6 +110,9 @@ class ForkedCli:
                 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
                 os.dup2(out_w, 1)
                 os.dup2(err_w, 2)
+                # Whatever the job writes (a dump waiting in the temp dir for the client) is this
+                # user's alone: the command line's outputs are 0644 less the umask.
+                os.umask(0o077)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 code = cli_main(argv)
@@ -207,7 +210,8 @@ def _plan(specs: list[str], before: list[dict[str, Any]], job: str,
             fd, output = tempfile.mkstemp(prefix="amdflash-fleet-dump-", suffix=".bin")
             os.close(fd)
             results[spec]["output"] = output
-            # The name is ours (made new, 0600, in the sticky temp dir): the dump replaces it.
+            # The name is ours (made new, 0600, O_EXCL|O_NOFOLLOW, in the sticky temp dir): the dump
+            # replaces it with a file it makes new under a name of its own, 0600 by the job's umask.
             groups.append(([spec], ["dump", output, "--overwrite"]))
         return groups
     raise ValueError(f"unknown job {job!r}")

@@ -324,3 +324,29 @@ def test_a_killed_job_reports_the_end_a_board_recorded_before_the_kill(tmp_path:
     assert results[f"sim:{done}"]["status"] == "succeeded", results[f"sim:{done}"]
     assert results[f"sim:{done}"]["run_id"] and not results[f"sim:{done}"]["error"]
     assert flash_of(done) == image and flash_of(killed) != image
+
+
+def test_a_dump_waiting_on_the_host_for_the_client_is_the_user_s_alone(tmp_path: Path, monkeypatch) -> None:
+    """A fleet dump's output waits in the host's temp dir until the client fetches it: 2 MiB of
+    flash, 0600 whatever the umask (issue 28 item 6), a regular file of our own."""
+    import stat
+
+    from amdflash.pipeline.cli import main
+    from amdflash.pipeline.fleet.hostjob import run
+
+    monkeypatch.setenv("AMDFLASH_LOCK_DIR", str(tmp_path / "locks"))
+    board = create_board(tmp_path / "board", seed=9, transport="ideal")
+    old = os.umask(0o022)                        # a usual umask: the command line's outputs are 0644
+    try:
+        [result] = run(main, [f"sim:{board}"], str(tmp_path / "audit.sqlite"), "dump", None)
+    finally:
+        os.umask(old)
+    assert result["status"] == "succeeded", result
+    output = Path(result["output"])
+    try:
+        st = os.lstat(output)
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+        assert stat.S_IMODE(st.st_mode) == 0o600, oct(st.st_mode)
+        assert output.read_bytes() == flash_of(board)
+    finally:
+        output.unlink()
