@@ -215,11 +215,11 @@ def report_options(path: Path) -> tuple[dict[str, object], list[str]]:
 
 def read_report(path: Path) -> dict[str, Any]:
     """The report file, checked (report_model.check): for reading fields beside its options."""
-    from amdflash.stages.transport.sim.calibration import CalibrationError
+    from amdflash.stages.transport.sim.calibration import CalibrationError, loads
     from amdflash.stages.transport.sim.report_model import check
 
     try:
-        return dict(check(json.loads(_report_text(path))))
+        return dict(check(loads(_report_text(path))))
     except (CalibrationError, ValueError, RecursionError) as e:
         raise Refusal(f"--from-report {path}: {e}") from None
 
@@ -235,11 +235,11 @@ def _report_text(path: Path) -> str:
 
 
 def _options(what: str, text: str) -> tuple[dict[str, object], list[str]]:
-    from amdflash.stages.transport.sim.calibration import CalibrationError
+    from amdflash.stages.transport.sim.calibration import CalibrationError, loads
     from amdflash.stages.transport.sim.report_model import board_options
 
     try:
-        return board_options(json.loads(text))
+        return board_options(loads(text))
     except json.JSONDecodeError as e:
         raise Refusal(f"{what}: not a JSON report ({e})") from None
     except (CalibrationError, RecursionError) as e:

@@ -21,6 +21,7 @@ refused with a message naming it (CalibrationError); nothing is evaluated.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -41,12 +42,42 @@ KEYS = ("source", "transport", "busy", "sfdp", "registers")
 SPREAD_KEYS = ("median", "stdev", "min", "max")   # a figure that varies
 
 
+MAX_DIGITS = 20                   # an integer in a report: 64 bits take at most 20 decimal digits
+
+
 class CalibrationError(ValueError):
     """A calibration (or the report it comes from) that cannot be taken as it is."""
 
 
+class LongInteger:
+    """An integer literal of more than MAX_DIGITS digits in a report, kept unconverted: the
+    check of its field refuses it by name (Python would refuse to convert 4300 digits, and a
+    float comparison overflows long before)."""
+
+    def __init__(self, text: str):
+        self.digits = len(text.lstrip("-"))
+
+    def __repr__(self) -> str:
+        return f"a {self.digits}-digit integer"
+
+
+def _int_literal(text: str) -> int | LongInteger:
+    return int(text) if len(text.lstrip("-")) <= MAX_DIGITS else LongInteger(text)
+
+
+def loads(text: str) -> Any:
+    """A report's JSON, its over-long integers left for the field checks to name."""
+    return json.loads(text, parse_int=_int_literal)
+
+
+def _out_of_range(value: Any, what: str) -> None:
+    if isinstance(value, LongInteger):
+        raise CalibrationError(f"{what}: {value!r} is out of range")
+
+
 def number(value: Any, what: str, lo: float, hi: float) -> float:
     """A finite number in [lo, hi] (bool is not a number here)."""
+    _out_of_range(value, what)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise CalibrationError(f"{what}: expected a number, got {value!r:.60}")
     if not lo <= value <= hi:
@@ -55,6 +86,7 @@ def number(value: Any, what: str, lo: float, hi: float) -> float:
 
 
 def integer(value: Any, what: str, lo: int, hi: int) -> int:
+    _out_of_range(value, what)
     if isinstance(value, bool) or not isinstance(value, int):
         raise CalibrationError(f"{what}: expected an integer, got {value!r:.60}")
     if not lo <= value <= hi:

@@ -80,7 +80,9 @@ def check(report: Any) -> Mapping[str, Any]:
     integer(spi.get("prescale"), "timings.spi.prescale", 0, 15)
     number(spi.get("read_landing"), "timings.spi.read_landing", 0.0, MAX_LATENCY)
     for size, s in mapping(spi.get("sizes"), "timings.spi.sizes").items():
-        integer(int(size) if isinstance(size, str) and size.isdigit() else None, "timings.spi.sizes", 1, 256)
+        if not (isinstance(size, str) and size.isdigit() and len(size) <= 3):
+            raise CalibrationError(f"timings.spi.sizes: key {size!r:.20} is not a transaction size 1..256")
+        integer(int(size), "timings.spi.sizes", 1, 256)
         s = mapping(s, f"timings.spi.sizes.{size}")
         integer(s.get("wire_bytes"), f"timings.spi.sizes.{size}.wire_bytes", 1, 260)
         # Either a measurement with its error, or only a bound; always the model's figure.
