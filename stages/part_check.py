@@ -72,7 +72,7 @@ def flash_part(src: Source) -> BoardPart:
     """The part number a flash holds: partition A's, else partition B's (said so)."""
     head = src.read(0, EFS_BYTES)
     if head and head == b"\xff" * len(head):
-        return BoardPart("blank", detail="the EFS reads all FF (erased)")
+        return BoardPart("blank", detail="the EFS reads all FF, as erased")
     try:
         layout = read_layout(src)
     except LayoutError as e:
@@ -111,13 +111,14 @@ def decide(image: str | None, image_problem: str | None, board: BoardPart, polic
         return out("refused", f"the image is for part {image} but the board holds part {board.part_number} "
                               f"({board.detail}; compared on the first ten characters, as fwupd does); "
                               "pass --force to write it anyway")
-    what = f"the board's flash is {board.state} ({board.detail})"
+    # One fact per clause: what the flash holds, why, and what to do (an operator reads it at 3 a.m.).
+    what = f"the board's flash is {board.state}: {board.detail}"
     if policy.expect_part is not None:
-        return out("expected", f"{what}; --expect-part {policy.expect_part} matches the image's part {image}")
+        return out("expected", f"{what}. --expect-part {policy.expect_part} matches the image's part {image}")
     if policy.force:
-        return out("forced", f"{what}; image part {image} written anyway (--force)")
-    return out("refused", f"{what}, so amdflash cannot confirm that the image (part {image}) is for this board; "
-                          f"pass --expect-part {part_key(image)} if it is, or --force")
+        return out("forced", f"{what}. The image's part {image} was written anyway (--force)")
+    return out("refused", f"{what}. The image is for part {image}; amdflash cannot confirm this board is one. "
+                          f"If it is, pass --expect-part {part_key(image)}, or --force")
 
 
 def record(recorder, decision: PartDecision) -> None:

@@ -196,3 +196,21 @@ def test_reports_round_numbers_and_explain_an_unsynchronised_clock_once(amdflash
         assert shown.count("timestamps may be off from real time") == 1
     assert "maximum s 0.288" in page.read_text()
     assert "clock" not in amdflash("runs").out
+
+
+def _depth(text: str) -> int:
+    deepest = depth = 0
+    for c in text:
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def test_the_part_number_refusal_says_one_fact_per_clause(amdflash, make_board, image):
+    board = make_board(content="blank", transport="ideal")
+    r = amdflash("--no-progress", "flash", image, "--yes", "--board", f"sim:{board}")
+    assert r.code == 2, r.err
+    [line] = r.err_lines
+    assert line.startswith("error: the board's flash is blank: the EFS reads all FF, as erased. "), line
+    assert "If it is, pass --expect-part SYNTH-0001, or --force" in line, line
+    assert _depth(line) == 1, line          # only "(run …, refused)": nothing nested
