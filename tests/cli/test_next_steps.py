@@ -237,9 +237,12 @@ def test_info_names_a_resume_that_works_pasted_elsewhere(amdflash, make_board, i
     subprocess.run([sys.executable, "-m", "amdflash", "-q", "--db", str(db), "flash", str(image), "--yes",
                     "--force", "--board", f"sim:{board}"], capture_output=True, text=True, env=dict(os.environ))
     assert amdflash("sim", "fault", board, "--clear").code == 0
-    r = amdflash("--db", db, "info", "--board", f"sim:{board}")
+    config = db.parent / "my config.toml"
+    config.write_text("progress = false\n")
+    r = amdflash("--db", db, "--config", config, "info", "--board", f"sim:{board}")
     [line] = [x for x in r.out.splitlines() if x.startswith("unfinished flash")]
     [resume] = pasted(line)
+    assert resume[:6] == ["amdflash", "--db", str(db), "--config", str(config), "resume"], resume
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     done = run_pasted(resume, elsewhere)
