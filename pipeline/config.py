@@ -75,6 +75,7 @@ def load(path: Path | None = None) -> dict[str, Any]:
             raise UsageError(f"config file {path} is not a regular file")
         with open(path, "rb") as f:
             text = f.read(MAX_CONFIG_BYTES + 1)
+            st = os.fstat(f.fileno())       # the file read, whatever is at the name by now
         if len(text) > MAX_CONFIG_BYTES:
             raise UsageError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes; is it the right file?")
         data = tomllib.loads(text.decode("utf-8"))
@@ -100,7 +101,22 @@ def load(path: Path | None = None) -> dict[str, Any]:
             shown = (f"{allowed.start}..{allowed.stop - 1}" if isinstance(allowed, range)
                      else " or ".join(repr(a) for a in allowed))
             raise UsageError(f"config file {path}: {key} = {value!r}: must be {shown}")
+    if "fleet_host_command" in data:
+        _only_its_owner_writes(path, st)
     return data
+
+
+def _only_its_owner_writes(path: Path, st: os.stat_result) -> None:
+    """A config naming a command the fleet runs on other hosts (fleet_host_command) is taken
+    only if nobody but its owner and root can change it: owned by root or by this user, with
+    no group or other write bit. Another user who could edit it would run their command, as
+    this user, on every host of the line."""
+    where = f"config file {path} sets fleet_host_command, run on every fleet host, but"
+    if st.st_uid not in (0, os.getuid()):
+        raise UsageError(f"{where} it is owned by uid {st.st_uid}, neither root nor this user (uid {os.getuid()})")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UsageError(f"{where} others may write it (mode {stat.S_IMODE(st.st_mode):04o}); "
+                         f"chmod go-w {path}")
 
 
 def default_db(settings: dict[str, Any] | None = None) -> str:
