@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from amdflash.stages.flash.protection import BP_TB_SEC_CMP, SPI25_READINGS, ProtectionLayout, Reading
+from amdflash.stages.flash.protection import BP_TB_SEC_CMP, SPI25_READINGS, ProtectionLayout, Reading, Side
 from amdflash.stages.flash.sfdp import Sfdp
 
 KiB = 1024
@@ -100,6 +100,9 @@ class ChipInfo:
     flashrom: str = ""                                    # flashrom's entry and tested status
     sources: tuple[str, ...] = ()
     assumed: tuple[str, ...] = field(default=())
+    # Where the sources read this part differently, each reading with its source and what
+    # amdflash does about it (docs/flash-chip.md, "Where the sources disagree").
+    disagreements: tuple[str, ...] = field(default=())
 
     @property
     def unit(self) -> int:
@@ -159,6 +162,7 @@ class ChipInfo:
             "protection_readings": [r.source for r in layout.all_readings()] if layout else [],
             "unique_id": f"{self.unique_id.kind}, {self.unique_id.length} bytes" if self.unique_id else None,
             "flashrom": self.flashrom or None, "sources": list(self.sources), "assumed": list(self.assumed),
+            "disagreements": list(self.disagreements),
         }
 
 
@@ -171,6 +175,20 @@ def _bit_names(layout: ProtectionLayout) -> list[str]:
 
 FLASHROM = "flashrom flashchips (github.com/flashrom/flashrom)"
 UFPROG = "ufprog part tables (github.com/hackpascal/ufprog)"
+
+# Where the sources disagree, in words (the protection readings themselves are data in protection.py).
+SEC1_BP6 = ("SEC=1, BP=6: flashrom decode_range_spi25 and ufprog wpr_3bp_tb_sec_cmp protect 32 KiB; the "
+            "Winbond/GigaDevice datasheet tables (recalled) and flashrom's 2016 writeprotect.c "
+            "sec_block_range_pattern (1-2 MiB chips) everything. amdflash refuses what either protects")
+OTP_GD = ("security registers: ufprog gd25_otp_3_1k 3 x 1 KiB (GD25LQ16E an alias of its GD25LB16E); flashrom "
+          "GD25LQ16 '1024 B total, 256 B reserved' (one entry for the whole GD25LQ16 line). amdflash never "
+          "touches them; the emulator models ufprog's per-part figure")
+OTP_W25 = ("security registers: ufprog w25q_otp_4 (DW: 4 x 256 B from 0) / w25q_otp_3 (FW, JW: 3 x 256 B from 1); "
+           "flashrom W25Q16.W '256 B total' (one entry for all three). amdflash never touches them; the emulator "
+           "models ufprog's per-part figures")
+CMP_WRITE = ("writing SR2: ufprog sets QE on the FW/JW with 31h (SR2 alone); the kernel's only EF 60 15 entry "
+             "writes both registers with a two-byte 01h. amdflash clears CMP with 31h, reads it back, and "
+             "falls back to the two-byte 01h")
 
 # GD25LQ16E: only "4 KiB erase max 300 ms" is confirmed publicly; the rest are the GD25LQ
 # family's usual figures (docs/flash-chip.md), assumed.
@@ -194,6 +212,7 @@ GD25LQ16E = ChipInfo(
     flashrom="GD25LQ16 (C8 60 15), tested: untested",
     sources=("the validated reference client", FLASHROM),
     assumed=("every time except the 4 KiB erase maximum",),
+    disagreements=(SEC1_BP6, OTP_GD),
 )
 
 # W25Q16DW: flashrom "W25Q16.W" (untested, no .reg_bits); layout, unique ID and SFDP
@@ -219,6 +238,7 @@ W25Q16DW = ChipInfo(
     sources=(FLASHROM, UFPROG),
     assumed=("every time (the W25Q16JV datasheet's figures as recalled)",),
     bfpt_minors=(),
+    disagreements=(SEC1_BP6, OTP_W25),
 )
 
 # W25Q16FW / W25Q16JW: the same id as the W25Q16DW (flashrom's one "W25Q16.W" entry covers
@@ -235,7 +255,8 @@ W25Q16FW = replace(
     protection=_W25Q16W_PROTECTION, status_write_method="own", bfpt_minors=(5,),
     flashrom="W25Q16.W (EF 60 15, shared with the W25Q16DW/JW), tested: untested",
     assumed=("every time (the W25Q16JV datasheet's figures as recalled)",
-             "that 01h still takes SR1 and SR2 together (amdflash writes SR2 with 31h)"),
+             "that 01h still takes SR1 and SR2 together (amdflash writes SR2 with 31h, then 01h if CMP stayed)"),
+    disagreements=(SEC1_BP6, OTP_W25, CMP_WRITE),
 )
 W25Q16JW = replace(W25Q16FW, name="Winbond W25Q16JW", bfpt_minors=(6,))
 
@@ -244,10 +265,11 @@ W25Q16JW = replace(W25Q16FW, name="Winbond W25Q16JW", bfpt_minors=(6,))
 # Its BP bits are read two ways: ufprog's table (the bottom 1 MiB .. 1.94 MiB for BP = 10..14)
 # and flashrom's decode_range_spi25, which flashrom applies to the part's 4-BP 16 Mbit
 # siblings MX25L1635E and MX25L1633E (every BP from 6 up: everything). amdflash takes both.
-_MX_TABLE = (("top", 0), ("top", 64 * KiB), ("top", 128 * KiB), ("top", 256 * KiB), ("top", 512 * KiB),
-             ("top", 1024 * KiB), ("top", 2048 * KiB), ("top", 2048 * KiB), ("top", 2048 * KiB),
-             ("top", 2048 * KiB), ("bottom", 1024 * KiB), ("bottom", 1536 * KiB), ("bottom", 1792 * KiB),
-             ("bottom", 1920 * KiB), ("bottom", 1984 * KiB), ("top", 2048 * KiB))
+_MX_TABLE: tuple[tuple[Side, int], ...] = (
+    ("top", 0), ("top", 64 * KiB), ("top", 128 * KiB), ("top", 256 * KiB), ("top", 512 * KiB),
+    ("top", 1024 * KiB), ("top", 2048 * KiB), ("top", 2048 * KiB), ("top", 2048 * KiB),
+    ("top", 2048 * KiB), ("bottom", 1024 * KiB), ("bottom", 1536 * KiB), ("bottom", 1792 * KiB),
+    ("bottom", 1920 * KiB), ("bottom", 1984 * KiB), ("top", 2048 * KiB))
 MX_UFPROG = Reading("ufprog mx25x_wpr_type2_4bp_tb0", "table")
 MX_FLASHROM = Reading("flashrom decode_range_spi25 as for the MX25L1635E/MX25L1633E", "spi25")
 # The MX25U1632F/1633F keep TB in a one-time configuration-register bit (CR bit 3, as flashrom's
@@ -281,6 +303,12 @@ MX25U1635F = ChipInfo(
     sources=(FLASHROM, UFPROG),
     assumed=("every time (Macronix 1.8 V figures as recalled)",),
     bfpt_minors=(0,),
+    disagreements=(
+        "BP=10..14: ufprog mx25x_wpr_type2_4bp_tb0 protects the bottom 1 MiB .. 1.94 MiB; flashrom's "
+        "decode_range_spi25 for the 4-BP MX25L1635E/MX25L1633E everything. amdflash refuses what either protects",
+        "BP=8: missing from ufprog's table; everything by flashrom's rule",
+        "the id C2 25 35: flashrom knows one part (MX25U1635E); ufprog three (MX25U1635F SFDP 1.0, MX25U1632F and "
+        "MX25U1633F SFDP 1.6). amdflash tells them apart by the SFDP revision"),
 )
 
 # MX25U1632F / MX25U1633F: ufprog lists both under C2 25 35 with an SFDP 1.6 (the 1635F's is
@@ -296,6 +324,8 @@ MX25U163XF = replace(
     sources=(UFPROG, FLASHROM),
     assumed=("every time (the MX25U1635F's)", "that its busy times and erase set are the MX25U1635F's"),
     bfpt_minors=(6,),
+    disagreements=("the 1632F and 1633F share the id and an SFDP 1.6 (ufprog): not told apart; WPSEL (the "
+                   "1632F's) is honoured on both; the one-time TB bit is not read, so both ends are protected",),
 )
 
 # C2 25 35 whose SFDP does not say which part it is: the most careful of the three — every

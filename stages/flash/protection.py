@@ -126,8 +126,9 @@ class ProtectionLayout:
     # a power cycle (or for ever, with SRP0), whatever WP# does.
     srp1: Bit | None = None
     # Write-protection selection (Winbond SR3 WPS, Macronix SCUR WPSEL): set, the BP bits are
-    # ignored and every block has its own lock bit instead (flashrom's writeprotect.c refuses
-    # that state too). amdflash does not read those locks: the protection is then "any".
+    # ignored and every block has its own lock bit instead. flashrom's writeprotect.c gives up
+    # on that state only when the bit cannot be written back (Macronix's one-time WPSEL), not on
+    # Winbond's writable WPS. amdflash does not read those locks: the protection is then "any".
     wps: Bit | None = None
     wps_name: str = "WPS"
     # Every source's reading, the one the part is modelled on first (() : "table" if the

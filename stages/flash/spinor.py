@@ -1,8 +1,13 @@
 """The SPI NOR command set over the ROM_SW engine: identify, read, erase, program, protect.
 
 Busy handling follows the chip table: the first wait is about the typical time of the
-operation, the give-up point its datasheet maximum, and the end of a busy period is seen
-in a status read before anything else goes to the chip:
+operation, and the end of a busy period is seen in a status read before anything else goes
+to the chip. A wait ends on that evidence, not on a guessed number: the limit is the part's
+datasheet maximum times BUSY_MARGIN (most maxima in the table are recalled family figures,
+and a chip within its real datasheet must not be stopped mid-flash), raised for a board
+whose hardware report measured it slower (`busy_limits`). A chip still busy at the limit is
+polled on until it finishes (up to GIVE_UP) and then reported as slower than its datasheet
+with its measured time: the operation is over, so the unit is whole and `resume` finishes it.
 
 * an erase or status write waits about its typical time, then reads status until WIP
   clears;
@@ -34,6 +39,8 @@ RDID, RDSFDP, RDUID = 0x9F, 0x5A, 0x4B
 
 MAX_CHUNK = 0x100
 POLL_INTERVAL = 100e-6
+BUSY_MARGIN = 2.0      # the limit: twice the datasheet maximum (see the module docstring)
+GIVE_UP = 40.0         # seconds past which a busy chip is not waited for (Linux's generic SPI NOR wait)
 
 
 class FlashError(RuntimeError):
@@ -42,6 +49,14 @@ class FlashError(RuntimeError):
 
 class FlashTimeout(FlashError, TimeoutError):
     pass
+
+
+class ChipTooSlow(FlashTimeout):
+    """An operation finished, but later than the part's datasheet allows (with the margin)."""
+
+    def __init__(self, message: str, took: float, limit: float):
+        super().__init__(message)
+        self.took, self.limit = took, limit
 
 
 class ProtectedError(FlashError):
@@ -88,8 +103,10 @@ class _Busy:
     """A page program whose end has not been seen yet."""
 
     ends: float          # about when it ends (typical time after its SPI time)
-    deadline: float      # its datasheet maximum: still busy then, the chip has failed
+    deadline: float      # its limit (datasheet maximum with the margin): still busy then, too slow
     what: str
+    started: float = 0.0
+    maximum: float = 0.0
 
 
 class SpiNor:
@@ -99,6 +116,24 @@ class SpiNor:
         self.clock = spi.bar.clock
         self._busy: _Busy | None = None
         self.cmp_attempts: list[str] = []   # the last clear_cmp's writes and read-backs
+        # opcode -> seconds a hardware report of this board measured at most: raises the limit.
+        self.busy_limits: dict[int, float] = {}
+
+    def limit(self, opcode: int | None, maximum: float) -> float:
+        """How long an operation may stay busy before the chip counts as slower than its datasheet."""
+        measured = self.busy_limits.get(opcode, 0.0) if opcode is not None else 0.0
+        return max(maximum, measured) * BUSY_MARGIN
+
+    def _too_slow(self, what: str, took: float, maximum: float, opcode: int | None) -> ChipTooSlow:
+        limit = self.limit(opcode, maximum)
+        raised = (f", raised by this board's hardware report to {self.busy_limits[opcode]:g} s × {BUSY_MARGIN:g}"
+                  if opcode in self.busy_limits and self.busy_limits[opcode] > maximum else "")
+        name = self.chip.name if self.chip else "part"
+        return ChipTooSlow(f"the chip is slower than its datasheet: the {what} took {took:.3f} s, over amdflash's "
+                           f"limit of {limit:g} s (the {name}'s datasheet maximum {maximum:g} s × {BUSY_MARGIN:g}"
+                           f"{raised}); it finished, so the unit is whole and resume finishes the flash; "
+                           "`amdflash hardware-report --scratch-sector N --yes` measures this board's times",
+                           took, limit)
 
     # -- identification ---------------------------------------------------------------------
     def rdid(self) -> bytes:
@@ -183,22 +218,30 @@ class SpiNor:
         if not sr1 & protection.SR1_WEL or sr1 & protection.SR1_WIP:
             raise FlashError(f"write enable failed (SR1={sr1:#04x})")
 
-    def wait_ready(self, typical: float, maximum: float, what: str, started: float | None = None) -> int:
-        """Wait for WIP to clear: first about `typical`, then poll until `maximum`."""
+    def wait_ready(self, typical: float, maximum: float, what: str, started: float | None = None,
+                   opcode: int | None = None) -> int:
+        """Wait for WIP to clear: first about `typical`, then poll. Past the limit (the datasheet
+        `maximum` with the margin) polling goes on, ever sparser, to measure how slow the chip
+        is: finished, it is reported as too slow (ChipTooSlow); still busy after GIVE_UP, as stuck."""
         clock = self.clock
         started = clock.now() if started is None else started
         remaining = typical - (clock.now() - started)
         if remaining > 0:
             clock.sleep(remaining)
+        limit = self.limit(opcode, maximum)
+        give_up = max(GIVE_UP, 2 * limit)
         interval = max(typical / 20, 100e-6)
         while True:
             sr1 = self.status()
+            took = clock.now() - started
             if not sr1 & protection.SR1_WIP:
+                if took > limit:
+                    raise self._too_slow(what, took, maximum, opcode)
                 return sr1
-            if clock.now() - started > maximum:
-                raise FlashTimeout(f"flash still busy {clock.now() - started:.3f} s after {what} "
-                                   f"(datasheet maximum {maximum:g} s, SR1={sr1:#04x})")
-            clock.sleep(interval)
+            if took > give_up:
+                raise FlashTimeout(f"flash still busy {took:.3f} s after {what} (datasheet maximum {maximum:g} s, "
+                                   f"amdflash's limit {limit:g} s, SR1={sr1:#04x}): the chip does not finish")
+            clock.sleep(interval if took <= limit else max(interval, took / 20))
 
     # -- protection -------------------------------------------------------------------------
     def check_writable(self, address: int, size: int, prot: Protection | None = None) -> None:
@@ -241,7 +284,7 @@ class SpiNor:
         for opcode, data in methods:
             self.write_enable()
             self.spi.command(opcode, tx=data)
-            self.wait_ready(typical, maximum, "write status", self.spi.last_end)
+            self.wait_ready(typical, maximum, "write status", self.spi.last_end, WRSR)
             now = self.status(register.read)
             done = not now >> bit & 1
             self.cmp_attempts.append(f"{opcode:02X}h {data.hex(' ')}: {register.name}={now:#04x}, "
@@ -303,7 +346,10 @@ class SpiNor:
                 return
             chain.close()          # the array reads behind it found the chip busy
             if clock.now() > busy.deadline:
-                raise FlashTimeout(f"flash still busy after {busy.what} past its datasheet maximum (SR1={sr1:#04x})")
+                self._busy = busy
+                self._idle()       # polls on, to report the chip too slow with its time (or stuck)
+                yield from self._chain(requests, None, proving)
+                return
             clock.sleep(POLL_INTERVAL)
 
     def _idle(self) -> None:
@@ -315,11 +361,15 @@ class SpiNor:
         clock.sleep(busy.ends - clock.now())
         while True:
             sr1 = self.status()
+            took = clock.now() - busy.started
             if not sr1 & protection.SR1_WIP:
+                if clock.now() > busy.deadline:
+                    raise self._too_slow(busy.what, took, busy.maximum, PP)
                 return
-            if clock.now() > busy.deadline:
-                raise FlashTimeout(f"flash still busy after {busy.what} past its datasheet maximum (SR1={sr1:#04x})")
-            clock.sleep(POLL_INTERVAL)
+            if took > max(GIVE_UP, 2 * (busy.deadline - busy.started)):
+                raise FlashTimeout(f"flash still busy {took:.3f} s after {busy.what} (datasheet maximum "
+                                   f"{busy.maximum:g} s, SR1={sr1:#04x}): the chip does not finish")
+            clock.sleep(POLL_INTERVAL if clock.now() <= busy.deadline else max(POLL_INTERVAL, took / 20))
 
     def erase(self, address: int, size: int) -> None:
         etype = self._chip().erase_type(size)
@@ -332,7 +382,7 @@ class SpiNor:
         self.spi.command(etype.opcode, address, 3)
         # Timed from the end of the command on the wire: the chip went busy then.
         what = f"{size // 1024} KiB erase at {address:#08x}"
-        self.wait_ready(etype.typical, etype.maximum, what, self.spi.last_end)
+        self.wait_ready(etype.typical, etype.maximum, what, self.spi.last_end, etype.opcode)
         self._check_fail_flag("erase", what)
 
     def _check_fail_flag(self, kind: Literal["program", "erase"], what: str) -> None:
@@ -360,7 +410,8 @@ class SpiNor:
         self.check_writable(0, chip.size)
         self.write_enable()
         self.spi.command(chip.chip_erase.opcode)
-        self.wait_ready(chip.chip_erase.typical, chip.chip_erase.maximum, "chip erase", self.spi.last_end)
+        self.wait_ready(chip.chip_erase.typical, chip.chip_erase.maximum, "chip erase", self.spi.last_end,
+                        chip.chip_erase.opcode)
         self._check_fail_flag("erase", "chip erase")
 
     def program(self, address: int, data: bytes, on_page: Callable[[int], None] | None = None) -> int:
@@ -406,7 +457,8 @@ class SpiNor:
             # loaded into the window meanwhile.
             spi.command(WREN, preload=chunk, start_after=busy.ends if busy else None)
             spi.command(PP, page, 3, chunk)
-            self._busy = _Busy(spi.last_end + typical, spi.last_end + maximum, f"page program at {page:#08x}")
+            self._busy = _Busy(spi.last_end + typical, spi.last_end + self.limit(PP, maximum),
+                               f"page program at {page:#08x}", spi.last_end, maximum)
             if on_page:
                 on_page(page)
 
@@ -422,7 +474,7 @@ class SpiNor:
             if on_page:
                 on_page(page)
         if pending is not None:
-            self.wait_ready(typical, maximum, "page program", pending)
+            self.wait_ready(typical, maximum, "page program", pending, PP)
 
     def check_programming(self, reason: str) -> None:
         """Program with a status read after every write enable from now on (a page may have
@@ -436,7 +488,7 @@ class SpiNor:
         self._check_range(address, len(data))
         self.write_enable()
         self.spi.command(PP, address, 3, data)
-        self.wait_ready(typical, maximum, f"page program at {address:#08x}", self.spi.last_end)
+        self.wait_ready(typical, maximum, f"page program at {address:#08x}", self.spi.last_end, PP)
         self._check_fail_flag("program", f"page program at {address:#08x}")
 
     def _enable_after(self, busy_since: float | None, maximum: float) -> None:
@@ -453,9 +505,9 @@ class SpiNor:
                     raise FlashError(f"write enable failed (SR1={sr1:#04x})")
                 landed_idle = True   # the WREN arrived while busy; the chip is idle now
                 continue
-            if busy_since is not None and clock.now() - busy_since > maximum:
-                raise FlashTimeout(f"flash still busy {clock.now() - busy_since:.4f} s after a page program "
-                                   f"(datasheet maximum {maximum:g} s, SR1={sr1:#04x})")
+            if busy_since is not None and clock.now() - busy_since > self.limit(PP, maximum):
+                # Past the limit: see the end (or that there is none) and report the chip too slow.
+                self.wait_ready(0.0, maximum, "page program", busy_since, PP)
             clock.sleep(POLL_INTERVAL)
 
     def _programming(self) -> tuple[int, float, float]:

@@ -15,13 +15,17 @@ Facts and where they come from (docs/flash-chip.md has the table):
   `mx25x_wpr_type2_4bp_tb0` — BP3..BP0 = 0: none; 1..5: the top 64 KiB × 2^(BP−1); 6..9:
   all; 10..14: all but the top 64 KiB × 2^(14−BP) (i.e. the bottom 1 MiB, 1.5 MiB,
   1.75 MiB, 1.875 MiB, 1.9375 MiB); 15: all. (ufprog's table lists BP = 4 and 5 twice and
-  BP = 8 not at all; the first entries and "8 = all" are taken, the latter assumed.)
+  BP = 8 not at all; the first entries and "8 = all" are taken, the latter as flashrom's rule
+  reads it.) The emulated chip follows this table; flashrom reads BP = 6..15 of the part's
+  4-BP siblings (MX25L1635E, MX25L1633E: decode_range_spi25) as "all", and the driver refuses
+  what either reading protects (docs/flash-chip.md, "Where the sources disagree").
 
 * ufprog's MX25U1635F flags `program-erase-fail-indicator-in-scur` (SCUR bit 5 P_FAIL,
   bit 6 E_FAIL) and `wpsel-scur-bit7`; flashrom's Macronix entries with a reg_bits map
   name the same bit (`.wps = {SECURITY, 7, OTP}`, "set by WPSEL command"), and its
-  writeprotect.c gives up on a chip with WPS set: BP bits are then ignored and each block
-  has its own lock. WPSEL is 68h, global unlock 98h, global lock 7Eh.
+  writeprotect.c gives up on a chip whose WPS bit is set and not writable (this one-time bit;
+  a Winbond's writable WPS it does not refuse): BP bits are then ignored and each block has
+  its own lock. WPSEL is 68h, global unlock 98h, global lock 7Eh.
 
 So, unlike the GD25LQ16E and W25Q16DW: four BP bits, no TB, SEC or CMP; QE in SR1; a
 table, not flashrom's generic formula (which would call BP = 10 "everything"); 35h,
