@@ -19,7 +19,9 @@ the transaction of the push:
 
 Any failure raises and the whole batch is rolled back, naming the first checkpoint or row
 that does not verify. Every table refuses UPDATE, DELETE and TRUNCATE (triggers, for the
-owner too); only an administrator enrols host keys.
+owner too); the bookkeeping tables (`run_owners`, `blob_usage`) are written only by the push
+checks (a run ID's owner never changes, a host's blob bytes only grow); only an
+administrator enrols host keys.
 
 Who pushes what, and who reads what, is decided by the database too:
 
@@ -46,14 +48,17 @@ host's, so the canonical text — and so every hash — is the same on both side
 Beside the record, and never part of it: `progress`, what each host says its runs are doing
 right now (stage, bytes, rate, ETA, and every end as the host sees it), published by the
 host's follow service (`audit push --follow`, pipeline/fleet/live.py) within a second or two,
-with a NOTIFY on channel `amdflash_progress` for listeners (`fleet serve`). It is advisory:
-unsigned, the host's word. A push login inserts rows only for the host bound to it (the same
-`session_user` check as the checkpoints), never reads another host's, and cannot change or
-remove a row; the signed trail stays the truth, and every view says which it shows.
+with a payload-free NOTIFY for listeners (`fleet serve`) on a channel whose random name only
+reviewers read (progress_channel()). It is advisory: unsigned, the host's word. A push login
+inserts rows only for the host bound to it (the same `session_user` check as the
+checkpoints), never reads another host's, and cannot change or remove a row; the database
+refuses a value no view could take (PROGRESS_SHAPES, PROGRESS_BOUNDS, the host's clock near
+its own); the signed trail stays the truth, and every view says which it shows.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 import sqlite3
 import time
@@ -62,14 +67,37 @@ from pathlib import Path
 from typing import Any
 
 from amdflash.store import schema
-from amdflash.store.chain import Checkpoint, load_checkpoints
+from amdflash.store.chain import LEGACY, Checkpoint, load_checkpoints
 from amdflash.store.schema import PHYSICAL, PLAIN
 
 NS = "amdflash"                       # the PostgreSQL schema holding everything
 CENTRAL_VERSION = 3
-PROGRESS_CHANNEL = "amdflash_progress"   # NOTIFY channel: a host published progress
+# NOTIFY channel of progress wake-ups: this prefix and a random part made at setup, readable
+# only by reviewers and administrators (progress_channel()), so a push login can neither listen
+# to other hosts' activity nor wake the views (LISTEN and NOTIFY take no privilege).
+PROGRESS_CHANNEL = "amdflash_progress"
 # What a progress row may say (the host's own view, store.status.run_status on the host).
 PROGRESS_STATES = ("running", "succeeded", "failed", "interrupted", "refused", "alive")
+# What a progress row's values may be, checked by the database on every insert (CHECK
+# constraints and its insert trigger): finite numbers within bounds, names of their shape (one
+# pattern text for PostgreSQL and Python: \A, \Z and \x escapes mean the same to both), and
+# the host's clock within minutes ahead of and days behind the server's (an end recorded while
+# central was out of reach arrives late, with the time the host's trail gave it).
+RUN_ID_SHAPE = r"\A[0-9]{8}T[0-9]{6}-[0-9a-f]{8}\Z"          # pipeline.runner.new_run_id
+PLACE_SHAPE = r"\A[A-Za-z0-9][A-Za-z0-9._-]*\Z"         # EXPORTER-GROUP (fleet.live.places_from)
+_PRINTABLE = r"\A[^\x01-\x1f\x7f]*\Z"                           # no control characters
+PROGRESS_SHAPES = {
+    "run_id": RUN_ID_SHAPE, "resumes": RUN_ID_SHAPE, "place": PLACE_SHAPE,
+    "board": r"\A(sim|usb|pci):[^\x01-\x1f\x7f]+\Z",            # a board spec
+    "command": r"\A[a-z][a-z0-9_-]{0,39}\Z", "stage": _PRINTABLE, "image_sha256": r"\A[0-9a-f]{64}\Z",
+    "started": r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9:.]{5,18}(Z|[+-][0-9]{2}:?[0-9]{2})?\Z",   # ISO 8601
+}
+PROGRESS_BOUNDS = {"bytes_done": 1 << 40, "bytes_total": 1 << 40, "rate": float(1 << 40),   # bytes, bytes/s
+                   "eta": 1e10, "checkpoint": 1 << 62}                                      # seconds; an id
+# The longest text of each column (the progress table's own CHECKs, since schema version 3).
+PROGRESS_LENGTHS = {"run_id": 100, "command": 40, "board": 1000, "place": 300, "stage": 100, "error": 4000,
+                    "image_sha256": 64, "resumes": 100, "started": 64}
+PROGRESS_AHEAD, PROGRESS_BEHIND = "5 minutes", "7 days"    # `at` against the server's clock at insert
 DEFAULT_BLOB_QUOTA = 64 << 30   # bytes of blobs per host, unless set at setup or enrolment
 PUSH_ROLE, READ_ROLE = "amdflash_push", "amdflash_read"
 RUN_KINDS = ("commit", "final", "migrated")
@@ -432,6 +460,7 @@ CREATE CONSTRAINT TRIGGER checkpoints_span_verified AFTER INSERT ON {NS}.checkpo
 {"".join(_sealed_function(t) for t in PHYSICAL)}
 {_own_views()}
 {_progress_sql()}
+{_hardening_sql(existing=False)}
 """
 
 
@@ -456,26 +485,8 @@ CREATE TABLE {NS}.progress (
 CREATE INDEX progress_by_run ON {NS}.progress (host_id, run_id, id);
 CREATE INDEX progress_by_time ON {NS}.progress (received_at);
 CREATE INDEX progress_by_host ON {NS}.progress (host_id, id);
--- The database, not the client, says which host, when and who: a login inserts only for the
--- host bound to it (session_user, as for checkpoints), and the row's id and arrival are its own.
-CREATE FUNCTION {NS}.check_progress() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $fn$
-BEGIN
-    IF NOT {NS}.may_push(NEW.host_id) THEN
-        RAISE EXCEPTION 'refused: progress of host %: %', {NS}.host_name(NEW.host_id),
-            replace({NS}.refused_login(NEW.host_id), 'checkpoints and blobs', 'checkpoints, blobs and progress')
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    NEW.id := nextval('{NS}.progress_id');
-    NEW.received_at := clock_timestamp();
-    NEW.sent_by := session_user;
-    RETURN NEW;
-END $fn$;
+{_progress_functions()}
 CREATE TRIGGER progress_checked BEFORE INSERT ON {NS}.progress FOR EACH ROW EXECUTE FUNCTION {NS}.check_progress();
-CREATE FUNCTION {NS}.notify_progress() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $fn$
-BEGIN
-    PERFORM pg_notify('{PROGRESS_CHANNEL}', (SELECT max(id) FROM new_rows)::text);
-    RETURN NULL;
-END $fn$;
 CREATE TRIGGER progress_notify AFTER INSERT ON {NS}.progress REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION {NS}.notify_progress();
 CREATE TRIGGER progress_insert_only BEFORE UPDATE OR DELETE ON {NS}.progress FOR EACH ROW
@@ -487,9 +498,102 @@ CREATE VIEW {NS}.own_progress WITH (security_barrier) AS
 """
 
 
+def _progress_functions() -> str:
+    """The progress table's insert check and its NOTIFY (replaced in place by an upgrade)."""
+    return f"""
+-- The database, not the client, says which host, when and who: a login inserts only for the
+-- host bound to it (session_user, as for checkpoints), and the row's id and arrival are its own.
+-- The host's clock (`at`) must be near the server's: a time no reader can load ('infinity',
+-- year 10000) or one far off is refused, naming it.
+CREATE OR REPLACE FUNCTION {NS}.check_progress() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $fn$
+BEGIN
+    IF NOT {NS}.may_push(NEW.host_id) THEN
+        RAISE EXCEPTION 'refused: progress of host %: %', {NS}.host_name(NEW.host_id),
+            replace({NS}.refused_login(NEW.host_id), 'checkpoints and blobs', 'checkpoints, blobs and progress')
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    NEW.id := nextval('{NS}.progress_id');
+    NEW.received_at := clock_timestamp();
+    NEW.sent_by := session_user;
+    IF NEW.at IS NOT NULL AND NOT NEW.at BETWEEN NEW.received_at - interval '{PROGRESS_BEHIND}'
+                                             AND NEW.received_at + interval '{PROGRESS_AHEAD}' THEN
+        RAISE EXCEPTION 'refused: progress of host % (run %): its at = % is not within {PROGRESS_BEHIND} before '
+                        'and {PROGRESS_AHEAD} after the central database''s clock (%)', {NS}.host_name(NEW.host_id),
+            coalesce(NEW.run_id, 'none'), NEW.at, NEW.received_at USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END $fn$;
+-- A wake-up without payload, on the channel only reviewers can read the name of: listeners
+-- read the rows themselves (as their login may), and no push login learns another's activity.
+CREATE OR REPLACE FUNCTION {NS}.notify_progress() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $fn$
+BEGIN
+    PERFORM pg_notify((SELECT name FROM {NS}.progress_channel), '');
+    RETURN NULL;
+END $fn$;
+"""
+
+
+def _progress_checks() -> dict[str, str]:
+    """{column: the CHECK its value must pass} (a NULL passes). An upper bound also refuses NaN
+    and Infinity: PostgreSQL orders NaN above every number (so `rate >= 0` admits it)."""
+    checks = {c: f"{c} >= 0 AND {c} <= {bound!r}" for c, bound in PROGRESS_BOUNDS.items()}
+    checks.update({c: f"{c} ~ '{shape}'" for c, shape in PROGRESS_SHAPES.items()})
+    return checks
+
+
+def _hardening_sql(existing: bool) -> str:
+    """What keeps the central record's word beyond the record's own tables: progress values
+    checked (CHECK constraints named `progress_<column>_checked`; on an existing table NOT
+    VALID, which checks every new row and leaves the stored ones), the secret NOTIFY channel,
+    and the bookkeeping tables (`run_owners`, `blob_usage`) changed only by the push checks."""
+    not_valid = " NOT VALID" if existing else ""
+    # Idempotent (whatever part a database already has is made again): DROP ... IF EXISTS first.
+    constraints = ",\n".join(f"    DROP CONSTRAINT IF EXISTS progress_{c}_checked,\n"
+                              f"    ADD CONSTRAINT progress_{c}_checked CHECK ({check}){not_valid}"
+                              for c, check in _progress_checks().items())
+    triggers = [("run_owners", "kept", "INSERT OR UPDATE OR DELETE", "ROW", "bookkeeping_only"),
+                ("blob_usage", "kept", "INSERT OR UPDATE OR DELETE", "ROW", "bookkeeping_only"),
+                ("progress_channel", "insert_only", "UPDATE OR DELETE", "ROW", "refuse_change")]
+    triggers += [(t, "no_truncate", "TRUNCATE", "STATEMENT", "refuse_change") for t, *_ in triggers]
+    made = "\n".join(f"DROP TRIGGER IF EXISTS {t}_{name} ON {NS}.{t};\n"
+                      f"CREATE TRIGGER {t}_{name} BEFORE {ops} ON {NS}.{t} FOR EACH {each} "
+                      f"EXECUTE FUNCTION {NS}.{function}();" for t, name, ops, each, function in triggers)
+    return f"""
+ALTER TABLE {NS}.progress
+{constraints};
+CREATE TABLE IF NOT EXISTS {NS}.progress_channel (
+    name text NOT NULL CHECK (name ~ '\\A{PROGRESS_CHANNEL}_[0-9a-f]{{32}}\\Z'));
+INSERT INTO {NS}.progress_channel SELECT '{PROGRESS_CHANNEL}_' || replace(gen_random_uuid()::text, '-', '')
+    WHERE NOT EXISTS (SELECT FROM {NS}.progress_channel);
+-- Which host owns a run ID, and the bytes each host's blobs take: written only by the push
+-- checks (runs_owned, blobs_owned: a statement run from within a trigger), never by a
+-- statement of anyone's own, the owner's too; a run ID's owner never changes, and a quota
+-- count only grows, so neither can reopen a run ID or a quota.
+ALTER TABLE {NS}.blob_usage DROP CONSTRAINT IF EXISTS blob_usage_bytes_checked,
+    ADD CONSTRAINT blob_usage_bytes_checked CHECK (bytes >= 0){not_valid};
+CREATE OR REPLACE FUNCTION {NS}.bookkeeping_only() RETURNS trigger LANGUAGE plpgsql AS $fn$
+DECLARE kept boolean := pg_trigger_depth() >= 2 AND TG_OP <> 'DELETE';
+BEGIN
+    IF kept AND TG_OP = 'UPDATE' THEN      -- (only blob_usage has bytes: tested apart)
+        kept := TG_TABLE_NAME = 'blob_usage';
+        IF kept THEN
+            kept := NEW.host_id = OLD.host_id AND NEW.bytes >= OLD.bytes;
+        END IF;
+    END IF;
+    IF NOT kept THEN
+        RAISE EXCEPTION 'refused: % on %: it is kept by the push checks only (a run ID stays the host''s that '
+                        'pushed it first; a host''s blob bytes only grow)', TG_OP, TG_TABLE_NAME
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END $fn$;
+{made}
+"""
+
+
 def _progress_grants() -> str:
-    return f"""REVOKE ALL ON {NS}.progress, {NS}.own_progress FROM PUBLIC;
-GRANT SELECT ON {NS}.progress TO {READ_ROLE};
+    return f"""REVOKE ALL ON {NS}.progress, {NS}.own_progress, {NS}.progress_channel FROM PUBLIC;
+GRANT SELECT ON {NS}.progress, {NS}.progress_channel TO {READ_ROLE};
 GRANT SELECT ON {NS}.own_progress TO {PUSH_ROLE}, {READ_ROLE};
 GRANT INSERT ON {NS}.progress TO {PUSH_ROLE};
 """
@@ -556,6 +660,8 @@ def setup(url: str, blob_quota: int = DEFAULT_BLOB_QUOTA) -> str:
             version = pg.execute(f"SELECT value FROM {NS}.meta WHERE key = 'central_version'").fetchone()
             if version is not None and version[0] == "2":
                 return _upgrade_from_2(pg)
+            if version is not None and version[0] == "3" and not _hardened(pg):
+                return _harden_in_place(pg)
             return f"the central database is already set up (version {version[0] if version else '?'})"
         try:
             pg.execute(_schema_sql())
@@ -581,6 +687,7 @@ def _upgrade_from_2(pg: Any) -> str:
 
     try:
         pg.execute(_progress_sql())
+        pg.execute(_hardening_sql(existing=False))
         pg.execute(_progress_grants())
         pg.execute(f"ALTER TABLE {NS}.meta DISABLE TRIGGER meta_insert_only")
         pg.execute(f"UPDATE {NS}.meta SET value = %s WHERE key = 'central_version'", (str(CENTRAL_VERSION),))
@@ -590,6 +697,49 @@ def _upgrade_from_2(pg: Any) -> str:
         raise CentralError(f"cannot upgrade the central database: {_first_line(e)}") from None
     return (f"central database upgraded from version 2 to {CENTRAL_VERSION}: table {NS}.progress added (live "
             "progress, advisory; insert-only, each push login only its own host's); nothing stored was changed")
+
+
+def _hardened(pg: Any) -> bool:
+    """Whether this version 3 database has the progress checks, the secret NOTIFY channel and
+    the kept bookkeeping tables (a database set up before them lacks all three)."""
+    return bool(pg.execute(
+        "SELECT to_regclass(%s) IS NOT NULL AND EXISTS (SELECT FROM pg_trigger WHERE tgname = 'run_owners_kept') "
+        "AND EXISTS (SELECT FROM pg_constraint WHERE conname = 'progress_rate_checked')",
+        (f"{NS}.progress_channel",)).fetchone()[0])
+
+
+def _harden_in_place(pg: Any) -> str:
+    """A version 3 database set up before its progress rows were checked: the checks, the
+    channel and the bookkeeping triggers are added; nothing stored changes (progress rows
+    already stored are not checked again: CHECK ... NOT VALID)."""
+    import psycopg
+
+    try:
+        pg.execute(_progress_functions())
+        pg.execute(_hardening_sql(existing=True))
+        pg.execute(_progress_grants())
+        pg.commit()
+    except psycopg.Error as e:
+        raise CentralError(f"cannot bring the central database up to date: {_first_line(e)}") from None
+    return ("central database (version 3) brought up to date: progress rows are checked (finite numbers, names of "
+            "their shape, the host's clock near the server's), progress wake-ups go to a channel only reviewers "
+            "know, and run_owners and blob_usage are changed only by the push checks; nothing stored was changed")
+
+
+def progress_channel(pg: Any) -> str:
+    """The channel to LISTEN on for progress wake-ups (payload-free): its name is readable by
+    reviewers (amdflash_read) and administrators only."""
+    import psycopg
+
+    try:
+        row = pg.execute(f"SELECT name FROM {NS}.progress_channel").fetchone()
+    except psycopg.Error as e:
+        raise CentralError(f"cannot read the progress channel's name ({_first_line(e)}): listen as a reviewer "
+                           f"login (in {READ_ROLE}); on a database set up before it, run 'amdflash fleet "
+                           "central-setup URL' again") from None
+    if row is None or not re.fullmatch(rf"{PROGRESS_CHANNEL}_[0-9a-f]{{32}}", row[0]):
+        raise CentralError(f"the central database's progress channel is missing or malformed: {row!r}")
+    return str(row[0])
 
 
 def _self_test(pg: Any) -> None:
@@ -1004,11 +1154,33 @@ def host_for_trail(pg: Any, db: str | None, host_key: bytes | None = None) -> tu
     return _own_host(pg, public)
 
 
+def publishable(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with each value the database would refuse (a number not finite or out of
+    bounds, a name not of its shape) left out, so that one odd value of the host's — a place
+    named after an unusual host name — costs that value, not the whole batch of rows."""
+    out = dict(row)
+    for column, bound in PROGRESS_BOUNDS.items():
+        value = out.get(column)
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)
+                                      and 0 <= value <= bound):
+            out[column] = None
+    for column, shape in PROGRESS_SHAPES.items():
+        value = out.get(column)
+        if value is not None and not (isinstance(value, str) and re.search(shape, value)):
+            out[column] = None
+    for column, longest in PROGRESS_LENGTHS.items():
+        value = out.get(column)
+        if isinstance(value, str) and len(value) > longest:
+            out[column] = value[:longest - 1] + "…" if column == "error" else None
+    return out
+
+
 def publish_progress(pg: Any, host_id: int, rows: list[dict[str, Any]], checkpoint: int | None) -> None:
     """Insert progress rows for the host (one statement: one NOTIFY); the database checks that
     this login may speak for the host, and stamps each row's arrival and sender itself."""
     if not rows:
         return
+    rows = [publishable(r) for r in rows]
     names = ", ".join(PROGRESS_COLUMNS)
     one = "(" + ", ".join(["%s"] * (len(PROGRESS_COLUMNS) + 2)) + ", 0, now(), '')"
     values = [v for r in rows for v in (host_id, checkpoint, *(r.get(c) for c in PROGRESS_COLUMNS))]
@@ -1053,7 +1225,9 @@ def select_runs(pg: Any, host: str | None = None, board: str | None = None, sinc
         SELECT r.run_id, r.command, r.board_spec, r.at AS started, r.image_sha256, r.resumes_run_id,
                s.status, s.at AS updated, b.unique_id, b.emulated, h.name AS host, r.host_id,
                EXISTS (SELECT 1 FROM {NS}.runs x WHERE x.host_id = r.host_id AND x.resumes_run_id = r.run_id)
-                   AS resumed
+                   AS resumed,
+               EXISTS (SELECT 1 FROM {NS}.checkpoints c WHERE c.host_id = r.host_id AND c.run_id = r.run_id
+                       AND c.kind = '{LEGACY}') AS legacy
         FROM {NS}.runs r JOIN {NS}.hosts h ON h.id = r.host_id
         LEFT JOIN LATERAL (SELECT status, at FROM {NS}.run_status s WHERE s.host_id = r.host_id
                            AND s.run_id = r.run_id ORDER BY s.seq DESC LIMIT 1) s ON true
