@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
+from amdflash.pipeline import next_step
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, Refusal
 from amdflash.pipeline.logsetup import logger
 from amdflash.pipeline.progress import ProgressBoard
@@ -99,6 +100,7 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
             # An amdgpu-bound board has no BAR5: its jobs (amdgpu_jobs.py) take it back with board_of().
             dev = Device(bar, bar.identity, recorder, stop, progress)  # type: ignore[arg-type]
         stage(recorder, "open_transport", "end", bar.identity.spec)
+        dev.extra["command"] = next_step.command    # a step the board layer suggests carries --db/--config
         if registers:
             # Registers an earlier run left changed go back first; then the "before" snapshot.
             info.output += await settle_registers(dev, getattr(writer, "path", None))

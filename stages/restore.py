@@ -10,6 +10,7 @@ transaction and a write to C2PMSG sends a PSP command.
 from __future__ import annotations
 
 import json
+import shlex
 
 from amdflash.stages.device import Device
 from amdflash.stages.diagnostics import record_diagnostics
@@ -97,8 +98,11 @@ def describe_left(dev: Device) -> str:
             for r, (v, t, doubt) in sorted(left.items(), key=lambda x: RESTORABLE.index(x[0])))
         if any(doubt for _, _, doubt in left.values()):
             what += " (?: the write putting it back failed and may not have landed)"
+    # The CLI hands its own command builder down (pipeline.next_step.command), so the step reaches
+    # the run's audit database; without one, the bare command.
+    command = dev.extra.get("command") or (lambda *words: shlex.join(["amdflash", *words]))
     return (f"{what}; the next amdflash run on this board puts them back "
-            f"(or run: amdflash restore --board {dev.identity.spec})")
+            f"(or run: {command('restore', '--board', dev.identity.spec)})")
 
 
 def restore_registers(dev: Device) -> str:

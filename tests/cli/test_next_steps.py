@@ -264,3 +264,30 @@ def test_a_failed_dump_says_the_flash_was_not_changed(amdflash, make_board, tmp_
     assert r.code == 1, r.err
     assert r.err_lines[-1] == "  next: the flash was not changed (dump only reads it); fix the cause, then run " \
                               "the command again", r.err
+
+
+def test_registers_left_changed_name_a_restore_that_works_pasted(amdflash, make_board, tmp_path, monkeypatch):
+    from amdflash.stages.navi31 import regs as R
+    from amdflash.stages.transport import discovery
+    from amdflash.stages.transport.sim import Board
+
+    def registers(board: Path) -> dict[int, int]:
+        with Board(board) as b:
+            return {r: b.get32(r) for r in (R.ROM_CNTL, R.PAGE_MIRROR_CNTL, R.GPIOPAD_MASK, R.GPIOPAD_A)}
+
+    board = make_board(transport="ideal", faults=["usb-disconnect-after=30000"])
+    before = registers(board)
+    monkeypatch.setenv(discovery.ENV_SIM_USB, str(board))
+    db = tmp_path / "a trail" / "audit.sqlite"
+    db.parent.mkdir()
+    r = amdflash("--no-progress", "--db", db, "dump", tmp_path / "d.bin", "--board", "usb")
+    assert r.code == 1 and "registers not put back" in r.err, r.err
+    assert registers(board) != before
+    [restore] = [words for words in pasted(r.err) if "restore" in words]
+    assert restore[:4] == ["amdflash", "--db", str(db), "restore"], restore
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = run_pasted(restore, elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert registers(board) == before
+    assert json.loads(amdflash("--db", db, "runs", "--format", "json").out)[-1]["command"] == "restore"
