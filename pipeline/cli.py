@@ -164,8 +164,8 @@ def _misplaced_option(parser: argparse.ArgumentParser, argv: list[str]) -> str |
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             commands = set(action.choices)
-    for token in argv:
-        if token in commands or token == "--" or _is_command_slot(parser, argv, token):
+    for at, token in enumerate(argv):
+        if token in commands or token == "--" or _is_command_slot(parser, argv, at):
             return None     # the command (or a misspelling of it, which argparse names first)
         name = token.split("=", 1)[0]
         if name.startswith("--") and name not in root and any(
@@ -174,11 +174,10 @@ def _misplaced_option(parser: argparse.ArgumentParser, argv: list[str]) -> str |
     return None
 
 
-def _is_command_slot(parser: argparse.ArgumentParser, argv: list[str], token: str) -> bool:
-    """`token` stands where the command goes: not an option, nor the value of a root option."""
-    if token.startswith("-"):
+def _is_command_slot(parser: argparse.ArgumentParser, argv: list[str], at: int) -> bool:
+    """argv[at] stands where the command goes: not an option, nor the value of a root option."""
+    if argv[at].startswith("-"):
         return False
-    at = argv.index(token)
     before = argv[at - 1] if at else ""
     takes_value = {o for a in parser._actions if a.nargs is None and a.option_strings for o in a.option_strings}
     return before not in takes_value
@@ -188,8 +187,8 @@ def _unknown_before_command(parser: argparse.ArgumentParser, argv: list[str]) ->
     """An option no command knows, typed before the command (`--versoin`): argparse would first
     complain that the command is missing; the misspelling is what to fix."""
     known = {o for p in (parser, *subparsers(parser)) for a in p._actions for o in a.option_strings}
-    for token in argv:
-        if token == "--" or _is_command_slot(parser, argv, token):
+    for at, token in enumerate(argv):
+        if token == "--" or _is_command_slot(parser, argv, at):
             return None
         name = token.split("=", 1)[0]
         if name.startswith("-") and name not in known:
