@@ -21,6 +21,7 @@ from amdflash.pipeline.checks import output_option, write_output
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal, UsageError
 
 ENV_CENTRAL = "AMDFLASH_CENTRAL"
+ENV_NOTIFY = "AMDFLASH_NOTIFY"
 
 
 PSYCOPG_HINT = "the central database needs psycopg: pip install 'amdflash[fleet]'"
@@ -37,7 +38,9 @@ def _url(given: str | None, option: str) -> str:
     if not url:
         raise UsageError(f"no central database: give {option} postgresql://… or set ${ENV_CENTRAL}")
     if not url.startswith(("postgresql://", "postgres://")) and "=" not in url:
-        raise UsageError(f"{option} {url}: expected a PostgreSQL URL (postgresql://USER@HOST/DB) or "
+        from amdflash.pipeline.fleet.serve import mask_url
+
+        raise UsageError(f"{option} {mask_url(url)}: expected a PostgreSQL URL (postgresql://USER@HOST/DB) or "
                          "a libpq connection string")
     return url
 
@@ -162,14 +165,32 @@ def add_fleet_parsers(fsub: argparse._SubParsersAction) -> None:
                     "stage, progress, ETA; failures first), each run's report (checked again here against its "
                     "host's enrolled key), the history with filters, each host's push health, and /metrics for "
                     "Prometheus. Read-only: connect as a member of amdflash_read. Binds 127.0.0.1 by default; put "
-                    "it behind a reverse proxy that authenticates (README, 'Running a line'). --notify sends "
-                    "run failed or interrupted, a host silent too long, and the line done, through Apprise.")
+                    "it behind a reverse proxy that authenticates (README, 'Running a line'). It answers only "
+                    "requests for its own name (Host: the listen address, localhost, each --allowed-host). "
+                    "--notify sends run failed or interrupted, a host silent too long, and the line done, "
+                    "through Apprise, as plain text, each run end once (kept in --state-dir across restarts). "
+                    "A URL on the command line is visible to every local user (ps): give secrets by file "
+                    f"(--from-file, --notify-file) or environment (${ENV_CENTRAL}, ${ENV_NOTIFY}).")
     p.add_argument("--from", dest="source", metavar="URL", help=f"the central database (default ${ENV_CENTRAL})")
+    p.add_argument("--from-file", type=Path, metavar="PATH",
+                   help="read the central database's URL from this file (its first line that is not a # comment)")
     p.add_argument("--listen", default="127.0.0.1:8470", metavar="HOST:PORT",
                    help="where to listen (default 127.0.0.1:8470: this machine only)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests for this Host: name (repeatable; e.g. the reverse proxy's "
+                        "line.example.org); any other is refused (400)")
     p.add_argument("--notify", action="append", metavar="URL",
-                   help="an Apprise URL to notify (repeatable; default: notify = [...] in the config file): "
-                        "mailto://, slack://, matrix://, ntfy://, json:// (a webhook), ...")
+                   help="an Apprise URL to notify (repeatable): mailto://, slack://, matrix://, ntfy://, json:// "
+                        f"(a webhook), ...; default: --notify-file, else ${ENV_NOTIFY} (URLs separated by white "
+                        "space), else notify = [...] in the config file")
+    p.add_argument("--notify-file", type=Path, metavar="PATH",
+                   help="Apprise URLs to notify, one a line (# comments), from this file (keep it 0600)")
+    p.add_argument("--state-dir", type=Path, metavar="DIR",
+                   help="where notifications remember what they sent (default $STATE_DIRECTORY, as systemd's "
+                        "StateDirectory= sets it, else ~/.local/state/amdflash/serve)")
+    p.add_argument("--stale-after", type=float, default=30.0, metavar="MINUTES",
+                   help="a board that said running but nothing for this long no longer holds the line done "
+                        "back (default 30)")
     p.add_argument("--silent-after", type=float, default=10.0, metavar="MINUTES",
                    help="notify when a host has neither pushed nor said anything for this long (default 10)")
     p.add_argument("--settle", type=float, default=30.0, metavar="SECONDS",
@@ -302,22 +323,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise Refusal(f"fleet serve needs {e.name}: pip install 'amdflash[fleet]'") from None
     from amdflash.pipeline.fleet.serve import Notifier, parse_listen, serve
 
-    url = _url(args.source, "--from")
+    if args.source and args.from_file:
+        raise UsageError("give the central database by --from or by --from-file, not both")
+    if args.source and re.search(r"://[^/@]*:[^/@]*@|password\s*=", args.source, re.IGNORECASE):
+        output.note("--from carries a password on the command line, where every local user sees it (ps): "
+                    f"use --from-file, ${ENV_CENTRAL} or a .pgpass file")
+    given = args.source
+    if args.from_file:
+        given = (_secret_lines(args.from_file, "--from-file") or [""])[0]
+        if not given:
+            raise UsageError(f"--from-file {args.from_file}: holds no URL")
+    url = _url(given, "--from")
     try:
         parse_listen(args.listen)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    for option in ("silent_after", "settle", "window"):
+    for option in ("silent_after", "settle", "window", "stale_after"):
         if getattr(args, option) <= 0:
             raise UsageError(f"--{option.replace('_', '-')} must be more than 0")
-    notify = args.notify
-    if notify is None:
-        configured = config.load().get("notify") or []
-        notify = [configured] if isinstance(configured, str) else list(configured)
+    if args.notify:
+        output.note("--notify on the command line is seen by every local user (ps), with its tokens: use "
+                    f"--notify-file or ${ENV_NOTIFY}")
+    notify = [*(args.notify or []), *(_secret_lines(args.notify_file, "--notify-file") if args.notify_file else [])]
+    if not args.notify and not args.notify_file:
+        if os.environ.get(ENV_NOTIFY):
+            notify = os.environ[ENV_NOTIFY].split()
+        else:
+            configured = config.load().get("notify") or []
+            notify = [configured] if isinstance(configured, str) else list(configured)
     try:
         Notifier(list(notify), output.note).close()    # every URL one Apprise knows, before serving
     except ValueError as e:
         raise UsageError(str(e)) from None
+    state_dir = args.state_dir or _state_dir()
     from amdflash.store.central import connect, need_schema, not_a_reader
 
     with connect(url) as pg:
@@ -326,8 +364,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if why:
         raise Refusal(f"fleet serve reads the record only, as a login in amdflash_read, and {why}: connect as a "
                       "reviewer login (CREATE ROLE line_viewer LOGIN IN ROLE amdflash_read)")
+    from amdflash.pipeline.fleet.serve import Memory, state_file
+
+    try:
+        Memory.load(state_file(state_dir, url))    # a state file it cannot read: said before serving
+    except ValueError as e:
+        raise Refusal(str(e)) from None
     return serve(url, args.listen, list(notify), args.window, args.silent_after * 60, args.settle,
-                 args.public_url or "", output.note)
+                 args.public_url or "", output.note, state_dir, args.allowed_host, args.stale_after * 60)
+
+
+def _state_dir() -> Path:
+    """fleet serve's state: systemd's StateDirectory= (its first), else the XDG state home."""
+    if os.environ.get("STATE_DIRECTORY"):
+        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "amdflash" / "serve"
+
+
+def _secret_lines(path: Path, option: str) -> list[str]:
+    """The lines of a file holding secrets (URLs with passwords or tokens), less blanks and #
+    comments; a file others may read is said, not refused (the operator may mean it)."""
+    try:
+        text = path.read_text()
+        mode = path.stat().st_mode
+    except OSError as e:
+        raise UsageError(f"{option} {path}: {e.strerror or e}") from None
+    if mode & 0o077:
+        output.note(f"{option} {path}: others may read it (mode {mode & 0o777:o}); chmod 600 it")
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -23,8 +23,16 @@ taken from a recorded value. The server connects with whatever role its URL name
 meant to be `amdflash_read` (SELECT only), so it can change nothing even if asked to.
 
 One thread keeps the line current: it LISTENs on the progress channel (a host's follow
-service NOTIFYs with every insert), reads the new rows, and every two seconds the signed
-status of the runs shown and each host's health. Notifications (Apprise) are decided there.
+service NOTIFYs with every insert; the payload is not used: any wake-up re-reads), reads the
+new rows (and every two seconds even with no wake-up), and every two seconds the signed status
+of the runs shown and each host's health. Notifications (Apprise) are decided there.
+
+What a host wrote is read defensively (docs/threat-model.md, "the line view"): its time is read
+as text and its numbers checked, so a row no reader can take (an infinite rate, a time of
+'infinity' or year 10000) is shown as unreadable instead of failing the page or the reader.
+Notifications are decided from the record's rows in order and what was notified is kept in the
+serve's state directory, so a restart, an outage or a reconnect neither loses nor repeats one;
+they carry the record's own fields only, checked and made printable, as plain text.
 """
 from __future__ import annotations
 
@@ -33,11 +41,13 @@ import contextlib
 import datetime as dt
 import json
 import math
+import os
 import queue
 import re
 import tempfile
 import threading
 import time
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from html import escape as _html_escape
@@ -45,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from amdflash.store.status import ENDS
+
 
 def escape(text: str) -> str:
     """Text for HTML: markup characters escaped, and controls and format characters (a bidi
@@ -56,8 +67,111 @@ def escape(text: str) -> str:
 
 RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}-[0-9a-f]{8}")     # what amdflash's run ids look like (store/html.py)
 FAILED = ("failed", "interrupted", "refused")
-ORDER = {"failed": 0, "interrupted": 1, "refused": 2, "running": 3, "succeeded": 4}
-REFRESH = 2.0                       # seconds between reads of signed status and health
+ORDER = {"failed": 0, "interrupted": 1, "refused": 2, "unreadable": 3, "running": 4, "succeeded": 5}
+STATES = ("running", *ENDS, "alive")
+REFRESH = 2.0                       # seconds between reads of signed status and health (and new rows)
+BATCH = 20000                       # progress rows read at once
+
+
+def word(value: Any, limit: int = 200) -> str:
+    """A recorded value for a notification: one printable line (controls, bidi overrides and
+    newlines shown as escapes, as the terminal shows them), at most `limit` characters."""
+    from amdflash.pipeline.terminal import printable
+
+    text = printable("" if value is None else str(value))
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def run_word(run_id: Any) -> str:
+    """A run id for a notification: only one of amdflash's shape is named."""
+    return run_id if isinstance(run_id, str) and RUN_ID.fullmatch(run_id) else "(not a run id)"
+
+
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([^\s'\"<>]*)")
+_HOST = re.compile(r"(?:localhost|[0-9.]+|\[[0-9a-fA-F:.]+\]|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)(?::[0-9]+)?")
+
+
+def mask_url(url: str) -> str:
+    """A URL for a message: its scheme and host only, a user, password or token as `***`
+    (Apprise URLs carry tokens in the user part, the path, the query, and even the host)."""
+    m = _URL.match(url.strip())
+    if not m:
+        return "***"
+    scheme, rest = m.groups()
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    tail = rest[len(authority):]
+    user, at, host = authority.rpartition("@")
+    shown = ("***@" if at else "") + (host if _HOST.fullmatch(host) else "***" if host else "")
+    return f"{scheme}://{shown}" + ("/***" if tail.strip("/") else "")
+
+
+def no_password(text: str) -> str:
+    """`text` with any password=… of a connection string (libpq's key=value or URL query) as ***."""
+    return re.sub(r"((?:ssl)?password\s*=\s*)('[^']*'|[^\s&]*)", r"\1***", text, flags=re.IGNORECASE)
+
+
+def mask_urls(text: str) -> str:
+    """`text` with every URL in it masked (mask_url), and any password=… of a connection string."""
+    return _URL.sub(lambda m: mask_url(m.group(0)), no_password(text))
+
+
+def _epoch(value: Any) -> dt.datetime | None:
+    """A time read as seconds since the epoch (float); None when it is not a real time."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    try:
+        return dt.datetime.fromtimestamp(value, dt.UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def check_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A progress row as read (progress_rows), with `unreadable` saying why no view may take it
+    at its word (None: it reads): a state, number or time outside what a host can mean."""
+    why = None
+    if row.get("state") not in STATES:
+        why = f"state {word(row.get('state'), 40)!r} is not a progress state"
+    for name in ("rate", "eta", "bytes_done", "bytes_total"):
+        v = row.get(name)
+        if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
+            why = why or f"{name} {word(v, 40)} is not a finite number of 0 or more"
+    at = row.get("at")
+    try:
+        row["at"] = None if at is None else dt.datetime.fromisoformat(at)
+    except (TypeError, ValueError):
+        row["at"] = None
+        why = why or f"at {word(at, 40)!r} is not a time"
+    row["received"] = _epoch(row.get("received"))
+    if row["received"] is None:
+        why = why or "its arrival time is not a time"
+    row["unreadable"] = why
+    return row
+
+
+def progress_rows(pg: Any, where: str, params: tuple[Any, ...], distinct: str = "", order: str = "p.id") \
+        -> list[dict[str, Any]]:
+    """Progress rows with their host's enrolled name, read so that no value a host wrote can fail
+    the read: its time as text, the arrival as seconds (then check_row)."""
+    from amdflash.store.central import NS
+
+    cur = pg.execute(
+        f"SELECT {distinct} p.id, p.host_id, h.name AS host, p.run_id, p.state, p.command, p.board, p.place, "
+        "p.stage, p.bytes_done, p.bytes_total, p.rate, p.eta, p.error, p.resumes, p.started, p.checkpoint, "
+        "p.at::text AS at, extract(epoch FROM p.received_at)::float8 AS received "
+        f"FROM {NS}.progress p JOIN {NS}.hosts h ON h.id = p.host_id WHERE {where} ORDER BY {order}", params)
+    names = [d.name for d in cur.description]
+    return [check_row(dict(zip(names, r, strict=True))) for r in cur]
+
+
+def window_rows(pg: Any, hours: float) -> list[dict[str, Any]]:
+    """The newest progress row of every board heard from in the last `hours`."""
+    return progress_rows(pg, "p.received_at > now() - make_interval(secs => %s) AND p.run_id IS NOT NULL",
+                         (hours * 3600,), "DISTINCT ON (p.host_id, coalesce(p.board, p.run_id))",
+                         "p.host_id, coalesce(p.board, p.run_id), p.id DESC")
+
+
+def rows_after(pg: Any, last_id: int, limit: int = BATCH) -> list[dict[str, Any]]:
+    return progress_rows(pg, "p.id > %s", (last_id,), order=f"p.id LIMIT {int(limit)}")
 
 
 def _age(when: dt.datetime | None, now: dt.datetime | None = None) -> float | None:
@@ -103,12 +217,15 @@ class Board:
     key: str                    # the board as its host names it (spec), else the run id
     row: dict[str, Any]
     signed: str | None = None   # the signed record's status of its run (None: not pushed yet)
+    stale: bool = False         # running, but no word of it for longer than the line's stale_after
 
     @property
     def state(self) -> str:
-        """The signed record's end when it has one; else the host's live word."""
+        """The signed record's end when it has one; else the host's live word (if it reads)."""
         if self.signed in ENDS:
             return str(self.signed)
+        if self.row.get("unreadable"):
+            return "unreadable"
         return str(self.row["state"])
 
     @property
@@ -131,9 +248,18 @@ class LineSnapshot:
     version: int
 
 
+class _MaskUrls:
+    """A logging filter: every URL in a record masked (mask_urls)."""
+
+    def filter(self, record: Any) -> bool:
+        record.msg, record.args = mask_urls(record.getMessage()), ()
+        return True
+
+
 class Notifier:
     """Apprise, on a thread of its own: a slow or unreachable notification service never holds
-    up the line view."""
+    up the line view. Every message is plain text (an e-mail has no HTML part: nothing a host
+    wrote becomes a link or a remote image), and a URL is never printed whole (mask_url)."""
 
     def __init__(self, urls: list[str], log: Callable[[str], None]):
         self.urls = urls
@@ -142,12 +268,17 @@ class Notifier:
         self._queue: queue.Queue[tuple[str, str, str] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         if urls:
+            import logging
+
             import apprise
 
+            apprise_log = logging.getLogger("apprise")     # Apprise says URLs too: masked as ours are
+            if not any(isinstance(f, _MaskUrls) for f in apprise_log.filters):
+                apprise_log.addFilter(_MaskUrls())
             self._apprise = apprise.Apprise()
             for url in urls:
                 if not self._apprise.add(url):
-                    raise ValueError(f"--notify {url}: not a notification URL Apprise knows")
+                    raise ValueError(f"--notify {mask_url(url)}: not a notification URL Apprise knows")
             self._thread = threading.Thread(target=self._work, daemon=True)
             self._thread.start()
 
@@ -165,10 +296,11 @@ class Notifier:
         while (item := self._queue.get()) is not None:
             title, body, kind = item
             try:
-                if not self._apprise.notify(title=title, body=body, notify_type=types[kind]):
+                if not self._apprise.notify(title=title, body=body, notify_type=types[kind],
+                                            body_format=apprise.NotifyFormat.TEXT):
                     self.log(f"notification not delivered: {title}")
             except Exception as e:
-                self.log(f"notification failed: {title}: {e}")
+                self.log(f"notification failed: {title}: {mask_urls(str(e))}")
 
     def close(self) -> None:
         if self._thread is not None:
@@ -176,16 +308,60 @@ class Notifier:
             self._thread.join(timeout=30)
 
 
-@dataclass
-class Watch:
-    """What notifications need to remember."""
+NOTIFIED_KEPT = 20000               # run ends remembered as notified (the oldest are forgotten)
 
-    started_id: int = 0                                  # rows before this were there at start: no alerts
-    alerted: set[tuple[int, str]] = field(default_factory=set)
-    silent: set[int] = field(default_factory=set)
-    round_ends: dict[tuple[int, str], Board] = field(default_factory=dict)
+
+@dataclass
+class Memory:
+    """What notifications remember, kept in `path` (the serve's state directory; None: in memory
+    only). Rows are decided in the record's order, each once: `seen_id` is the last decided, so
+    rows that arrived while the serve was stopped or central was out of reach are decided when it
+    reads again, and `notified` holds every run end already notified, so none is sent twice."""
+
+    path: Path | None = None
+    seen_id: int | None = None                           # None: never read (the first read sets it)
+    notified: dict[str, int] = field(default_factory=dict)         # "HOST_ID/RUN_ID" → its row's id
+    silent: list[int] = field(default_factory=list)                # hosts notified as silent
+    round: dict[str, dict[str, Any]] = field(default_factory=dict)   # the current round's ends
     round_active: bool = False
-    last_activity: float = 0.0
+    last_activity: float = 0.0                                     # wall clock of the newest row decided
+    saved_at: float = 0.0
+
+    FIELDS = ("seen_id", "notified", "silent", "round", "round_active", "last_activity")
+
+    @classmethod
+    def load(cls, path: Path | None) -> Memory:
+        memory = cls(path)
+        if path is None or not path.exists():
+            return memory
+        try:
+            data = json.loads(path.read_text())
+            for name in cls.FIELDS:
+                if name in data:
+                    setattr(memory, name, data[name])
+        except (OSError, ValueError, TypeError) as e:
+            raise ValueError(f"{path}: not the line view's notification state ({e}): move it away to start "
+                             "afresh") from None
+        return memory
+
+    def save(self) -> None:
+        """Written whole to a temporary file (0600) and renamed over the old one: a crash leaves
+        the old state or the new, never half of one."""
+        self.saved_at = time.monotonic()
+        if self.path is None:
+            return
+        while len(self.notified) > NOTIFIED_KEPT:
+            del self.notified[next(iter(self.notified))]
+        data = json.dumps({name: getattr(self, name) for name in self.FIELDS}, sort_keys=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
 
 
 class Line:
@@ -193,12 +369,13 @@ class Line:
 
     def __init__(self, url: str, window_hours: float = 24.0, notifier: Notifier | None = None,
                  silent_after: float = 600.0, settle: float = 30.0, public_url: str = "",
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, state: Path | None = None, stale_after: float = 1800.0):
         self.url = url
         self.window_hours = window_hours
         self.notifier = notifier or Notifier([], log)
         self.silent_after = silent_after
         self.settle = settle
+        self.stale_after = stale_after       # a running row with no word for longer no longer holds the line
         self.public_url = public_url.rstrip("/") + "/" if public_url else ""
         self.log = log
         self.boards: dict[tuple[int, str], Board] = {}
@@ -208,31 +385,47 @@ class Line:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.listeners: list[Callable[[], None]] = []
-        self.watch = Watch()
+        self.memory = Memory.load(state)
         self.error: str | None = None
         self._thread: threading.Thread | None = None
 
     # -- reading the record ----------------------------------------------------------------
 
-    def load(self, pg: Any) -> None:
+    def load(self, pg: Any) -> list[dict[str, Any]]:
+        """Read the line afresh; the rows not decided yet for notifications (all of them since the
+        last decided, however long the serve was stopped or central out of reach)."""
         from amdflash.store import central
 
         central.need_schema(pg)
         last = central.last_progress_id(pg)
-        rows = central.line_progress(pg, self.window_hours)
+        rows = window_rows(pg, self.window_hours)
         with self.lock:
             self.boards = {}
             for row in rows:
                 self._take(row)
             self.last_id = max([last, *(r["id"] for r in rows)])
-            self.watch.started_id = self.last_id
+        if self.memory.seen_id is not None and self.memory.seen_id > last:
+            self.log(f"notification state {self.memory.path}: the record holds fewer rows than it remembers "
+                     "(a record made afresh): starting from the record's newest row")
+            self.memory = Memory(self.memory.path)
+        if self.memory.seen_id is None:       # the first read ever: what was already there is not news
+            self.memory.seen_id = self.last_id
+            self.memory.save()
+        undecided = []
+        while len(batch := rows_after(pg, int(undecided[-1]["id"]) if undecided else self.memory.seen_id)):
+            undecided += batch
+            if len(batch) < BATCH:
+                break
         self._refresh(pg)
+        return undecided
 
     def _take(self, row: dict[str, Any]) -> Board | None:
         if row.get("run_id") is None:
             return None
         key = (int(row["host_id"]), str(row.get("board") or row["run_id"]))
         board = self.boards.get(key)
+        if board is not None and board.row["id"] > row["id"]:
+            return None                       # an older row (read again to decide it): the board shows newer
         if board is not None and board.row.get("run_id") == row["run_id"]:
             board.row = row
         else:
@@ -256,23 +449,26 @@ class Line:
                 self.hosts, changed = hosts, True
         return changed
 
-    def _poll(self, pg: Any) -> list[Board]:
-        from amdflash.store import central
-
-        rows = central.progress_after(pg, self.last_id)
-        changed = []
+    def _poll(self, pg: Any) -> list[dict[str, Any]]:
+        """The rows newer than the last read (each applied to its board)."""
+        rows = rows_after(pg, self.last_id)
         with self.lock:
             for row in rows:
                 self.last_id = max(self.last_id, int(row["id"]))
-                board = self._take(row)
-                if board is not None:
-                    changed.append(board)
-        return changed
+                self._take(row)
+        return rows
+
+    def _stale(self, b: Board, now: dt.datetime) -> bool:
+        """Running by its row, but no word of the run for longer than stale_after: a leftover (its
+        follow service gone, its host reinstalled) that must not hold "line done" back forever."""
+        received = b.row.get("received")
+        return b.state == "running" and received is not None and (now - received).total_seconds() > self.stale_after
 
     def snapshot(self) -> LineSnapshot:
+        now = dt.datetime.now(dt.UTC)
         with self.lock:
-            boards = sorted((Board(b.host_id, b.host, b.key, dict(b.row), b.signed) for b in self.boards.values()),
-                            key=Board.sort_key)
+            boards = sorted((Board(b.host_id, b.host, b.key, dict(b.row), b.signed, self._stale(b, now))
+                             for b in self.boards.values()), key=Board.sort_key)
             return LineSnapshot(boards, [dict(h) for h in self.hosts], dt.datetime.now(dt.UTC),
                                 self.version)
 
@@ -292,6 +488,7 @@ class Line:
         self.stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.memory.save()
         self.notifier.close()
 
     def _run(self) -> None:
@@ -301,18 +498,29 @@ class Line:
             try:
                 with central.connect(self.url, autocommit=True, timeout=10) as listen, \
                         central.connect(self.url, autocommit=True, timeout=10) as pg:
-                    listen.execute(f"LISTEN {central.PROGRESS_CHANNEL}")
-                    self.load(pg)
+                    listen.execute(f"LISTEN {self._channel(listen)}")   # a reviewer's secret
+                    undecided = self.load(pg)
                     self.error = None
+                    self._decide(undecided)
                     self._changed()
                     self._follow(listen, pg)
             except Exception as e:
                 message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                message = mask_urls(message)
                 if message != self.error:
                     self.log(f"central database: {message} (trying again)")
                 self.error = message
                 self._changed()
                 self.stop.wait(3.0)
+
+    @staticmethod
+    def _channel(pg: Any) -> str:
+        """The channel progress wake-ups come on: the record's own, readable by reviewers only
+        (store.central.progress_channel), or the fixed name where the record has none yet."""
+        from amdflash.store import central
+
+        find = getattr(central, "progress_channel", None)
+        return str(find(pg)) if find is not None else central.PROGRESS_CHANNEL
 
     def _follow(self, listen: Any, pg: Any) -> None:
         next_refresh = time.monotonic() + REFRESH
@@ -320,13 +528,14 @@ class Line:
             wait = max(0.05, next_refresh - time.monotonic())
             heard = False
             for _ in listen.notifies(timeout=wait, stop_after=1):
-                heard = True
-            changed = self._poll(pg) if heard else []
+                heard = True                      # any wake-up, with a payload or none: read what is new
+            due = time.monotonic() >= next_refresh
+            changed = self._poll(pg) if heard or due else []   # and every REFRESH even with no wake-up
             refreshed = False
-            if time.monotonic() >= next_refresh:
+            if due:
                 refreshed = self._refresh(pg)
                 next_refresh = time.monotonic() + REFRESH
-            elif any(b.row["state"] != "running" for b in changed):
+            elif any(r["state"] not in ("running", "alive") for r in changed):
                 refreshed = self._refresh(pg)    # an end: its signed status may follow soon
             self._decide(changed)
             if changed or refreshed:
@@ -334,68 +543,94 @@ class Line:
 
     # -- notifications ----------------------------------------------------------------------
 
-    def report_url(self, board: Board) -> str:
-        href = run_href(board.host_id, board.row.get("run_id"))
+    def report_url(self, host_id: int, run_id: Any) -> str:
+        href = run_href(host_id, run_id)
         return f"{self.public_url}{href}" if href and self.public_url else (href or "")
 
-    def _decide(self, changed: list[Board]) -> None:
-        w = self.watch
-        now = time.monotonic()
-        for b in changed:
-            row = b.row
-            if row["id"] <= w.started_id:
+    def _decide(self, rows: list[dict[str, Any]]) -> None:
+        """Notifications from the rows not decided yet, in the record's order, each row once.
+        A notification names the host the record authenticated the row by (its enrolled name),
+        and carries only the row's own fields, each checked and made one printable line."""
+        m = self.memory
+        now = time.time()
+        decided = sent = False
+        for row in rows:
+            if m.seen_id is not None and row["id"] <= m.seen_id:
                 continue
-            w.last_activity = now
+            m.seen_id, decided = int(row["id"]), True
+            if row.get("unreadable") or row.get("run_id") is None or row["state"] == "alive":
+                continue
+            m.last_activity, m.round_active = now, True
             if row["state"] == "running":
-                w.round_active = True
                 continue
-            w.round_ends[(b.host_id, row["run_id"])] = b
-            w.round_active = True
-            if row["state"] in ("failed", "interrupted") and (b.host_id, row["run_id"]) not in w.alerted:
-                w.alerted.add((b.host_id, row["run_id"]))
-                error = row.get("error") or ""
-                self.notifier.send(f"amdflash: run {row['run_id']} {row['state']} on {b.host} ({b.place})",
-                                   f"{row.get('command') or 'run'} on board {row.get('board')} of host {b.host} "
-                                   f"{row['state']}: {error}\nreport: {self.report_url(b)}", "failure")
+            key = f"{int(row['host_id'])}/{row['run_id']}"
+            end = {"host_id": int(row["host_id"]), "host": word(row["host"], 64), "run": run_word(row["run_id"]),
+                   "run_id": row["run_id"], "state": row["state"], "place": word(row.get("place") or row.get("board"),
+                                                                                  100)}
+            m.round[key] = end
+            if row["state"] in ("failed", "interrupted") and key not in m.notified:
+                m.notified[key] = int(row["id"])
+                sent = True
+                self.notifier.send(
+                    f"amdflash: run {end['run']} {row['state']} on {end['host']} ({end['place']})",
+                    f"{word(row.get('command') or 'run', 40)} on board {word(row.get('board'), 200)} of host "
+                    f"{end['host']} {row['state']}: {word(row.get('error'), 500)}\n"
+                    f"report: {self.report_url(end['host_id'], row['run_id'])}", "failure")
+        wall = dt.datetime.now(dt.UTC)
         with self.lock:
-            running = any(x.state == "running" for x in self.boards.values())
-        if w.round_active and not running and now - w.last_activity >= self.settle:
+            running = any(x.state == "running" and not self._stale(x, wall) for x in self.boards.values())
+        if m.round_active and not running and now - m.last_activity >= self.settle:
             self._line_done()
-        self._silent_hosts()
+            sent = True
+        sent = self._silent_hosts() or sent
+        if sent or decided and time.monotonic() - m.saved_at >= 1.0:
+            m.save()      # at once when something was sent; else at most every second
 
     def _line_done(self) -> None:
-        w = self.watch
-        ends = list(w.round_ends.values())
-        w.round_ends, w.round_active = {}, False
+        m = self.memory
+        ends = list(m.round.values())
+        m.round, m.round_active = {}, False
         if not ends:
             return
         counts: dict[str, int] = {}
-        for b in ends:
-            counts[b.row["state"]] = counts.get(b.row["state"], 0) + 1
-        failures = [b for b in ends if b.row["state"] in FAILED]
+        for e in ends:
+            counts[e["state"]] = counts.get(e["state"], 0) + 1
+        failures = [e for e in ends if e["state"] in FAILED]
         lines = [f"{len(ends)} run(s) ended: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))]
-        for b in failures:
-            lines.append(f"- {b.row['state']}: {b.host} {b.place} run {b.row['run_id']}: {self.report_url(b)}")
+        for e in failures:
+            lines.append(f"- {e['state']}: {e['host']} {e['place']} run {e['run']}: "
+                         f"{self.report_url(e['host_id'], e['run_id'])}")
+        wall = dt.datetime.now(dt.UTC)
+        with self.lock:
+            stale = sum(self._stale(b, wall) for b in self.boards.values())
+        if stale:
+            lines.append(f"{stale} board(s) said running but nothing for over {_duration(self.stale_after)}: "
+                         "not waited for")
         self.notifier.send(f"amdflash: line done, {len(ends)} run(s), {len(failures)} not succeeded",
                            "\n".join(lines), "failure" if failures else "success")
 
-    def _silent_hosts(self) -> None:
-        w = self.watch
+    def _silent_hosts(self) -> bool:
+        m = self.memory
         with self.lock:
             hosts = list(self.hosts)
+        sent = False
         for h in hosts:
             heard = [t for t in (h.get("last_heard"), h.get("pushed_at")) if t is not None]
             if not heard:
                 continue
             silence = _age(max(heard))
             if silence is not None and silence > self.silent_after:
-                if h["id"] not in w.silent:
-                    w.silent.add(h["id"])
-                    self.notifier.send(f"amdflash: host {h['name']} silent for {_duration(silence)}",
-                                       f"host {h['name']} has neither pushed nor said anything for "
+                if h["id"] not in m.silent:
+                    m.silent.append(h["id"])
+                    sent = True
+                    name = word(h["name"], 64)
+                    self.notifier.send(f"amdflash: host {name} silent for {_duration(silence)}",
+                                       f"host {name} has neither pushed nor said anything for "
                                        f"{_duration(silence)} (last heard {max(heard).isoformat()})", "warning")
-            else:
-                w.silent.discard(h["id"])
+            elif h["id"] in m.silent:
+                m.silent.remove(h["id"])
+                sent = True
+        return sent
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -412,6 +647,7 @@ th { background: #eef1f5; font-weight: 600; }
 .s-failed, .s-interrupted, .s-refused { background: #fde2e1; color: #8e1b13; }
 .s-running { background: #e2eefe; color: #123f86; }
 .s-succeeded { background: #e0f4e3; color: #14592a; }
+.s-unreadable { background: #fff7d6; color: #6b4e00; }
 tr.s-failed td, tr.s-interrupted td { background: #fff6f5; }
 progress { width: 160px; height: 14px; }
 .muted { color: #6b7280; } .mono { font-family: ui-monospace, monospace; font-size: 12px; }
@@ -478,7 +714,11 @@ def board_row(b: Board, prefix: str = "") -> str:
               if b.source == "signed" else
               "<span class=\"muted\" title=\"the host's live word: advisory, not signed\">live</span>")
     stage = escape(str(row.get("stage") or "")) if state == "running" else ""
+    if b.stale:
+        stage += " <span class=\"muted\">(no word of it for a long time: not waited for)</span>"
     error = escape(str(row.get("error") or "")) if state != "succeeded" else ""
+    if state == "unreadable":
+        error = escape(f"this row does not read: {row.get('unreadable')}")
     job = escape(str(row.get("command") or ""))
     if row.get("resumes"):
         job += " <span class=\"muted\">(resumes " + escape(str(row["resumes"])) + ")</span>"
@@ -490,10 +730,23 @@ def board_row(b: Board, prefix: str = "") -> str:
             f"<td>{escape(rate)}</td><td>{escape(eta)}</td><td>{link}</td><td class=\"error\">{error}</td></tr>")
 
 
+def _unreadable_row(b: Board, problem: Exception) -> str:
+    return (f"<tr class=\"s-unreadable\" data-host=\"{escape(b.host)}\" data-place=\"{escape(b.place)}\" "
+            f"data-state=\"unreadable\"><td>{escape(b.host)}</td><td>{escape(b.place)}</td>"
+            f"<td>{_state('unreadable')}</td><td colspan=\"7\" class=\"error\">this row does not read: "
+            f"{escape(type(problem).__name__)}</td></tr>")
+
+
 def rows_html(snap: LineSnapshot, prefix: str = "") -> str:
     if not snap.boards:
         return "<tr><td colspan=\"10\" class=\"muted\">no board has said anything in the window</td></tr>"
-    return "\n".join(board_row(b, prefix) for b in snap.boards)
+    out = []
+    for b in snap.boards:
+        try:
+            out.append(board_row(b, prefix))
+        except (TypeError, ValueError, OverflowError, KeyError) as e:   # one odd row never takes the page down
+            out.append(_unreadable_row(b, e))
+    return "\n".join(out)
 
 
 def summary_html(snap: LineSnapshot, error: str | None = None) -> str:
@@ -546,6 +799,29 @@ def health_page(snap: LineSnapshot, error: str | None = None) -> str:
 # -- the web application -----------------------------------------------------------------------
 
 HISTORY_FIELDS = ("host", "board", "status", "part", "since", "until")
+INT4 = 2**31 - 1                      # a host id beyond this is no host (PostgreSQL's integer)
+
+
+def history_filters(query: Any) -> dict[str, str]:
+    """The history's filters from a query string; ValueError naming the field that is not one
+    (a control character such as NUL, over 200 characters, a status or date that is none)."""
+    filters = {}
+    for name in HISTORY_FIELDS:
+        value = query.get(name, "")
+        if len(value) > 200:
+            raise ValueError(f"{name}: longer than 200 characters")
+        if any(unicodedata.category(c) == "Cc" for c in value):
+            raise ValueError(f"{name}: holds a control character")
+        filters[name] = value
+    if filters["status"] not in ("", "running", *ENDS):
+        raise ValueError(f"status {filters['status']!r}: not one of running, {', '.join(ENDS)}")
+    for name in ("since", "until"):
+        if filters[name]:
+            try:
+                dt.date.fromisoformat(filters[name])
+            except ValueError:
+                raise ValueError(f"{name} {filters[name]!r}: not a date (YYYY-MM-DD)") from None
+    return filters
 
 
 def _history_query(pg: Any, filters: dict[str, str], limit: int = 500) -> list[dict[str, Any]]:
@@ -644,12 +920,16 @@ def render_run(url: str, host_id: int, run_id: str) -> tuple[int, str]:
     return 200, html.replace("<body>\n", f"<body>\n{nav}{banner}\n", 1)
 
 
-def app(line: Line, url: str) -> Any:
-    """The Starlette application over `line` (kept current by its thread) and the record at `url`."""
+def app(line: Line, url: str, allowed_hosts: list[str] | None = None) -> Any:
+    """The Starlette application over `line` (kept current by its thread) and the record at `url`,
+    answering only requests whose Host: is one of `allowed_hosts` (default this machine's names:
+    a page of another name is how DNS rebinding reaches a loopback server)."""
     from sse_starlette.sse import EventSourceResponse
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
     from starlette.requests import Request
-    from starlette.responses import HTMLResponse, Response
+    from starlette.responses import HTMLResponse, PlainTextResponse, Response
     from starlette.routing import Route
 
     from amdflash.pipeline.fleet import metrics
@@ -698,7 +978,7 @@ def app(line: Line, url: str) -> Any:
     async def run_page(request: Request) -> Response:
         host_id, run_file = request.path_params["host_id"], request.path_params["run"]
         run_id = run_file[:-len(".html")] if run_file.endswith(".html") else run_file
-        if not RUN_ID.fullmatch(run_id):
+        if not RUN_ID.fullmatch(run_id) or host_id > INT4:
             return HTMLResponse(page("not a run", "<p>Not a run id.</p>", prefix="../../"), 404, headers=headers)
         status, body = await asyncio.to_thread(render_run, url, int(host_id), run_id)
         return HTMLResponse(body, status, headers=headers)
@@ -706,7 +986,10 @@ def app(line: Line, url: str) -> Any:
     async def history(request: Request) -> Response:
         from amdflash.store import central
 
-        filters = {k: request.query_params.get(k, "")[:200] for k in HISTORY_FIELDS}
+        try:
+            filters = history_filters(request.query_params)
+        except ValueError as e:
+            return PlainTextResponse(f"history: {word(str(e), 300)}\n", 400, headers=headers)
 
         def query() -> tuple[list[dict[str, Any]], list[str]]:
             with central.connect(url) as pg:
@@ -731,11 +1014,12 @@ def app(line: Line, url: str) -> Any:
         loop_box["loop"] = asyncio.get_running_loop()
         yield
 
+    hosts = allowed_hosts if allowed_hosts is not None else ["127.0.0.1", "localhost"]
     return Starlette(routes=[
         Route("/", index), Route("/events", events), Route("/static/line.js", script),
         Route("/runs/{host_id:int}/{run}", run_page), Route("/history", history), Route("/health", health),
         Route("/metrics", metrics_page),
-    ], lifespan=lifespan)
+    ], lifespan=lifespan, middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts)])
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -745,20 +1029,38 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def allowed(listen_host: str, given: list[str]) -> list[str]:
+    """The Host: names served: the bind address, localhost, and what the operator added."""
+    return list(dict.fromkeys([listen_host, "localhost", *given]))
+
+
+def state_file(state_dir: Path, url: str) -> Path:
+    """The notification state of the record at `url` (one file per record: a serve of another
+    record, or a test's, never takes this one's for its own)."""
+    import hashlib
+
+    from amdflash.store.central import shown_url
+
+    return state_dir / f"notified-{hashlib.sha256(no_password(shown_url(url)).encode()).hexdigest()[:16]}.json"
+
+
 def serve(url: str, listen: str, notify: list[str], window_hours: float, silent_after: float, settle: float,
-          public_url: str, log: Callable[[str], None]) -> int:
+          public_url: str, log: Callable[[str], None], state_dir: Path | None = None,
+          allowed_hosts: list[str] | None = None, stale_after: float = 1800.0) -> int:
     import uvicorn
 
     host, port = parse_listen(listen)
     notifier = Notifier(notify, log)
-    line = Line(url, window_hours, notifier, silent_after, settle, public_url or f"http://{listen}/", log)
+    line = Line(url, window_hours, notifier, silent_after, settle, public_url or f"http://{listen}/", log,
+                state_file(state_dir, url) if state_dir else None, stale_after)
     line.start()
-    config = uvicorn.Config(app(line, url), host=host, port=port, log_level="warning", lifespan="on",
-                            timeout_graceful_shutdown=2)
+    config = uvicorn.Config(app(line, url, allowed(host, allowed_hosts or [])), host=host, port=port,
+                            log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
+
     from amdflash.store.central import shown_url
 
-    log(f"serving the line at http://{host}:{port}/ (read-only, from {shown_url(url)})")
+    log(f"serving the line at http://{host}:{port}/ (read-only, from {no_password(shown_url(url))})")
     try:
         server.run()
     finally:
