@@ -30,7 +30,7 @@ from amdflash.store.writer import (
     needs_upgrade,
     prepare,
 )
-from amdflash.stages.files import private_dir, private_file
+from amdflash.stages.files import private_dir, private_file, room_problem
 
 OURS = "meta"   # every amdflash database has this table, with its schema version
 
@@ -100,6 +100,9 @@ def open_writer(path_text: str) -> AuditWriter:
     elif not directory.is_dir():
         # A directory the user named: a typo must not silently grow a tree of directories.
         raise Refusal(f"audit database {path}: directory {directory} does not exist (create it first)")
+    problem = room_problem(path if path.exists() else directory)   # a kernel file system, a read-only mount
+    if problem:
+        raise Refusal(f"audit database {path} is not writable: {problem}")
     if not os.access(directory, os.W_OK | os.X_OK):
         # SQLite keeps its WAL and lock files beside the database.
         raise Refusal(f"audit database {path}: directory {directory} is not writable")

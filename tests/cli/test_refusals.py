@@ -357,3 +357,11 @@ def test_a_disk_that_fills_while_a_file_is_written_names_the_file_not_its_partia
         write_new(where / "out.bin", bytes(2 << 20))
     assert one_line(raised.value) == f"writing {where / 'out.bin'}: no space left on the file system (ENOSPC)"
     assert list(where.iterdir()) == []          # the partial file is gone
+
+
+def test_an_audit_database_on_a_read_only_mount_is_called_that(amdflash, make_board, tmpfs):
+    where = tmpfs(4, read_only=True)
+    board = make_board(transport="ideal")
+    r = amdflash("--db", where / "audit.sqlite", "info", "--board", f"sim:{board}")
+    refused(r, f"audit database {where / 'audit.sqlite'} is not writable: {where} is on a read-only file system "
+               "(mounted ro)")
