@@ -8,7 +8,8 @@ What is counted, and from where:
   verify runs took, start to end, from the signed record;
 * `amdflash_bytes_written_total{host}` — bytes of units programmed, from the signed record;
 * `amdflash_read_disagreements_total{host}` — units whose confirming reads disagreed;
-* `amdflash_boards_in_progress{host}` — boards running now (live progress, advisory);
+* `amdflash_boards_in_progress{host}` — boards running now (live progress, advisory; a board with no
+  word for `--stale-after` is not counted);
 * `amdflash_push_lag_seconds{host}` — 0 when the record holds the newest checkpoint the host
   last said it had, else the seconds since the host's last push;
 * `amdflash_host_last_heard_seconds{host}` — seconds since the host last pushed or said anything;
@@ -89,7 +90,7 @@ class Collector:
                                  labels=["host"])
         running: dict[str, int] = {h["name"]: 0 for h in facts["hosts"]}
         for b in snap.boards:
-            if b.state == "running":
+            if b.state == "running" and not b.stale:      # a leftover running row is not a board at work
                 running[b.host] = running.get(b.host, 0) + 1
         for host, n in sorted(running.items()):
             busy.add_metric([host], n)

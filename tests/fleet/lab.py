@@ -271,7 +271,8 @@ class Lab:
         """`fleet serve` on a free port; its base URL once it answers."""
         port = free_port()
         self._spawn([sys.executable, "-m", "amdflash.pipeline.cli", "fleet", "serve", "--from", url, "--listen",
-                     f"127.0.0.1:{port}", *options], "serve.log", cwd=self.root)
+                     f"127.0.0.1:{port}", "--state-dir", str(self.root / "serve-state"), *options], "serve.log",
+                    cwd=self.root)
         base = f"http://127.0.0.1:{port}/"
 
         def up() -> bool:

@@ -274,7 +274,7 @@ def test_the_live_stream_brings_a_change_within_two_seconds(line_record, tmp_pat
     viewer = f"viewer_{os.getpid()}_{time.monotonic_ns()}"   # roles are the cluster's, shared by every test database
     psql(r["url"], f"CREATE ROLE {viewer} LOGIN IN ROLE amdflash_read")
     server = subprocess.Popen([sys.executable, "-m", "amdflash.pipeline.cli", "fleet", "serve", "--from",
-                               as_login(r["url"], viewer),
+                               as_login(r["url"], viewer), "--state-dir", str(tmp_path / "state"),
                                "--listen", f"127.0.0.1:{port}"], env=env, stdout=log.open("w"),
                               stderr=subprocess.STDOUT)
     try:
