@@ -234,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     json_lines, verbosity = _early_flags(argv)
+    outer_globals: list[str] | None = None
     try:
         if getattr(signal.getsignal(signal.SIGINT), "__module__", "") == "amdflash.launch":
             signal.signal(signal.SIGINT, signal.default_int_handler)   # from here on: KeyboardInterrupt
@@ -243,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse(argv)
         from amdflash.pipeline import next_step
 
-        next_step.use_globals(args.db, args.config)   # every suggested command reaches this db and config
+        outer_globals = next_step.use_globals(args.db, args.config)   # every suggested command reaches them
         _configure(args)
         args.main = main   # for a command that runs others (the demo): no import back up to here
         args.build_parser = build_parser   # for the manual page, likewise
@@ -265,7 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from amdflash.pipeline import config, next_step
 
         config.choose(None)   # --config held for this command line only
-        next_step.use_globals()
+        if outer_globals is not None:
+            next_step.restore_globals(outer_globals)
 
 
 def _report(raised: BaseException) -> int:

@@ -22,13 +22,20 @@ READS = ("info", "read", "dump", "verify", "probe")
 _globals: list[str] = []
 
 
-def use_globals(db: str | None = None, config: str | None = None) -> None:
-    """Every command suggested from now on carries these (the CLI sets them once parsed,
-    and clears them when its command line is done)."""
+def use_globals(db: str | None = None, config: str | None = None) -> list[str]:
+    """Every command suggested from now on carries these (the CLI sets them once parsed); returns
+    what was in force before, for `restore_globals` when the command line is done (a command
+    line run inside another, as the demo does, must not leave the outer one without its own)."""
+    before = list(_globals)
     _globals.clear()
     for option, path in (("--db", db), ("--config", config)):
         if path:
             _globals.extend((option, os.path.abspath(path)))
+    return before
+
+
+def restore_globals(before: list[str]) -> None:
+    _globals[:] = before
 
 
 def command(*words: str) -> str:
