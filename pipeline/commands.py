@@ -185,6 +185,12 @@ def _unfinished(db_path: str, result: InfoResult) -> list[str]:
         board = [r for r in rows if (uid and r["unique_id"] == uid) or r["board_spec"] == result.board]
         lines = _scratch_left(reader, board, uid, result.board)
         history = _board_history(db_path, result)
+        if history.first is not None:
+            since = [r for r in history.writes if r != history.first.run_id]
+            later = (f"; written since by {next_step.plural(len(since), 'flash run')}, the last {since[-1]}"
+                     if since else "")
+            lines.append(f"original    backup {history.first.path} (run {history.first.run_id}, "
+                         f"{'intact' if history.first.intact() else 'gone or changed since'}){later}")
         gone = history.unfinished
         if gone is None:
             return lines

@@ -330,12 +330,12 @@ class FlashJob:
         """What the trail knows of this board: its original, and a flash of it that never
         finished — which a new flash (not a resume) refuses unless told to start over,
         before anything is written."""
-        if self.resuming or not self.db_path:
+        if not self.db_path:
             return None
         key = BoardKey(ident.unique_id.hex(), ident.chip.name, str(info.spec))
         history = await anyio.to_thread.run_sync(board_history, self.db_path, key, dev.recorder.run_id)
         gone = history.unfinished
-        if gone is not None and not self.start_over:
+        if gone is not None and not self.start_over and not self.resuming:
             raise Refusal(f"{unfinished_words(gone, history)}. Finish it: "
                           f"{next_step.command('resume', gone.run_id, '--board', str(info.spec), '--yes')}; "
                           "or start a new flash anyway: the same command with --start-over")
@@ -343,15 +343,16 @@ class FlashJob:
 
     async def _store_backup(self, dev: Device, units: list[UnitRead], history: BoardHistory | None = None,
                             spec: str = "") -> str:
-        """Write the original content, fsynced, and record it; returns a line for the operator.
+        """Write the content as found, fsynced, and record it; returns a line for the operator.
 
-        A fresh run's original content is what it just read. A resume's is, per unit, the
-        first backup recorded by any run of its lineage (checked against its hash), or —
-        for units no earlier run read, which nothing can have touched — what it just read;
-        an intact backup file of the lineage is kept as it is."""
+        A fresh run's backup is what it just read. A resume's is, per unit, the first backup
+        recorded by any run of its lineage (checked against its hash), or — for units no
+        earlier run read, which nothing can have touched — what it just read; an intact
+        backup file of the lineage is kept as it is."""
         assert self.backup_dir is not None
         run_id = dev.recorder.run_id
         content = [u.data for u in units]
+        how = ""
         if self.resuming and self.lineage:
             recorded = await anyio.to_thread.run_sync(original_units, self.db_path, list(self.lineage),
                                                       [u.address for u in units])
@@ -359,17 +360,21 @@ class FlashJob:
                 partial_path(self.backup_dir, rid).unlink(missing_ok=True)
             for file_sha, file_path in recorded.files:
                 if file_sha256(Path(file_path)) == file_sha:
-                    return f"backup of the original content: {file_path} (kept, verified)"
+                    kept = Backup(self.lineage[0], file_path, file_sha, len(units) * UNIT, self.start_sector)
+                    return await self._say_backup(dev, kept, history, spec, " (kept, verified)")
             content = [recorded.units.get(u.address, u.data) for u in units]
+            how = " (rebuilt from the recorded units)"
         sha, size, path = await anyio.to_thread.run_sync(write_backup, self.backup_dir, run_id, content)
         dev.recorder.add("backups", sha256=sha, size=size, path=str(path), at=None)
-        if self.resuming:
-            await dev.call(dev.recorder.durable)
-            return f"backup of the original content: {path} (rebuilt from the recorded units)"
-        mine = Backup(run_id, str(path), sha, size, self.start_sector)
-        original = history.first if history is not None and history.first is not None else mine
-        gone = history.unfinished if history is not None else None
-        # On record, sealed with the run: which backup holds the board's original (one row a run).
+        return await self._say_backup(dev, Backup(run_id, str(path), sha, size, self.start_sector), history, spec, how)
+
+    async def _say_backup(self, dev: Device, mine: Backup, history: BoardHistory | None, spec: str, how: str) -> str:
+        """Record which backup holds the board's original (one stages row a run, sealed with
+        it) and say it: a backup that holds units an unfinished flash wrote is the content
+        as found, never the original; each with the command that writes it back."""
+        first = history.first if history is not None else None
+        original = first if first is not None and first.sha256 != mine.sha256 else mine
+        gone = history.unfinished if history is not None and not self.resuming else None
         stage(dev.recorder, "backup", "original", json.dumps({
             "original": {"run_id": original.run_id, "path": original.path, "sha256": original.sha256},
             "this_backup": "original" if original is mine else "content as found",
@@ -377,9 +382,10 @@ class FlashJob:
         await dev.call(dev.recorder.durable)
         put_back = f"to put it back: {restore_command(mine, spec)}"
         if original is mine:
-            return f"backup of the original content: {path}; {put_back}"
+            return f"backup of the original content: {mine.path}{how}; {put_back}"
         found = f" ({unfinished_words(gone, None, short=True)})" if gone else ""
-        return (f"backup of the content as found: {path}{found}; {put_back}; the board's original: "
+        by = f" by run {mine.run_id}" if self.resuming else ""
+        return (f"backup of the content as found{by}: {mine.path}{how}{found}; {put_back}; the board's original: "
                 f"{original.path} (run {original.run_id}; to put it back: "
                 f"{next_step.command('restore-original', '--board', spec, '--yes')})")
 

@@ -127,6 +127,7 @@ def test_info_names_the_unfinished_flash_its_original_and_the_resume(amdflash, k
     assert f"unfinished flash {killed['run']} on this board (interrupted, " in line, line
     assert f"the board's original: backup {killed['backup']} (run {killed['run']})" in line, line
     assert f"amdflash resume {killed['run']} --board sim:{killed['board']} --yes" in line, line
+    assert f"original    backup {killed['backup']} (run {killed['run']}, intact)" in r.out, r.out
 
 
 def test_restore_original_refuses_a_backup_that_no_longer_matches_its_record(amdflash, killed):
@@ -160,4 +161,21 @@ def test_a_range_flash_backup_is_put_back_by_the_command_printed_beside_it(amdfl
     assert flash_content(board) != first
     r = amdflash("restore-original", "--board", f"sim:{board}", "--yes")
     assert r.code == 0, r.err
+    assert flash_content(board) == first
+
+
+def test_a_flash_that_failed_after_writing_is_refused_too_and_its_advice_puts_the_original_back(amdflash,
+                                                                                              make_board, image):
+    img = image.read_bytes()
+    stuck = next(a for a in range(0x100000, len(img)) if img[a] & 0x01 == 0)    # a bit the image needs at 0
+    board = make_board(transport="ideal", faults=[f"stuck-bit={stuck:#x}:0"])
+    first = flash_content(board)
+    r = amdflash("--no-progress", "flash", image, "--yes", "--force", "--board", f"sim:{board}")
+    assert r.code == 1, r.err
+    run = json.loads(amdflash("runs", "--format", "json").out)[-1]["run_id"]
+    again = amdflash("flash", image, "--yes", "--force", "--board", f"sim:{board}")
+    assert again.code == 2 and f"flash run {run} of this board never finished (failed; " in again.err, again.err
+    # The failed run's advice names the original and a command that writes it back as printed.
+    back = run_printed(amdflash, printed(r.err_lines[-1], "to put it back, "))
+    assert back.code == 0, back.err
     assert flash_content(board) == first
