@@ -136,7 +136,8 @@ def _reports(db: str, runs: list[RunResult]) -> tuple[dict[str, dict[str, Any]],
             except RunNotFound:   # killed before its first row reached the trail
                 continue
         return found, {run_id: original for run_id, rep in found.items()
-                       if rep["command"] in next_step.WRITES and (original := _original(db, rep))}
+                       if rep["command"] in next_step.WRITES and rep["status"] not in ("succeeded", "refused")
+                       and (original := _original(db, rep))}     # advice is for runs that did not succeed
     finally:
         reader.conn.close()
 
