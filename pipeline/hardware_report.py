@@ -63,10 +63,13 @@ class HardwareReportJob:
         record_stage(dev, "measure", "spi", "SPI time per transaction size")
         spi = await dev.call(measure.spi_times, engine, self.engine.prescale)
         busy: dict[str, Any] = {}
+        self._probe: dict[str, Any] | None = None
         if block is not None:
             busy = await dev.call(self._scratch, dev, block)
         part = await dev.call(_vbios_part, dev)
         report = build(dev, ident, found, sfdp, latency, spi, busy, part, self.include_ids)
+        if self._probe is not None:
+            report["flash"]["protection_reading"] = self._probe
         text = json.dumps(report, indent=2, sort_keys=True) + "\n"
         # The report is part of the run's record: `sim create --from-run TRAIL RUN` builds from it.
         record_stage(dev, "measure", REPORT_EVENT, json.dumps(report, sort_keys=True))
@@ -123,6 +126,9 @@ class HardwareReportJob:
             meter.run(erases[BLOCK], block)
             for half in (block, block + 0x8000):
                 meter.run(erases[0x8000], half)
+            # The block is erased: which protection reading the chip follows, where they differ
+            # (the 4 KiB erases below clear the byte the probe may program).
+            self._probe = self._probe_protection(dev, block)
             for sector in range(block, block + BLOCK, SECTOR):
                 meter.run(erases[SECTOR], sector)
             for page in range(block, block + BLOCK, 0x100):
@@ -142,6 +148,47 @@ class HardwareReportJob:
         backup.unlink()           # only once the trail says the block is back
         return {"block": f"{block:#08x}", "restored": "byte-identical",
                 "kinds": {f"{op:#04x}": probe.result() for op, probe in meter.kinds.items()}}
+
+    def _probe_protection(self, dev: Device, block: int) -> dict[str, Any] | None:
+        """Set the status register to a protection the sources read differently for a sector of
+        the (erased) scratch block, program one byte there, read it back, and put the register
+        back as it was: whether the byte was taken says which reading the chip follows."""
+        nor = dev.nor
+        assert nor is not None and nor.chip is not None and nor.chip.protection is not None
+        layout = nor.chip.protection
+        regs = nor.registers()
+        # 01h writes the registers up to CMP's where the part has CMP (a one-byte 01h clears CMP
+        # and QE on some), else the first alone (a two-byte 01h is ignored on the MX25U1635F).
+        count = layout.cmp[0] + 1 if layout.cmp is not None else 1
+        for address in range(block, block + BLOCK, SECTOR):
+            found = layout.probe_setting(regs, address, nor.chip.size)
+            if found is not None:
+                break
+        else:
+            return None
+        value, protected, writable = found
+        original = bytes((regs[0] & 0xFC, *regs[1:count]))
+        record_stage(dev, "measure", "protection probe", f"{nor.chip.registers[0].name}={value:#04x} for "
+                     f"{address:#08x}; status registers as found: {original.hex(' ')} (put back after)")
+        try:
+            nor.write_status(bytes((value & 0xFC, *original[1:])))
+            if nor.registers()[0] & 0xFC != value & 0xFC:
+                return {"address": f"{address:#08x}", "setting": f"{value:#04x}",
+                        "result": "the status register did not take the setting (locked?): not probed"}
+            nor.write_enable()
+            nor.spi.command(measure.PP, address, 3, b"\x00")
+            nor.wait_ready(*nor.chip.page_program or (0.0005, 0.003), "probe page program", nor.spi.last_end,
+                           measure.PP)
+            taken = nor.read(address, 1) == b"\x00"
+        finally:
+            nor.write_status(original)
+        if nor.registers()[:count] != tuple(regs[:count]):
+            raise RuntimeError(f"the status registers did not go back to {original.hex(' ')} after the protection "
+                               f"probe: they read {bytes(nor.registers()[:count]).hex(' ')}")
+        follows, contradicts = (writable, protected) if taken else (protected, writable)
+        record_stage(dev, "measure", "protection probe", f"the chip follows {', '.join(follows)}")
+        return {"address": f"{address:#08x}", "setting": f"{value:#04x}", "taken": taken,
+                "follows": list(follows), "contradicts": list(contradicts)}
 
     def _put_back(self, dev: Device, block: int, first: bytes, backup: Path, failure: BaseException) -> None:
         """Erase the scratch block and program its content back, read back (after `failure`

@@ -190,6 +190,23 @@ class ProtectionLayout:
             start, length = (length, size - length) if tb else (0, size - length)
         return Range(reading.source, start if length else 0, length)
 
+    def probe_setting(self, regs: Sequence[int], address: int, size: int = 0x200000
+                      ) -> tuple[int, tuple[str, ...], tuple[str, ...]] | None:
+        """A value of the first status register (its BP/TB/SEC bits changed, CMP and the rest
+        as read) under which the readings disagree about the 4 KiB at `address`: (value,
+        sources calling it protected, sources calling it writable), or None if there is none.
+        Writing a byte there under that setting and reading it back tells which the chip follows."""
+        bits = [b for b in (*self.bp, self.tb, self.sec) if b is not None and b[0] == 0]
+        base = regs[0] & ~sum(1 << b for _, b in bits)
+        for combo in range(1, 1 << len(bits)):
+            value = base | sum(1 << b for i, (_, b) in enumerate(bits) if combo >> i & 1)
+            decoded = self.decode((value, *regs[1:]), size)
+            protected = tuple(r.source for r in decoded.readings() if r.overlaps(address, 0x1000))
+            writable = tuple(r.source for r in decoded.readings() if not r.overlaps(address, 0x1000))
+            if protected and writable:
+                return value, protected, writable
+        return None
+
     def without_cmp(self, regs: Sequence[int]) -> list[int]:
         """The registers as they read once CMP is cleared."""
         out = list(regs)

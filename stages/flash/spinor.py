@@ -243,6 +243,16 @@ class SpiNor:
                                    f"amdflash's limit {limit:g} s, SR1={sr1:#04x}): the chip does not finish")
             clock.sleep(interval if took <= limit else max(interval, took / 20))
 
+    def write_status(self, values: bytes) -> None:
+        """01h with `values` (the registers from the first on), waited out. Only the hardware
+        report's protection probe changes protection bits, and puts them back."""
+        chip = self._chip()
+        if chip.status_write is None:
+            raise FlashError(f"no status-write time is known for the {chip.name}")
+        self.write_enable()
+        self.spi.command(WRSR, tx=values)
+        self.wait_ready(*chip.status_write, "write status", self.spi.last_end, WRSR)
+
     # -- protection -------------------------------------------------------------------------
     def check_writable(self, address: int, size: int, prot: Protection | None = None) -> None:
         prot = prot or self.protection()

@@ -13,7 +13,8 @@ cost.py, the part's typical busy times, the assumed power-on registers). The obj
                                               # or {"median": s, "stdev": s, "min": s, "max": s}
                                               # for a chip whose operations took varying times
      "sfdp": "hex",                           # the SFDP space the chip answers 5Ah with
-     "registers": {"0x5a3a0": v, ...}}        # BAR5 values at power-on (plain registers only)
+     "registers": {"0x5a3a0": v, ...},        # BAR5 values at power-on (plain registers only)
+     "protection": "spi25"}                   # the protection reading the chip follows (parts.py)
 
 Everything here is read from files a user sent: each field is checked for type and range and
 refused with a message naming it (CalibrationError); nothing is evaluated.
@@ -24,7 +25,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from amdflash.stages.transport.sim.cost import CostProfile
 from amdflash.stages.transport.sim.parts import PartSpec
@@ -38,7 +39,8 @@ TRANSPORT_FIELDS: dict[str, tuple[float, float]] = {
 }
 MAX_BUSY_SECONDS = 200.0          # no NOR chip erases slower than this (chip erase maxima are ~100 s)
 MAX_SFDP = 0x1000                 # the SFDP space amdflash reads and serves
-KEYS = ("source", "transport", "busy", "sfdp", "registers")
+KEYS = ("source", "transport", "busy", "sfdp", "registers", "protection")
+PROTECTION_READINGS = ("", "spi25", "spi25-bp11-all")
 SPREAD_KEYS = ("median", "stdev", "min", "max")   # a figure that varies
 
 
@@ -132,7 +134,15 @@ def check(cal: Any, part: PartSpec | None = None) -> dict[str, Any]:
     busy(cal, part)
     sfdp(cal)
     registers(cal)
+    protection_reading(cal)
     return dict(cal)
+
+
+def protection_reading(cal: Mapping[str, Any]) -> Literal["", "spi25", "spi25-bp11-all"]:
+    value = cal.get("protection", "")
+    if value == "spi25" or value == "spi25-bp11-all" or value == "":
+        return value
+    raise CalibrationError(f"calibration.protection: one of {', '.join(map(repr, PROTECTION_READINGS))}")
 
 
 # Figures that are one transfer's latency, and so may vary from transfer to transfer.
@@ -236,6 +246,9 @@ def calibrated_part(part: PartSpec, cal: Mapping[str, Any] | None) -> PartSpec:
     times = busy(cal, part)
     spread = busy_spread(cal, part)
     table = sfdp(cal)
+    follows = protection_reading(cal)
+    if follows:
+        part = dataclasses.replace(part, protection=dataclasses.replace(part.protection, follows=follows))
     if not times and table is None:
         return part
     merged = dict(part.busy)

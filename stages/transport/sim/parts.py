@@ -51,6 +51,11 @@ class BlockProtection:
     # Write-protection selection (Winbond SR3 WPS, Macronix SCUR WPSEL): when set, the BP bits
     # are ignored and the part's individual block locks decide (IndividualLocks).
     select: Bit | None = None
+    # Which source's reading the chip follows where they differ (docs/flash-chip.md): "" as
+    # above; "spi25" flashrom's formula even where the part has a table; "spi25-bp11-all" the
+    # formula with BP2..BP1 = 11 protecting everything whatever SEC says (the datasheet tables).
+    # A calibrated board follows what its hardware report's protection probe found.
+    follows: Literal["", "spi25", "spi25-bp11-all"] = ""
 
     def value(self, regs: list[int]) -> int:
         return sum(1 << i for i, (r, b) in enumerate(self.bp) if regs[r] >> b & 1)
@@ -58,14 +63,14 @@ class BlockProtection:
     def range(self, regs: list[int]) -> tuple[int, int]:
         """[start, end) the chip refuses to change."""
         bp = self.value(regs)
-        if self.table is not None:
+        if self.table is not None and not self.follows:
             side, length = self.table[bp]
             return (0, length) if side == "bottom" else (FLASH_SIZE - length, FLASH_SIZE)
         on = lambda bit: bit is not None and bool(regs[bit[0]] >> bit[1] & 1)  # noqa: E731
         top = (1 << len(self.bp)) - 1
         if bp == 0:
             length = 0
-        elif bp == top:
+        elif bp == top or (self.follows == "spi25-bp11-all" and bp >> (len(self.bp) - 2) == 0b11):
             length = FLASH_SIZE
         elif on(self.sec):
             length = min(0x1000 << (bp - 1), 0x8000)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from amdflash.stages.transport.sim import cost
+from amdflash.stages.transport.sim.parts import PartSpec
 from amdflash.stages.transport.sim.calibration import (MAX_BUSY_SECONDS, MAX_SFDP, CalibrationError, hex_bytes,
                                                        hex_key, integer, mapping, number)
 
@@ -353,6 +354,11 @@ def board_options(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
                                f"{spec.name}'s typical is {spec.busy[opcode][0] * 1e3:g} ms")
     cal["busy"] = busy
     cal["registers"] = _found_registers(report["registers_found"], divergences)
+    follows = _protection_reading(flash.get("protection_reading"), spec)
+    if follows:
+        cal["protection"] = follows
+        divergences.append(f"protection: the chip follows the {follows} reading where the sources disagree "
+                           f"(the emulated {spec.name} another)")
     options: dict[str, Any] = {"chip": spec.name, "transport": profile.name, "calibration": cal,
                                "status_registers": tuple(regs[n] for n in names)}
     if report["board"].get("device_id") not in (None, 0x744C):
@@ -397,6 +403,21 @@ def run_board_options(facts: Mapping[str, Any]) -> tuple[dict[str, Any], list[st
                                                          divergences)}
     return {"chip": spec.name, "transport": profile, "calibration": cal,
             "status_registers": tuple(status[:len(spec.registers)])}, divergences
+
+
+def _protection_reading(probe: Any, spec: PartSpec) -> str:
+    """The emulator's protection reading for what a report's protection probe found ("" : the part's own)."""
+    if probe is None or "follows" not in mapping(probe, "flash.protection_reading"):
+        return ""
+    from amdflash.stages.flash.chips import CHIPS
+
+    rules = {r.source: r for chip in CHIPS if chip.protection for r in chip.protection.all_readings()}
+    follows = probe["follows"]
+    if not isinstance(follows, list) or not follows or not all(isinstance(f, str) and f in rules for f in follows):
+        raise CalibrationError("flash.protection_reading.follows: a list of readings amdflash knows")
+    rule = rules[follows[0]]
+    own = "table" if spec.protection.table is not None else "spi25"
+    return "" if rule.rule == own or rule.tb is not None else rule.rule
 
 
 def _found_registers(found: Mapping[Any, Any], divergences: list[str]) -> dict[str, int]:
