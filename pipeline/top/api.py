@@ -88,13 +88,14 @@ def verify(image: str | Path, board: str = "auto", *, db: str | Path | None = No
 
 def flash(image: str | Path, board: str = "auto", *, clear_cmp: bool = False, start_sector: int = 0,
           sector_count: int | None = None, force: bool = False, retries: int = 2, expect_part: str | None = None,
-          unknown_chip_ok: bool = False, db: str | Path | None = None,
+          unknown_chip_ok: bool = False, start_over: bool = False, db: str | Path | None = None,
           engine: EngineOptions | None = None) -> FlashResult:
     """Write `image` (backup, plan, erase, program, verify). Calling it is the confirmation that
     the CLI asks for with --yes. `expect_part`: a blank (bricked) board's VBIOS part number, as
-    --expect-part; `unknown_chip_ok`: as --unknown-chip-ok."""
+    --expect-part; `unknown_chip_ok`: as --unknown-chip-ok; `start_over`: as --start-over (a
+    board whose last flash never finished is refused without it)."""
     options = commands.FlashOptions(clear_cmp, start_sector, sector_count, force, retries, expect_part,
-                                    unknown_chip_ok)
+                                    unknown_chip_ok, start_over)
     return _one(commands.flash(_session(board, db), Path(image), options, engine))  # type: ignore[return-value]
 
 
