@@ -23,7 +23,7 @@ MiB2 = 0x200000
 PARTS = (*TABLE_PARTS, "UNKNOWN")          # UNKNOWN is written with --unknown-chip-ok
 ERASE_SIZES = {"GD25LQ16E": {4096, 32768, 65536}, "W25Q16DW": {4096, 32768, 65536},
                "W25Q16FW": {4096, 32768, 65536}, "W25Q16JW": {4096, 32768, 65536},
-               "MX25U1635F": {4096, 32768, 65536}, "UNKNOWN": {4096, 65536}}
+               "MX25U1635F": {4096, 32768, 65536}, "MX25U1633F": {4096, 32768, 65536}, "UNKNOWN": {4096, 65536}}
 
 
 def ok_flag(chip: str) -> list[str]:
