@@ -261,8 +261,9 @@ class SpiNor:
             if prot.individual:
                 hint = (f" ({prot.individual} selects per-block locks; amdflash never changes protection: unlock "
                         "the blocks with the part's global block unlock, 98h, using another programmer)")
+            who = "a reading of its protection bits protects it" if prot.others else "the chip protects it"
             raise ProtectedError(f"refusing to write {address:#08x}-{address + size - 1:#08x}: "
-                                 f"the chip protects it, {prot.describe()}{hint}")
+                                 f"{who}, {prot.describe()}{hint}")
 
     def clear_cmp(self) -> bool:
         """Clear CMP, preserving every other protection and QE bit. False if already clear.
