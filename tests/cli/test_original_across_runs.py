@@ -155,10 +155,13 @@ def test_a_range_flash_backup_is_put_back_by_the_command_printed_beside_it(amdfl
     back = run_printed(amdflash, printed(line, "to put it back: "))
     assert back.code == 0, back.err
     assert flash_content(board) == first
-    # restore-original does the same from the record alone.
+    # restore-original does the same from the record alone, after a range flash and then a whole
+    # one: the whole flash's backup holds the range as the range flash left it, so the range's
+    # own backup is written after it.
     assert amdflash("flash", other, "--yes", "--force", "--start-sector", "256", "--sector-count", "2",
                     "--board", f"sim:{board}").code == 0
-    assert flash_content(board) != first
+    assert amdflash("flash", other, "--yes", "--force", "--board", f"sim:{board}").code == 0
+    assert flash_content(board) == other.read_bytes() != first
     r = amdflash("restore-original", "--board", f"sim:{board}", "--yes")
     assert r.code == 0, r.err
     assert flash_content(board) == first
@@ -179,3 +182,29 @@ def test_a_flash_that_failed_after_writing_is_refused_too_and_its_advice_puts_th
     back = run_printed(amdflash, printed(r.err_lines[-1], "to put it back, "))
     assert back.code == 0, back.err
     assert flash_content(board) == first
+
+
+def test_a_started_over_flash_that_fails_names_the_first_original_and_its_resume_says_so(amdflash, image,
+                                                                                       killed):
+    board, run, img = killed["board"], killed["run"], image.read_bytes()
+    # A bit the rest of the flash needs at 0, stuck at 1: the started-over flash fails after writing.
+    unit = next(a for a in range(0, len(img), 0x1000) if killed["half"][a:a + 0x1000] != img[a:a + 0x1000])
+    stuck = next(a for a in range(unit, unit + 0x1000) if img[a] & 0x01 == 0)
+    assert amdflash("sim", "fault", board, "--clear", f"stuck-bit={stuck:#x}:0").code == 0
+    r = amdflash("--no-progress", "flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}",
+                 "--start-over")
+    assert r.code == 1, r.err
+    advice = r.err_lines[-1]
+    assert f"The original content is backup {killed['backup']} (run {run})" in advice, advice
+    over = json.loads(amdflash("runs", "--format", "json").out)[-1]["run_id"]
+    assert amdflash("sim", "fault", board, "--clear").code == 0
+    done = amdflash("--no-progress", "resume", over, "--board", f"sim:{board}", "--yes")
+    assert done.code == 0, done.err
+    [line] = [x for x in done.out.splitlines() if x.startswith("backup of")]
+    assert line.startswith(f"backup of the content as found by run {over}: "), line
+    assert f"the board's original: {killed['backup']} (run {run}" in line, line
+    assert flash_content(board) == img
+    # The failed run's put-back, as printed, writes the original back.
+    back = run_printed(amdflash, printed(advice, "to put it back, "))
+    assert back.code == 0, back.err
+    assert flash_content(board) == killed["first"]
