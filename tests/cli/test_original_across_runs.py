@@ -78,15 +78,20 @@ def killed(tmp_path: Path, image: Path) -> dict:
     return {"board": board, "first": first, "run": runs[-1]["run_id"], "backup": backup.resolve(), "half": half}
 
 
-def test_a_fresh_flash_after_a_killed_one_refuses_naming_the_resume_and_the_original(amdflash, image, killed):
+def test_a_fresh_flash_after_a_killed_one_refuses_naming_the_resume_and_the_original(amdflash, image, killed,
+                                                                                    isolated):
     board, run = killed["board"], killed["run"]
-    r = amdflash("--no-progress", "flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}")
+    db = isolated / "audit.sqlite"
+    r = amdflash("--no-progress", "--db", db, "flash", image, "--yes", "--expect-part", PART_KEY,
+                 "--board", f"sim:{board}")
     assert r.code == 2, r.err
     assert f"flash run {run} of this board never finished (interrupted" in r.err, r.err
     assert f"the board's original content: backup {killed['backup']} (run {run})" in r.err, r.err
     assert flash_content(board) == killed["half"]                 # nothing was written
-    # The resume step, as printed, finishes the flash.
-    done = run_printed(amdflash, printed(r.err, "Finish it: "))
+    # The resume step, as printed (with the --db this command was given), finishes the flash.
+    resume = printed(r.err, "Finish it: ")
+    assert shlex.split(resume) == ["amdflash", "--db", str(db), "resume", run, "--board", f"sim:{board}", "--yes"]
+    done = run_printed(amdflash, resume)
     assert done.code == 0, done.err
     assert flash_content(board) == image.read_bytes()
 
