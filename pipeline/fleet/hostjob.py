@@ -16,10 +16,16 @@ prints a first line saying it started, then one JSON line per board.
   and this host's trail records them.
 * If a job process is killed, this still reports its boards' runs: those left "running" in the
   trail as interrupted, and one that recorded its end before the kill with that end.
+* The job is a process group of its own (this process, the boards' amdflash processes and
+  their audit writers). If this process is killed, its jobs are told (SIGTERM, as on Ctrl-C)
+  to stop at their next safe point: no flash goes on that nobody watches. Each board's run id
+  is printed as soon as the trail has it ({"board", "run_id"}, no "status"), so the client
+  names the runs of a job killed before it could report them.
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime as dt
 import hashlib
 import io
@@ -87,6 +93,19 @@ def _modelled_clock(cli_main: CliMain, spec: str) -> float | None:
     return float(stats["modelled_seconds"]) if stats else None
 
 
+PR_SET_PDEATHSIG = 1   # prctl(2): a signal for this process when its parent dies (Linux)
+
+
+def _stop_with_parent(parent: int) -> None:
+    """In a job process: SIGTERM when the host job (`parent`) dies, so that a killed host job
+    never leaves a flash running unobserved — the job stops at its next safe point and records
+    that it was interrupted. (Linux; elsewhere the job runs on and its trail records it.)"""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:      # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 class ForkedCli:
     """The amdflash command line in a child process, forked from this one.
 
@@ -101,6 +120,7 @@ class ForkedCli:
         err_r, err_w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:   # the child: run the command line, never return into the caller
             code = 1
@@ -115,6 +135,7 @@ class ForkedCli:
                 os.umask(0o077)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
+                _stop_with_parent(parent)
                 code = cli_main(argv)
             except BaseException:
                 import traceback
@@ -246,8 +267,27 @@ def host_name(line_name: str | None) -> tuple[str, str]:
     return line_name, f"{line_name} (OS host name {os_name})"
 
 
+def _announcer(cli_main: CliMain, global_args: list[str], specs: list[str], known: set[str],
+               say: Callable[[str, str], None]) -> Callable[[], bool]:
+    """A call that says (`say(spec, run_id)`) each board's new run once the trail has it;
+    it returns whether every board's run is said."""
+    said: set[str] = set()
+
+    def announce() -> bool:
+        for r in cli_json(cli_main, global_args, "runs", "--format", "json") or []:
+            spec = r["board_spec"]
+            if spec in specs and spec not in said and r["run_id"] not in known:
+                said.add(spec)
+                say(spec, r["run_id"])
+        return len(said) == len(specs)
+
+    return announce
+
+
 def run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: str | None,
-        flash_args: Sequence[str] = (), line_name: str | None = None) -> list[dict[str, Any]]:
+        flash_args: Sequence[str] = (), line_name: str | None = None,
+        on_run: Callable[[str, str], None] | None = None) -> list[dict[str, Any]]:
+    """Run the job; `on_run(spec, run_id)` is called as each board's run appears in the trail."""
     global_args = ["--db", db] if db else []
     specs = [_spec_as_recorded(s) for s in specs]
     host, said = host_name(line_name)
@@ -278,8 +318,13 @@ def run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: st
     waiters = [threading.Thread(target=wait, args=(i,)) for i in range(len(procs))]
     for w in waiters:
         w.start()
-    for w in waiters:
-        w.join()
+    announce = _announcer(cli_main, global_args, specs, known, on_run) if on_run else None
+    pause = 0.2
+    while alive := [w for w in waiters if w.is_alive()]:
+        if announce is not None and announce():
+            announce = None
+        alive[0].join(pause)
+        pause = min(pause * 1.5, 5.0)     # a board that never gets a run (refused) is asked about less and less
     wall = round(time.monotonic() - wall0, 3)
 
     after = [r for r in (cli_json(cli_main, global_args, "runs", "--format", "json") or []) if r["run_id"] not in known]
@@ -332,12 +377,21 @@ def main(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: s
     # The client's connection may drop; the jobs go on (their trail is here) and a write to
     # the dead pipe must not kill us before the runs are recorded.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # A process group of its own (under sshd it is one already, as a session's leader): the job
+    # and every process it starts can be signalled together.
+    if os.getpgrp() != os.getpid():
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
     # First line: the job has begun here (so a client that hears nothing more knows that
     # something may have run, and one that hears not even this knows that nothing did).
     with contextlib.suppress(BrokenPipeError, OSError):
         print(json.dumps({"started": True, "pid": os.getpid()}), flush=True)
+    def say(spec: str, run_id: str) -> None:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            print(json.dumps({"board": spec, "run_id": run_id}), flush=True)
+
     try:
-        results = run(cli_main, specs, db, job, image, flash_args, line_name)
+        results = run(cli_main, specs, db, job, image, flash_args, line_name, on_run=say)
     except Exception as e:
         host, said = host_name(line_name)
         results = [{"board": spec, "host": host, "job": job, "status": "failed", "exit_code": 1,

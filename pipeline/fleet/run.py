@@ -16,6 +16,10 @@ What can go wrong on the way, and what happens:
   restarted to publish a hot-plugged bridge — is ridden out;
 * a job's amdflash process is killed on its host: the host-side job still reports the runs,
   which stay unfinished (interrupted here; resumed by the next flash);
+* the host-side job itself is killed (its top process, or its whole process group): its
+  boards' jobs stop at their next safe point, and the client — which heard each board's run
+  id as it began — reports them interrupted with those ids. Only a host it cannot reach, or
+  a job that goes on there after the connection dropped, is "lost";
 * the coordinator goes away: running jobs go on (they only need SSH to their hosts) and are
   recorded on their hosts; the client says from when it could not see exporters and places,
   and which places it could not give back.
@@ -24,8 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import shlex
 import signal
+import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -102,6 +108,30 @@ class _Batch:
     @property
     def host(self) -> str:
         return self.jobs[0].board.host
+
+
+def _json_lines(stdout: str) -> list[dict[str, Any]]:
+    out = []
+    for line in stdout.splitlines():
+        if line.strip().startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict) and isinstance(value.get("board"), str):
+                out.append(value)
+    return out
+
+
+def _reported(stdout: str) -> set[str]:
+    """The boards whose result the host-side job printed."""
+    return {v["board"] for v in _json_lines(stdout) if "status" in v}
+
+
+def _announced(stdout: str) -> dict[str, str]:
+    """Each board's run id, as the host-side job said it when the run began."""
+    return {v["board"]: v["run_id"] for v in _json_lines(stdout)
+            if "status" not in v and isinstance(v.get("run_id"), str)}
 
 
 def _driver(board: BoardPlace, allow: Allowlist, host_command: Sequence[str]) -> Any:
@@ -300,7 +330,10 @@ class FleetRun:
                                      "none is there): nothing ran; check its fingerprint and add it (README, "
                                      "'SSH keys')")
             return
-        self._record(batch, stdout, stderr, wall)
+        gone = None
+        if any(job.spec not in _reported(stdout) for job in batch.jobs):
+            gone = await asyncio.to_thread(self._job_gone, batch, stdout)
+        self._record(batch, stdout, stderr, wall, gone)
         if self.job == "dump":
             for job in batch.jobs:
                 await self._fetch(job)
@@ -330,7 +363,23 @@ class FleetRun:
             args += self.flash_args
         return first.command(self.job, *args, also=[job.spec for job in batch.jobs[1:]])
 
-    def _record(self, batch: _Batch, stdout: str, stderr: str, wall: float) -> None:
+    @staticmethod
+    def _job_gone(batch: _Batch, stdout: str) -> bool | None:
+        """Whether the host-side job that started (its first line names its pid) has ended
+        there: True, it ended (killed) without reporting; False, it still runs (the
+        connection dropped, not the job); None, its host cannot be reached."""
+        first = json.loads(stdout.lstrip().split("\n", 1)[0])
+        pid = first.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            return None
+        try:
+            done = subprocess.run(batch.jobs[0].driver._on_host(["test", "-e", f"/proc/{pid}"]),
+                                  stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return {0: False, 1: True}.get(done.returncode)
+
+    def _record(self, batch: _Batch, stdout: str, stderr: str, wall: float, gone: bool | None = None) -> None:
         code = batch.proc.returncode if batch.proc else -1
         try:
             results = parse_results(stdout, stderr, code if code is not None else -1)
@@ -338,11 +387,21 @@ class FleetRun:
             results, lost = {}, str(e)
         else:
             lost = "the job printed no result for this board"
+        began = _announced(stdout)
         for job in batch.jobs:
             row = job.row
             result = results.get(job.spec)
             if result is None:
-                row.status, row.wall_seconds = "lost", round(wall, 3)
+                row.wall_seconds, row.run_id = round(wall, 3), began.get(job.spec)
+                if gone:
+                    row.status = "interrupted"
+                    row.error = (f"the fleet job on {batch.host} ended without reporting (exit status {code}: "
+                                 "killed); " + (f"its run {row.run_id} was told to stop at a safe point and is "
+                                                "recorded in that host's audit trail; the next fleet flash of "
+                                                "this image resumes it" if row.run_id else
+                                                "no run of this board had begun"))
+                    continue
+                row.status = "lost"
                 row.error = (f"{lost}; lost contact with {batch.host}: the job may have gone on there and is "
                              f"recorded in that host's audit trail")
                 continue
