@@ -183,6 +183,8 @@ def _unfinished(db: sqlite_utils.Database, newest: dict[str, Any]) -> Unfinished
         lineage = run_chain(db, newest["run_id"])
     except RunUnverified:
         return Unfinished(newest["run_id"], newest["status"], (newest["run_id"],), None, None)
+    if all(rows.sealed is None for rows in lineage):
+        return None        # no checkpoint seals a row: it wrote nothing (writes are sealed first), nor can resume
     touched: set[int] = set()      # units some run of the lineage meant to write (intent on record)
     for rows in lineage:
         touched |= {a for a, u in unit_states(db, rows, sealed_only=True).items() if u["intended"]}
