@@ -237,7 +237,7 @@ W25Q16DW = ChipInfo(
     flashrom="W25Q16.W (EF 60 15), tested: untested",
     sources=(FLASHROM, UFPROG),
     assumed=("every time (the W25Q16JV datasheet's figures as recalled)",),
-    bfpt_minors=(),
+    bfpt_minors=tuple(m for m in range(256) if m not in (5, 6)),      # ufprog: any BFPT but the FW's, JW's
     disagreements=(SEC1_BP6, OTP_W25),
 )
 
@@ -259,6 +259,18 @@ W25Q16FW = replace(
     disagreements=(SEC1_BP6, OTP_W25, CMP_WRITE),
 )
 W25Q16JW = replace(W25Q16FW, name="Winbond W25Q16JW", bfpt_minors=(6,))
+
+# EF 60 15 whose SFDP cannot be read (so its BFPT revision says nothing): the most careful of
+# the three. The FW/JW's registers and layout (SR3's WPS honoured; a DW, which has no SR3,
+# reads 0xFF there, reserved bits set, so it has none), CMP cleared with 31h and read back,
+# then the two-byte 01h (what a DW takes), every source's reading of the BP bits.
+W25Q16W_UNKNOWN = replace(
+    W25Q16FW, name="Winbond W25Q16DW, W25Q16FW or W25Q16JW (not told apart by SFDP)",
+    protection=replace(_W25Q16W_PROTECTION, wps_reserved=0x1B),      # SR3 bits 0, 1, 3, 4: reserved
+    bfpt_minors=(),
+    assumed=("every time (the W25Q16JV datasheet's figures as recalled)",
+             "that SR3's reserved bits (0, 1, 3, 4) read 0 on the FW/JW, so 0xFF from 15h is a DW's silence"),
+)
 
 # MX25U1635F: flashrom "MX25U1635E" (same id; probe and read tested; no .reg_bits); the
 # protection table and ESN from ufprog. 35h on this part enables QPI: never send it.
@@ -337,7 +349,8 @@ MX25U163X_UNKNOWN = replace(
     bfpt_minors=(),
 )
 
-CHIPS: tuple[ChipInfo, ...] = (GD25LQ16E, W25Q16DW, W25Q16FW, W25Q16JW, MX25U163X_UNKNOWN, MX25U1635F, MX25U163XF)
+CHIPS: tuple[ChipInfo, ...] = (GD25LQ16E, W25Q16W_UNKNOWN, W25Q16DW, W25Q16FW, W25Q16JW, MX25U163X_UNKNOWN,
+                               MX25U1635F, MX25U163XF)
 
 
 def match_jedec(capture: bytes) -> ChipInfo | None:
@@ -357,8 +370,9 @@ def match_jedec(capture: bytes) -> ChipInfo | None:
 
 def identify_part(capture: bytes, table: Sfdp | None) -> ChipInfo | None:
     """The table entry for an RDID capture and the part's SFDP: among the entries sharing the
-    id, the one whose BFPT minor revision matches (ufprog's rule), else the default (for the
-    Macronix id, the entry that takes every reading of every part sharing it)."""
+    id, the one whose BFPT minor revision matches (ufprog's rule), else the default: the
+    entry that takes every reading of every part sharing the id (SFDP unreadable, or a
+    Macronix revision ufprog does not list)."""
     default = match_jedec(capture)
     if default is None or table is None:
         return default

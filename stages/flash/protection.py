@@ -131,6 +131,10 @@ class ProtectionLayout:
     # Winbond's writable WPS. amdflash does not read those locks: the protection is then "any".
     wps: Bit | None = None
     wps_name: str = "WPS"
+    # Bits of the WPS register that read 0 on every part that has the register: one set means
+    # no part drove the line (a W25Q16DW has no SR3: 15h reads 0xFF), so there is no WPS to
+    # honour. Only for a layout that covers parts with and without the register.
+    wps_reserved: int = 0
     # Every source's reading, the one the part is modelled on first (() : "table" if the
     # layout has a table, else "spi25", from flashrom).
     readings: tuple[Reading, ...] = ()
@@ -154,7 +158,10 @@ class ProtectionLayout:
                                 if bit is not None]
         if self.status_locked(regs):
             names.append("SRP1=1 (status registers locked)")
-        if on(self.wps):
+        if self.wps is not None and regs[self.wps[0]] & self.wps_reserved:
+            names.append(f"no {self.wps_name} (its register reads {regs[self.wps[0]]:#04x}, reserved bits set: "
+                         "the part has none)")
+        elif on(self.wps):
             names.append(f"{self.wps_name}=1")
             return Protection(bp, tb, sec, cmp, 0, size, " ".join(names), individual=self.wps_name)
         ranges = [self.reading_range(r, bp, tb, sec, cmp, size) for r in self.all_readings()]
