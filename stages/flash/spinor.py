@@ -231,13 +231,18 @@ class SpiNor:
         limit = self.limit(opcode, maximum)
         give_up = max(GIVE_UP, 2 * limit)
         interval = max(typical / 20, 100e-6)
+        # Only a status read *sent* past the limit that still shows WIP is evidence of a slow chip:
+        # a host preempted between reads (or a slow link) ends its wait late, not the chip.
+        busy_past_limit = False
         while True:
+            asked = clock.now()
             sr1 = self.status()
             took = clock.now() - started
             if not sr1 & protection.SR1_WIP:
-                if took > limit:
+                if busy_past_limit:
                     raise self._too_slow(what, took, maximum, opcode)
                 return sr1
+            busy_past_limit = busy_past_limit or asked - started > limit
             if took > give_up:
                 raise FlashTimeout(f"flash still busy {took:.3f} s after {what} (datasheet maximum {maximum:g} s, "
                                    f"amdflash's limit {limit:g} s, SR1={sr1:#04x}): the chip does not finish")
@@ -370,13 +375,16 @@ class SpiNor:
             return
         clock = self.clock
         clock.sleep(busy.ends - clock.now())
+        busy_past_limit = False     # as in wait_ready: a read sent past the limit still saw WIP
         while True:
+            asked = clock.now()
             sr1 = self.status()
             took = clock.now() - busy.started
             if not sr1 & protection.SR1_WIP:
-                if clock.now() > busy.deadline:
+                if busy_past_limit:
                     raise self._too_slow(busy.what, took, busy.maximum, PP)
                 return
+            busy_past_limit = busy_past_limit or asked > busy.deadline
             if took > max(GIVE_UP, 2 * (busy.deadline - busy.started)):
                 raise FlashTimeout(f"flash still busy {took:.3f} s after {busy.what} (datasheet maximum "
                                    f"{busy.maximum:g} s, SR1={sr1:#04x}): the chip does not finish")
