@@ -369,9 +369,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from amdflash.pipeline.fleet.serve import Memory, state_file
 
     try:
-        Memory.load(state_file(state_dir, url))    # a state file it cannot read: said before serving
-    except ValueError as e:
+        memory = Memory.load(state_file(state_dir, url))   # a state it cannot read or write: said before serving
+        memory.save(wait=True)
+    except (ValueError, OSError) as e:
         raise Refusal(str(e)) from None
+    if memory.problem:
+        raise Refusal(f"--state-dir: cannot keep what notifications sent in {memory.problem}")
     return serve(url, args.listen, list(notify), args.window, args.silent_after * 60, args.settle,
                  args.public_url or "", output.note, state_dir, args.allowed_host, args.stale_after * 60)
 

@@ -144,6 +144,9 @@ def check_row(row: dict[str, Any]) -> dict[str, Any]:
     row["received"] = _epoch(row.get("received"))
     if row["received"] is None:
         why = why or "its arrival time is not a time"
+    owner = row.pop("owner", None)
+    if owner is not None and owner != row.get("host_id"):     # a host speaks for its own runs only
+        why = why or "its run id is another host's run (as the signed record holds it)"
     row["unreadable"] = why
     return row
 
@@ -157,8 +160,9 @@ def progress_rows(pg: Any, where: str, params: tuple[Any, ...], distinct: str = 
     cur = pg.execute(
         f"SELECT {distinct} p.id, p.host_id, h.name AS host, p.run_id, p.state, p.command, p.board, p.place, "
         "p.stage, p.bytes_done, p.bytes_total, p.rate, p.eta, p.error, p.resumes, p.started, p.checkpoint, "
-        "p.at::text AS at, extract(epoch FROM p.received_at)::float8 AS received "
-        f"FROM {NS}.progress p JOIN {NS}.hosts h ON h.id = p.host_id WHERE {where} ORDER BY {order}", params)
+        "p.at::text AS at, extract(epoch FROM p.received_at)::float8 AS received, o.host_id AS owner "
+        f"FROM {NS}.progress p JOIN {NS}.hosts h ON h.id = p.host_id "
+        f"LEFT JOIN {NS}.run_owners o ON o.run_id = p.run_id WHERE {where} ORDER BY {order}", params)
     names = [d.name for d in cur.description]
     return [check_row(dict(zip(names, r, strict=True))) for r in cur]
 
@@ -326,8 +330,14 @@ class Memory:
     round_active: bool = False
     last_activity: float = 0.0                                     # wall clock of the newest row decided
     saved_at: float = 0.0
+    dirty: bool = False                                            # decided more than was saved
+    _pending: str | None = field(default=None, repr=False)         # the newest state not written yet
+    _writer: threading.Thread | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    problem: str | None = field(default=None, repr=False)          # why the last write failed (None: it did not)
 
-    FIELDS = ("seen_id", "notified", "silent", "round", "round_active", "last_activity")
+    FIELDS = {"seen_id": (int, type(None)), "notified": dict, "silent": list, "round": dict, "round_active": bool,
+              "last_activity": (int, float)}
 
     @classmethod
     def load(cls, path: Path | None) -> Memory:
@@ -336,23 +346,53 @@ class Memory:
             return memory
         try:
             data = json.loads(path.read_text())
-            for name in cls.FIELDS:
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            for name, kind in cls.FIELDS.items():
                 if name in data:
+                    if not isinstance(data[name], kind):
+                        raise ValueError(f"{name} is a {type(data[name]).__name__}")
                     setattr(memory, name, data[name])
-        except (OSError, ValueError, TypeError) as e:
+        except (OSError, ValueError) as e:
             raise ValueError(f"{path}: not the line view's notification state ({e}): move it away to start "
                              "afresh") from None
         return memory
 
-    def save(self) -> None:
-        """Written whole to a temporary file (0600) and renamed over the old one: a crash leaves
-        the old state or the new, never half of one."""
-        self.saved_at = time.monotonic()
+    def save(self, wait: bool = False) -> None:
+        """The state as it is now, written by a thread of its own (the line's thread never waits
+        on the disk; `wait`: until it is written)."""
+        self.saved_at, self.dirty = time.monotonic(), False
         if self.path is None:
             return
         while len(self.notified) > NOTIFIED_KEPT:
             del self.notified[next(iter(self.notified))]
         data = json.dumps({name: getattr(self, name) for name in self.FIELDS}, sort_keys=True)
+        with self._lock:
+            self._pending = data
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_pending, name="amdflash-line-state", daemon=True)
+                self._writer.start()
+            writer = self._writer
+        if wait:
+            writer.join()
+
+    def _write_pending(self) -> None:
+        while True:
+            with self._lock:
+                data, self._pending = self._pending, None
+                if data is None:
+                    self._writer = None
+                    return
+            try:
+                self._write(data)
+                self.problem = None
+            except OSError as e:
+                self.problem = f"{self.path}: {e.strerror or e}"
+
+    def _write(self, data: str) -> None:
+        """Written whole to a temporary file (0600) and renamed over the old one: a crash leaves
+        the old state or the new, never half of one."""
+        assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -386,14 +426,15 @@ class Line:
         self.stop = threading.Event()
         self.listeners: list[Callable[[], None]] = []
         self.memory = Memory.load(state)
+        self._state_problem: str | None = None
         self.error: str | None = None
         self._thread: threading.Thread | None = None
 
     # -- reading the record ----------------------------------------------------------------
 
-    def load(self, pg: Any) -> list[dict[str, Any]]:
-        """Read the line afresh; the rows not decided yet for notifications (all of them since the
-        last decided, however long the serve was stopped or central out of reach)."""
+    def load(self, pg: Any) -> None:
+        """Read the line afresh, and decide the rows not decided yet for notifications (all of
+        them since the last decided, however long the serve was stopped or central out of reach)."""
         from amdflash.store import central
 
         central.need_schema(pg)
@@ -411,13 +452,11 @@ class Line:
         if self.memory.seen_id is None:       # the first read ever: what was already there is not news
             self.memory.seen_id = self.last_id
             self.memory.save()
-        undecided = []
-        while len(batch := rows_after(pg, int(undecided[-1]["id"]) if undecided else self.memory.seen_id)):
-            undecided += batch
+        self._refresh(pg)
+        while batch := rows_after(pg, self.memory.seen_id):    # in batches: days of rows are millions
+            self._decide(batch)
             if len(batch) < BATCH:
                 break
-        self._refresh(pg)
-        return undecided
 
     def _take(self, row: dict[str, Any]) -> Board | None:
         if row.get("run_id") is None:
@@ -488,7 +527,7 @@ class Line:
         self.stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self.memory.save()
+        self.memory.save(wait=True)
         self.notifier.close()
 
     def _run(self) -> None:
@@ -499,9 +538,8 @@ class Line:
                 with central.connect(self.url, autocommit=True, timeout=10) as listen, \
                         central.connect(self.url, autocommit=True, timeout=10) as pg:
                     listen.execute(f"LISTEN {self._channel(listen)}")   # a reviewer's secret
-                    undecided = self.load(pg)
+                    self.load(pg)
                     self.error = None
-                    self._decide(undecided)
                     self._changed()
                     self._follow(listen, pg)
             except Exception as e:
@@ -553,11 +591,11 @@ class Line:
         and carries only the row's own fields, each checked and made one printable line."""
         m = self.memory
         now = time.time()
-        decided = sent = False
+        sent = False
         for row in rows:
             if m.seen_id is not None and row["id"] <= m.seen_id:
                 continue
-            m.seen_id, decided = int(row["id"]), True
+            m.seen_id, m.dirty = int(row["id"]), True
             if row.get("unreadable") or row.get("run_id") is None or row["state"] == "alive":
                 continue
             m.last_activity, m.round_active = now, True
@@ -583,8 +621,12 @@ class Line:
             self._line_done()
             sent = True
         sent = self._silent_hosts() or sent
-        if sent or decided and time.monotonic() - m.saved_at >= 1.0:
+        if sent or m.dirty and time.monotonic() - m.saved_at >= 1.0:
             m.save()      # at once when something was sent; else at most every second
+        if m.problem != self._state_problem:
+            self._state_problem = m.problem
+            self.log(f"notification state not saved: {m.problem} (a restart may repeat or miss a notification)"
+                     if m.problem else "notification state saved again")
 
     def _line_done(self) -> None:
         m = self.memory

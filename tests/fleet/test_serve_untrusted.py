@@ -20,7 +20,7 @@ from tests.fleet.central_trail import psql
 from tests.fleet.lab import free_port, wait_for
 from tests.fleet.test_central import make_central
 from tests.fleet.test_central_trust import as_login, become, enrol, host_id
-from tests.fleet.test_serve import Receiver, _client, _rows
+from tests.fleet.test_serve import Receiver, _client, _rows, central, line_record  # noqa: F401 - fixtures
 from tests.pipeline.conftest import ROOT, cli_shown  # noqa: F401 - a fixture: the CLI without -q
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip install '.[test]' brings it)")
@@ -249,6 +249,29 @@ def test_a_notification_carries_only_the_records_checked_words_as_plain_text(two
     assert '<a href="https://evil.example/">' in text      # what the host wrote, as words, never a link
 
 
+def test_a_host_speaks_only_for_its_own_runs(request):
+    """hostb says hosta's pushed run failed (a run id of the right shape): the record holds that
+    run as hosta's, so the row is shown unreadable and nothing is notified of it; hostb's own
+    failure is notified."""
+    from amdflash.pipeline.fleet.serve import Notifier
+
+    r = request.getfixturevalue("line_record")
+    receiver = Receiver()
+    line = _line(r["url"], notifier=Notifier([receiver.url], lambda m: None))
+    try:
+        say(r["url"], "hostb", r["b"], r["ok"], "failed", board="sim:/b/9", place="hostb-sim-9", error="it broke")
+        say(r["url"], "hostb", r["b"], r["unpushed"], "failed", board="sim:/b/8", place="hostb-sim-8")
+        wait_for(lambda: any(r["unpushed"] in t for t in receiver.titles()), 20, "hostb's own failure notified")
+        with _client(line, r["url"]) as client:
+            page = client.get("/").text
+    finally:
+        line.close()
+        receiver.close()
+    assert not any(r["ok"] in m["title"] + m["message"] for m in receiver.got), receiver.got
+    assert {x["place"]: x["state"] for x in _rows(page)}["hostb-sim-9"] == "unreadable"
+    assert "its run id is another host&#x27;s run" in page
+
+
 # -- attack 11: a leftover running row --------------------------------------------------------
 
 def test_a_leftover_running_row_does_not_hold_the_line_done_back(two_hosts):
@@ -325,9 +348,9 @@ def test_notify_and_from_urls_are_masked_and_may_come_from_a_file_or_the_environ
     bad = cli("fleet", "serve", "--from", url)
     assert bad.code == 2 and "nosuchservice://***@hooks.example.org/***" in bad.err and "hunter2" not in bad.err
     monkeypatch.delenv("AMDFLASH_NOTIFY")
-    central = tmp_path / "central.url"
-    central.write_text(f"{url}\n")
-    bad = cli("fleet", "serve", "--from-file", central, "--state-dir", tmp_path / "state")
+    url_file = tmp_path / "central.url"
+    url_file.write_text(f"{url}\n")
+    bad = cli("fleet", "serve", "--from-file", url_file, "--state-dir", tmp_path / "state")
     assert bad.code == 2 and "is a superuser" in bad.err                # the URL was read from the file
     bad = cli("fleet", "serve", "--from", "mysql://ops:hunter2@db.example.org/line")
     assert bad.code == 2 and "hunter2" not in bad.err and "mysql://***@db.example.org/***" in bad.err
