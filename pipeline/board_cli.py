@@ -75,6 +75,13 @@ def engine_options(p: argparse.ArgumentParser) -> None:
                         "3; 1 opts out (recorded as unconfirmed)")
 
 
+def hardware_report_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hardware-report", type=Path, metavar="FILE",
+                   help="this board's report from 'amdflash hardware-report' (refused unless it is of this board: "
+                        "the flash's JEDEC id and unique ID): busy limits raised to its measured maxima, and a "
+                        "protection reading its --scratch-sector probe showed the chip does not follow set aside")
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     F = argparse.RawDescriptionHelpFormatter
     ro = ("Read-only for the flash: the ROM_SW engine registers (SPI pads, page mirror, clock) are "
@@ -94,6 +101,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        description="Identify the flash through the ROM_SW engine. " + ro)
     board_options(p)
     engine_options(p)
+    hardware_report_option(p)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("read", help="read a flash range (hex to stdout unless -o)",
@@ -106,6 +114,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     overwrite_option(p)
     board_options(p)
     engine_options(p)
+    hardware_report_option(p)
     p.set_defaults(func=cmd_read)
 
     p = sub.add_parser("dump", help="dump the whole 2 MiB flash to a file",
@@ -122,6 +131,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "signature")
     board_options(p)
     engine_options(p)
+    hardware_report_option(p)
     p.set_defaults(func=cmd_dump)
 
     p = sub.add_parser("verify", help="compare the whole flash with an image",
@@ -131,6 +141,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("image", type=Path, metavar="IMAGE", help="the 2 MiB image to compare with")
     board_options(p)
     engine_options(p)
+    hardware_report_option(p)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser(
@@ -170,6 +181,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "run makes is then the content as found, and the board's original stays the earlier one")
     board_options(p)
     engine_options(p)
+    hardware_report_option(p)
     p.set_defaults(func=cmd_flash)
 
     p = sub.add_parser("restore-original", help="write back the content amdflash first found on a board",
@@ -183,6 +195,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--yes", action="store_true", help="required: confirm that the flash may be written")
     board_options(p)
     engine_options(p)
+    hardware_report_option(p)
     p.set_defaults(func=cmd_restore_original)
 
     p = sub.add_parser("resume", help="finish an interrupted flash run",
@@ -195,6 +208,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image", type=Path, metavar="FILE",
                    help="the image, if it moved since the original run (its SHA-256 must match)")
     board_options(p)
+    hardware_report_option(p)
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("probe", help="PSP boot mailbox state (boot partition, FB state, model id, transfer type)",
@@ -238,7 +252,8 @@ def engine(args: argparse.Namespace) -> commands.EngineOptions:
         value = getattr(args, name, None)
         return value if value is not None else configured.get(name, default)
     return commands.EngineOptions(pick("prescale", DEFAULT_PRESCALE), pick("rx_mode", "chained"),
-                                  bool(pick("restore_each", False)), pick("reads", 2))
+                                  bool(pick("restore_each", False)), pick("reads", 2),
+                                  getattr(args, "hardware_report", None))
 
 
 def _require_yes(args: argparse.Namespace, what: str) -> None:
@@ -279,7 +294,7 @@ def cmd_restore_original(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     _require_yes(args, "writes the flash")
-    return show(args, commands.resume(session(args), args.run_id, args.image))
+    return show(args, commands.resume(session(args), args.run_id, args.image, args.hardware_report))
 
 
 def cmd_probe(args: argparse.Namespace) -> int:

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 
 import anyio
 
-from amdflash.pipeline import amdgpu_jobs, auditdb, checks, config, interrupts, jobs, next_step, outputs
+from amdflash.pipeline import (amdgpu_jobs, auditdb, board_report, checks, config, interrupts, jobs, next_step,
+                               outputs)
 from amdflash.pipeline.errors import EXIT_INTERRUPTED, Refusal
 from amdflash.pipeline.resume_plan import plan_resume
 from amdflash.pipeline.results import (DumpResult, FlashResult, IfwiResult, InfoResult, ProbeResult, ReadResult,
@@ -76,6 +77,9 @@ def _engine(engine: EngineOptions | None) -> EngineOptions:
         raise Refusal(f"--rx-mode {engine.rx_mode!r}: primed or chained")
     if not 1 <= engine.reads <= 9:
         raise Refusal(f"--reads {engine.reads}: 1..9 agreeing reads")
+    if engine.hardware_report is not None:
+        # Read and checked now, before any run: which board it is of is checked when it is identified.
+        engine.board_report = board_report.load(Path(engine.hardware_report))
     return engine
 
 
@@ -87,6 +91,8 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
     Every body is wrapped so that an `amdgpu:` board (no BAR5: the driver's psp_vbflash path)
     runs that path's job for the command, or refuses it.
     """
+    if arguments.get("hardware_report") and len(specs) > 1:
+        raise Refusal("--hardware-report describes one board: name only that board (one --board)")
     writer = auditdb.open_writer(session.db_path)
     image_sha = hashlib.sha256(image).hexdigest() if image is not None else None
 
@@ -161,8 +167,9 @@ def _original(db: str, rep: dict[str, Any]) -> tuple[str, str, str] | None:
 
 
 def _engine_args(engine: EngineOptions) -> dict[str, Any]:
+    report = engine.board_report.arguments if engine.board_report is not None else {}
     return {"prescale": engine.prescale, "rx_mode": engine.rx_mode, "restore_each": engine.restore_each,
-            "reads": engine.reads}
+            "reads": engine.reads, **report}
 
 
 # -- board commands ------------------------------------------------------------------------------
@@ -367,15 +374,19 @@ def _known_board(db: str, spec: str) -> Any:
     return BoardKey(found[0] or "", found[1], spec)
 
 
-def resume(session: Session, run_id: str | None = None, image: Path | None = None) -> list[FlashResult]:
-    """Finish an interrupted flash run of the one board named (the same board, the same image)."""
+def resume(session: Session, run_id: str | None = None, image: Path | None = None,
+           hardware_report: Path | None = None) -> list[FlashResult]:
+    """Finish an interrupted flash run of the one board named (the same board, the same image).
+    `hardware_report`: the board's hardware report (--hardware-report); without it, the one
+    the run was given, if its file still has the SHA-256 recorded then."""
     specs = session.specs()
     if len(specs) != 1 or (specs[0].kind == "auto" and not run_id):
         raise Refusal("resume needs exactly one --board (and a RUN_ID unless the board is named)")
     plan = plan_resume(session.db_path, specs[0], run_id, image)
-    a = plan.arguments
+    a = {k: v for k, v in plan.arguments.items() if k not in ("hardware_report", "hardware_report_sha256")}
     engine = _engine(EngineOptions(a.get("prescale", 8), a.get("rx_mode", "chained"), a.get("restore_each", False),
-                                   a.get("reads", 2)))
+                                   a.get("reads", 2), hardware_report or _recorded_report(plan.arguments)))
+    a.update(_engine_args(engine))
     backups = checks.backup_folder(Path(session.db_path).absolute().parent / "backups")
 
     def body(spec: BoardSpec, info: RunInfo) -> JobBody:
@@ -386,6 +397,16 @@ def resume(session: Session, run_id: str | None = None, image: Path | None = Non
 
     return _run(session, specs, "resume", {**a, "resumes": plan.run_id}, body, FlashResult, plan.image,
                 plan.image_path)
+
+
+def _recorded_report(arguments: dict[str, Any]) -> Path | None:
+    """The hardware report a run was given, if its file is still as it was then."""
+    path, sha = arguments.get("hardware_report"), arguments.get("hardware_report_sha256")
+    if not isinstance(path, str) or not isinstance(sha, str):
+        return None
+    from amdflash.stages.snapshot import file_sha256
+
+    return Path(path) if Path(path).is_file() and file_sha256(Path(path)) == sha else None
 
 
 def restore(session: Session) -> list[RunOutcome]:

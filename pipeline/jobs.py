@@ -14,7 +14,8 @@ from typing import Any
 
 import anyio
 
-from amdflash.pipeline import next_step, outputs
+from amdflash.pipeline import board_report, next_step, outputs
+from amdflash.pipeline.board_report import BoardReport
 from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.flash_graph import run_flash_graph
 from amdflash.pipeline.runner import RunInfo, stage
@@ -22,7 +23,7 @@ from amdflash.stages import part_check
 from amdflash.stages.confirm import Expectation, confirm_whole
 from amdflash.stages.device import Device, Interrupted
 from amdflash.stages.flash import write_policy
-from amdflash.stages.flash.spinor import FlashIdentity
+from amdflash.stages.flash.spinor import BUSY_MARGIN, FlashIdentity
 from amdflash.stages.identify import identity_lines, open_engine, record_chip_facts, record_identity
 from amdflash.stages.navi31 import aperture
 from amdflash.stages.navi31.psp import PspMailbox
@@ -44,6 +45,10 @@ class EngineOptions:
     rx_mode: str = "chained"
     restore_each: bool = False
     reads: int = 2            # agreeing reads that confirm a kept byte (1: unconfirmed)
+    # --hardware-report FILE: the board's report (busy limits, protection reading), checked
+    # against the board at identification; loaded (and refused if unusable) before the run.
+    hardware_report: Path | None = None
+    board_report: BoardReport | None = field(default=None, compare=False, repr=False)
 
     def romsw(self) -> RomSwOptions:
         return RomSwOptions(prescale=self.prescale, rx_mode=self.rx_mode,  # type: ignore[arg-type]
@@ -55,6 +60,16 @@ async def identify(dev: Device, engine: EngineOptions, info: RunInfo) -> FlashId
     stage(dev.recorder, "identify", "start")
     await dev.call(open_engine, dev, engine.romsw())
     ident = await dev.call(read_identity, dev, engine.reads)
+    report = engine.board_report
+    if report is not None:
+        # Before the chip facts are recorded and anything is decided: the board's own measurements.
+        ident, reading, words = board_report.apply(report, ident, dev.identity.serial)
+        assert dev.nor is not None
+        dev.nor.chip, dev.nor.busy_limits = ident.chip, dict(report.busy)
+        stage(dev.recorder, "identify", "hardware report", words)
+    else:
+        reading = board_report.reading_words(ident)
+    dev.extra["protection_reading"] = reading
     record_chip_facts(dev, ident)
     stage(dev.recorder, "identify", "end", f"{ident.chip.name} uid {ident.unique_id.hex()}")
     stranded = dev.extra.get("stranded")
@@ -97,6 +112,11 @@ class InfoJob:
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
         ident = await identify(dev, self.engine, info)
         info.output += describe_identity(dev, ident)
+        info.output.append(f"reading     {dev.extra['protection_reading']}")
+        if self.engine.board_report is not None:
+            limits = ", ".join(f"{op:02X}h {s:g} s" for op, s in sorted(self.engine.board_report.busy.items()))
+            info.output.append(f"busy        limits: the datasheet maximum or this board's measured one, the "
+                               f"larger, × {BUSY_MARGIN:g} (measured: {limits or 'none'})")
         return finish_reads(dev, info, {"jedec": ident.jedec_capture.hex(), "unique_id": ident.unique_id.hex()})
 
 
@@ -405,6 +425,8 @@ class FlashJob:
         current = ident.protection
         # The chip table's part, or one known only from its SFDP (--unknown-chip-ok): stages/flash/write_policy.py.
         why = write_policy.refusal(ident, lo, hi, self.clear_cmp, self.unknown_chip_ok)
+        if why and self.engine.board_report is not None:
+            why += f" (protection reading: {dev.extra.get('protection_reading')})"
         if why:
             raise Refusal(why)
         if ident.cmp and self.clear_cmp:
