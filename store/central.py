@@ -637,7 +637,27 @@ def connect(url: str, autocommit: bool = False, timeout: int = 20) -> Any:
     try:
         return psycopg.connect(url, autocommit=autocommit, connect_timeout=timeout)
     except psycopg.Error as e:
-        raise CentralError(f"cannot connect to the central database: {_first_line(e)}") from None
+        why = _first_line(e)
+        if "no password supplied" in why:   # libpq's fe_sendauth: the server asks for one, none was found
+            why += "; " + _password_hint(url)
+        raise CentralError(f"cannot connect to the central database: {why}") from None
+
+
+def _password_hint(url: str) -> str:
+    """Where libpq looks for the login's password: the line to add, and the file."""
+    import os
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = conninfo_to_dict(url)
+    except Exception:
+        params = {}
+    entry = ":".join(str(params.get(k) or d) for k, d in
+                     (("host", "localhost"), ("port", 5432), ("dbname", "*"), ("user", "LOGIN")))
+    where = os.environ.get("PGPASSFILE") or os.path.expanduser("~/.pgpass")
+    return (f"put the login's password in {where} (mode 0600) as the line '{entry}:PASSWORD' — for a host's "
+            "push and follow services that is ~amdflash/.pgpass — or give PGPASSFILE")
 
 
 def _first_line(e: BaseException) -> str:
