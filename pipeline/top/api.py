@@ -100,10 +100,13 @@ def flash(image: str | Path, board: str = "auto", *, clear_cmp: bool = False, st
 
 
 def resume(run_id: str | None = None, board: str = "auto", *, image: str | Path | None = None,
-           db: str | Path | None = None) -> FlashResult:
-    """Finish an interrupted flash run (the latest unfinished one of `board` if no run_id)."""
+           db: str | Path | None = None, hardware_report: str | Path | None = None) -> FlashResult:
+    """Finish an interrupted flash run (the latest unfinished one of `board` if no run_id).
+    `hardware_report`: the board's hardware report, as --hardware-report (the other commands
+    take it as EngineOptions(hardware_report=...))."""
     path = Path(image) if image is not None else None
-    return _one(commands.resume(_session(board, db), run_id, path))  # type: ignore[return-value]
+    report = Path(hardware_report) if hardware_report is not None else None
+    return _one(commands.resume(_session(board, db), run_id, path, report))  # type: ignore[return-value]
 
 
 def runs(db: str | Path | None = None) -> list[dict[str, object]]:

@@ -124,5 +124,35 @@ def test_a_chip_the_report_measured_slow_is_flashed_within_its_raised_limit(amdf
     r = amdflash("resume", run_id, "--board", f"sim:{board}", "--yes", "--hardware-report", path)
     assert r.code == 0, r.err
     assert flash_content(board)[:0x2000] == image.read_bytes()[:0x2000]
-    applied = [s["detail"] for s in last_stages(amdflash) if (s["stage"], s["event"]) == ("identify", "hardware report")]
+    applied = [s["detail"] for s in last_stages(amdflash)
+               if (s["stage"], s["event"]) == ("identify", "hardware report")]
     assert len(applied) == 1 and "20h 0.9" in applied[0], applied
+
+
+def test_a_flash_without_a_unique_id_is_matched_by_the_board_serial(amdflash, tmp_path, isolated):
+    """The MX25U1632F/1633F entry reads no unique ID: another such board's report is refused
+    by its serial; the board's own is taken."""
+    board = create_board(tmp_path / "board", seed=3, chip="MX25U1633F", transport="ideal")
+    other = create_board(tmp_path / "other", seed=4, chip="MX25U1633F", transport="ideal")
+    path = tmp_path / "r.json"
+    assert amdflash("hardware-report", "--board", f"sim:{board}", "-o", path).code == 0
+    r = amdflash("info", "--board", f"sim:{other}", "--hardware-report", path)
+    assert r.code == 2 and "has no unique ID, so the board serial must match" in r.err, r.err
+    r = amdflash("info", "--board", f"sim:{board}", "--hardware-report", path)
+    assert r.code == 0, r.err
+    assert "has no protection probe" in r.out
+
+
+def test_the_api_takes_the_report_as_an_engine_option(amdflash, tmp_path, isolated):
+    from amdflash import api
+
+    board = create_board(tmp_path / "board", seed=3, transport="ideal")
+    other = create_board(tmp_path / "other", seed=4, transport="ideal")
+    path = report(amdflash, board, tmp_path / "r.json")
+    shown = api.info(f"sim:{board}", engine=api.EngineOptions(hardware_report=path))
+    assert shown.ok
+    assert any(line.startswith(f"reading     {SPI25} (this board's hardware report") for line in shown.lines)
+    refused = api.info(f"sim:{other}", engine=api.EngineOptions(hardware_report=path))
+    assert refused.status == "refused" and "is not of this board" in (refused.error or "")
+    with pytest.raises(api.Refused, match="not a hardware report"):
+        api.info(f"sim:{board}", engine=api.EngineOptions(hardware_report=tmp_path / "board" / "board.json"))
