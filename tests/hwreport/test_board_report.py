@@ -156,3 +156,51 @@ def test_the_api_takes_the_report_as_an_engine_option(amdflash, tmp_path, isolat
     assert refused.status == "refused" and "is not of this board" in (refused.error or "")
     with pytest.raises(api.Refused, match="not a hardware report"):
         api.info(f"sim:{board}", engine=api.EngineOptions(hardware_report=tmp_path / "board" / "board.json"))
+
+
+@pytest.mark.slow   # a killed flash and its resume, as processes (CI runs it: pytest -m slow)
+def test_a_resume_without_the_option_uses_the_report_its_killed_run_was_given(tmp_path, image):
+    """The flash given --hardware-report is killed mid-run; `resume` alone finds the report in
+    the run's arguments (its file unchanged) and applies it again, as its trail shows."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.pipeline.conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(tmp_path / "a.sqlite"),
+           "AMDFLASH_LOCK_DIR": str(tmp_path / "locks")}
+
+    def run(*args: object) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", *map(str, args)], env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    def writes(board) -> int:
+        with Board(board) as b:
+            return int(b.stats()["reg_writes"])
+
+    content = bytes(MiB2)
+    twin = create_board(tmp_path / "twin", seed=3, content=content, transport="ideal")
+    def measure(board, path) -> None:
+        assert run("hardware-report", "--board", f"sim:{board}", "--scratch-sector", 16, "--yes", "-o",
+                   path).returncode == 0
+
+    measure(twin, tmp_path / "r.json")
+    reported = writes(twin)
+    flash = ("flash", image, "--yes", "--expect-part", PART_KEY)
+    assert run(*flash, "--board", f"sim:{twin}", "--start-over").returncode == 0
+    flashing = writes(twin) - reported
+    board = create_board(tmp_path / "board", seed=3, content=content, transport="ideal",
+                         faults=[f"kill-after-writes={reported + flashing // 2}"])
+    path = tmp_path / "mine.json"
+    measure(board, path)
+    killed = run(*flash, "--board", f"sim:{board}", "--hardware-report", path)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    resumed = run("resume", "--board", f"sim:{board}", "--yes")
+    assert resumed.returncode == 0, resumed.stderr
+    assert flash_content(board) == image.read_bytes()
+    run_id = json.loads(run("runs", "--format", "json").stdout)[-1]["run_id"]
+    stages = json.loads(run("report", run_id, "--format", "json").stdout)["stages"]
+    applied = [s["detail"] for s in stages if (s["stage"], s["event"]) == ("identify", "hardware report")]
+    assert len(applied) == 1 and str(path) in applied[0], applied
