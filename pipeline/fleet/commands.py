@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +73,17 @@ def _flash_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expect-part", metavar="NUMBER",
                    help="passed to each host's flash: the boards' VBIOS part number, for boards whose flash is "
                         "blank or unreadable")
+    p.add_argument("--start-over", action="store_true",
+                   help="passed to each host's flash: flash a board whose last flash never finished (killed, "
+                        "failed after it began writing, or of another image) instead of refusing it; without it "
+                        "such a board is reported refused with the resume that finishes it, and only an "
+                        "unfinished flash of this very image is resumed")
 
 
 def _flash_args(args: argparse.Namespace) -> list[str]:
     return ((["--force"] if getattr(args, "force", False) else [])
-            + (["--expect-part", args.expect_part] if getattr(args, "expect_part", None) else []))
+            + (["--expect-part", args.expect_part] if getattr(args, "expect_part", None) else [])
+            + (["--start-over"] if getattr(args, "start_over", False) else []))
 
 
 def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction | None = None) -> None:
@@ -119,7 +126,9 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
         description="Reserve and acquire every place matching --where (places held by someone else are "
                     "skipped and reported, never taken), then flash IMAGE on each board on its own host, at "
                     "most --parallel at once. A board whose last flash of this same image never finished "
-                    "(killed or interrupted) is resumed instead. Prints one summary; exit status as for "
+                    "(killed or interrupted) is resumed instead; one whose unfinished flash cannot be resumed so "
+                    "(another image, or a flash that failed after writing) is refused with its next step, "
+                    "unless --start-over. Prints one summary; exit status as for "
                     "several --board: 130 if any was interrupted, else 1 if any failed, else 2 if any was "
                     "refused or skipped, else 0.")
     p.add_argument("image", type=Path, help="the image to write (exactly 2 MiB), copied to each host")
@@ -279,7 +288,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     fleet = FleetRun(args.coordinator, where, args.job, image.resolve() if image else None, output_dir,
                      args.parallel, args.exporter_grace, _flash_args(args), allow, command)
     try:
-        result = asyncio.run(fleet.run())
+        with FleetView(fleet, enabled=not args.quiet):
+            result = asyncio.run(fleet.run())
     except CoordinatorError as e:
         raise Refusal(str(e)) from None
     if not result.rows:
@@ -290,6 +300,76 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print_summary(result)
     return result.exit_code
+
+
+class FleetView:
+    """Each board's job as it goes, on stderr: on a terminal a live table (one row per board:
+    place, host, stage, bytes, rate, ETA, status); off a terminal a line per board every few
+    seconds, as the single-board command line prints them. Fed by FleetRun.live."""
+
+    def __init__(self, fleet: Any, enabled: bool = True, interval: float = 5.0):
+        from amdflash.pipeline.logsetup import settings
+
+        self.fleet = fleet
+        self.interval = interval
+        self.mode = "off" if not enabled else "live" if sys.stderr.isatty() and not settings().json_lines else "lines"
+        self._live: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._said: dict[str, tuple[Any, ...]] = {}
+
+    def __enter__(self) -> FleetView:
+        if self.mode == "live":
+            from rich.console import Console
+            from rich.live import Live
+
+            self._live = Live(get_renderable=self._table, console=Console(stderr=True), refresh_per_second=4,
+                              transient=False, redirect_stdout=False)
+            self._live.start()
+        elif self.mode == "lines":
+            self._thread = threading.Thread(target=self._lines, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._live is not None:
+            self._live.refresh()
+            self._live.stop()
+        if self._thread is not None:
+            self._thread.join()
+
+    @staticmethod
+    def cells(live: Any) -> list[str]:
+        """place, host, stage, bytes, rate, ETA, status: as words."""
+        from amdflash.pipeline.progress import _amount, _duration
+        from amdflash.pipeline.terminal import printable
+
+        in_bytes = live.unit == "bytes"
+        amounts = (f"{_amount(live.done, in_bytes)}/{_amount(live.total, in_bytes)}"
+                   if live.done is not None and live.total is not None else "-")
+        rate = f"{_amount(int(live.rate), in_bytes)}/s" if live.rate else "-"
+        eta = _duration(live.eta) if live.eta is not None and live.status == "running" else "-"
+        return [printable(str(v)) for v in (live.place, live.host, live.stage, amounts, rate, eta, live.status)]
+
+    def _table(self) -> Any:
+        from rich.table import Table
+
+        table = Table(box=None, show_edge=False, pad_edge=False)
+        for name in ("board", "host", "stage", "bytes", "rate", "ETA", "status"):
+            table.add_column(name, overflow="fold")
+        for live in list(self.fleet.live.values()):
+            table.add_row(*self.cells(live))
+        return table
+
+    def _lines(self) -> None:
+        while not self._stop.wait(self.interval):
+            for live in list(self.fleet.live.values()):
+                said = (live.stage, live.done, live.status)
+                if live.status == "running" and self._said.get(live.place) != said:
+                    self._said[live.place] = said
+                    place, host, stage, amounts, rate, eta, _ = self.cells(live)
+                    output.note(f"{place} ({host}): {stage} {amounts} {rate} ETA {eta}")
 
 
 def print_summary(result: Any) -> None:
@@ -306,6 +386,8 @@ def print_summary(result: Any) -> None:
             note = f"resumed {r.resumes}; {note}"
         run_id = r.run_id or "-"
         output.result(f"{r.board[-34:]:34} {r.host[:12]:12} {run_id:26} {r.status:12} {modelled:>10} {wall:>8}  {note}")
+        if r.next_step:
+            output.result(f"{'':34}   next: {r.next_step}")
     for note in result.notes:
         output.note(f"note: {note}")
 
@@ -316,6 +398,6 @@ def cmd_job(args: argparse.Namespace) -> int:
     if args.job in ("flash", "verify") and not args.image:
         raise Refusal(f"fleet job {args.job} needs an image")
     if _flash_args(args) and args.job != "flash":
-        raise Refusal("--force and --expect-part are for flash jobs only")
+        raise Refusal("--force, --expect-part and --start-over are for flash jobs only")
     return hostjob.main(args.main, args.job_boards, args.db, args.job, args.image, _flash_args(args),
                         args.host_name)

@@ -4,7 +4,9 @@ The fleet client starts this over SSH (labgrid's remote execution for a network 
 once per host and batch of boards. It drives the host's own `amdflash` command line — the
 jobs in child processes, the audit queries (`runs --format json`, `report RUN --format
 json`) through the same entry point — so it depends only on the command-line contract. It
-prints a first line saying it started, then one JSON line per board.
+prints a first line saying it started, then as the jobs go each board's run id
+({"board", "run_id"}) and progress ({"board", "progress": {stage, done, total, unit, rate,
+eta}}, from the jobs' --log-json events), then one JSON result line per board.
 
 * The boards of a batch run in ONE `amdflash` process (`--board` repeated): the host's audit
   trail has a single writer, as the store is built for; separate processes writing one
@@ -115,7 +117,8 @@ class ForkedCli:
     be signalled or killed on its own, and its output comes back through pipes.
     """
 
-    def __init__(self, cli_main: CliMain, argv: list[str]):
+    def __init__(self, cli_main: CliMain, argv: list[str], on_err_line: Callable[[str], None] | None = None):
+        self._on_err_line = on_err_line   # called with each line of its stderr as it comes
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         sys.stdout.flush()
@@ -168,8 +171,14 @@ class ForkedCli:
         chunks: dict[int, list[bytes]] = {fd: [] for fd in self._pipes}
 
         def drain(fd: int) -> None:
+            pending = b""
             while data := os.read(fd, 65536):
                 chunks[fd].append(data)
+                if fd == self._pipes[1] and self._on_err_line is not None:
+                    *lines, pending = (pending + data).split(b"\n")
+                    for line in lines:
+                        with contextlib.suppress(Exception):   # a listener's fault never stops the drain
+                            self._on_err_line(line.decode(errors="replace"))
             os.close(fd)
 
         readers = [threading.Thread(target=drain, args=(fd,), daemon=True) for fd in self._pipes]
@@ -212,8 +221,10 @@ def _plan(specs: list[str], before: list[dict[str, Any]], job: str,
         sha = _sha256(image)
         groups: list[tuple[list[str], list[str]]] = []
         fresh = []
+        # --start-over: the operator asked for new flashes, not for the unfinished ones to be resumed.
+        start_over = "--start-over" in flash_args
         for spec in specs:
-            resumes = unfinished_flash(before, spec, sha)
+            resumes = None if start_over else unfinished_flash(before, spec, sha)
             if resumes:
                 results[spec].update(job="resume", resumes=resumes)
                 groups.append(([spec], ["resume", resumes, "--yes", "--image", image]))
@@ -246,16 +257,54 @@ def _lines_for(text: str, spec: str, alone: bool) -> list[str]:
     return [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
 
 
-def _errors(text: str, spec: str) -> list[str]:
-    """The `error: …` lines about one board ("error: [spec] …" with several boards), then the
-    ones about the whole command (a refusal before any run)."""
-    own, common = [], []
+def _json_events(text: str) -> list[dict[str, Any]]:
+    """The JSON events of a job's stderr (it runs with --log-json)."""
+    events = []
     for line in text.splitlines():
-        if line.startswith(f"error: [{spec}] "):
-            own.append(line[len(f"error: [{spec}] "):])
-        elif line.startswith("error: ") and not line.startswith("error: ["):
-            common.append(line[len("error: "):])
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict):
+                    events.append(event)
+    return events
+
+
+def _errors(text: str, spec: str) -> list[tuple[str, str | None]]:
+    """The errors about one board ("[spec] …" with several boards), then the ones about the
+    whole command (a refusal before any run): (message, the next step the CLI advised)."""
+    own, common = [], []
+    for event in _json_events(text):
+        message, advice = str(event.get("event", "")), event.get("advice")
+        if event.get("level") != "error":
+            continue
+        if message.startswith(f"[{spec}] "):
+            own.append((message[len(f"[{spec}] "):], advice))
+        elif not message.startswith("["):
+            common.append((message, advice))
     return own + common
+
+
+PROGRESS_FIELDS = ("stage", "done", "total", "unit", "rate", "eta")
+
+
+def _progress_of(line: str, boards: list[str]) -> tuple[str, dict[str, Any]] | None:
+    """(board, its progress) from a job's --log-json progress event, else None."""
+    if not line.startswith("{") or '"progress"' not in line:
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or event.get("event") != "progress" or "stage" not in event:
+        return None
+    board = str(event.get("board") or "")
+    if board not in boards:
+        board = _spec_as_recorded(board) if board.startswith("sim:") else board
+    if board not in boards:
+        if len(boards) != 1:
+            return None
+        board = boards[0]
+    return board, {k: event.get(k) for k in PROGRESS_FIELDS}
 
 
 def host_name(line_name: str | None) -> tuple[str, str]:
@@ -286,8 +335,10 @@ def _announcer(cli_main: CliMain, global_args: list[str], specs: list[str], know
 
 def run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: str | None,
         flash_args: Sequence[str] = (), line_name: str | None = None,
-        on_run: Callable[[str, str], None] | None = None) -> list[dict[str, Any]]:
-    """Run the job; `on_run(spec, run_id)` is called as each board's run appears in the trail."""
+        on_run: Callable[[str, str], None] | None = None,
+        on_progress: Callable[[str, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run the job; `on_run(spec, run_id)` is called as each board's run appears in the trail,
+    `on_progress(spec, {stage, done, total, unit, rate, eta})` as its stages progress."""
     global_args = ["--db", db] if db else []
     specs = [_spec_as_recorded(s) for s in specs]
     host, said = host_name(line_name)
@@ -295,12 +346,25 @@ def run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: st
     known = {r["run_id"] for r in before}
     results: dict[str, dict[str, Any]] = {
         spec: {"board": spec, "host": host, "job": job, "run_id": None, "resumes": None, "status": None,
-               "error": None, "output": None, "exit_code": None} for spec in specs}
+               "error": None, "advice": None, "output": None, "exit_code": None} for spec in specs}
     groups = _plan(specs, before, job, image, results, flash_args)
 
     clocks0 = {spec: _modelled_clock(cli_main, spec) for spec in specs}
     wall0 = time.monotonic()
-    procs = [ForkedCli(cli_main, [*global_args, "-q", *argv, *[a for s in boards for a in ("--board", s)]])
+    def listener(boards: list[str]) -> Callable[[str], None] | None:
+        if on_progress is None:
+            return None
+
+        def heard(line: str) -> None:
+            found = _progress_of(line, boards)
+            if found:
+                on_progress(*found)
+        return heard
+
+    # --log-json: the jobs' progress (numeric done/total/rate/eta) and errors (with the next step
+    # the CLI advises) come as JSON events on their stderr, read as they come.
+    procs = [ForkedCli(cli_main, [*global_args, "--log-json", *argv, *[a for s in boards for a in ("--board", s)]],
+                       listener(boards))
              for boards, argv in groups]
     threading.Thread(target=_watch_stdin, args=(procs,), daemon=True).start()
 
@@ -343,6 +407,9 @@ def run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: st
                 report = cli_json(cli_main, global_args, "report", result["run_id"], "--format", "json") or {}
                 result.update(status=report.get("status"), error=report.get("error"),
                               result_sha256=report.get("result_sha256"))
+            # The host CLI's next step, as it told it (its commands carry this host's --db).
+            result["advice"] = ((report.get("outcome") or {}).get("next_step")
+                                or (errors[0][1] if errors else None))
             result["wall_seconds"] = _seconds(report) or wall
             if code < 0 and result["status"] in (None, "running", "interrupted"):
                 # A run that recorded its end before the process was killed keeps that end: the
@@ -353,7 +420,7 @@ def run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: st
                                     "in that host's audit trail and the next fleet flash of this image resumes it")
             elif not ours:
                 result["status"] = "refused" if code == 2 else EXIT_TO_STATUS.get(code, "failed")
-                result["error"] = errors[0] if errors else f"amdflash exited {code} without a run"
+                result["error"] = errors[0][0] if errors else f"amdflash exited {code} without a run"
             elif code == 2 and result["status"] == "failed":
                 result["status"] = "refused"   # e.g. board busy: nothing was written
             result["exit_code"] = {v: k for k, v in EXIT_TO_STATUS.items()}.get(result["status"], 1)
@@ -386,12 +453,18 @@ def main(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: s
     # something may have run, and one that hears not even this knows that nothing did).
     with contextlib.suppress(BrokenPipeError, OSError):
         print(json.dumps({"started": True, "pid": os.getpid()}), flush=True)
+    lock = threading.Lock()   # progress comes from the jobs' reader threads: one line at a time
+
     def say(spec: str, run_id: str) -> None:
-        with contextlib.suppress(BrokenPipeError, OSError):
+        with lock, contextlib.suppress(BrokenPipeError, OSError):
             print(json.dumps({"board": spec, "run_id": run_id}), flush=True)
 
+    def progress(spec: str, stage: dict[str, Any]) -> None:
+        with lock, contextlib.suppress(BrokenPipeError, OSError):
+            print(json.dumps({"board": spec, "progress": stage}), flush=True)
+
     try:
-        results = run(cli_main, specs, db, job, image, flash_args, line_name, on_run=say)
+        results = run(cli_main, specs, db, job, image, flash_args, line_name, on_run=say, on_progress=progress)
     except Exception as e:
         host, said = host_name(line_name)
         results = [{"board": spec, "host": host, "job": job, "status": "failed", "exit_code": 1,

@@ -63,6 +63,24 @@ class Row:
     error: str | None = None
     output: str | None = None
     lines: list[str] = field(default_factory=list)
+    advice: str | None = None      # the host CLI's next step, as it told it
+    next_step: str | None = None   # what the operator does next (a failed, interrupted or refused row)
+
+
+@dataclass
+class Live:
+    """A board's job as it goes, from its host job's lines: for the live view."""
+
+    place: str
+    host: str
+    stage: str = "waiting"
+    done: int | None = None
+    total: int | None = None
+    unit: str = "bytes"
+    rate: float | None = None
+    eta: float | None = None
+    status: str = "pending"
+    heard: float = 0.0             # time.monotonic() of its last progress
 
 
 @dataclass
@@ -80,6 +98,10 @@ class FleetResult:
 
     def as_json(self) -> dict[str, Any]:
         return {"boards": [asdict(r) for r in self.rows], "notes": self.notes, "exit_code": self.exit_code}
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 @dataclass
@@ -181,7 +203,8 @@ class FleetRun:
         self.output_dir = output_dir
         self.parallel = max(1, parallel)
         self.exporter_grace = exporter_grace
-        self.flash_args = list(flash_args)   # --force / --expect-part, for each host's flash
+        self.flash_args = list(flash_args)   # --force / --expect-part / --start-over, for each host's flash
+        self.live: dict[str, Live] = {}      # place → its job as it goes (for the live view)
         self.notes: list[str] = []
         self.stopping = False
         self._free = self.parallel          # board slots (`--parallel`)
@@ -220,6 +243,7 @@ class FleetRun:
                 else:
                     assert token is not None   # taken: a reservation token, no reason
                     jobs.append(_Job(board, token, row))
+                    self.live[board.place] = Live(board.place, board.host)
             self._batches = batches(jobs, self.parallel)
             await self._run_batches(coordinator, jobs)
         finally:
@@ -227,7 +251,71 @@ class FleetRun:
                 loop.remove_signal_handler(signum)
             await self._give_back(coordinator, jobs)
             await coordinator.close()
+        for job in jobs:
+            job.row.next_step = self._next_step(job.row, job.board)
+        for live in self.live.values():
+            live.status = next((r.status for r in rows if r.board == live.place), live.status)
         return FleetResult(rows, self.notes)
+
+    def _fleet_again(self, place: str, *extra: str) -> str:
+        """This fleet command for one place (shell-quoted, to paste)."""
+        words = ["amdflash", "fleet", self.job]
+        if self.image is not None:
+            words.append(str(self.image))
+        if self.job == "dump":
+            words.append(str(self.output_dir or "."))
+        words += ["--where", f"name={place}"]
+        if self.job == "flash":
+            words += ["--yes", *[a for a in self.flash_args if a != "--start-over"], *extra]
+        return shlex.join(words)
+
+    def _next_step(self, row: Row, board: BoardPlace) -> str | None:
+        """A failed, interrupted, lost or refused row's next step, naming the host where it is
+        to be run there (the host CLI's own advice carries that host's --db)."""
+        host = board.host
+        on_host = shlex.join(["ssh", host, *self.host_command,
+                              *(["--db", str(board.args["db"])] if board.args.get("db") else [])])
+        if row.status in ("interrupted", "not started"):
+            resumes = " (it resumes the interrupted run)" if self.job == "flash" and row.run_id else ""
+            return self._fleet_again(row.board) + resumes
+        if row.status == "refused" and "--start-over" in (row.error or ""):
+            return (f"{self._fleet_again(row.board, '--start-over')} (a new flash; or finish the unfinished "
+                    f"one on {host} as the error says)")
+        if row.status in ("failed", "lost") and row.advice:
+            return f"on {host}: {row.advice}"
+        if row.status in ("failed", "lost") and row.run_id:
+            return f"{on_host} report {shlex.quote(row.run_id)} (the run as {host} recorded it)"
+        if row.status == "unreachable":
+            again = self._fleet_again(row.board)
+            return f"check that {host} answers: {shlex.join(['ssh', host, 'true'])}; then {again}"
+        return None
+
+    def _heard(self, batch: _Batch, line: str) -> None:
+        """A line of a host job as it comes: a board's run id or progress, for the live view."""
+        if not line.startswith("{"):
+            return
+        try:
+            value = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(value, dict):
+            return
+        job = next((j for j in batch.jobs if j.spec == value.get("board")), None)
+        if job is None:
+            return
+        live = self.live.setdefault(job.board.place, Live(job.board.place, job.board.host))
+        progress = value.get("progress")
+        if isinstance(progress, dict) and isinstance(progress.get("stage"), str):
+            live.stage, live.status, live.heard = progress["stage"][:20], "running", time.monotonic()
+            live.done, live.total = (int(n) if (n := _number(progress.get(k))) is not None else None
+                                     for k in ("done", "total"))
+            live.rate, live.eta = _number(progress.get("rate")), _number(progress.get("eta"))
+            live.unit = "items" if progress.get("unit") == "items" else "bytes"
+        elif isinstance(value.get("status"), str):
+            live.status = value["status"][:20]
+        elif isinstance(value.get("run_id"), str):
+            live.status = "running"
+            job.row.run_id = value["run_id"]
 
     async def _run_batches(self, coordinator: Coordinator, jobs: list[_Job]) -> None:
         if not jobs:
@@ -341,13 +429,22 @@ class FleetRun:
     async def _start(self, batch: _Batch, argv: list[str]) -> tuple[str, str]:
         # Its own session: a Ctrl-C at the terminal reaches this client only, which then asks
         # the jobs to stop at a safe point; a killed ssh would leave them unstoppable.
-        batch.proc = await asyncio.create_subprocess_exec(
+        proc = batch.proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True)
+            stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=1 << 24)
         if self.stopping:
             self._stop(batch, "stopped by the operator")
-        stdout, stderr = await batch.proc.communicate()
-        return stdout.decode(errors="replace"), stderr.decode(errors="replace")
+        assert proc.stdout is not None and proc.stderr is not None
+        errors = asyncio.ensure_future(proc.stderr.read())
+        lines = []
+        # Line by line as the host job says them: run ids and progress reach the live view at once.
+        while line := await proc.stdout.readline():
+            text = line.decode(errors="replace")
+            lines.append(text)
+            self._heard(batch, text)
+        stderr = await errors
+        await proc.wait()
+        return "".join(lines), stderr.decode(errors="replace")
 
     def _command(self, batch: _Batch) -> list[str]:
         for job in batch.jobs:
@@ -414,6 +511,7 @@ class FleetRun:
             row.error = result.get("error")
             row.output = result.get("output")
             row.lines = result.get("lines") or []
+            row.advice = result.get("advice") if isinstance(result.get("advice"), str) else None
             if batch.stop_reason and row.status == "interrupted":
                 row.error = f"{batch.stop_reason}: stopped at a safe point ({row.error})"
 

@@ -62,6 +62,50 @@ def test_a_killed_host_job_stops_its_runs_and_is_reported_interrupted_by_run_id(
         recorded = {r["run_id"]: r for r in host_runs(lab, host)}
         assert recorded[row["run_id"]]["status"] == "interrupted"
         assert flash_of(board) != fleet_image.read_bytes()
+        # Its next step is the fleet flash that resumes it, for that place alone.
+        assert row["next_step"].startswith(f"amdflash fleet flash {fleet_image} --where name=")
+
+    # The next fleet flash of the same image resumes each interrupted run, to the exact image.
+    second = lab.fleet("flash", str(fleet_image), "--where", "line=a", "--yes")
+    assert second.code == 0, second.boards
+    for board in boards.values():
+        again = second.boards[place_of(places, board)]
+        assert again["job"] == "resume" and again["resumes"] == first.boards[place_of(places, board)]["run_id"]
+        assert again["status"] == "succeeded", again
+        assert flash_of(board) == fleet_image.read_bytes()
+
+
+def test_an_unfinished_flash_of_another_image_is_refused_with_its_next_step_until_start_over(
+        lab: Lab, fleet_image: Path, tmp_path: Path) -> None:
+    """A board whose unfinished flash the fleet cannot resume (it was of another image): the
+    host's flash refuses it (exit 2, nothing written), and the fleet reports it refused with
+    the host CLI's reason and next steps — not as failed or lost. --start-over is passed on."""
+    from amdflash.stages.transport.sim.synth import synthetic_ifwi
+
+    lab.add_host("hosta", 1, seed=100, realtime=0.25)
+    lab.start_exporter("hosta")
+    place = lab.make_places("line=c")[0]["place"]
+    board = lab.hosts["hosta"].boards[0]
+    running = lab.fleet_popen("flash", str(fleet_image), "--where", "line=c", "--yes")
+    _wait_mid_flash(board)
+    os.kill(job_processes(board)[0], signal.SIGKILL)
+    killed = FleetOutcome.parse(running.returncode, *running.communicate(timeout=300))
+    assert killed.statuses() == {place: "interrupted"}, killed.boards
+
+    other = tmp_path / "other.bin"
+    other.write_bytes(synthetic_ifwi(777))
+    half = flash_of(board)
+    refused = lab.fleet("flash", str(other), "--where", "line=c", "--yes")
+    row = refused.boards[place]
+    assert refused.code == 2 and row["status"] == "refused", row
+    assert killed.boards[place]["run_id"] in row["error"] and "--start-over" in row["error"], row["error"]
+    assert f"amdflash fleet flash {other} --where name={place} --yes --start-over" in row["next_step"], row
+    assert flash_of(board) == half                       # nothing was written
+
+    done = lab.fleet("flash", str(other), "--where", "line=c", "--yes", "--start-over")
+    assert done.statuses() == {place: "succeeded"} and done.code == 0, done.boards
+    assert done.boards[place]["job"] == "flash"
+    assert flash_of(board) == other.read_bytes()
 
 
 
