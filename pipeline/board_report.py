@@ -45,6 +45,10 @@ class BoardReport:
     follows: tuple[str, ...] = ()      # the protection probe: readings the chip follows
     contradicts: tuple[str, ...] = ()  # ... and those it does not
     probe: str = ""                    # the probe in words ("" : the report has none)
+    # What the probe did: the first status register's setting, the sector's address, whether
+    # the byte was taken; and the status registers as found (the rest stayed so during it).
+    trial: tuple[int, int, bool] | None = None
+    registers: tuple[tuple[str, int], ...] = ()
 
     @property
     def arguments(self) -> dict[str, str]:
@@ -75,10 +79,11 @@ def load(path: Path) -> BoardReport:
         if not (math.isfinite(seconds) and 0 <= seconds <= MAX_BUSY_SECONDS):
             raise Refusal(f"{what}: timings.busy.kinds.{op:#04x}: {seconds!r} s is not a busy time "
                           f"(0..{MAX_BUSY_SECONDS:g} s)")
-    follows, contradicts, probe = _probe(what, flash.get("protection_reading"))
+    follows, contradicts, probe, trial = _probe(what, flash.get("protection_reading"))
     return BoardReport(path, hashlib.sha256(raw).hexdigest(), bytes.fromhex(flash["jedec"]),
                        _identity(what, "flash.unique_id", flash.get("unique_id")),
-                       _identity(what, "board.serial", board.get("serial")), busy, follows, contradicts, probe)
+                       _identity(what, "board.serial", board.get("serial")), busy, follows, contradicts, probe,
+                       trial, tuple(flash["status_registers"].items()))
 
 
 def _identity(what: str, name: str, value: Any) -> dict[str, str | None]:
@@ -94,16 +99,24 @@ def _identity(what: str, name: str, value: Any) -> dict[str, str | None]:
     raise Refusal(f"{what}: {name}: expected {{\"value\": text or null}} or {{\"sha256\": 64 hex digits}}")
 
 
-def _probe(what: str, probe: Any) -> tuple[tuple[str, ...], tuple[str, ...], str]:
-    """The protection probe's readings (only names amdflash knows), and the probe in words."""
+def _probe(what: str, probe: Any) -> tuple[tuple[str, ...], tuple[str, ...], str, tuple[int, int, bool] | None]:
+    """The protection probe's readings (only names amdflash knows), the probe in words, and
+    what it did (setting, address, taken)."""
     from amdflash.stages.flash.chips import CHIPS
 
     if probe is None:
-        return (), (), ""
+        return (), (), "", None
     if not isinstance(probe, dict):
         raise Refusal(f"{what}: flash.protection_reading: expected an object")
     if "follows" not in probe:
-        return (), (), "the probe found nothing (" + str(probe.get("result", "no result"))[:200] + ")"
+        return (), (), "the probe found nothing (" + str(probe.get("result", "no result"))[:200] + ")", None
+    try:
+        setting, address = int(probe["setting"], 16), int(probe["address"], 16)
+    except (KeyError, TypeError, ValueError):
+        raise Refusal(f"{what}: flash.protection_reading: setting and address are hex numbers") from None
+    if not (0 <= setting <= 0xFF and 0 <= address < 1 << 24) or not isinstance(probe.get("taken"), bool):
+        raise Refusal(f"{what}: flash.protection_reading: a register setting, a flash address and whether the "
+                      "byte was taken")
     known = {r.source for chip in CHIPS if chip.protection for r in chip.protection.all_readings()}
     lists = []
     for key in ("follows", "contradicts"):
@@ -114,9 +127,28 @@ def _probe(what: str, probe: Any) -> tuple[tuple[str, ...], tuple[str, ...], str
     if not lists[0] or set(lists[0]) & set(lists[1]):
         raise Refusal(f"{what}: flash.protection_reading: the chip follows at least one reading, and none it "
                       "also contradicts")
-    where = f" at {probe['address']}" if isinstance(probe.get("address"), str) else ""
-    setting = f" with the status register {probe['setting']}" if isinstance(probe.get("setting"), str) else ""
-    return lists[0], lists[1], f"the report's probe{where}{setting}"
+    words = f"the report's probe at {address:#08x} with the status register {setting:#04x}"
+    return lists[0], lists[1], words, (setting, address, probe["taken"])
+
+
+def _check_probe(report: BoardReport, ident: FlashIdentity) -> None:
+    """The probe's verdict must be what this part's readings make of what it did: under its
+    setting (the other registers as found), the readings calling the sector protected are
+    those it contradicts if the byte was taken, else those it follows."""
+    layout = ident.chip.protection
+    assert layout is not None and report.trial is not None
+    setting, address, taken = report.trial
+    found = dict(report.registers)
+    regs = (setting, *(found.get(r.name, 0) for r in ident.chip.registers[1:]))
+    decoded = layout.decode(regs, ident.chip.size)
+    protected = {r.source for r in decoded.readings() if r.overlaps(address, 0x1000)}
+    writable = {r.source for r in decoded.readings()} - protected
+    follows, contradicts = (writable, protected) if taken else (protected, writable)
+    if (set(report.follows), set(report.contradicts)) != (follows, contradicts):
+        raise Refusal(f"--hardware-report {report.path}: flash.protection_reading does not agree with the "
+                      f"{ident.chip.name}'s readings of setting {setting:#04x} at {address:#08x} (the byte "
+                      f"{'taken' if taken else 'not taken'}): a report amdflash did not write as it is; "
+                      "nothing was done")
 
 
 def _matches(field: dict[str, str | None], value: str | None) -> bool:
@@ -153,6 +185,7 @@ def apply(report: BoardReport, ident: FlashIdentity, serial: str | None) -> tupl
     chip, layout = ident.chip, ident.chip.protection
     narrowed, set_aside = ident, ()
     if layout is not None and report.contradicts:
+        _check_probe(report, ident)
         set_aside = tuple(r.source for r in layout.all_readings() if r.source in report.contradicts)
         kept = tuple(r for r in layout.all_readings() if r.source not in report.contradicts)
         if kept and set_aside:

@@ -111,6 +111,22 @@ def test_a_report_that_is_not_one_is_refused_before_any_run(amdflash, tmp_path, 
     assert not (isolated / "audit.sqlite").exists()          # no run began
 
 
+def test_a_probe_verdict_the_parts_readings_do_not_give_is_refused(amdflash, tmp_path, isolated):
+    """The byte was taken under SEC=1 BP=6 at 0x010000: the programs' 32 KiB reading allows
+    that, the datasheets' does not. A report saying the opposite was not written by amdflash
+    as it stands: nothing is set aside on its word."""
+    board = create_board(tmp_path / "board", seed=3, transport="ideal")
+    path = report(amdflash, board, tmp_path / "r.json")
+    edited = json.loads(path.read_text())
+    probe = edited["flash"]["protection_reading"]
+    assert probe["taken"] is True and probe["follows"] == [SPI25]
+    probe["follows"], probe["contradicts"] = [DATASHEETS], [SPI25]
+    path.write_text(json.dumps(edited))
+    r = amdflash("info", "--board", f"sim:{board}", "--hardware-report", path)
+    assert r.code == 2, r.err
+    assert "flash.protection_reading does not agree with the GigaDevice GD25LQ16E's readings" in r.err
+
+
 def test_a_chip_the_report_measured_slow_is_flashed_within_its_raised_limit(amdflash, tmp_path, isolated, image):
     """4 KiB erases of 3 x the datasheet maximum: over the limit without the report (the run
     fails naming the chip too slow, the erase over), within it when the board's report is
