@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import anyio
 
 from amdflash.pipeline import (amdgpu_jobs, auditdb, board_report, checks, config, interrupts, jobs, next_step,
-                               outputs)
+                               outputs, run_end)
 from amdflash.pipeline.errors import EXIT_INTERRUPTED, Refusal
 from amdflash.pipeline.resume_plan import plan_resume
 from amdflash.pipeline.results import (DumpResult, FlashResult, IfwiResult, InfoResult, ProbeResult, ReadResult,
@@ -475,6 +475,8 @@ def report(run_id: str, db: str | None = None, html: bool = False,
                 rep = _report(reader, run_id, keys)
             except (RunNotFound, KeyError_) as e:
                 raise Refusal(str(e)) from None
+            # What the run left and the way out, as its command line said it (pipeline.run_end).
+            run_end.add(reader, rep, lambda: _original(db or default_db(), rep))
             page = None
             if html:
                 from amdflash.store.html import render

@@ -2,24 +2,36 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
 from amdflash.pipeline import commands, output
 from amdflash.pipeline.auditdb import legacy_version
 from amdflash.pipeline.checks import output_option, writable_output, write_output
-from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
 from amdflash.store.read_checks import describe as describe_reads
+from amdflash.store.status import ENDS
+
+STATUSES = ("running", *ENDS)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     """Add runs, report and the `audit` group; returns the group for other modules' subcommands."""
     p = sub.add_parser("runs", help="list runs in the audit database",
                        description="List every run with its status (running, succeeded, failed, interrupted, "
-                                   "refused). Read-only.")
+                                   "refused) and, for a run that did not succeed, the reason (its error or "
+                                   "refusal, one line) and the resume that fixed it, if one did. Read-only.")
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="text: one line per run (default); json: one array of objects")
     p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
+    p.add_argument("--status", choices=STATUSES, help="only runs with this status")
+    p.add_argument("--board", metavar="BOARD", help="only runs of this board: its --board spec or its flash's "
+                                                    "unique ID")
+    p.add_argument("--since", metavar="DATE", help="only runs started at or after DATE: ISO date or time (UTC), "
+                                                   "e.g. 2026-01-01")
+    p.add_argument("--command", dest="run_command", metavar="COMMAND", help="only runs of this command (flash, "
+                                                                            "resume, info, …)")
     p.set_defaults(func=cmd_runs)
 
     p = sub.add_parser("report", help="one run's report (text, JSON or HTML)",
@@ -45,7 +57,42 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    return print_runs(commands.runs(commands.db_path(args)), args.format, "no runs recorded", run_line)
+    keep = run_filter(args.status, args.board, args.since, args.run_command)
+    rows = [r for r in commands.runs(commands.db_path(args)) if keep(r)]
+    return print_runs(rows, args.format, "no runs recorded" if keep is _every else "no run matches", run_line)
+
+
+def _every(row: dict[str, Any]) -> bool:
+    return True
+
+
+def run_filter(status: str | None = None, board: str | None = None, since: str | None = None,
+               command: str | None = None) -> Callable[[dict[str, Any]], bool]:
+    """Which runs `runs --status/--board/--since/--command` keeps (all given must hold). The
+    status is the one shown (decided per run: a run with no end is checked against its
+    process), so it is filtered here, after the one query."""
+    if not any((status, board, since, command)):
+        return _every
+    after = None
+    if since:
+        try:
+            after = dt.datetime.fromisoformat(since)
+        except ValueError:
+            raise Refusal(f"--since {since!r} is not an ISO date or time (e.g. 2026-01-01)") from None
+        if after.tzinfo is None:
+            after = after.replace(tzinfo=dt.UTC)
+
+    def keep(r: dict[str, Any]) -> bool:
+        return ((not status or r["status"] == status)
+                and (not board or board in (r["board_spec"], r.get("unique_id")))
+                and (not command or r["command"] == command)
+                and (after is None or _started(r) >= after))
+    return keep
+
+
+def _started(r: dict[str, Any]) -> dt.datetime:
+    at = dt.datetime.fromisoformat(r["started"])
+    return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)
 
 
 def print_runs(rows: list[dict[str, Any]], fmt: str, none: str, line: Callable[[dict[str, Any]], str]) -> int:
@@ -60,9 +107,26 @@ def print_runs(rows: list[dict[str, Any]], fmt: str, none: str, line: Callable[[
     return EXIT_OK
 
 
+REASON_WIDTH = 100
+
+
+def one_line(text: str, width: int = REASON_WIDTH) -> str:
+    """A recorded error or refusal on one line of at most `width` characters (… where cut)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[:width - 1].rstrip() + "…"
+
+
+def shown_status(r: dict[str, Any]) -> str:
+    """The status as a line shows it: a run another (resume) run fixed says which."""
+    status = str(r.get("status") or "?")
+    return f"{status} (fixed by {r['fixed_by']})" if r.get("fixed_by") else status
+
+
 def run_line(r: dict[str, Any]) -> str:
     legacy = "  [legacy: recorded by an older amdflash, unsigned]" if r.get("legacy") else ""
-    return f"{r['run_id']:26} {r['command']:9} {r['status'] or '?':12} {r['started']:30} {r['board_spec']}{legacy}"
+    reason = f"  {one_line(r['reason'])}" if r.get("reason") and r.get("status") != "succeeded" else ""
+    return (f"{r['run_id']:26} {r['command']:9} {shown_status(r):12} {r['started']:30} {r['board_spec']}"
+            f"{legacy}{reason}")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -118,7 +182,7 @@ def render_text(rep: dict[str, Any]) -> str:
     if legacy:
         lines.insert(1, f"legacy     {legacy}")
     if rep.get("finished_by"):
-        lines.append(f"finished by {rep['finished_by']} (the resume that completed this run's work)")
+        lines.append(f"fixed by   {rep['finished_by']} (the resume that finished this run's work)")
     reads = describe_reads(rep["reads"]) if rep.get("reads") is not None else None
     if reads:
         lines.append(f"reads      {reads}")
@@ -131,6 +195,7 @@ def render_text(rep: dict[str, Any]) -> str:
         lines.append(f"note       {rep['summary']['note']}")
     if rep["error"]:
         lines.append(f"error      {rep['error']}")
+    lines += end_lines(rep.get("outcome"))
     c = rep.get("chain") or {}
     lines.append(f"chain      {'intact' if c.get('ok') else 'BROKEN: ' + str(c.get('problem'))}; checkpoint "
                  f"#{c.get('checkpoint')} ({c.get('sealed')}) head {c.get('head')}")
@@ -139,6 +204,20 @@ def render_text(rep: dict[str, Any]) -> str:
         lines.append(f"unsealed   the run's last {c['unsealed_rows']} row(s) are not sealed by any checkpoint "
                      "(still being written, or their writer died): what they say is not verified")
     return "\n".join(lines)
+
+
+def end_lines(end: dict[str, Any] | None) -> list[str]:
+    """What a failed or interrupted run left and the way out (pipeline.run_end), as lines."""
+    if not end:
+        return []
+    from amdflash.pipeline.run_end import backup_words
+
+    when = " (when the run ended)" if end.get("fixed_by") else ""
+    lines = [f"state      {end['state']}{when}" if end.get("state") else None,
+             f"backup     {backup_words(end)}" if backup_words(end) else None,
+             f"next       {end['next_step']}" if end.get("next_step") else None,
+             f"next       none: fixed by {end['fixed_by']}" if end.get("fixed_by") else None]
+    return [line for line in lines if line]
 
 
 def cmd_audit_verify(args: argparse.Namespace) -> int:

@@ -67,6 +67,7 @@ def render(db: sqlite_utils.Database, rep: RunReport, beside: Path | None = None
     body = [
         _header(rep),
         _identity(rep, beside),
+        _outcome(rep.get("outcome"), beside),
         _sector_map(rep, unit_states(db, rows), _earlier(db, rep)),
         _timeline(rep),
         _facts(rep),
@@ -133,7 +134,7 @@ def _identity(rep: dict[str, Any], beside: Path | None) -> str:
         ("resumes_run_id", "resumed from", _run_link(rep["resumes_run_id"], beside)),
         ("resumed_by", "resumed by", _Html(", ".join(f"{_run_link(r['run_id'], beside)} ({escape(r['status'])})"
                                                      for r in rep.get("resumed_by") or [])) or None),
-        ("finished_by", "finished by", _run_link(rep.get("finished_by"), beside)),
+        ("finished_by", "fixed by", _run_link(rep.get("finished_by"), beside)),
         ("operator", "operator (OS account)", rep["operator"]),
         ("operator_claimed", "operator (claimed, --operator)", rep.get("operator_claimed")),
         ("host", "host", rep["host"]),
@@ -167,6 +168,35 @@ def _identity(rep: dict[str, Any], beside: Path | None) -> str:
         f"{_value(value)}</td></tr>"
         for key, label, value in rows)
     return f"<section id=\"identity\"><h2>Run and board</h2><table class=\"kv\">{cells}</table></section>"
+
+
+def _outcome(end: dict[str, Any] | None, beside: Path | None) -> str:
+    """What a failed or interrupted run left, and the way out (pipeline.run_end): the words
+    and commands its command line printed, each command on its own so that it can be copied."""
+    if not end:
+        return ""
+    fixed = end.get("fixed_by")
+    backup, first = end.get("backup"), end.get("original")
+    rows: list[tuple[str, str, Any]] = [
+        ("flash_state", "state when the run ended" if fixed else "state", end.get("state")),
+        ("backup", "backup", _backup_words(backup, backup["content"]) if backup else None),
+        ("original", "the board's original", _backup_words(first, None) if first else None),
+        ("next_step", "next step", None if fixed else end.get("next_step")),
+        ("fixed_by", "fixed by", _run_link(fixed, beside)),
+    ]
+    cells = "".join(f"<tr><th>{escape(label)}</th><td data-field=\"{escape(key)}\">{_value(value)}</td></tr>"
+                    for key, label, value in rows if value)
+    return f"<section id=\"outcome\"><h2>What the run left, and the way out</h2><table class=\"kv\">{cells}</table>" \
+           "</section>"
+
+
+def _backup_words(backup: dict[str, Any], content: str | None) -> _Html:
+    """A backup file, what it holds and the command that writes it back (its own element:
+    data-field put-back, to copy as it is)."""
+    what = f"{escape(content)}: " if content else ""
+    return _Html(f"{what}<span class=\"mono\">{escape(backup['path'])}</span> (run "
+                 f"<span class=\"mono\">{escape(backup['run_id'])}</span>); to put it back: "
+                 f"<code data-field=\"put-back\">{escape(backup['put_back'])}</code>")
 
 
 _MONO = {"run_id", "jedec", "unique_id", "bridge_serial", "status_registers", "image_sha256", "result_sha256",
@@ -531,8 +561,8 @@ def _first_error(db: sqlite_utils.Database, rep: dict[str, Any], rows: RunRows) 
     event = _first_error_event(db, rep, rows)
     no_end = {"running": "no error recorded, but the run recorded no end either: its host may have died "
                          "mid-run ('amdflash resume' finishes it)",
-              "interrupted": "no error recorded, and the run recorded no end: its host died mid-run, and a "
-                             "later run resumed it"}
+              "interrupted": "no error recorded, and the run recorded no end: its process died mid-run (killed, "
+                             "or its host went down)"}
     if event is None and rep.get("ended") is None and rep["status"] in no_end:
         return ("<section id=\"first-error\"><h2>First error</h2><p class=\"warn\" data-field=\"first-error\">"
                 f"{no_end[rep['status']]}</p></section>")

@@ -65,23 +65,55 @@ def resolve_run(db: sqlite_utils.Database, run_id: str) -> str:
 
 def runs(db: sqlite_utils.Database) -> list[dict[str, Any]]:
     """Every run, oldest first, with its status as store.status.run_status decides it (a run
-    whose process is gone is "interrupted", never "running" for ever)."""
+    whose process is gone is "interrupted", never "running" for ever), the detail of its last
+    status row (`reason`: the error or refusal) and, for a run that did not succeed, the resume
+    that finished its work (`fixed_by`). One query: a trail of many runs is listed in one pass."""
     with snapshot(db.conn):
         rows = [dict(r) for r in db.query("""
             SELECT r.run_id, r.command, r.board_spec, r.at AS started, r.image_sha256, r.resumes_run_id,
-                   r.machine_id,
-                   (SELECT status FROM run_status s WHERE s.run_id = r.run_id ORDER BY seq DESC LIMIT 1) AS status,
-                   (SELECT at FROM run_status s WHERE s.run_id = r.run_id ORDER BY seq DESC LIMIT 1) AS updated,
-                   (SELECT unique_id FROM boards b WHERE b.run_id = r.run_id ORDER BY seq LIMIT 1) AS unique_id,
-                   (SELECT emulated FROM boards b WHERE b.run_id = r.run_id ORDER BY seq LIMIT 1) AS emulated
-            FROM runs r ORDER BY r.seq""")]
+                   r.machine_id, s.status, s.at AS updated, s.detail AS reason, b.unique_id, b.emulated,
+                   CASE WHEN s.status IN (?, ?, ?, ?) THEN NULL ELSE
+                     (SELECT p.detail FROM stages p WHERE p.run_id = r.run_id AND p.stage = ? ORDER BY p.seq
+                      LIMIT 1) END AS process
+            FROM runs r
+            LEFT JOIN run_status s ON s.seq = (SELECT max(x.seq) FROM run_status x WHERE x.run_id = r.run_id)
+            LEFT JOIN boards b ON b.seq = (SELECT min(y.seq) FROM boards y WHERE y.run_id = r.run_id)
+            ORDER BY r.seq""", [*ENDS, PROCESS_STAGE])]
         resumed = {r["resumes_run_id"] for r in rows if r["resumes_run_id"]}
         legacy = {r for (r,) in db.conn.execute("SELECT DISTINCT run_id FROM checkpoints WHERE kind = ?", (LEGACY,))}
         for r in rows:
             r["legacy"] = r["run_id"] in legacy      # an older amdflash recorded it, unsigned
-            process = None if r["status"] in ENDS else _process(db, r["run_id"])
+            process = r.pop("process")
             r["status"] = run_status(r["status"], r["run_id"] in resumed, process, r.pop("machine_id"))
+            r["reason"] = r["reason"] if r["status"] != "succeeded" else None
+        fixed = fixed_by(rows)
+        for r in rows:
+            r["fixed_by"] = fixed.get(r["run_id"])
     return rows
+
+
+def fixed_by(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """For each run that did not succeed, the resume (through resumes of resumes) that
+    succeeded and so finished its work, from the listing's own rows (resumes_run_id, status)."""
+    children: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["resumes_run_id"]:
+            children.setdefault(r["resumes_run_id"], []).append(r)
+    found: dict[str, str] = {}
+    for r in rows:
+        if r["status"] == "succeeded" or r["run_id"] not in children:
+            continue
+        todo, seen = list(children[r["run_id"]]), {r["run_id"]}
+        while todo:
+            child = todo.pop(0)
+            if child["run_id"] in seen:
+                continue
+            seen.add(child["run_id"])
+            if child["status"] == "succeeded":
+                found[r["run_id"]] = child["run_id"]
+                break
+            todo.extend(children.get(child["run_id"], ()))
+    return found
 
 
 def _process(db: sqlite_utils.Database, run_id: str, rows: RunRows | None = None) -> str | None:

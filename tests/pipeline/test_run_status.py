@@ -86,7 +86,7 @@ def test_a_run_resumed_twice_has_one_status_in_every_view(make_board, image, db,
     assert [(r["run_id"], r["status"]) for r in report["resumed_by"]] == [(second, "interrupted")]
     assert report["finished_by"] == third
     text = amdflash("report", first, check=True).stdout
-    assert f"finished by {third}" in text, text
+    assert f"fixed by   {third}" in text, text
     assert f"{second} (interrupted)" in text and "(running)" not in text
     assert set(every_view(second, tmp_path).values()) == {"interrupted"}
 
