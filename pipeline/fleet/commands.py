@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -363,11 +364,16 @@ class FleetView:
         return table
 
     def _lines(self) -> None:
-        while not self._stop.wait(self.interval):
+        """A board's first progress at once, then at most a line per board every `interval`
+        seconds, and only when its progress moved."""
+        last: dict[str, float] = {}
+        while not self._stop.wait(0.5):
+            now = time.monotonic()
             for live in list(self.fleet.live.values()):
                 said = (live.stage, live.done, live.status)
-                if live.status == "running" and self._said.get(live.place) != said:
-                    self._said[live.place] = said
+                if (live.status == "running" and live.done is not None and self._said.get(live.place) != said
+                        and now - last.get(live.place, -self.interval) >= self.interval):
+                    self._said[live.place], last[live.place] = said, now
                     place, host, stage, amounts, rate, eta, _ = self.cells(live)
                     output.note(f"{place} ({host}): {stage} {amounts} {rate} ETA {eta}")
 

@@ -5,6 +5,7 @@ was reachable all along."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -106,6 +107,9 @@ def test_an_unfinished_flash_of_another_image_is_refused_with_its_next_step_unti
     assert done.statuses() == {place: "succeeded"} and done.code == 0, done.boards
     assert done.boards[place]["job"] == "flash"
     assert flash_of(board) == other.read_bytes()
+    # Off a terminal the client said the board's progress on stderr while it ran (item 9).
+    assert re.search(rf"^{re.escape(place)} \(hosta\): (backup|erase|program|verify) [0-9.]+ [KM]iB/2\.00 MiB",
+                     done.stderr, re.M), done.stderr
 
 
 
