@@ -76,7 +76,8 @@ def engine_options(p: argparse.ArgumentParser) -> None:
 
 
 def hardware_report_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hardware-report", type=Path, metavar="FILE",
+    # A group of its own: the manual page lists it once, as it does the ROM_SW engine options.
+    p.add_argument_group("hardware report").add_argument("--hardware-report", type=Path, metavar="FILE",
                    help="this board's report from 'amdflash hardware-report' (refused unless it is of this board: "
                         "the flash's JEDEC id and unique ID): busy limits raised to its measured maxima, and a "
                         "protection reading its --scratch-sector probe showed the chip does not follow set aside")

@@ -142,7 +142,7 @@ amdflash demo
 }
 
 
-SHARED_GROUPS = ("boards", "ROM_SW engine")     # option groups many commands share: listed once
+SHARED_GROUPS = ("boards", "ROM_SW engine", "hardware report")     # option groups many commands share: listed once
 
 
 def _roff(text: str) -> str:
@@ -195,6 +195,8 @@ def manpage(parser: argparse.ArgumentParser) -> str:
                      "resume, probe, ifwi\\-all, restore) takes these.\n" + shared.get("boards", ""))
     page.add_section("rom_sw engine options", "=", "info, read, dump, verify and flash take these.\n"
                      + shared.get("ROM_SW engine", ""))
+    page.add_section("hardware report option", "=", "info, read, dump, verify, flash, restore\\-original and "
+                     "resume take this.\n" + shared.get("hardware report", ""))
     for heading, content in MAN_SECTIONS.items():
         page.add_section(heading, "=", content)
     return str(page)

@@ -19,7 +19,7 @@ from typing import Any
 
 import sqlite_utils
 
-from amdflash.store.queries import open_readonly, run_chain, runs, unit_states
+from amdflash.store.queries import RunNotFound, open_readonly, run_chain, runs, unit_states
 from amdflash.store.run_rows import RunRows, RunUnverified, open_run
 from amdflash.store.verify import snapshot
 
@@ -181,7 +181,7 @@ def _unfinished(db: sqlite_utils.Database, newest: dict[str, Any]) -> Unfinished
         return None
     try:
         lineage = run_chain(db, newest["run_id"])
-    except RunUnverified:
+    except (RunUnverified, RunNotFound):     # a run of its lineage does not verify, or was archived
         return Unfinished(newest["run_id"], newest["status"], (newest["run_id"],), None, None)
     if all(rows.sealed is None for rows in lineage):
         return None        # no checkpoint seals a row: it wrote nothing (writes are sealed first), nor can resume
