@@ -418,10 +418,10 @@ class FleetRun:
                                      "none is there): nothing ran; check its fingerprint and add it (README, "
                                      "'SSH keys')")
             return
-        gone = None
+        ended: bool | None = None
         if any(job.spec not in _reported(stdout) for job in batch.jobs):
-            gone = await asyncio.to_thread(self._job_gone, batch, stdout)
-        self._record(batch, stdout, stderr, wall, gone)
+            ended = await asyncio.to_thread(self._job_gone, batch, stdout)
+        self._record(batch, stdout, stderr, wall, ended)
         if self.job == "dump":
             for job in batch.jobs:
                 await self._fetch(job)
