@@ -183,7 +183,8 @@ def apply(report: BoardReport, ident: FlashIdentity, serial: str | None) -> tupl
     applied, in words (for the trail). The busy limits are `report.busy`."""
     matched = check_board(report, ident, serial)
     chip, layout = ident.chip, ident.chip.protection
-    narrowed, set_aside = ident, ()
+    narrowed = ident
+    set_aside: tuple[str, ...] = ()
     if layout is not None and report.contradicts:
         _check_probe(report, ident)
         set_aside = tuple(r.source for r in layout.all_readings() if r.source in report.contradicts)
