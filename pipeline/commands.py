@@ -93,6 +93,9 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
     """
     if arguments.get("hardware_report") and len(specs) > 1:
         raise Refusal("--hardware-report describes one board: name only that board (one --board)")
+    if arguments.get("hardware_report") and specs[0].kind == "amdgpu":
+        raise Refusal(f"--hardware-report: {specs[0]} is run through the amdgpu driver, which neither polls the "
+                      "flash nor decodes its protection; give the report with the board's usb: or pci: spec")
     writer = auditdb.open_writer(session.db_path)
     image_sha = hashlib.sha256(image).hexdigest() if image is not None else None
 

@@ -220,3 +220,12 @@ def test_a_resume_without_the_option_uses_the_report_its_killed_run_was_given(tm
     stages = json.loads(run("report", run_id, "--format", "json").stdout)["stages"]
     applied = [s["detail"] for s in stages if (s["stage"], s["event"]) == ("identify", "hardware report")]
     assert len(applied) == 1 and str(path) in applied[0], applied
+
+
+def test_a_report_for_an_amdgpu_board_is_refused_rather_than_left_unused(amdflash, tmp_path, isolated):
+    """The driver's psp_vbflash path neither polls the flash nor decodes its protection."""
+    board = create_board(tmp_path / "board", seed=3, transport="ideal")
+    path = tmp_path / "r.json"
+    assert amdflash("hardware-report", "--board", f"sim:{board}", "-o", path).code == 0
+    r = amdflash("info", "--board", "amdgpu:0000:03:00.0", "--hardware-report", path)
+    assert r.code == 2 and "--hardware-report: amdgpu:0000:03:00.0 is run through the amdgpu driver" in r.err, r.err
