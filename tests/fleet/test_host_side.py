@@ -350,3 +350,24 @@ def test_a_dump_waiting_on_the_host_for_the_client_is_the_user_s_alone(tmp_path:
         assert output.read_bytes() == flash_of(board)
     finally:
         output.unlink()
+
+
+def test_a_job_on_two_boards_says_each_board_s_progress_as_it_goes(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Issue 27 item 9: the host job hears its boards' progress (the one amdflash process's
+    --log-json events) and says it per board, in numbers, before the job's results."""
+    from amdflash.pipeline.cli import main
+    from amdflash.pipeline.fleet.hostjob import run
+
+    monkeypatch.setenv("AMDFLASH_LOCK_DIR", str(tmp_path / "locks"))
+    (tmp_path / "image.bin").write_bytes(synthetic_ifwi(78))
+    boards = [f"sim:{create_board(tmp_path / f'b{i}', seed=20 + i, transport='ideal')}" for i in range(2)]
+    heard: list[tuple[str, dict]] = []
+    with capsys.disabled():   # the forked job writes its events to its fd 2 through sys.stderr: pytest's own
+        results = run(main, boards, str(tmp_path / "audit.sqlite"), "flash", str(tmp_path / "image.bin"),
+                      on_progress=lambda board, progress: heard.append((board, progress)))
+    assert [r["status"] for r in results] == ["succeeded", "succeeded"], results
+    for board in boards:
+        stages = {p["stage"]: p for b, p in heard if b == board}
+        assert set(stages) >= {"backup", "erase", "program", "verify"}, stages
+        assert stages["verify"]["done"] == stages["verify"]["total"] == 2 * 1024 * 1024
+        assert stages["verify"]["unit"] == "bytes" and stages["verify"]["rate"] > 0
