@@ -58,7 +58,6 @@ class BoardReport:
 
 def load(path: Path) -> BoardReport:
     """The report file, checked; Refusal naming the file and the field otherwise."""
-    from amdflash.pipeline.hardware_report import busy_limits
     from amdflash.stages.transport.sim.calibration import MAX_BUSY_SECONDS, CalibrationError, loads
     from amdflash.stages.transport.sim.report_model import check
 
@@ -218,3 +217,18 @@ def reading_words(ident: FlashIdentity, report: BoardReport | None = None, set_a
     else:
         why = f"{report.probe} contradicts none of this part's readings" if report.follows else report.probe
     return f"the union of every source's reading ({readings}): {why}"
+
+
+def busy_limits(report: dict[str, Any]) -> dict[int, float]:
+    """The longest each busy kind took on the report's board (opcode -> seconds): the slowest
+    operation seen (its spread's max, or the polled max), else the estimate plus its error.
+    Given to SpiNor.busy_limits, they raise the driver's limit for that board only."""
+    limits: dict[int, float] = {}
+    for op, kind in ((report.get("timings") or {}).get("busy", {}).get("kinds") or {}).items():
+        seen = [float(kind[key]["max"]) for key in ("per_operation", "polled")
+                if isinstance(kind.get(key), dict) and "max" in kind[key]]
+        if "seconds" in kind:
+            seen.append(float(kind["seconds"]) + float(kind.get("error") or 0.0))
+        if seen:
+            limits[int(op, 16)] = max(seen)
+    return limits

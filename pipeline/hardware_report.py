@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from amdflash.pipeline import commands, jobs
+from amdflash.pipeline.board_report import busy_limits  # noqa: F401 - read with the report
 from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.results import RunOutcome
 from amdflash.pipeline.runner import RunInfo
@@ -335,18 +336,3 @@ def cmd_hardware_report(args: argparse.Namespace) -> int:
 
 
 __all__ = ["add_parsers", "HardwareReportJob"]
-
-
-def busy_limits(report: dict[str, Any]) -> dict[int, float]:
-    """The longest each busy kind took on the report's board (opcode -> seconds): the slowest
-    operation seen (its spread's max, or the polled max), else the estimate plus its error.
-    Given to SpiNor.busy_limits, they raise the driver's limit for that board only."""
-    limits: dict[int, float] = {}
-    for op, kind in ((report.get("timings") or {}).get("busy", {}).get("kinds") or {}).items():
-        seen = [float(kind[key]["max"]) for key in ("per_operation", "polled")
-                if isinstance(kind.get(key), dict) and "max" in kind[key]]
-        if "seconds" in kind:
-            seen.append(float(kind["seconds"]) + float(kind.get("error") or 0.0))
-        if seen:
-            limits[int(op, 16)] = max(seen)
-    return limits
