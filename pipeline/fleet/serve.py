@@ -136,11 +136,9 @@ def check_row(row: dict[str, Any]) -> dict[str, Any]:
         if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
             why = why or f"{name} {word(v, 40)} is not a finite number of 0 or more"
     at = row.get("at")
-    try:
-        row["at"] = None if at is None else dt.datetime.fromisoformat(at)
-    except (TypeError, ValueError):
-        row["at"] = None
-        why = why or f"at {word(at, 40)!r} is not a time"
+    row["at"] = _epoch(at)
+    if at is not None and row["at"] is None:
+        why = why or f"at (the host's clock, {word(at, 40)} s since 1970) is not a time"
     row["received"] = _epoch(row.get("received"))
     if row["received"] is None:
         why = why or "its arrival time is not a time"
@@ -154,13 +152,14 @@ def check_row(row: dict[str, Any]) -> dict[str, Any]:
 def progress_rows(pg: Any, where: str, params: tuple[Any, ...], distinct: str = "", order: str = "p.id") \
         -> list[dict[str, Any]]:
     """Progress rows with their host's enrolled name, read so that no value a host wrote can fail
-    the read: its time as text, the arrival as seconds (then check_row)."""
+    the read: its times as seconds since 1970 (infinity too: a float), then check_row."""
     from amdflash.store.central import NS
 
     cur = pg.execute(
         f"SELECT {distinct} p.id, p.host_id, h.name AS host, p.run_id, p.state, p.command, p.board, p.place, "
         "p.stage, p.bytes_done, p.bytes_total, p.rate, p.eta, p.error, p.resumes, p.started, p.checkpoint, "
-        "p.at::text AS at, extract(epoch FROM p.received_at)::float8 AS received, o.host_id AS owner "
+        "extract(epoch FROM p.at)::float8 AS at, extract(epoch FROM p.received_at)::float8 AS received, "
+        "o.host_id AS owner "
         f"FROM {NS}.progress p JOIN {NS}.hosts h ON h.id = p.host_id "
         f"LEFT JOIN {NS}.run_owners o ON o.run_id = p.run_id WHERE {where} ORDER BY {order}", params)
     names = [d.name for d in cur.description]

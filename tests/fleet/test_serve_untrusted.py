@@ -132,7 +132,7 @@ def test_a_row_with_an_infinite_rate_or_time_is_shown_unreadable_and_the_rest_of
         rows = {r["place"]: r["state"] for r in _rows(page.text)}
         assert rows == {"hosta-sim-0": "failed", "hostb-sim-0": "unreadable", "hostb-sim-1": "unreadable",
                         "hostb-sim-2": "unreadable", "hostb-sim-3": "unreadable"}, rows
-        assert "rate inf is not a finite number" in page.text and "at &#x27;infinity&#x27; is not a time" in page.text
+        assert "rate inf is not a finite number" in page.text and "at (the host&#x27;s clock, inf s" in page.text
         assert "5 board(s)" in page.text and "central database:" not in page.text
         event = _first_event(base)
         assert "hosta-sim-0" in event["rows"] and event["rows"].count('data-state="unreadable"') == 4
