@@ -214,9 +214,15 @@ class SpiNor:
     def write_enable(self) -> None:
         self._idle()
         self.spi.command(WREN)
-        sr1 = self.status()
-        if not sr1 & protection.SR1_WEL or sr1 & protection.SR1_WIP:
-            raise FlashError(f"write enable failed (SR1={sr1:#04x})")
+        # A status read that did not run (its transaction ended without reaching the chip) leaves
+        # an older capture in the window: one bad reading is not evidence, three in a row are.
+        seen = []
+        for _ in range(3):
+            sr1 = self.status()
+            if sr1 & protection.SR1_WEL and not sr1 & protection.SR1_WIP:
+                return
+            seen.append(f"{sr1:#04x}")
+        raise FlashError(f"write enable failed (SR1={', '.join(seen)})")
 
     def wait_ready(self, typical: float, maximum: float, what: str, started: float | None = None,
                    opcode: int | None = None) -> int:

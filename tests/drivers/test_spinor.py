@@ -192,3 +192,16 @@ def test_chip_erase_erases_everything_and_is_refused_when_anything_is_protected(
         with pytest.raises(ProtectedError):
             p.nor.chip_erase()
     assert p.writes_to_flash() == []
+
+
+def test_a_status_read_that_did_not_run_is_not_taken_for_a_failed_write_enable(open_board):
+    """silent-rx: an RX transaction sometimes ends without reaching the chip and leaves an older
+    capture in the window. After WREN, such a stale status (say an erased array's 0xFF, WIP set)
+    is no evidence the write enable failed; the chip's own answer is read again."""
+    o = open_board(content="blank", faults=["silent-rx=0.15"])
+    with o.engine:
+        o.nor.identify()
+        for _ in range(60):
+            o.nor.read(0x1000, 0x10)           # blank: the window holds 0xFF (a silent read keeps older bytes)
+            o.nor.write_enable()
+            o.engine.command(0x04)                       # WRDI: back to not enabled
