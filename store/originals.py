@@ -189,8 +189,8 @@ def _unfinished(db: sqlite_utils.Database, newest: dict[str, Any]) -> Unfinished
     for rows in lineage:
         touched |= {a for a, u in unit_states(db, rows, sealed_only=True).items() if u["intended"]}
     written = len(touched)
-    if not written:
-        return None        # ended before it meant to change anything: the board is as it found it
+    if newest["status"] != "interrupted" and not written:
+        return None        # failed before it changed anything: the board is as it found it
     backup = next((b for b in map(lambda rows: _first_backup(db, rows), lineage) if b is not None), None)
     return Unfinished(newest["run_id"], newest["status"], tuple(r.run_id for r in lineage), written, backup)
 
