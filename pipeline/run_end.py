@@ -6,10 +6,16 @@ in, the backup to put back (and whether it is the board's original or only the c
 found), and the next step, in the same words and with the same command (next_step.advice, its
 backup from store.originals, as commands' board runs build them). A run that a resume has
 since finished says so instead of suggesting a step that is no longer needed.
+
+Read from the central record (`fleet report`, on_host), the same end is told of a run of
+another host: its commands must run there, against that host's trail, so the next step says
+where and carries no option of the reader's command line.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import sqlite_utils
@@ -20,6 +26,31 @@ from amdflash.store.queries import RunNotFound, run_chain
 from amdflash.store.run_rows import RunUnverified
 
 ENDED_BADLY = ("failed", "interrupted")
+
+# The host a run read from the central record ran on (on_host); None: this host's own trail.
+_host: ContextVar[str | None] = ContextVar("run_end_host", default=None)
+
+
+@contextmanager
+def on_host(host: str) -> Iterator[None]:
+    """Tell the ends of runs of `host` (fleet report): the next step is prefixed 'on HOST:',
+    and no suggested command carries the reader's own --db or --config (they name files of
+    the reader's machine; the record does not keep the host's, so the step says to add them)."""
+    token = _host.set(host)
+    before = next_step.use_globals()
+    try:
+        yield
+    finally:
+        next_step.restore_globals(before)
+        _host.reset(token)
+
+
+def _where(step: str | None) -> str | None:
+    host = _host.get()
+    if step is None or host is None:
+        return step
+    return (f"on {host}: {step} (run there, with --db and --config of {host}'s trail and configuration if they "
+            "are not the defaults)")
 
 
 def add(db: sqlite_utils.Database, rep: dict[str, Any],
@@ -72,8 +103,8 @@ def outcome(db: sqlite_utils.Database, rep: dict[str, Any], original: tuple[str,
         "state": next_step.flash_state(rep) if writes else None,
         "backup": backup,
         "original": first,
-        "next_step": None if fixed else next_step.advice(rep, *(original or (None,)), run_id=rep["run_id"],
-                                                         spec=spec),
+        "next_step": None if fixed else _where(next_step.advice(rep, *(original or (None,)), run_id=rep["run_id"],
+                                                                spec=spec)),
         "fixed_by": fixed,
     }
 

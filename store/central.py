@@ -1220,12 +1220,22 @@ def published_ends(pg: Any, host_id: int, run_ids: list[str]) -> set[str]:
 def runs(url: str, host: str | None = None) -> list[dict[str, Any]]:
     """Every run of every host (or of `host`), in the row shape of the local `runs`
     (store.queries.runs), with the host's enrolled name added. A run's status is the one the
-    host's own `runs` shows (store.status.run_status: resumed and never ended is interrupted)."""
+    host's own `runs` shows (store.status.run_status: resumed and never ended is interrupted),
+    and so are its reason and the resume that fixed it (store.queries.fixed_by, per host: a
+    run resumes a run of its own host)."""
+    from amdflash.store.queries import fixed_by
+
     with connect(url) as pg:
         _need_schema(pg)
         rows = select_runs(pg, host=host)
+    of_host: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
-        del r["host_id"]
+        r["reason"] = r["reason"] if r["status"] != "succeeded" else None
+        of_host.setdefault(r.pop("host_id"), []).append(r)
+    for host_rows in of_host.values():
+        fixed = fixed_by(host_rows)
+        for r in host_rows:
+            r["fixed_by"] = fixed.get(r["run_id"])
     return rows
 
 
@@ -1234,7 +1244,8 @@ def select_runs(pg: Any, host: str | None = None, board: str | None = None, sinc
                 host_id: int | None = None, run_ids: list[str] | None = None) -> list[dict[str, Any]]:
     """Runs of the signed record (filters: host name or id, board spec or unique ID substring,
     start time from `since` and before `until`, given run ids), each with its status as
-    store.status.run_status decides it and its host's id and name."""
+    store.status.run_status decides it, its last status row's detail (`reason`) and its host's
+    id and name."""
     from amdflash.store.status import run_status
 
     where = ["(%(host)s::text IS NULL OR h.name = %(host)s)", "(%(host_id)s::int IS NULL OR r.host_id = %(host_id)s)",
@@ -1243,13 +1254,13 @@ def select_runs(pg: Any, host: str | None = None, board: str | None = None, sinc
              "(%(board)s::text IS NULL OR strpos(r.board_spec, %(board)s) > 0 OR strpos(b.unique_id, %(board)s) > 0)"]
     cur = pg.execute(f"""
         SELECT r.run_id, r.command, r.board_spec, r.at AS started, r.image_sha256, r.resumes_run_id,
-               s.status, s.at AS updated, b.unique_id, b.emulated, h.name AS host, r.host_id,
+               s.status, s.at AS updated, s.detail AS reason, b.unique_id, b.emulated, h.name AS host, r.host_id,
                EXISTS (SELECT 1 FROM {NS}.runs x WHERE x.host_id = r.host_id AND x.resumes_run_id = r.run_id)
                    AS resumed,
                EXISTS (SELECT 1 FROM {NS}.checkpoints c WHERE c.host_id = r.host_id AND c.run_id = r.run_id
                        AND c.kind = '{LEGACY}') AS legacy
         FROM {NS}.runs r JOIN {NS}.hosts h ON h.id = r.host_id
-        LEFT JOIN LATERAL (SELECT status, at FROM {NS}.run_status s WHERE s.host_id = r.host_id
+        LEFT JOIN LATERAL (SELECT status, at, detail FROM {NS}.run_status s WHERE s.host_id = r.host_id
                            AND s.run_id = r.run_id ORDER BY s.seq DESC LIMIT 1) s ON true
         LEFT JOIN LATERAL (SELECT unique_id, emulated FROM {NS}.boards b WHERE b.host_id = r.host_id
                            AND b.run_id = r.run_id ORDER BY b.seq LIMIT 1) b ON true
@@ -1413,14 +1424,48 @@ def resolve(pg: Any, run_id: str, host: str | None = None) -> tuple[int, str, in
 _HOST_WIDE = ("runs", "run_status", "boards")
 
 
+def _related(run_id: str, runs: list[dict[str, Any]], boards: list[dict[str, Any]]) -> dict[str, int]:
+    """{run id: run key} of the runs a report of `run_id` reads whole, each of which must verify
+    as on the host: the run, the runs linked to it by resumes (those it resumes, those that
+    resume it, and so on: its status, fixed-by and backup come from them), and the flashes of
+    its board (store.originals finds the board's original among their backups)."""
+    from amdflash.store.originals import WRITES, BoardKey
+
+    key_of = {r["run_id"]: r["seq"] for r in runs}
+    linked: dict[str, set[str]] = {}
+    for r in runs:
+        if r["resumes_run_id"]:
+            linked.setdefault(r["run_id"], set()).add(r["resumes_run_id"])
+            linked.setdefault(r["resumes_run_id"], set()).add(r["run_id"])
+    found, todo = {run_id}, [run_id]
+    while todo:
+        for other in linked.get(todo.pop(), ()):
+            if other not in found and other in key_of:
+                found.add(other)
+                todo.append(other)
+    # The board as store.originals knows it across runs: by its flash's unique ID and chip, else its spec.
+    mine = next((b for b in boards if b["run_id"] == run_id and b["chip"]), None)
+    spec = next(r["board_spec"] for r in runs if r["run_id"] == run_id)
+    board = BoardKey(mine["unique_id"] or "", mine["chip"] or "", spec) if mine else None
+    if board is not None and board.by_uid:
+        same = {b["run_id"] for b in boards if (b["unique_id"], b["chip"]) == (board.unique_id, board.chip)}
+    else:
+        same = {r["run_id"] for r in runs if r["board_spec"] == spec}
+    found |= {r["run_id"] for r in runs if r["run_id"] in same and r["command"] in WRITES}
+    return {r: key_of[r] for r in sorted(found, key=key_of.__getitem__)}
+
+
 def materialize(url: str, run_id: str, path: Path, host: str | None = None) -> str:
     """Copy one run — its rows, blobs and checkpoints (with the one before each, which its hash
     chains to) and the host's run list — from the central database into a new SQLite audit
     database at `path`, in the host's own schema, so the local report code reads it as it reads
-    a host's trail (and checks the run's chain and signatures again). Returns the run id."""
+    a host's trail (and checks the run's chain and signatures again). The runs the report
+    speaks of are copied whole with it (_related: its resumes and the runs they resume, and the
+    board's flashes, whose backups hold its original), so each verifies as it does on the host.
+    Returns the run id."""
     with connect(url) as pg:
         _need_schema(pg)
-        host_id, run_id, key = resolve(pg, run_id, host)
+        host_id, run_id, _ = resolve(pg, run_id, host)
         local = schema.connect(str(path))
         try:
             local.execute("BEGIN")
@@ -1431,16 +1476,23 @@ def materialize(url: str, run_id: str, path: Path, host: str | None = None) -> s
                           (host_id, public, name, enrolled))
             blob_ids: dict[bytes, int] = {}
             last_seq = 0
-            for table, columns in PHYSICAL.items():
+            copied: dict[str, list[dict[str, Any]]] = {}
+            keys: dict[str, int] = {}
+            for table, columns in PHYSICAL.items():     # the host-wide tables come first
                 names = ", ".join(_q(c) for c, _ in columns)
                 args: tuple[Any, ...]
+                if table not in _HOST_WIDE and not keys:
+                    keys = _related(run_id, copied["runs"], copied["boards"])
                 if table in _HOST_WIDE:
                     where, args = "host_id = %s", (host_id,)
                 elif table in PLAIN:
-                    where, args = "host_id = %s AND run_id = %s", (host_id, run_id)
+                    where, args = "host_id = %s AND run_id = ANY(%s)", (host_id, list(keys))
                 else:
-                    where, args = "host_id = %s AND run = %s AND seq >= %s", (host_id, key, key)
+                    where, args = ("host_id = %s AND run = ANY(%s) AND seq >= %s",
+                                   (host_id, list(keys.values()), min(keys.values())))
                 found = pg.execute(f"SELECT seq, {names} FROM {NS}.{table} WHERE {where} ORDER BY seq", args).fetchall()
+                if table in _HOST_WIDE:
+                    copied[table] = [dict(zip(["seq", *(c for c, _ in columns)], r, strict=True)) for r in found]
                 refs = [i for i, (_, k) in enumerate(columns, 1) if k == "ref"]
                 out = []
                 for r in found:
@@ -1459,9 +1511,9 @@ def materialize(url: str, run_id: str, path: Path, host: str | None = None) -> s
                                   ((i, sha, data.get(sha)) for sha, i in blob_ids.items()))
             cps = pg.execute(f"""
                 SELECT c.id, c.kind, c.run, c.run_id, c.rows, c.last_seq, c.head, c.at, c.detail, c.hash, c.sig
-                FROM {NS}.checkpoints c WHERE c.host_id = %s AND (c.run = %s OR c.id + 1 IN
-                    (SELECT id FROM {NS}.checkpoints WHERE host_id = %s AND run = %s)) ORDER BY c.id""",
-                             (host_id, key, host_id, key)).fetchall()
+                FROM {NS}.checkpoints c WHERE c.host_id = %s AND (c.run = ANY(%s) OR c.id + 1 IN
+                    (SELECT id FROM {NS}.checkpoints WHERE host_id = %s AND run = ANY(%s))) ORDER BY c.id""",
+                             (host_id, list(keys.values()), host_id, list(keys.values()))).fetchall()
             local.executemany("INSERT INTO checkpoints (id, kind, run, run_id, rows, last_seq, head, host, at, detail, "
                               "hash, sig) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                               [(*c[:7], host_id, *c[7:]) for c in cps])

@@ -19,6 +19,7 @@ from pathlib import Path
 from amdflash.pipeline import output
 from amdflash.pipeline.checks import output_option, write_output
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal, UsageError
+from amdflash.store.status import ENDS
 
 ENV_CENTRAL = "AMDFLASH_CENTRAL"
 ENV_NOTIFY = "AMDFLASH_NOTIFY"
@@ -135,12 +136,18 @@ def add_fleet_parsers(fsub: argparse._SubParsersAction) -> None:
     p = fsub.add_parser(
         "runs", help="list every host's runs from the central database",
         description="The runs of every host of the line, as 'amdflash runs' lists a host's own, read from the "
-                    "central database (host first). Read-only.")
+                    "central database (host first): each with its status, and for a run that did not succeed the "
+                    "reason and the resume that fixed it, if one did. Read-only.")
     p.add_argument("--from", dest="source", metavar="URL", help=f"the central database (default ${ENV_CENTRAL})")
     p.add_argument("--host", metavar="HOST", help="only this host's runs")
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="text: one line per run, host first (default); json: one array of objects")
     p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
+    p.add_argument("--status", choices=("running", *ENDS), help="only runs with this status")
+    p.add_argument("--board", metavar="BOARD", help="only runs of this board: its --board spec or its flash's "
+                                                    "unique ID")
+    p.add_argument("--since", metavar="DATE", help="only runs started at or after DATE: ISO date or time (UTC)")
+    p.add_argument("--command", dest="run_command", metavar="COMMAND", help="only runs of this command")
     p.set_defaults(func=cmd_runs)
 
     p = fsub.add_parser(
@@ -305,10 +312,13 @@ def cmd_enroll(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from amdflash.pipeline.trail_cli import print_runs, run_line
+    from amdflash.pipeline.trail_cli import print_runs, run_filter, run_line
     from amdflash.store.central import runs
 
-    return print_runs(runs(_url(args.source, "--from"), args.host), args.format, "no runs in the central database",
+    keep = run_filter(args.status, args.board, args.since, args.run_command)     # as `runs` filters
+    rows = [r for r in runs(_url(args.source, "--from"), args.host) if keep(r)]
+    filtered = any((args.status, args.board, args.since, args.run_command))
+    return print_runs(rows, args.format, "no run matches" if filtered else "no runs in the central database",
                       lambda r: f"{r['host']:16} {run_line(r)}")
 
 
@@ -402,6 +412,7 @@ def _secret_lines(path: Path, option: str) -> list[str]:
 def cmd_report(args: argparse.Namespace) -> int:
     from amdflash.pipeline import commands
     from amdflash.pipeline.checks import writable_output
+    from amdflash.pipeline.run_end import on_host
     from amdflash.pipeline.trail_cli import render_text
     from amdflash.store.central import AmbiguousRun, materialize
 
@@ -414,7 +425,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             run_id = materialize(url, args.run_id, path, args.host)
         except AmbiguousRun as e:
             raise Refusal(str(e)) from None
-        rep, page = commands.report(run_id, str(path), html=args.format == "html", keys=args.key)
+        with on_host(_host_name(path)):       # its next step runs on its host, not here
+            rep, page = commands.report(run_id, str(path), html=args.format == "html", keys=args.key)
     if args.format == "json":
         text = json.dumps(rep, indent=2, default=str)
     else:
@@ -426,3 +438,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         output.result(text)
     # As 'audit verify --run': a chain or signature that does not hold (not by a given --key) fails.
     return EXIT_OK if (rep.get("chain") or {}).get("ok") else EXIT_FAILED
+
+
+def _host_name(path: Path) -> str:
+    """The enrolled name of the host whose run store.central.materialize copied to `path`."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return str(conn.execute("SELECT hostname FROM hosts").fetchone()[0])
+    finally:
+        conn.close()
