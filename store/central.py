@@ -1246,7 +1246,7 @@ def select_runs(pg: Any, host: str | None = None, board: str | None = None, sinc
     start time from `since` and before `until`, given run ids), each with its status as
     store.status.run_status decides it, its last status row's detail (`reason`) and its host's
     id and name."""
-    from amdflash.store.status import run_status
+    from amdflash.store.status import ENDS, PROCESS_STAGE, run_status
 
     where = ["(%(host)s::text IS NULL OR h.name = %(host)s)", "(%(host_id)s::int IS NULL OR r.host_id = %(host_id)s)",
              "(%(since)s::text IS NULL OR r.at >= %(since)s)", "(%(until)s::text IS NULL OR r.at < %(until)s)",
@@ -1255,6 +1255,9 @@ def select_runs(pg: Any, host: str | None = None, board: str | None = None, sinc
     cur = pg.execute(f"""
         SELECT r.run_id, r.command, r.board_spec, r.at AS started, r.image_sha256, r.resumes_run_id,
                s.status, s.at AS updated, s.detail AS reason, b.unique_id, b.emulated, h.name AS host, r.host_id,
+               r.machine_id, CASE WHEN s.status IN ({", ".join(f"'{e}'" for e in ENDS)}) THEN NULL ELSE
+                 (SELECT p.detail FROM {NS}.stages p WHERE p.host_id = r.host_id AND p.run_id = r.run_id
+                  AND p.stage = '{PROCESS_STAGE}' ORDER BY p.seq LIMIT 1) END AS process,
                EXISTS (SELECT 1 FROM {NS}.runs x WHERE x.host_id = r.host_id AND x.resumes_run_id = r.run_id)
                    AS resumed,
                EXISTS (SELECT 1 FROM {NS}.checkpoints c WHERE c.host_id = r.host_id AND c.run_id = r.run_id
@@ -1272,7 +1275,9 @@ def select_runs(pg: Any, host: str | None = None, board: str | None = None, sinc
     names = [d.name for d in cur.description]
     rows = [dict(zip(names, row, strict=True)) for row in cur]
     for r in rows:
-        r["status"] = run_status(r["status"], bool(r.pop("resumed")))
+        # As the host's own `runs` decides (and `fleet report`, through it): the process a run with
+        # no end recorded can be seen only on its own machine; elsewhere it runs until resumed.
+        r["status"] = run_status(r["status"], bool(r.pop("resumed")), r.pop("process"), r.pop("machine_id"))
     return rows
 
 

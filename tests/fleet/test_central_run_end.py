@@ -37,6 +37,9 @@ def test_a_killed_then_resumed_flash_reads_the_same_centrally_as_locally(cli, db
     assert f"amdflash resume {run} --board sim:{board} --yes" in there["outcome"]["next_step"]
     assert step.split("To finish the flash: ")[0] in there["outcome"]["next_step"]
     text = cli("fleet", "report", f"hosta/{run}", "--from", central).out
+    [listed] = [r for r in json.loads(cli("fleet", "runs", "--from", central, "--format", "json").out)
+                if r["run_id"] == run]
+    assert listed["status"] == "interrupted" and listed["fixed_by"] is None     # as report says it
     assert "next       on hosta" in text and f"backup     backup of the board's original content: " \
                                                f"{killed['backup']}" in text, text
 
