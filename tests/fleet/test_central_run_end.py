@@ -40,6 +40,9 @@ def test_a_killed_then_resumed_flash_reads_the_same_centrally_as_locally(cli, db
     [listed] = [r for r in json.loads(cli("fleet", "runs", "--from", central, "--format", "json").out)
                 if r["run_id"] == run]
     assert listed["status"] == "interrupted" and listed["fixed_by"] is None     # as report says it
+    page = tmp_path / "there.html"
+    assert cli("fleet", "report", f"hosta/{run}", "--from", central, "--format", "html", "-o", page).code == 0
+    assert "on hosta: the flash is partly written" in page.read_text()
     assert "next       on hosta" in text and f"backup     backup of the board's original content: " \
                                                f"{killed['backup']}" in text, text
 
