@@ -117,7 +117,8 @@ def test_a_run_whose_resume_is_newer_stays_with_it(cli, make_board, image, db, t
     rep = json.loads(cli("report", killed["run_id"], "--format", "json").out)
     assert rep["status"] == "interrupted" and rep["ended"] is None
     assert cli("report", killed["run_id"], "--format", "html", "-o", tmp_path / "killed.html").code == 0
-    assert "its host died mid-run, and a later run resumed it" in (tmp_path / "killed.html").read_text()
+    page = (tmp_path / "killed.html").read_text()
+    assert "its process died mid-run" in page and "fixed by" in page and resume in page
     r = cli("audit", "archive", "--before", _started(db, resume), "-o", tmp_path / "a.jsonl")
     assert r.code == 2          # the killed run's lineage ended only with the resume, after the date
     r = cli("audit", "archive", "--before", "2999-01-01", "-o", tmp_path / "b.jsonl")
