@@ -52,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from html import escape as _html_escape
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from amdflash.store.status import ENDS
 
@@ -335,8 +335,9 @@ class Memory:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     problem: str | None = field(default=None, repr=False)          # why the last write failed (None: it did not)
 
-    FIELDS = {"seen_id": (int, type(None)), "notified": dict, "silent": list, "round": dict, "round_active": bool,
-              "last_activity": (int, float)}
+    FIELDS: ClassVar[dict[str, type | tuple[type, ...]]] = {
+        "seen_id": (int, type(None)), "notified": dict, "silent": list, "round": dict, "round_active": bool,
+        "last_activity": (int, float)}
 
     @classmethod
     def load(cls, path: Path | None) -> Memory:
