@@ -64,7 +64,8 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
                    help="a fidelity check: replay onto the board a hardware report of the run's own board "
                         "describes (its chip, SFDP and status registers; a report of another board is refused); "
                         "the report's divergences from the model are listed, and a divergence they account for "
-                        "is shown 'as listed' (see above)")
+                        "is shown 'as listed' (see above) only when the report names the board by its IDs in the "
+                        "clear (hardware-report --include-ids): a hash of them vouches for nothing")
     p.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
     p.set_defaults(func=cmd_replay)
 
@@ -102,7 +103,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
             board, listed = report_options(args.from_report)
             record = _record_facts(db, run_id)
-            same = _same_board(read_report(args.from_report), record)
+            report = read_report(args.from_report)
+            same = _same_board(report, record)
             if same is False:
                 raise Refusal(f"--from-report {args.from_report}: the report is of another board than run {run_id}'s "
                               "(its flash JEDEC id, unique ID or bridge serial differ); a fidelity check needs a "
@@ -115,7 +117,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         result.notes += [f"listed: the report's board diverges from the model: {d}" for d in listed]
         if record is not None:
             if not record.identified:
-                result.notes.append("the report cannot be matched to the run's board beyond its JEDEC id (no unique "
+                result.notes.append(HASHED_ONLY if _hashed(report) else
+                                    "the report cannot be matched to the run's board beyond its JEDEC id (no unique "
                                     "ID or serial in both): no divergence is taken as listed")
             explain(result, listed, record)
     finally:
@@ -159,17 +162,30 @@ def _record_facts(db: sqlite_utils.Database, run_id: str) -> RecordFacts:
     return facts
 
 
+HASHED_ONLY = ("the report names the board only by hashes of its unique ID and serial (unsalted: anyone who has "
+               "seen them, as the line view shows them, can write them into any report); no divergence is taken as "
+               "listed: make the report with --include-ids")
+
+
+def _hashed(report: dict[str, Any]) -> bool:
+    """Whether the report carries the board's unique ID or serial as a hash only."""
+    kept = [(report.get("flash") or {}).get("unique_id"), (report.get("board") or {}).get("serial")]
+    return any(isinstance(k, dict) and "sha256" in k for k in kept)
+
+
 def _same_board(report: dict[str, Any], record: RecordFacts) -> bool | None:
     """Whether a hardware report is of the run's board: False when its flash JEDEC id differs, or
-    its unique ID (else its bridge serial) does; True when one of those matches; None when
-    neither can be compared (hashed or plain, as the report carries them)."""
+    its unique ID (else its bridge serial) does; True when one of those matches as a plain value;
+    None when neither can be compared, or matches only as a hash: an unsalted hash of an ID is no
+    proof, whoever has seen it (the line view's history shows it) can put it in another board's
+    report, so only a plain ID vouches for "as listed"."""
     def compare(kept: Any, value: str | None) -> bool | None:
         if not value or not isinstance(kept, dict):
             return None
         if isinstance(kept.get("value"), str):
             return kept["value"] == value
         if isinstance(kept.get("sha256"), str):
-            return kept["sha256"] == hashlib.sha256(value.encode()).hexdigest()
+            return None if kept["sha256"] == hashlib.sha256(value.encode()).hexdigest() else False
         return None
 
     if str(report["flash"]["jedec"])[:6] != record.jedec[:6]:

@@ -2,6 +2,7 @@
 board describes shows no divergence except those the report lists."""
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -43,7 +44,7 @@ def _slow_board_run(amdflash, tmp_path: Path, *faults: str) -> tuple[str, Path]:
     assert amdflash("sim", "create", tmp_path / "b", "--from-report", VARYING, "--seed", 3, *fault_args).code == 0
     spec = f"sim:{tmp_path / 'b'}"
     own = tmp_path / "own.json"
-    r = amdflash("hardware-report", "--board", spec, "-o", own, "--scratch-sector", 16, "--yes")
+    r = amdflash("hardware-report", "--board", spec, "-o", own, "--scratch-sector", 16, "--yes", "--include-ids")
     assert r.code == 0, r.err
     content = bytearray((tmp_path / "b" / "flash.bin").read_bytes())
     content[0xF0000:0x100000] = bytes(range(256)) * 256
@@ -70,6 +71,16 @@ def test_a_write_the_slow_chip_did_not_take_is_as_listed_only_against_its_own_re
     assert "identical  the replay reproduces every recorded outcome but those the hardware report lists" in listed.out
     other = amdflash("replay", run_id, "--from-report", VARYING)     # the board it was made from: another board
     assert other.code == 2 and "the report is of another board" in other.err, other.err
+    # The same report with the IDs hashed, as anyone can write them into any board's report (the
+    # line view's history shows the hashes): nothing is taken as listed.
+    report = json.loads(own.read_text())
+    for part, key in (("flash", "unique_id"), ("board", "serial")):
+        value = report[part][key]["value"]
+        report[part][key] = {"sha256": hashlib.sha256(value.encode()).hexdigest()}
+    hashed = tmp_path / "hashed.json"
+    hashed.write_text(json.dumps(report))
+    forged = amdflash("replay", run_id, "--from-report", hashed)
+    assert forged.code == 1 and "as listed  unit" not in forged.out and "--include-ids" in forged.out, forged.out
 
 
 def test_a_weak_cell_stays_a_divergence_even_against_the_boards_own_report(amdflash, tmp_path, isolated):
