@@ -144,9 +144,12 @@ def _reports(db: str, runs: list[RunResult]) -> tuple[dict[str, dict[str, Any]],
                 found[run_id] = _report(reader, run_id)
             except RunNotFound:   # killed before its first row reached the trail
                 continue
-        return found, {run_id: original for run_id, rep in found.items()
-                       if rep["command"] in next_step.WRITES and rep["status"] not in ("succeeded", "refused")
-                       and (original := _original(db, rep))}     # advice is for runs that did not succeed
+        originals = {run_id: original for run_id, rep in found.items()
+                     if rep["command"] in next_step.WRITES and rep["status"] not in ("succeeded", "refused")
+                     and (original := _original(db, rep))}     # advice is for runs that did not succeed
+        for run_id, rep in found.items():      # the keys of `report --format json`, its end included
+            run_end.add(reader, rep, lambda run_id=run_id: originals.get(run_id))  # type: ignore[misc]
+        return found, originals
     finally:
         reader.conn.close()
 
