@@ -69,6 +69,21 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+class _StderrInFile(subprocess.Popen):
+    """A process whose stderr is a file, read back whole by communicate() as a pipe's would be."""
+
+    def __init__(self, argv: list[str], err: Any, **kwargs: Any):
+        super().__init__(argv, stderr=err, **kwargs)
+        self._err = err
+
+    def communicate(self, input: Any = None, timeout: float | None = None) -> tuple[Any, Any]:
+        out, _ = super().communicate(input, timeout)
+        self._err.seek(0)
+        text = self._err.read()
+        self._err.close()
+        return out, text
+
+
 @dataclass
 class Host:
     name: str
@@ -351,9 +366,15 @@ class Lab:
         return done
 
     def fleet_popen(self, *args: str, **env: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "amdflash.pipeline.cli", "fleet", *args, "--format", "json"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env(**env),
-                                cwd=self.root, start_new_session=True)   # a process group, as in a terminal
+        # stderr goes to a file: off a terminal `fleet flash` says each board's progress every few
+        # seconds, and a caller that polls the process while the line runs (the line-view bench,
+        # 64 boards) would otherwise fill the pipe and leave the client blocked in a write.
+        import tempfile
+
+        err = tempfile.TemporaryFile(mode="w+", dir=self.root)
+        return _StderrInFile([sys.executable, "-m", "amdflash.pipeline.cli", "fleet", *args, "--format", "json"],
+                             err, stdout=subprocess.PIPE, text=True, env=self.env(**env),
+                             cwd=self.root, start_new_session=True)   # a process group, as in a terminal
 
     def fleet(self, *args: str, timeout: float = 300, **env: str) -> "FleetOutcome":
         proc = self.fleet_popen(*args, **env)
