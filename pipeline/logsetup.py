@@ -4,7 +4,7 @@ One structlog configuration for the whole process. Levels by verbosity: -q shows
 and errors only; the default adds human messages (which board `auto` picked, files
 written) and, off a terminal, progress lines; -v adds debug events of every layer that
 the audit trail sees (runs, stages, unit states, verify results, register snapshots);
--vv adds every ROM_SW transaction and every register write. Library code (`amdflash.api`)
+-vv adds every ROM_SW transaction and every register write. Library code (`amdflash.pipeline.api`)
 that nobody configured logs through the standard `logging` module instead.
 """
 from __future__ import annotations

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import anyio
 
-from amdflash.stages.flash.spinor import SpiNor
-from amdflash.stages.navi31.romsw import RomSw
+from amdflash.stages.drivers.flash.spinor import SpiNor
+from amdflash.stages.drivers.navi31.romsw import RomSw
 from amdflash.stages.transport.base import Bar5, BoardIdentity
 
 T = TypeVar("T")

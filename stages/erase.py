@@ -9,7 +9,7 @@ import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 from amdflash.stages.device import Device
-from amdflash.stages.flash.planning import Erase, UnitPlan
+from amdflash.stages.drivers.flash.planning import Erase, UnitPlan
 from amdflash.stages.plan import WorkItem
 
 

@@ -15,10 +15,10 @@ import json
 import structlog
 
 from amdflash.stages.device import Device
-from amdflash.stages.flash import chips
-from amdflash.stages.flash.spinor import FlashIdentity, SpiNor
-from amdflash.stages.navi31.fastpaths import Finding
-from amdflash.stages.navi31.romsw import RomSw, RomSwOptions
+from amdflash.stages.drivers.flash import chips
+from amdflash.stages.drivers.flash.spinor import FlashIdentity, SpiNor
+from amdflash.stages.drivers.navi31.fastpaths import Finding
+from amdflash.stages.drivers.navi31.romsw import RomSw, RomSwOptions
 
 
 def open_engine(dev: Device, options: RomSwOptions) -> RomSw:
@@ -124,11 +124,11 @@ PROBE_TIMEOUT = 0.05   # seconds on the board's clock: a gated engine must not s
 def probe_flash(bar) -> dict[str, object]:
     """For `amdflash list`: JEDEC id and unique ID through ROM_SW, read-only, registers restored;
     when the engine is gated, whether the ROM aperture is there instead."""
-    from amdflash.stages.flash.spinor import FlashError
-    from amdflash.stages.navi31 import regs as R
-    from amdflash.stages.navi31.romsw import RomSwError
+    from amdflash.stages.drivers.flash.spinor import FlashError
+    from amdflash.stages.drivers.navi31 import regs as R
+    from amdflash.stages.drivers.navi31.romsw import RomSwError
 
-    from amdflash.stages.navi31.fastpaths import VALIDATED
+    from amdflash.stages.drivers.navi31.fastpaths import VALIDATED
 
     try:
         # The validated sequence, unchecked: `list` reads a few registers, speed is no matter.

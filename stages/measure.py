@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.navi31.romsw import RomSw
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.drivers.navi31.romsw import RomSw
 from amdflash.stages.transport.base import Bar5
 
 BLOCK_SIZES = (4, 16, 64, 256)      # streamed transfer sizes timed (the window holds 256 bytes)

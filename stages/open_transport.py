@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from amdflash.stages.navi31 import regs as R
+from amdflash.stages.drivers.navi31 import regs as R
 from amdflash.stages.transport.base import Bar5, BoardIdentity
 from amdflash.stages.transport.lock import BoardLock, sim_lock
 
@@ -69,7 +69,7 @@ def parse_spec(text: str) -> BoardSpec:
 def open_transport(spec: BoardSpec, announce=print) -> tuple[Bar5 | AmdgpuBoard, BoardLock]:
     """Open and lock the board. Never falls back to an emulator silently."""
     if spec.kind == "sim":
-        from amdflash.stages.transport.sim import SimBar5
+        from amdflash.stages.sim import SimBar5
 
         if not os.path.isfile(os.path.join(spec.selector, "board.json")):
             raise BoardSpecError(f"{spec.selector} is not an emulated board (create one with 'amdflash sim create')")

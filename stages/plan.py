@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 from amdflash.stages.device import Device
-from amdflash.stages.flash.planning import Erase, PlanCosts, UnitPlan, apply_cover, cover, plan_unit
+from amdflash.stages.drivers.flash.planning import Erase, PlanCosts, UnitPlan, apply_cover, cover, plan_unit
 from amdflash.stages.snapshot import UnitRead
 
 

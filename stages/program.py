@@ -4,7 +4,7 @@ from __future__ import annotations
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 from amdflash.stages.device import Device
-from amdflash.stages.flash.planning import UnitPlan
+from amdflash.stages.drivers.flash.planning import UnitPlan
 
 
 def program_unit(dev: Device, unit: UnitPlan, pages: tuple[int, ...] | None = None) -> int:

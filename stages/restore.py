@@ -14,7 +14,7 @@ import shlex
 
 from amdflash.stages.device import Device
 from amdflash.stages.diagnostics import record_diagnostics
-from amdflash.stages.navi31 import regs as R
+from amdflash.stages.drivers.navi31 import regs as R
 from amdflash.stages.snapshot import record_stage, snapshot_registers
 
 # In the order they are put back: the pads are handed back to the board last.

@@ -24,12 +24,12 @@ from collections.abc import Iterable, Sequence
 
 from amdflash.stages.confirm import CHUNK as CHUNK_BYTES
 from amdflash.stages.confirm import (Confirmation, Expectation, Noise, Ranges, UnconfirmedRead, confirm,
-                                    confirm_expected)
+                                     confirm_expected)
 from amdflash.stages.device import Device
-from amdflash.stages.flash.spinor import FlashIdentity, SpiNor
+from amdflash.stages.drivers.flash.spinor import FlashIdentity, SpiNor
 from amdflash.stages.identify import record_identity
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.navi31.romsw import RomSw
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.drivers.navi31.romsw import RomSw
 from amdflash.stages.files import PRIVATE, create_new, fsync_dir, private_dir
 
 # Everything the ROM_SW and aperture paths may touch, captured before any change.

@@ -18,7 +18,7 @@ from anyio.abc import ObjectReceiveStream
 from amdflash.stages.confirm import Expectation
 from amdflash.stages.device import Device
 from amdflash.stages.erase import record_intent
-from amdflash.stages.flash.planning import Erase, UnitPlan, plan_unit
+from amdflash.stages.drivers.flash.planning import Erase, UnitPlan, plan_unit
 from amdflash.stages.program import program_unit
 from amdflash.stages.snapshot import confirmation_note, read_checks, read_unit
 

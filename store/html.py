@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
-from amdflash.stages.flash import protection as prot
-from amdflash.stages.navi31 import regs as R
+from amdflash.stages.drivers.flash import protection as prot
+from amdflash.stages.drivers.navi31 import regs as R
 from amdflash.store.queries import RunNotFound, RunReport, run_chain, transactions_between, unit_states
 from amdflash.store.run_rows import RunRows, RunUnverified
 from amdflash.store.status import PROCESS_STAGE

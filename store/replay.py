@@ -35,14 +35,14 @@ from typing import Any
 
 import sqlite_utils
 from amdflash.store.queries import (
-    RunNotFound,
-    counts,
-    iter_register_writes,
-    register_snapshot,
-    register_write_order,
-    resolve_run,
-    status_of,
-)
+                                    RunNotFound,
+                                    counts,
+                                    iter_register_writes,
+                                    register_snapshot,
+                                    register_write_order,
+                                    resolve_run,
+                                    status_of,
+                                    )
 from amdflash.store.run_rows import RunRows, open_run
 from amdflash.store.status import ENDS
 from amdflash.store.verify import snapshot
@@ -192,7 +192,7 @@ def build_board(path: Path, backup: dict[int, bytes], status: tuple[int, int, in
                 options: dict[str, Any] | None = None):  # -> a sim Board
     """A fresh emulated board (ideal profile) holding the run's starting state; with
     `options` (from a hardware report), the report's part, SFDP and status registers."""
-    from amdflash.stages.transport.sim import Board, create_board
+    from amdflash.stages.sim import Board, create_board
 
     flash = bytearray(b"\xff" * FLASH_SIZE)
     for address, data in backup.items():

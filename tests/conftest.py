@@ -7,7 +7,7 @@ from typing import Callable
 
 import pytest
 
-from amdflash.stages.transport.sim import Board, create_board
+from amdflash.stages.sim import Board, create_board
 
 # The suite starts amdflash as a process hundreds of times; without cached bytecode each one
 # compiles the whole program again (a third of its start-up). An environment that turns the

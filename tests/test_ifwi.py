@@ -9,10 +9,10 @@ import struct
 
 import pytest
 
-from amdflash.stages.ifwi import (
-    FLASH_SIZE, ITEMS, IfwiError, check_image, check_stream_payload, fletcher32, psp_directory_checksum,
-    resolve_item,
-)
+from amdflash.stages.image.ifwi import (
+                                        FLASH_SIZE, ITEMS, IfwiError, check_image, check_stream_payload, fletcher32, psp_directory_checksum,
+                                        resolve_item,
+                                        )
 
 SGN_TABLE = 0x8000
 

@@ -19,6 +19,6 @@ fleet command that needs it runs.
 """
 from __future__ import annotations
 
-from amdflash.pipeline.fleet.commands import add_parsers
+from amdflash.pipeline.cli.fleet import add_parsers
 
 __all__ = ["add_parsers"]

@@ -350,7 +350,7 @@ class Follower:
                   "when it answers")
 
     def _pusher(self) -> None:
-        from amdflash.pipeline.auditdb import open_reader
+        from amdflash.pipeline.commands.auditdb import open_reader
         from amdflash.store import central
 
         while not self.stop.is_set():

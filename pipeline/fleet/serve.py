@@ -927,7 +927,7 @@ def _banner(ok: bool, host: str, run_id: str, problem: str | None) -> str:
 
 def render_run(url: str, host_id: int, run_id: str) -> tuple[int, str]:
     """(HTTP status, page) of one run: its report from the central record, checked again here."""
-    from amdflash.pipeline import commands
+    from amdflash.pipeline.commands import board as commands
     from amdflash.pipeline.errors import Refusal
     from amdflash.store import central
     from amdflash.store.keys import KeyError_

@@ -47,7 +47,7 @@ Where things live is configurable for tests (an emulated tree): the sysfs device
 default /dev/dri) and the DRM debugfs directory (AMDFLASH_DEBUGFS_DRI, default
 /sys/kernel/debug/dri). The sysfs attributes are reached through an `AttributeIo` (the
 operating system's calls by default); `AMDFLASH_SIM_AMDGPU=TREE` puts an emulated kernel
-behind them (stages/transport/sim/amdgpu_sysfs.py), announced like the emulated USB
+behind them (stages/sim/amdgpu_sysfs.py), announced like the emulated USB
 bridges, and its virtual clock becomes the transport's: a 60 s trigger or a 150 s poll takes
 no wall time.
 """
@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from collections.abc import Callable
 
-from amdflash.stages.atom import AtomError, BytesSource, parse_atom
+from amdflash.stages.image.atom import AtomError, BytesSource, parse_atom
 from amdflash.stages.transport.base import BoardIdentity, Clock, TransportError, WallClock
 from amdflash.stages.transport.pci import PciDevice, find_devices
 
@@ -124,7 +124,7 @@ def attribute_io() -> AttributeIo:
     tree = os.environ.get(ENV_SIM_AMDGPU)
     if not tree:
         return OsAttributeIo()
-    from amdflash.stages.transport.sim.amdgpu_sysfs import EmulatedKernel
+    from amdflash.stages.sim.amdgpu_sysfs import EmulatedKernel
 
     if tree not in _ANNOUNCED:
         _ANNOUNCED.add(tree)

@@ -84,7 +84,7 @@ class UsbScan:
 
 def emulated_usb_backend(paths: list[str]) -> Any:
     """The emulated bridge backend (it offers `clock_for`, as the USB transport expects)."""
-    from amdflash.stages.transport.sim.usb import SimUsbBackend
+    from amdflash.stages.sim.usb import SimUsbBackend
 
     for path in paths:
         if not os.path.isfile(os.path.join(path, "board.json")):

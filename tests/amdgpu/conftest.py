@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from amdflash.stages.transport.amdgpu import AmdgpuBoard, find_amdgpu
-from amdflash.stages.transport.sim.amdgpu_sysfs import EmulatedAmdgpu, KernelClock, Psp
+from amdflash.stages.sim.amdgpu_sysfs import EmulatedAmdgpu, KernelClock, Psp
 from tests.pipeline.conftest import cli, db  # noqa: F401 - fixtures
 
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.sim.synth import synthetic_ifwi
 from tests.pipeline.conftest import ROOT, cli_shown  # noqa: F401 - fixture
 
 

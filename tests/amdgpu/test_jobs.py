@@ -9,14 +9,14 @@ from typing import Any
 import anyio
 import pytest
 
-from amdflash.pipeline.amdgpu_jobs import AmdgpuFlashJob, ByTransport
+from amdflash.pipeline.engine.amdgpu_jobs import AmdgpuFlashJob, ByTransport
 from amdflash.pipeline.errors import Refusal
-from amdflash.pipeline.runner import RunInfo
+from amdflash.pipeline.engine.runner import RunInfo
 from amdflash.stages.device import Device, Interrupted, StopFlag
 from amdflash.stages.open_transport import BoardSpec
-from amdflash.stages.part_check import PartPolicy
+from amdflash.stages.image.part_check import PartPolicy
 from amdflash.stages.transport.amdgpu import VbflashError
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.sim.synth import synthetic_ifwi
 from tests.amdgpu.conftest import open_board
 
 

@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.stages.atom import BytesSource
-from amdflash.stages.partitions import read_layout
+from amdflash.stages.image.atom import BytesSource
+from amdflash.stages.image.partitions import read_layout
 from amdflash.stages.transport import amdgpu
 from amdflash.stages.transport.amdgpu import (
-    AMDGPU_INFO_VBIOS, AMDGPU_INFO_VBIOS_INFO, DRM_IOCTL_AMDGPU_INFO, INFO_REQUEST, MAX_POLLS, VBIOS_INFO, AmdgpuBoard,
-    VbflashError, find_amdgpu,
-)
+                                              AMDGPU_INFO_VBIOS, AMDGPU_INFO_VBIOS_INFO, DRM_IOCTL_AMDGPU_INFO, INFO_REQUEST, MAX_POLLS, VBIOS_INFO, AmdgpuBoard,
+                                              VbflashError, find_amdgpu,
+                                              )
 from amdflash.stages.transport.base import TransportError
-from amdflash.stages.transport.sim.amdgpu_sysfs import PSP_REJECTED
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.sim.amdgpu_sysfs import PSP_REJECTED
+from amdflash.stages.sim.synth import synthetic_ifwi
 from tests.amdgpu.conftest import open_board
 
 

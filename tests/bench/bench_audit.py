@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from amdflash.stages.transport.sim import create_board
+from amdflash.stages.sim import create_board
 
 SIZE = 0x200000
 
@@ -84,7 +84,7 @@ def measure(work: Path, repeats: int, profiles: tuple[str, ...]) -> None:
             for audit in (("audit", "null") if i % 2 == 0 else ("null", "audit")):
                 n += 1
                 board = create_board(work / f"b{n}", content=current, transport=profile, seed=n)
-                entry = "tests.bench.null_store" if audit == "null" else "amdflash.pipeline.cli"
+                entry = "tests.bench.null_store" if audit == "null" else "amdflash.pipeline.cli.main"
                 before = (_rows(db), _bytes(db)) if audit == "audit" and db.exists() else ({}, 0)
                 cpu = _children_cpu()
                 start = time.perf_counter()

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from amdflash.stages.transport.sim import create_board
+from amdflash.stages.sim import create_board
 
 from tests.fleet.central_trail import new_database, synthetic_runs
 from tests.fleet.pgcluster import PostgresCluster, server_binaries

@@ -6,7 +6,7 @@ range, and — for information — a verify of random content. Columns: `amdflas
 defaults (kept data confirmed: `--reads 2`, confirmation by expectation where it applies)
 and with `--reads 1` (one read, nothing confirmed), the reference client (when
 --seed-client names ../shared/conformance/run-seed-client), the observed floor for each
-(docs/cost-model.md: computed by stages.transport.sim.floor, not measured, counting reads of
+(docs/cost-model.md: computed by amdflash.stages.sim.floor, not measured, counting reads of
 kept data as amdflash's confirmation policy reads them — `kept_reads_of`), the transport
 and physical floors at defaults, and the ratios. Every run is through the CLI on a fresh
 emulated board, so the figures include opening the board, identification and the open-time
@@ -31,15 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable
 
-from amdflash.stages.flash.spinor import SpiNor
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.navi31.romsw import RomSw, RomSwOptions
-from amdflash.stages.transport.sim import SimBar5, create_board
-from amdflash.stages.transport.sim.cost import PCIE
-from amdflash.stages.transport.sim.floor import (Op, dump_ops, flash_ops, physical_floor, transport_floor,
-                                                 verify_ops)
-from amdflash.stages.transport.sim.state import C, BoardFiles
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.drivers.flash.spinor import SpiNor
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.drivers.navi31.romsw import RomSw, RomSwOptions
+from amdflash.stages.sim import SimBar5, create_board
+from amdflash.stages.sim.cost import PCIE
+from amdflash.stages.sim.floor import (Op, dump_ops, flash_ops, physical_floor, transport_floor,
+                                       verify_ops)
+from amdflash.stages.sim.state import C, BoardFiles
+from amdflash.stages.sim.synth import synthetic_ifwi
 
 SIZE, UNIT = 0x200000, 0x1000
 RANGE_START, RANGE_COUNT = 256, 16
@@ -150,7 +150,7 @@ def bench(args: argparse.Namespace, work: Path) -> None:
     n = 0
     options: dict = {}
     if args.report:
-        from amdflash.stages.transport.sim.report_model import board_options
+        from amdflash.stages.sim.report_model import board_options
 
         options, divergences = board_options(json.loads(args.report.read_text()))
         print(f"boards made from {args.report} ({options['chip']}, {options['transport']}):")

@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from amdflash.stages.transport.sim import create_board
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.sim import create_board
+from amdflash.stages.sim.synth import synthetic_ifwi
 from tests.fleet.lab import Lab, missing
 
 SEED = 100

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.sim.synth import synthetic_ifwi
 
 from tests.fleet.central_trail import new_database
 from tests.fleet.lab import Lab, missing, wait_for
@@ -231,7 +231,7 @@ def record_growth(root: Path, report=print) -> tuple[float, float, int]:
 
     import psycopg
 
-    from amdflash.stages.transport.sim import create_board
+    from amdflash.stages.sim import create_board
 
     cluster = PostgresCluster(server_binaries()).start()   # type: ignore[arg-type]
     try:

@@ -10,8 +10,8 @@ import struct
 import tempfile
 import time
 
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim import create_board, open_bar
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.sim import create_board, open_bar
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from amdflash.stages.transport.sim import create_board
+from amdflash.stages.sim import create_board
 
 SIZE = 0x200000
 
@@ -111,7 +111,7 @@ def main(flashes: int = 100, where: str | None = None) -> None:
 def in_process(db: Path, run: str, rows: int, repeats: int = 3) -> None:
     """The same reads as library calls in one process: what they cost without Python start-up
     and the CLI's imports (median of `repeats`; the database's pages warm after the first)."""
-    from amdflash.pipeline import commands
+    from amdflash.pipeline.commands import board as commands
     from amdflash.store.verify import verify_database, verify_run
 
     def median(call, repeats: int = repeats) -> float:

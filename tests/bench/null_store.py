@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-import amdflash.pipeline.commands as commands
-from amdflash.pipeline.cli import main
+import amdflash.pipeline.commands.board as commands
+from amdflash.pipeline.cli.main import main
 from amdflash.store.writer import NullWriter
 
 commands.auditdb.open_writer = lambda path: NullWriter().open()   # type: ignore[assignment,return-value]

@@ -17,10 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from amdflash.pipeline.cli import main
-from amdflash.stages.transport.sim import create_board
-from amdflash.stages.transport.sim.catalog import all_parts
-from amdflash.stages.transport.sim.cost import PROFILES
+from amdflash.pipeline.cli.main import main
+from amdflash.stages.sim import create_board
+from amdflash.stages.sim.catalog import all_parts
+from amdflash.stages.sim.cost import PROFILES
 
 HERE = Path(__file__).resolve().parent
 SCRATCH_SECTOR = 16

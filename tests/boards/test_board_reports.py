@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 
-from amdflash.stages.transport.sim.report_model import check
+from amdflash.stages.sim.report_model import check
 from tests.boards.conftest import STORED as REPORTS
 from tests.hwreport.test_round_trip import compare
 
 
 def test_there_is_a_report_of_every_emulated_chip_on_every_profile():
-    from amdflash.stages.transport.sim.catalog import all_parts
-    from amdflash.stages.transport.sim.cost import PROFILES
+    from amdflash.stages.sim.catalog import all_parts
+    from amdflash.stages.sim.cost import PROFILES
 
     names = {p.name for p in REPORTS}
     # UNKNOWN-SFDP2 is the part amdflash cannot identify (SFDP 2.0): it has no report.

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import re
 
-from amdflash.stages.flash import chips
-from amdflash.stages.flash.spinor import BUSY_MARGIN
-from amdflash.stages.transport.sim.synth import PART_KEY
+from amdflash.stages.drivers.flash import chips
+from amdflash.stages.drivers.flash.spinor import BUSY_MARGIN
+from amdflash.stages.sim.synth import PART_KEY
 from tests.pipeline.conftest import flash_content
 
 MAX_4K = chips.GD25LQ16E.erase_type(0x1000).maximum        # 300 ms, the one confirmed figure

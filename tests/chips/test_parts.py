@@ -11,9 +11,9 @@ from typing import Callable, Iterator
 
 import pytest
 
-from amdflash.stages.flash import chips as table
-from amdflash.stages.transport.sim import Board, create_board
-from amdflash.stages.transport.sim.catalog import all_parts
+from amdflash.stages.drivers.flash import chips as table
+from amdflash.stages.sim import Board, create_board
+from amdflash.stages.sim.catalog import all_parts
 from tests.sim.test_gd25 import a3, program, read, sr, tx, wren, write_status
 
 KiB, MiB = 1024, 1024 * 1024

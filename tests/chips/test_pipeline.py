@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from amdflash.stages.flash import chips
-from amdflash.stages.flash.planning import PlanCosts, apply_cover, cover, plan_unit
-from amdflash.stages.transport.sim import Board, command_log, create_board
-from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
+from amdflash.stages.drivers.flash import chips
+from amdflash.stages.drivers.flash.planning import PlanCosts, apply_cover, cover, plan_unit
+from amdflash.stages.sim import Board, command_log, create_board
+from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
 from tests.chips.conftest import TABLE_PARTS
 from tests.pipeline.conftest import ROOT, flash_content
 from tests.pipeline.test_resume import damaged

@@ -12,9 +12,9 @@ import itertools
 
 import pytest
 
-from amdflash.stages.flash import chips
-from amdflash.stages.transport.sim import Board
-from amdflash.stages.transport.sim.synth import PART_KEY
+from amdflash.stages.drivers.flash import chips
+from amdflash.stages.sim import Board
+from amdflash.stages.sim.synth import PART_KEY
 from tests.pipeline.conftest import flash_content
 
 KiB, MiB2, SECTOR = 1024, 0x200000, 0x1000

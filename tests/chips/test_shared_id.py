@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from amdflash.stages.transport.sim import Board, command_log
-from amdflash.stages.transport.sim.synth import PART_KEY
+from amdflash.stages.sim import Board, command_log
+from amdflash.stages.sim.synth import PART_KEY
 from tests.chips.test_pipeline import last_report
 from tests.pipeline.conftest import flash_content
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 import pytest
 
-from amdflash.pipeline.cli import main
+from amdflash.pipeline.cli.main import main
 from amdflash.stages.transport import discovery
 from tests.pipeline.conftest import flash_content, image  # noqa: F401 - shared: the image fixture, flash content
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from amdflash.pipeline.cli import build_parser, main
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim import Board, create_board
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.pipeline.cli.main import build_parser, main
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.sim import Board, create_board
+from amdflash.stages.sim.synth import synthetic_ifwi
 
 # Commands whose side effects reach outside the test's directory, or that take seconds when valid.
 LEFT_OUT = {"demo", "udev-rules"}

@@ -1,4 +1,4 @@
-"""amdflash.api: the commands as functions, with result objects, on emulated boards."""
+"""amdflash.pipeline.api: the commands as functions, with result objects, on emulated boards."""
 from __future__ import annotations
 
 import hashlib

@@ -12,7 +12,7 @@ import sqlite3
 
 import pytest
 
-from amdflash.stages.transport.sim import Board
+from amdflash.stages.sim import Board
 
 SIZE = 0x200000
 

@@ -172,11 +172,11 @@ def graph() -> Graph:
 
 
 def test_the_graph_covers_every_layer(graph: Graph) -> None:
-    for layer in ("amdflash.pipeline.cli", "amdflash.pipeline.jobs", "amdflash.stages.erase",
-                  "amdflash.stages.flash.spinor", "amdflash.stages.transport.sim", "amdflash.store.writer",
+    for layer in ("amdflash.pipeline.cli.main", "amdflash.pipeline.engine.jobs", "amdflash.stages.erase",
+                  "amdflash.stages.drivers.flash.spinor", "amdflash.stages.sim", "amdflash.store.writer",
                   "amdflash.pipeline.fleet"):
         assert layer in graph.files
-    assert "amdflash.stages.erase" in graph.edges["amdflash.pipeline.flash_graph"]
+    assert "amdflash.stages.erase" in graph.edges["amdflash.pipeline.engine.flash_graph"]
     assert len(graph.files) > 100
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from amdflash.stages.transport import discovery
 from amdflash.stages.transport.lock import BoardBusy, BoardLock, LockUnsafe, sim_lock
-from amdflash.stages.transport.sim import create_board
+from amdflash.stages.sim import create_board
 
 ESC = "\x1b"
 HOSTILE = f"x{ESC}]0;pwned{ESC}\\{ESC}[2J\x07\u202e"   # title, clear screen, bell, bidi override

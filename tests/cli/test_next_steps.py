@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.sim.synth import synthetic_ifwi
 from tests.cli.conftest import flash_content
 
 
@@ -153,7 +153,7 @@ def test_sim_power_cycle_restarts_the_bootloader_after_ifwi_all(amdflash, make_b
 
 
 def test_sim_power_cycle_brings_back_a_chip_left_in_deep_power_down(amdflash, make_board):
-    from amdflash.stages.transport.sim import Board
+    from amdflash.stages.sim import Board
 
     board = make_board(transport="ideal")
     with Board(board) as b:
@@ -267,9 +267,9 @@ def test_a_failed_dump_says_the_flash_was_not_changed(amdflash, make_board, tmp_
 
 
 def test_registers_left_changed_name_a_restore_that_works_pasted(amdflash, make_board, tmp_path, monkeypatch):
-    from amdflash.stages.navi31 import regs as R
+    from amdflash.stages.drivers.navi31 import regs as R
     from amdflash.stages.transport import discovery
-    from amdflash.stages.transport.sim import Board
+    from amdflash.stages.sim import Board
 
     def registers(board: Path) -> dict[int, int]:
         with Board(board) as b:

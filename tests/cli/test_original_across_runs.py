@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.stages.transport.sim import Board, create_board
-from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
+from amdflash.stages.sim import Board, create_board
+from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
 from tests.pipeline.conftest import flash_content
 
 SEED = 5

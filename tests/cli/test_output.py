@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from amdflash.pipeline.cli import build_parser
+from amdflash.pipeline.cli.main import build_parser
 from tests.cli.conftest import flash_content
 
 
@@ -167,7 +167,7 @@ def test_the_final_progress_line_says_each_stage_once(amdflash, make_board, imag
 
 
 def test_counts_are_said_in_the_singular_for_one():
-    from amdflash.pipeline.next_step import flash_state
+    from amdflash.pipeline.commands.next_step import flash_state
     from amdflash.store.read_checks import describe
 
     assert flash_state({"units": [{"state": "erased"}, {"state": "programmed"}, {"state": "programmed"}]}) == \
@@ -180,7 +180,7 @@ def test_counts_are_said_in_the_singular_for_one():
 
 def test_reports_round_numbers_and_explain_an_unsynchronised_clock_once(amdflash, make_board, image, tmp_path,
                                                                        monkeypatch):
-    from amdflash.pipeline import run_facts
+    from amdflash.pipeline.engine import run_facts
 
     monkeypatch.setattr(run_facts, "clock_sync", lambda: "unsynchronised (kernel adjtimex)")
     board = make_board(content="blank", transport="ideal")

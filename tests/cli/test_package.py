@@ -48,7 +48,7 @@ def test_the_wheel_installs_beside_store_and_pipeline_and_runs(tmp_path):
              _wheel(_stand_in(tmp_path / "src", "pipeline"), wheels)]
     names = subprocess.run([sys.executable, "-m", "zipfile", "-l", str(built[0])], capture_output=True, text=True,
                            check=True).stdout
-    assert "amdflash/pipeline/cli.py" in names and "amdflash/70-amdflash.rules" in names
+    assert "amdflash/pipeline/cli/main.py" in names and "amdflash/70-amdflash.rules" in names
     assert not any(line.split()[0].split("/")[0] in ("pipeline", "stages", "store")
                    for line in names.splitlines()[1:] if line.strip())
 
@@ -83,7 +83,7 @@ def test_the_wheel_installs_beside_store_and_pipeline_and_runs(tmp_path):
     info = run("info", "--board", "sim:board", "-q")
     assert info.returncode == 0, info.stderr
     assert "JEDEC capture c8 60 15" in info.stdout
-    where = subprocess.run([str(python), "-c", "import amdflash.pipeline.cli as c, store, pipeline; "
+    where = subprocess.run([str(python), "-c", "import amdflash.pipeline.cli.main as c, store, pipeline; "
                             "print(c.__file__); print(store.OWNER); print(pipeline.OWNER)"],
                            capture_output=True, text=True, cwd=tmp_path, env=env, check=True).stdout.splitlines()
     assert where[0].startswith(str(site)) and where[1:] == ["the store distribution", "the pipeline distribution"]

@@ -6,7 +6,7 @@ import json
 from rich.console import Console
 
 from amdflash.pipeline.logsetup import configure
-from amdflash.pipeline.progress import ProgressBoard
+from amdflash.pipeline.engine.progress import ProgressBoard
 
 
 def test_a_failing_flash_ends_failed_at_its_address(amdflash, make_board, image):
@@ -50,7 +50,7 @@ def test_the_terminal_table_has_a_column_per_stage_with_bytes_rate_and_eta(monke
     ui = ProgressBoard(enabled=True)
     assert ui.mode == "live"
     clock = iter(float(t) for t in range(100))
-    monkeypatch.setattr("amdflash.pipeline.progress.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("amdflash.pipeline.engine.progress.time.monotonic", lambda: next(clock))
     for board in ("sim:/a", "sim:/b", "sim:/c"):
         ui.observe(Recorder(NullWriter(), "run"), board, "run")
     a, b, c = (ui.reporter(board, "run") for board in ("sim:/a", "sim:/b", "sim:/c"))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim import Board
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.sim import Board
 from tests.cli.conftest import Result, flash_content
 
 REGISTERS = (R.GPIOPAD_MASK, R.GPIOPAD_A, R.GPIOPAD_EN, R.PAGE_MIRROR_CNTL, R.ROM_CNTL)
@@ -179,7 +179,7 @@ def test_a_busy_board_is_a_refused_run_on_record(amdflash, make_board):
 
 
 def test_ctrl_c_while_parsing_or_checking_exits_130_without_a_traceback(amdflash, monkeypatch, make_board):
-    from amdflash.pipeline import checks
+    from amdflash.pipeline.commands import checks
 
     board = make_board(transport="ideal")
 
@@ -193,7 +193,7 @@ def test_ctrl_c_while_parsing_or_checking_exits_130_without_a_traceback(amdflash
 
 
 def test_errors_inside_task_groups_are_unwrapped_to_their_cause(amdflash, monkeypatch):
-    from amdflash.pipeline import commands
+    from amdflash.pipeline.commands import board as commands
     from amdflash.pipeline.errors import Refusal
 
     def grouped(*args):  # noqa: ANN002, ANN202

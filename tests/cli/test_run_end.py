@@ -17,8 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from amdflash.stages.transport.sim import create_board
-from amdflash.stages.transport.sim.synth import PART_KEY
+from amdflash.stages.sim import create_board
+from amdflash.stages.sim.synth import PART_KEY
 from tests.cli import test_original_across_runs as across
 from tests.pipeline.conftest import flash_content
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.sim.synth import synthetic_ifwi
 from tests.cli.conftest import flash_content
 
 SCRIPT = str(Path(sys.executable).with_name("amdflash"))   # the console script, as a shell runs it
@@ -114,7 +114,7 @@ def test_ctrl_c_at_many_moments(tmp_path, make_board, delay):
 def test_a_ctrl_c_once_the_run_is_on_record_changes_nothing(tmp_path, make_board, amdflash, monkeypatch):
     """The key pressed while the finished run is being reported (the test presses it at that
     very moment, in-process): the run succeeded and says so, exit 0 — not "interrupted"."""
-    from amdflash.pipeline import commands
+    from amdflash.pipeline.commands import board as commands
 
     reports = commands._reports
 

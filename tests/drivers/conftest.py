@@ -6,10 +6,10 @@ from typing import Callable
 
 import pytest
 
-from amdflash.stages.flash.spinor import SpiNor
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.navi31.romsw import RomSw, RomSwOptions
-from amdflash.stages.transport.sim import SimBar5
+from amdflash.stages.drivers.flash.spinor import SpiNor
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.drivers.navi31.romsw import RomSw, RomSwOptions
+from amdflash.stages.sim import SimBar5
 
 
 class Opened:

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from amdflash.stages.navi31 import aperture
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim import SimBar5
+from amdflash.stages.drivers.navi31 import aperture
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.sim import SimBar5
 
 
 def swapped(value: int) -> int:

@@ -7,10 +7,10 @@ import struct
 
 import pytest
 
-from amdflash.stages.flash import chips
-from amdflash.stages.flash.sectors import flash_sectors
-from amdflash.stages.flash.sfdp import parse_bfpt
-from amdflash.stages.flash.spinor import FlashError, ProtectedError
+from amdflash.stages.drivers.flash import chips
+from amdflash.stages.drivers.flash.sectors import flash_sectors
+from amdflash.stages.drivers.flash.sfdp import parse_bfpt
+from amdflash.stages.drivers.flash.spinor import FlashError, ProtectedError
 
 MiB2 = 0x200000
 

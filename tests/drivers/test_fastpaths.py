@@ -10,12 +10,12 @@ from __future__ import annotations
 import random
 import pytest
 
-from amdflash.stages.flash.sectors import flash_sectors
-from amdflash.stages.flash.spinor import SpiNor
-from amdflash.stages.navi31 import fastpaths
-from amdflash.stages.navi31.fastpaths import VALIDATED, FastPaths, Finding
-from amdflash.stages.navi31.romsw import RomSw, RomSwOptions
-from amdflash.stages.transport.sim import SimBar5
+from amdflash.stages.drivers.flash.sectors import flash_sectors
+from amdflash.stages.drivers.flash.spinor import SpiNor
+from amdflash.stages.drivers.navi31 import fastpaths
+from amdflash.stages.drivers.navi31.fastpaths import VALIDATED, FastPaths, Finding
+from amdflash.stages.drivers.navi31.romsw import RomSw, RomSwOptions
+from amdflash.stages.sim import SimBar5
 
 SIZE = 0x200000
 
@@ -167,7 +167,7 @@ def test_the_self_check_turns_off_a_combined_read_that_found_a_transaction_runni
 
 
 def test_the_same_mistake_on_a_strict_board_fails_loudly(open_board, monkeypatch):
-    from amdflash.stages.transport.sim.romsw import ProtocolViolation
+    from amdflash.stages.sim.romsw import ProtocolViolation
 
     too_short_a_bound(monkeypatch)
     o = open_board(engine={"fast": FastPaths(), "self_check": False})
@@ -181,7 +181,7 @@ def test_a_slow_chip_drops_timed_pages_and_the_retry_programs_checked(open_board
     """Page programs taking twice their typical time: a write enable sent at the typical time
     finds the chip busy and is ignored, so is its page. The read-back finds it; the retry
     (through program_unit) turns the board to checked programming, which waits for WIP."""
-    from amdflash.stages.flash.planning import plan_unit
+    from amdflash.stages.drivers.flash.planning import plan_unit
     from amdflash.stages.program import program_unit
 
     image = random.Random(6).randbytes(SIZE)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amdflash.stages.flash.planning import Erase, PlanCosts, UnitPlan, apply_cover, cover, plan_unit, unit_action
+from amdflash.stages.drivers.flash.planning import Erase, PlanCosts, UnitPlan, apply_cover, cover, plan_unit, unit_action
 
 UNIT, SIZES = 0x1000, (0x1000, 0x8000, 0x10000)
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from amdflash.stages import ifwi
-from amdflash.stages.navi31 import psp
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim import SimBar5
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.image import ifwi
+from amdflash.stages.drivers.navi31 import psp
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.sim import SimBar5
+from amdflash.stages.sim.synth import synthetic_ifwi
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.stages.navi31 import regs as R
+from amdflash.stages.drivers.navi31 import regs as R
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "rom-sw.md"
 CLOCK_GATING_EN = 1 << 0          # ROM_CNTL bit 0 (amdgpu smuio_*_sh_mask.h)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.navi31.romsw import Request, RomSwError, RomSwOptions, RomSwTimeout
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.drivers.navi31.romsw import Request, RomSwError, RomSwOptions, RomSwTimeout
 from tests.drivers.conftest import registers
 
 JEDEC = bytes((0xC8, 0x60, 0x15))

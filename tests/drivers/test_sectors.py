@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from amdflash.stages.flash.sectors import SectorVerifyError, flash_sectors
-from amdflash.stages.flash.spinor import ProtectedError
+from amdflash.stages.drivers.flash.sectors import SectorVerifyError, flash_sectors
+from amdflash.stages.drivers.flash.spinor import ProtectedError
 
 MiB2, UNIT = 0x200000, 0x1000
 FIRST = 100          # the sectors the property test works on

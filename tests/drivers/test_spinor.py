@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from amdflash.stages.flash import protection
-from amdflash.stages.flash.chips import GD25LQ16E, match_jedec
-from amdflash.stages.flash.spinor import FlashError, FlashTimeout, ProtectedError
+from amdflash.stages.drivers.flash import protection
+from amdflash.stages.drivers.flash.chips import GD25LQ16E, match_jedec
+from amdflash.stages.drivers.flash.spinor import FlashError, FlashTimeout, ProtectedError
 
 MiB2 = 0x200000
 

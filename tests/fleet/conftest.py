@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from amdflash.pipeline.cli import main
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.pipeline.cli.main import main
+from amdflash.stages.sim.synth import synthetic_ifwi
 
 from tests.fleet import lab as lab_module
 from tests.fleet.pgcluster import PostgresCluster, server_binaries

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amdflash.stages.transport.sim import create_board
+from amdflash.stages.sim import create_board
 
 BIN = Path(sys.executable).parent
 SSH_KEY_ALIAS = "amdflash-fleet-test-sshd"

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.sim.synth import synthetic_ifwi
 
 from tests.fleet.lab import Lab, missing, wait_for
 from tests.fleet.pgcluster import PostgresCluster, server_binaries

@@ -18,8 +18,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from amdflash.pipeline.cli import main
-from amdflash.stages.transport.sim.synth import PART_KEY
+from amdflash.pipeline.cli.main import main
+from amdflash.stages.sim.synth import PART_KEY
 from amdflash.store.chain import load_checkpoints
 from amdflash.store.schema import drop_triggers
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -350,7 +350,7 @@ def test_fleet_flash_passes_expect_part_and_force_to_each_host() -> None:
 
 @pytest.mark.slow
 def test_the_host_job_flashes_a_blank_board_only_with_expect_part(make_board, tmp_path) -> None:
-    from amdflash.stages.transport.sim.synth import synthetic_ifwi
+    from amdflash.stages.sim.synth import synthetic_ifwi
 
     image = tmp_path / "image.bin"
     image.write_bytes(synthetic_ifwi(11))

@@ -35,7 +35,7 @@ def _server_asking_for_a_password(path: Path) -> socket.socket:
 
 
 def test_a_push_without_a_password_says_where_the_password_goes(tmp_path: Path, monkeypatch, cli) -> None:
-    from amdflash.stages.transport.sim import create_board
+    from amdflash.stages.sim import create_board
 
     sockets = tmp_path / "pg"
     sockets.mkdir()

@@ -17,8 +17,8 @@ import pytest
 
 from amdflash.pipeline.fleet.attributes import BOARD_ATTRIBUTES, RESOURCE_CLASS
 from amdflash.pipeline.fleet.hostjob import unfinished_flash
-from amdflash.stages.transport.sim import create_board
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.sim import create_board
+from amdflash.stages.sim.synth import synthetic_ifwi
 from tests.fleet.conftest import flash_of
 
 labgrid = pytest.importorskip("labgrid", reason="labgrid is not installed (pip install '.[test]' brings it)")
@@ -174,7 +174,7 @@ def test_a_query_of_an_audit_database_being_created_never_fails(tmp_path: Path) 
     are taken in turn (a timer racing the listing made this test depend on the machine's load)."""
     import shutil
 
-    from amdflash.pipeline.cli import main
+    from amdflash.pipeline.cli.main import main
     from amdflash.pipeline.fleet.hostjob import cli_json
 
     made = tmp_path / "made.sqlite"
@@ -298,9 +298,9 @@ def test_a_killed_job_reports_the_end_a_board_recorded_before_the_kill(tmp_path:
     run recorded `succeeded` and is reported so; only the other is interrupted. (The fault fires
     at 95 % of the flash's writes but not before the first board's end is in the trail: on a
     busy machine the kill could otherwise come first.)"""
-    from amdflash.pipeline.cli import main
+    from amdflash.pipeline.cli.main import main
     from amdflash.pipeline.fleet.hostjob import run
-    from amdflash.stages.transport.sim import Board
+    from amdflash.stages.sim import Board
 
     monkeypatch.setenv("AMDFLASH_LOCK_DIR", str(tmp_path / "locks"))
     image = synthetic_ifwi(77)
@@ -331,7 +331,7 @@ def test_a_dump_waiting_on_the_host_for_the_client_is_the_user_s_alone(tmp_path:
     flash, 0600 whatever the umask (issue 28 item 6), a regular file of our own."""
     import stat
 
-    from amdflash.pipeline.cli import main
+    from amdflash.pipeline.cli.main import main
     from amdflash.pipeline.fleet.hostjob import run
 
     monkeypatch.setenv("AMDFLASH_LOCK_DIR", str(tmp_path / "locks"))
@@ -355,7 +355,7 @@ def test_a_dump_waiting_on_the_host_for_the_client_is_the_user_s_alone(tmp_path:
 def test_a_job_on_two_boards_says_each_board_s_progress_as_it_goes(tmp_path: Path, monkeypatch, capsys) -> None:
     """Issue 27 item 9: the host job hears its boards' progress (the one amdflash process's
     --log-json events) and says it per board, in numbers, before the job's results."""
-    from amdflash.pipeline.cli import main
+    from amdflash.pipeline.cli.main import main
     from amdflash.pipeline.fleet.hostjob import run
 
     monkeypatch.setenv("AMDFLASH_LOCK_DIR", str(tmp_path / "locks"))

@@ -81,7 +81,7 @@ def test_an_unfinished_flash_of_another_image_is_refused_with_its_next_step_unti
     """A board whose unfinished flash the fleet cannot resume (it was of another image): the
     host's flash refuses it (exit 2, nothing written), and the fleet reports it refused with
     the host CLI's reason and next steps — not as failed or lost. --start-over is passed on."""
-    from amdflash.stages.transport.sim.synth import synthetic_ifwi
+    from amdflash.stages.sim.synth import synthetic_ifwi
 
     lab.add_host("hosta", 1, seed=100, realtime=0.25)
     lab.start_exporter("hosta")

@@ -74,7 +74,7 @@ def test_one_fleet_flash_writes_four_boards_on_each_of_two_hosts(lab: Lab, fleet
 
 
 def test_blank_boards_are_flashed_only_with_expect_part_passed_to_their_hosts(lab: Lab, fleet_image: Path) -> None:
-    from amdflash.stages.transport.sim.synth import PART_KEY
+    from amdflash.stages.sim.synth import PART_KEY
 
     host = lab.add_host("hosta", 2, seed=300, content="blank", transport="ideal")
     lab.start_exporter("hosta")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.pipeline.cli import build_parser
+from amdflash.pipeline.cli.main import build_parser
 from amdflash.stages.transport.usb import BRIDGE_IDS
 
 UNITS = Path(__file__).resolve().parents[2] / "pipeline" / "fleet" / "units"

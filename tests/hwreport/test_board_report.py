@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from amdflash.stages.flash import chips
-from amdflash.stages.transport.sim import Board, create_board
-from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
+from amdflash.stages.drivers.flash import chips
+from amdflash.stages.sim import Board, create_board
+from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
 
 MiB2 = 0x200000
 SPI25 = "flashrom decode_range_spi25 and ufprog wpr_3bp_tb_sec_cmp"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from amdflash.pipeline.hardware_report import busy_limits
+from amdflash.pipeline.commands.hardware_report import busy_limits
 
 VARYING = Path(__file__).resolve().parents[1] / "boards" / "emulated-varying-w25q16jw-asm24.json"
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from amdflash.stages.transport.sim import Board, create_board
+from amdflash.stages.sim import Board, create_board
 
 UFPROG = "ufprog mx25x_wpr_type2_4bp_tb0"
 FLASHROM_MX = "flashrom decode_range_spi25 as for the MX25L1635E/MX25L1633E"

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim import create_board
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.sim import create_board
 
 
 def test_scratch_sector_in_a_protected_block_is_refused_and_nothing_changes(amdflash, tmp_path):

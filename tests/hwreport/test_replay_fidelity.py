@@ -7,8 +7,8 @@ import json
 import re
 from pathlib import Path
 
-from amdflash.stages.transport.sim import create_board
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.sim import create_board
+from amdflash.stages.sim.synth import synthetic_ifwi
 
 
 def test_a_flash_run_replays_identically_onto_the_board_its_report_describes(amdflash, tmp_path, isolated):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.sim.synth import synthetic_ifwi
 
 REPORT = Path(__file__).resolve().parents[1] / "boards" / "emulated-gd25lq16e-ideal.json"
 HUGE = "9" * 5000

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim import Board, create_board
-from amdflash.stages.transport.sim.calibration import power_on_values
-from amdflash.stages.transport.sim.power_on import power_on_registers
-from amdflash.stages.transport.sim.state import REGIONS
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.sim import Board, create_board
+from amdflash.stages.sim.calibration import power_on_values
+from amdflash.stages.sim.power_on import power_on_registers
+from amdflash.stages.sim.state import REGIONS
+from amdflash.stages.sim.synth import synthetic_ifwi
 
 # Non-default figures everywhere the report measures: link, busy times, registers, chip, SR.
 SOURCE = {

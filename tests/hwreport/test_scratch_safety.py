@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from amdflash.stages import measure
-from amdflash.stages.transport.sim import Board, create_board
+from amdflash.stages.sim import Board, create_board
 
 SCRATCH = ("--scratch-sector", "32", "--yes")      # the 64 KiB block at 0x020000, data all through it
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amdflash.stages.transport.sim.calibration import CalibrationError
-from amdflash.stages.transport.sim.report_model import board_options
+from amdflash.stages.sim.calibration import CalibrationError
+from amdflash.stages.sim.report_model import board_options
 
 BOARDS = Path(__file__).resolve().parents[1] / "boards"
 REPORT = json.loads((BOARDS / "emulated-mx25u1635f-asm24.json").read_text())
@@ -102,7 +102,7 @@ def test_a_steady_link_is_not_said_to_vary_and_an_absurd_spread_is_refused():
 def test_a_runs_record_that_no_amdflash_wrote_is_refused_with_a_calibration_error():
     """`sim create --from-run` of a plain run reads the run's boards row and register snapshot:
     whatever is in them, a board or a CalibrationError — never another error."""
-    from amdflash.stages.transport.sim.report_model import run_board_options
+    from amdflash.stages.sim.report_model import run_board_options
 
     good = {"run": "run X (dump)", "kind": "sim", "jedec": "ef6015ef", "chip": "Winbond W25Q16JW", "sr1": 0,
             "sr2": 2, "sr3": 96, "detail": '{"profile": "asm24"}', "registers": {0x5A508: 0x700}}

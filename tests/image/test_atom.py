@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from amdflash.stages.atom import AtomError, BytesSource, UnitSource, parse_atom, part_key, part_version, same_part
+from amdflash.stages.image.atom import AtomError, BytesSource, UnitSource, parse_atom, part_key, part_version, same_part
 from tests.image.build import PCIR_AT, ROM_HEADER, STRINGS, atom_rom
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from amdflash.pipeline.image_commands import image_report
-from amdflash.stages.atom import AtomError, BytesSource, parse_atom
-from amdflash.stages.part_check import flash_part, image_part
-from amdflash.stages.partitions import LayoutError, read_layout
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.pipeline.cli.image import image_report
+from amdflash.stages.image.atom import AtomError, BytesSource, parse_atom
+from amdflash.stages.image.part_check import flash_part, image_part
+from amdflash.stages.image.partitions import LayoutError, read_layout
+from amdflash.stages.sim.synth import synthetic_ifwi
 from tests.image.build import atom_rom, ifwi
 
 SYNTHETIC = synthetic_ifwi(5)

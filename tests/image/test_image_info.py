@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.sim.synth import synthetic_ifwi
 from tests.image.build import ifwi
 from tests.pipeline.conftest import cli, db  # noqa: F401 - fixtures
 
@@ -55,8 +55,8 @@ def test_unreadable_file_is_a_refusal(cli, tmp_path):
 def test_a_plain_vbios_is_described_and_said_not_to_be_an_ifwi(cli, tmp_path):
     """A VBIOS on its own (what a PCI `rom` file or a VBIOS collection holds): the synthetic
     image's partition A ATOM image, cut out of it."""
-    from amdflash.stages.atom import BytesSource
-    from amdflash.stages.partitions import read_layout
+    from amdflash.stages.image.atom import BytesSource
+    from amdflash.stages.image.partitions import read_layout
 
     image = synthetic_ifwi(3, part_key="SYNTH-0042")
     slot = read_layout(BytesSource(image)).slot("ISH_A")

@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
-from amdflash.stages.part_check import BoardPart, PartPolicy, decide
-from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
+from amdflash.stages.image.part_check import BoardPart, PartPolicy, decide
+from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
 from tests.pipeline.conftest import cli, cli_shown, db, flash_content  # noqa: F401 - fixtures
 
 FOUND = BoardPart("found", "113-D7040100-114", "partition A")

@@ -5,9 +5,9 @@ import struct
 
 import pytest
 
-from amdflash.stages.atom import BytesSource
-from amdflash.stages.part_check import flash_part
-from amdflash.stages.partitions import LayoutError, read_layout
+from amdflash.stages.image.atom import BytesSource
+from amdflash.stages.image.part_check import flash_part
+from amdflash.stages.image.partitions import LayoutError, read_layout
 from tests.image.build import directory, ifwi, slot_header, u32
 
 

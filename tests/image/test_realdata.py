@@ -1,7 +1,7 @@
 """The ATOM parser and `image info` on real VBIOS images: nine Polaris ROMs from public
 repositories, in ../shared/realdata/vbios beside the repository (never copied into it).
 
-The expected values were read out of each ROM by another route than stages/atom.py: the
+The expected values were read out of each ROM by another route than stages/image/atom.py: the
 part number is the "113-" string found by searching the ROM's first KiB, the version the
 text after the "ATOMBIOSBK-AMD VER" anchor found anywhere, the PCI ids the four bytes after
 the "PCIR" signature found by searching, and the subsystem ids the two words at +0x18 of the
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.stages.atom import BytesSource, parse_atom
+from amdflash.stages.image.atom import BytesSource, parse_atom
 from tests.pipeline.conftest import cli, db  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[2]

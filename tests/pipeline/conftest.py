@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.pipeline.cli import main
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.pipeline.cli.main import main
+from amdflash.stages.sim.synth import synthetic_ifwi
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim import Board
-from amdflash.stages.transport.sim.synth import PART_KEY
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.sim import Board
+from amdflash.stages.sim.synth import PART_KEY
 from amdflash.store import writer as writer_module
 from amdflash.store.schema import PHYSICAL
 from tests.pipeline.conftest import flash_content
@@ -22,9 +22,9 @@ from tests.pipeline.trail_check import uncovered_commands
 def flashed_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One full flash on record, made once per module (a flash costs seconds of emulation):
     the directory holding its database, anchor and backups."""
-    from amdflash.pipeline.cli import main
-    from amdflash.stages.transport.sim import create_board
-    from amdflash.stages.transport.sim.synth import synthetic_ifwi
+    from amdflash.pipeline.cli.main import main
+    from amdflash.stages.sim import create_board
+    from amdflash.stages.sim.synth import synthetic_ifwi
 
     where = tmp_path_factory.mktemp("flashed")
     board = create_board(where / "board", seed=1, content="blank", transport="ideal")
@@ -211,7 +211,7 @@ def test_audit_failure_mid_job_stops_hardware_writes_and_restores_registers(cli,
     """The database fills up mid-job (SQLite max_page_count): the job fails, nothing more is
     written to the board but the register restore, and everything destructive the board
     received is on record."""
-    import amdflash.pipeline.commands as commands
+    import amdflash.pipeline.commands.board as commands
 
     # Where the database must fill up to stop the job halfway through programming: from a
     # twin run, as big as its trail up to then.

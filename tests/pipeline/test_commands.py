@@ -8,9 +8,9 @@ import sqlite3
 
 import pytest
 
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim import Board
-from amdflash.stages.transport.sim.synth import PART_KEY
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.sim import Board
+from amdflash.stages.sim.synth import PART_KEY
 from tests.pipeline.conftest import flash_content
 
 MiB2 = 0x200000
@@ -31,7 +31,7 @@ def report(cli, run_id: str) -> dict:
 @pytest.fixture
 def cli(db, capsys):
     """amdflash in this process, as a user runs it (no -q: results are checked on stdout)."""
-    from amdflash.pipeline.cli import main
+    from amdflash.pipeline.cli.main import main
     from tests.pipeline.conftest import Result
 
     def run(*args: str) -> Result:
@@ -233,7 +233,7 @@ def test_stuck_bit_fails_naming_address_and_bytes(cli, make_board, image):
 
 
 def test_probe_and_ifwi_all(cli, make_board, tmp_path):
-    from amdflash.stages.transport.sim.synth import synthetic_ifwi
+    from amdflash.stages.sim.synth import synthetic_ifwi
 
     board = make_board(transport="ideal", seed=77)
     r = cli("probe", "--board", f"sim:{board}")

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from amdflash.stages.confirm import Expectation, Noise, confirm_expected, patterned
-from amdflash.stages.flash.spinor import SpiNor
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.navi31.romsw import RomSw, RomSwOptions
-from amdflash.stages.transport.sim import Board, SimBar5
-from amdflash.stages.transport.sim.state import F_STALE_DRAWS
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.drivers.flash.spinor import SpiNor
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.drivers.navi31.romsw import RomSw, RomSwOptions
+from amdflash.stages.sim import Board, SimBar5
+from amdflash.stages.sim.state import F_STALE_DRAWS
+from amdflash.stages.sim.synth import synthetic_ifwi
 from tests.pipeline.test_confirmed_reads import as_read, rows
 
 MiB2, UNIT, CHUNK = 0x200000, 0x1000, 0x100

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amdflash.stages.confirm import MAJORITY, Noise, confirm, confirm_whole, settle
-from amdflash.stages.transport.sim import Board
+from amdflash.stages.sim import Board
 from tests.pipeline.conftest import flash_content
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim import command_log
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.sim import command_log
 from tests.pipeline.conftest import ROOT
 from tests.pipeline.trail_check import uncovered_commands
 
@@ -196,7 +196,7 @@ class _Recorder:
 
 class _Raw:
     def __init__(self, events: list[str], command: int = 0):
-        from amdflash.stages.transport.sim.clock import SimClock  # noqa: F401 - only its interface is used
+        from amdflash.stages.sim.clock import SimClock  # noqa: F401 - only its interface is used
 
         self.events = events
         self.command = command       # what the board's ROM_SW_COMMAND holds

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.stages.navi31.regs import ROM_SW_CNTL
+from amdflash.stages.drivers.navi31.regs import ROM_SW_CNTL
 from amdflash.stages.restore import RESTORABLE
-from amdflash.stages.transport.sim import Board, create_board
+from amdflash.stages.sim import Board, create_board
 from tests.pipeline.test_faults_matrix import damaged, image
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from amdflash.stages.restore import NAMES, RESTORABLE
-from amdflash.stages.transport.sim import Board, create_board
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.stages.sim import Board, create_board
+from amdflash.stages.sim.synth import synthetic_ifwi
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = 0x1000

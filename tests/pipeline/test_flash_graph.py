@@ -1,8 +1,8 @@
-"""The flash stage graph (pipeline/flash_graph.py) is the one a flash runs through."""
+"""The flash stage graph (pipeline/engine/flash_graph.py) is the one a flash runs through."""
 from __future__ import annotations
 
-from amdflash.pipeline import flash_graph
-from amdflash.stages.transport.sim.synth import PART_KEY
+from amdflash.pipeline.engine import flash_graph
+from amdflash.stages.sim.synth import PART_KEY
 from tests.pipeline.conftest import flash_content
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from amdflash.pipeline.cli import main
+from amdflash.pipeline.cli.main import main
 from amdflash.store import keys
 from amdflash.store.migrate import V1_TABLES, _v1_field
 

@@ -11,7 +11,7 @@ import sqlite3
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from amdflash.stages.flash.planning import unit_action
+from amdflash.stages.drivers.flash.planning import unit_action
 from tests.pipeline.conftest import flash_content
 
 UNIT, FIRST, COUNT = 0x1000, 32, 16      # one whole 64 KiB block

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.stages.navi31 import regs as R
+from amdflash.stages.drivers.navi31 import regs as R
 from amdflash.stages.restore import RESTORABLE
-from amdflash.stages.transport.sim import Board
+from amdflash.stages.sim import Board
 from tests.pipeline.conftest import ROOT
 
 

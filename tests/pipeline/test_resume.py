@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim import Board, create_board
-from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.sim import Board, create_board
+from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
 from tests.pipeline.conftest import ROOT, flash_content
 
 SAVED = (R.GPIOPAD_MASK, R.GPIOPAD_A, R.GPIOPAD_EN, R.PAGE_MIRROR_CNTL, R.ROM_CNTL)
@@ -193,7 +193,7 @@ def test_resume_with_restore_each_puts_back_the_original_registers(make_board, i
 
 
 def test_sigint_during_an_aperture_dump_stops_restores_and_writes_no_file(make_board, tmp_path):
-    from amdflash.stages.transport.sim.synth import synthetic_ifwi as synth
+    from amdflash.stages.sim.synth import synthetic_ifwi as synth
 
     board = make_board(content=synth(5))
     with Board(board) as b:

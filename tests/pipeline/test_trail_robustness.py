@@ -133,9 +133,9 @@ def test_a_run_records_facts_not_claims(cli, make_board, db, monkeypatch):
     assert run["operator"] == pwd.getpwuid(os.getuid()).pw_name != "Jane Auditor"
     assert run["operator_claimed"] == "J. Auditor (QA)"
     assert run["tool_version"] == metadata.version("amdflash")
-    from amdflash.pipeline import run_facts
+    from amdflash.pipeline.engine import run_facts
 
-    if (Path(run_facts.__file__).resolve().parents[1] / ".git").exists():    # run from a checkout
+    if (Path(run_facts.__file__).resolve().parents[2] / ".git").exists():    # run from a checkout
         assert run["tool_revision"].startswith("git ") and len(run["tool_revision"].split()[1].split("-")[0]) == 40
     else:                                                                    # an installed copy
         assert run["tool_revision"] is None
@@ -168,7 +168,7 @@ def test_audit_key_is_made_once_private_and_printed_public(cli, tmp_path, monkey
 
 
 def test_the_default_key_lives_beside_the_default_database(monkeypatch, tmp_path):
-    from amdflash.pipeline.auditdb import host_key_path
+    from amdflash.pipeline.commands.auditdb import host_key_path
 
     monkeypatch.delenv("AMDFLASH_HOST_KEY", raising=False)
     monkeypatch.setenv("AMDFLASH_DB", str(tmp_path / "somewhere" / "audit.sqlite"))

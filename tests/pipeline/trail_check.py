@@ -4,7 +4,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from amdflash.stages.transport.sim import command_log
+from amdflash.stages.sim import command_log
 
 UNIT = 0x1000
 ERASE_SIZES = {0x20: 0x1000, 0x52: 0x8000, 0xD8: 0x10000, 0x60: 0x200000, 0xC7: 0x200000}

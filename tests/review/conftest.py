@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.pipeline.cli import main
-from amdflash.stages.transport.sim import create_board
-from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
+from amdflash.pipeline.cli.main import main
+from amdflash.stages.sim import create_board
+from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
 
 UNIT = 0x1000
 ERASED_BLOCK = 0x100000      # a 64 KiB block that needs an erase (board holds zeros there)

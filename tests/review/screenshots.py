@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from amdflash.stages.transport.sim import create_board
-from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
+from amdflash.stages.sim import create_board
+from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path(os.environ.get("AMDFLASH_CHROMIUM", "/usr/bin/chromium"))

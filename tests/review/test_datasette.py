@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.pipeline.cli import main
-from amdflash.stages.transport.sim import create_board
-from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
+from amdflash.pipeline.cli.main import main
+from amdflash.stages.sim import create_board
+from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
 from amdflash.store.schema import DECODED, LOGICAL, PHYSICAL
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.pipeline.cli import main
-from amdflash.pipeline.demo import DEFAULT_SEED, MARKER, prepare_dir
+from amdflash.pipeline.cli.main import main
+from amdflash.pipeline.commands.demo import DEFAULT_SEED, MARKER, prepare_dir
 from amdflash.pipeline.errors import Refusal
-from amdflash.stages.transport.sim.synth import damage, synthetic_ifwi
+from amdflash.stages.sim.synth import damage, synthetic_ifwi
 from amdflash.store.verify import verify_database
 
 
@@ -90,7 +90,7 @@ def test_prepare_dir_keeps_the_marker_and_lists_what_it_removed(tmp_path):
 
 
 def test_demo_stops_with_the_failing_steps_exit_code(env, tmp_path, capsys, monkeypatch):
-    import amdflash.stages.transport.sim as sim
+    import amdflash.stages.sim as sim
 
     real = sim.create_board
     # An engine that never completes a transaction: the first step (info) fails.

@@ -16,7 +16,7 @@ from tests.pipeline.conftest import cli, db  # noqa: F401 - fixtures: in-process
 @pytest.fixture
 def trail(cli, make_board, tmp_path) -> dict[str, object]:  # noqa: F811
     """A small trail: info on one board, then one flash on two boards at once (interleaved rows)."""
-    from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
+    from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
 
     image = tmp_path / "image.bin"
     image.write_bytes(synthetic_ifwi(21))

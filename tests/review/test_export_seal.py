@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from amdflash.pipeline.cli import main
-from amdflash.stages.transport.sim import create_board
-from amdflash.stages.transport.sim.synth import PART_KEY, synthetic_ifwi
+from amdflash.pipeline.cli.main import main
+from amdflash.stages.sim import create_board
+from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
 from amdflash.store import keys
 
 FUZZ = settings(max_examples=120, deadline=None, database=None,

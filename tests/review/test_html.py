@@ -281,7 +281,7 @@ def test_chain_status_intact_and_broken(recorded: Recorded, pages, tmp_path: Pat
 
 
 def test_a_trusted_key_is_checked_when_given(recorded: Recorded, tmp_path: Path) -> None:
-    from amdflash.pipeline.auditdb import host_key_path
+    from amdflash.pipeline.commands.auditdb import host_key_path
     from amdflash.store import keys
 
     good = tmp_path / "host.pub"
@@ -384,7 +384,7 @@ def test_an_interrupted_run_and_the_resume_that_finished_it(tmp_path: Path) -> N
     import sys
     import time
 
-    from amdflash.stages.transport.sim import command_log, create_board
+    from amdflash.stages.sim import command_log, create_board
     from tests.pipeline.conftest import ROOT
 
     image = bytearray(os.urandom(0x200000))

@@ -9,7 +9,7 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
-from amdflash.pipeline.cli import main
+from amdflash.pipeline.cli.main import main
 from amdflash.store import schema, writer
 
 HOSTILE = 'javascript:alert(document.domain)//"><b>x</b>'

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.pipeline.cli import main
+from amdflash.pipeline.cli.main import main
 
 FIXTURE = Path(__file__).with_name("data") / "audit-v1.sqlite.xz"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.stages.transport.sim.synth import PART_KEY
+from amdflash.stages.sim.synth import PART_KEY
 from tests.pipeline.conftest import cli, cli_shown, db, image  # noqa: F401 - fixtures: in-process CLI, own database
 
 FAKE_ERROR = "bench power lost, not a board defect"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.stages.flash.protection import decode
+from amdflash.stages.drivers.flash.protection import decode
 from amdflash.store.queries import open_readonly
 from amdflash.store.replay import build_board, replay
 from tests.review.conftest import STUCK_UNIT, Recorded, amdflash
@@ -112,7 +112,7 @@ def test_refusals(recorded: Recorded, cli, tmp_path: Path) -> None:  # noqa: ANN
 
 
 def test_help_says_it_writes_only_a_temporary_board(cli) -> None:  # noqa: ANN001
-    from amdflash.pipeline.cli import build_parser
+    from amdflash.pipeline.cli.main import build_parser
 
     text = build_parser()._subparsers._group_actions[0].choices["replay"].format_help()  # noqa: SLF001
     assert "temporary" in text and "--until" in text and "Writes nothing but" in text

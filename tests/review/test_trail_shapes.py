@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.pipeline.cli import main
-from amdflash.stages.navi31 import romsw
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.navi31.fastpaths import VALIDATED, FastPaths
-from amdflash.stages.transport.sim import Board, create_board
+from amdflash.pipeline.cli.main import main
+from amdflash.stages.drivers.navi31 import romsw
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.drivers.navi31.fastpaths import VALIDATED, FastPaths
+from amdflash.stages.sim import Board, create_board
 
 SECTORS = 20
 ALL = FastPaths()
@@ -29,7 +29,7 @@ ALL = FastPaths()
 @pytest.fixture
 def seen(monkeypatch) -> dict[str, list]:
     """Every register write the emulated board receives, and every transaction its engine starts."""
-    from amdflash.stages.transport.sim import romsw as engine
+    from amdflash.stages.sim import romsw as engine
 
     log: dict[str, list] = {"writes": [], "starts": []}
     real_write, real_start = Board.reg_write, engine.RomSwEngine._start

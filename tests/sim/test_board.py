@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim import Board, open_bar
-from amdflash.stages.transport.sim.cost import ASM24, PCIE
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.sim import Board, open_bar
+from amdflash.stages.sim.cost import ASM24, PCIE
 
 PADS_AND_MIRROR = ((R.GPIOPAD_MASK, 0), (R.GPIOPAD_A, 0), (R.GPIOPAD_EN, 0), (R.PAGE_MIRROR_CNTL, 0x06000000))
 
@@ -250,7 +250,7 @@ def _run(code: str, *args: str) -> subprocess.CompletedProcess:
 
 def test_state_persists_across_processes(make_board):
     path = make_board()
-    code = ("import sys, struct\nfrom stages.transport.sim import open_bar\n"
+    code = ("import sys, struct\nfrom amdflash.stages.sim import open_bar\n"
             "bar = open_bar(sys.argv[1])\nbar.write(0x2000, struct.pack('<I', 0xCAFEF00D))\n"
             "bar.close()\n")
     assert _run(code, str(path)).returncode == 0
@@ -262,7 +262,7 @@ def test_state_persists_across_processes(make_board):
 
 def test_kill_after_writes_kills_the_host_and_the_board_keeps_what_it_had(make_board):
     path = make_board(faults=["kill-after-writes=5"])
-    code = ("import sys, struct\nfrom stages.transport.sim import open_bar\n"
+    code = ("import sys, struct\nfrom amdflash.stages.sim import open_bar\n"
             "bar = open_bar(sys.argv[1])\n"
             "for i in range(10): bar.write(0x3000 + 4 * i, struct.pack('<I', i + 1))\n"
             "print('survived')\n")

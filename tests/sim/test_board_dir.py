@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.pipeline.cli import main
-from amdflash.stages.transport.sim import create_board
-from amdflash.stages.transport.sim.state import BAR5_SIZE, FLASH_SIZE, create_files
+from amdflash.pipeline.cli.main import main
+from amdflash.stages.sim import create_board
+from amdflash.stages.sim.state import BAR5_SIZE, FLASH_SIZE, create_files
 
 NOBODY = 65534
 

@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim import Board
-from amdflash.stages.transport.sim.cost import ASM24, spi_seconds
-from amdflash.stages.transport.sim.romsw import ProtocolViolation
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.sim import Board
+from amdflash.stages.sim.cost import ASM24, spi_seconds
+from amdflash.stages.sim.romsw import ProtocolViolation
 from tests.sim.test_board import r32, release_pads, w32
 
 PRESCALE = 8
@@ -155,7 +155,7 @@ def test_a_transaction_in_flight_survives_the_host_process(make_board):
     path = make_board()
     with Board(path) as b:
         start_read(b)
-    code = (f"from amdflash.stages.transport.sim import Board\n"
+    code = (f"from amdflash.stages.sim import Board\n"
             f"b = Board({str(path)!r})\n"
             f"print(int.from_bytes(b.reg_read({R.ROM_SW_STATUS}, 4), 'little'))\n"
             f"b.clock.sleep({READ_256})\n"

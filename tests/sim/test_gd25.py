@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim import Board, create_board
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.sim import Board, create_board
 
 KiB, MiB = 1024, 1024 * 1024
 FLASH = 2 * MiB

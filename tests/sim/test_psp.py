@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.stages import ifwi
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim import Board, synth
-from amdflash.stages.transport.sim.psp import DEFAULT_ORDER
+from amdflash.stages.image import ifwi
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.sim import Board, synth
+from amdflash.stages.sim.psp import DEFAULT_ORDER
 
 STATUS, DATA, DOORBELL = R.MP0_C2PMSG_115, R.MP0_C2PMSG_116, R.MP0_C2PMSG_73
 READY = 0x80000000

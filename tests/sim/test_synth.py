@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amdflash.stages import ifwi
-from amdflash.stages.transport.sim import synth
-from amdflash.stages.transport.sim.synth import damage, damage_regions, synthetic_ifwi
+from amdflash.stages.image import ifwi
+from amdflash.stages.sim import synth
+from amdflash.stages.sim.synth import damage, damage_regions, synthetic_ifwi
 
 
 def u32(data: bytes, offset: int) -> int:

@@ -12,11 +12,11 @@ import pytest
 import usb.core
 import usb.util
 
-from amdflash.stages.navi31 import regs as R
-from amdflash.stages.transport.sim import Board
-from amdflash.stages.transport.sim.state import F_USB_TRANSFERS
-from amdflash.stages.transport.sim.cost import ASM24
-from amdflash.stages.transport.sim.usb import F_USB_DISCONNECTED, SimUsbBackend
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.sim import Board
+from amdflash.stages.sim.state import F_USB_TRANSFERS
+from amdflash.stages.sim.cost import ASM24
+from amdflash.stages.sim.usb import F_USB_DISCONNECTED, SimUsbBackend
 
 MEM_READ, MEM_WRITE = 0x20, 0x60
 CFG_READ0, CFG_READ1, CFG_WRITE0, CFG_WRITE1 = 0x04, 0x05, 0x44, 0x45

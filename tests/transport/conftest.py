@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from amdflash.stages.transport import discovery
-from amdflash.stages.transport.sim import Board
+from amdflash.stages.sim import Board
 from amdflash.stages.transport.usb import BridgeInfo, UsbBar5, find_bridges
 
 CLI_TIMEOUT = 60

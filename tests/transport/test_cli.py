@@ -112,7 +112,7 @@ def test_sim_create_bridge_options_reach_the_emulated_bridge(tmp_path):
 def test_a_calibrated_board_behind_the_emulated_bridge_keeps_its_measured_link(tmp_path):
     """A board made from a hardware report answers over the emulated USB bridge with the real
     bridge's transfer latencies, as it does over sim: (before, the bridge charged the model's)."""
-    from amdflash.stages.transport.sim import create_board
+    from amdflash.stages.sim import create_board
 
     path = create_board(tmp_path / "b", seed=3, calibration={"transport": {"control": 160e-6, "bulk": 60e-6}})
     out = tmp_path / "r.json"

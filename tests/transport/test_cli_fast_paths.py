@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.pipeline.cli import main
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.pipeline.cli.main import main
+from amdflash.stages.sim.synth import synthetic_ifwi
 from tests.transport.conftest import serial_of
 from tests.transport.test_cli import sim_usb_env
 
@@ -52,7 +52,7 @@ def test_a_run_records_each_fast_path_verdict_and_the_boards_diagnostics(cli, ma
 def test_reads_sent_too_early_are_recorded_with_the_run(cli, make_board, tmp_path, monkeypatch):
     """A lenient board counts what the driver did wrong; the run records the count and the
     driver's giving up the fast path that caused it. A strict board fails the run instead."""
-    from amdflash.stages.navi31.romsw import RomSw
+    from amdflash.stages.drivers.navi31.romsw import RomSw
 
     real = RomSw.spi_estimate     # a bound of the SPI time four times too short
     monkeypatch.setattr(RomSw, "spi_estimate", lambda self, wire, margin=True: real(self, wire, margin) / 4)

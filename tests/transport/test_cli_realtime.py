@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.pipeline.cli import main
-from amdflash.stages.transport.sim import Board
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.pipeline.cli.main import main
+from amdflash.stages.sim import Board
+from amdflash.stages.sim.synth import synthetic_ifwi
 from tests.transport.test_cli import sim_usb_env
 
 SIZE, UNIT = 0x200000, 0x1000

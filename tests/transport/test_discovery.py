@@ -5,7 +5,7 @@ from amdflash.stages.identify import probe_flash
 
 import pytest
 
-from amdflash.stages.navi31 import regs as R
+from amdflash.stages.drivers.navi31 import regs as R
 from amdflash.stages.open_transport import BoardSpecError, open_transport, parse_spec
 from amdflash.stages.transport import discovery
 from amdflash.stages.transport.base import TransportError
@@ -29,8 +29,8 @@ def opened(spec: str, messages: list[str] | None = None):  # noqa: ANN201
 
 
 def flash_unique_id(bar) -> str:  # noqa: ANN001
-    from amdflash.stages.flash.spinor import SpiNor
-    from amdflash.stages.navi31.romsw import RomSw
+    from amdflash.stages.drivers.flash.spinor import SpiNor
+    from amdflash.stages.drivers.navi31.romsw import RomSw
 
     with RomSw(bar) as engine:
         return SpiNor(engine).identify().unique_id.hex()
@@ -108,7 +108,7 @@ def test_a_second_open_of_the_same_bridge_is_busy_and_releases_everything(sim_us
 def test_the_lock_is_taken_before_the_board_is_touched(sim_usb, hold_lock):
     [path] = sim_usb(1)
     holder = hold_lock(f"usb:{serial_of(path)}", str(path))   # the board the bridge fronts
-    from amdflash.stages.transport.sim import Board
+    from amdflash.stages.sim import Board
 
     board = Board(path)
     try:
@@ -150,7 +150,7 @@ def test_list_reports_identity_link_flash_and_failures(make_board, monkeypatch, 
 
 def test_list_restores_the_engine_registers(sim_usb):
     [path] = sim_usb(1)
-    from amdflash.stages.transport.sim import Board
+    from amdflash.stages.sim import Board
 
     board = Board(path)
     try:

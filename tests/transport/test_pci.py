@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.stages.navi31 import regs as R
+from amdflash.stages.drivers.navi31 import regs as R
 from amdflash.stages.transport import discovery, pci
 from amdflash.stages.transport.base import TransportError, WallClock
 from amdflash.stages.transport.lock import BoardBusy

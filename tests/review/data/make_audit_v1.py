@@ -15,9 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from amdflash.pipeline.cli import main
-from amdflash.stages.transport.sim import create_board
-from amdflash.stages.transport.sim.synth import synthetic_ifwi
+from amdflash.pipeline.cli.main import main
+from amdflash.stages.sim import create_board
+from amdflash.stages.sim.synth import synthetic_ifwi
 
 root = Path(sys.argv[1])
 shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,147 @@
+"""Audit trail commands: `audit key`, `audit verify` (database, --run, --key, --anchor),
+`audit archive`, `audit upgrade`, and the host key's place in the data directory."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from amdflash.pipeline.commands.auditdb import host_key_path, open_for_reading
+from amdflash.pipeline.commands.checks import output_file, output_option, writable_output, write_output
+from amdflash.pipeline.errors import EXIT_OK, Refusal
+from amdflash.pipeline.cli import output
+
+def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction) -> None:
+    p = audit_sub.add_parser(
+        "key", help="print this host's public key (it verifies the signatures of the audit trail)",
+        description="Print the public half of this host's Ed25519 key, which signs every checkpoint of the "
+                    "audit trail. Keep a copy apart from the database: 'amdflash audit verify --key FILE' then "
+                    "proves the trail was sealed on this host. The private key is created on first use in the "
+                    "data directory (mode 0600) and never leaves it.")
+    output_option(p, "also write the public key to FILE")
+    p.set_defaults(func=cmd_key)
+
+    p = audit_sub.add_parser(
+        "archive", help="move old runs to a signed, verifiable archive file and remove them from the database",
+        description="Write every run that ended before DATE (and the runs those resumed) to FILE — a signed "
+                    "export that 'amdflash audit verify --export FILE' checks on its own — then remove them "
+                    "from the database, leaving a signed seal so that the database's chain still verifies "
+                    "across the gap. Runs interleaved with newer ones stay until those can go too. Backup "
+                    "images of archived runs stay where they are (--backups keep, default) or move into "
+                    "FILE.backups/ (--backups move). The database file is compacted afterwards.")
+    p.add_argument("--before", required=True, metavar="DATE", help="ISO date or time (UTC), e.g. 2026-01-01")
+    p.add_argument("-o", "--output", required=True, type=output_file, metavar="FILE",
+                   help="the archive file (JSONL); a new file, never one that exists")
+    p.add_argument("--backups", choices=("keep", "move"), default="keep",
+                   help="backup images of archived runs: keep them in place (default) or move them beside FILE")
+    p.set_defaults(func=cmd_archive)
+
+    p = audit_sub.add_parser(
+        "upgrade", help="upgrade a database of an older amdflash (unsigned) to today's signed trail, once",
+        description="Upgrade the audit database (--db), written by an older amdflash (schema version 1: a hash "
+                    "chain and no signatures), to today's schema, in place. Its version-1 chain is verified "
+                    "first (a broken one is refused and the file left as it is). Its rows stay what they are: "
+                    "recorded by an older amdflash, unsigned — so every view (runs, report, audit verify) says "
+                    "so, and 'report --key' refuses them; the first signed checkpoint, this host's, covers only "
+                    "what follows and records where the legacy part ends (the version-1 chain head). Only the "
+                    "file's owner may upgrade it. No other command upgrades a database: reading one (runs, "
+                    "report, replay, audit verify) never changes it, and a board command refuses it.")
+    p.set_defaults(func=cmd_upgrade)
+
+    verify = audit_sub.choices["verify"]
+    verify.description = (
+        "Recompute the hash chain of every run from its rows and check every checkpoint: its hash, "
+        "its place in the database's chain of checkpoints and its signature. With --run, only that run "
+        "(its rows and checkpoints: as fast for one run in a large database as in a small one). With "
+        "--key, every signature must be by that public key ('amdflash audit key'): this is what proves "
+        "that nobody rewrote the trail and recomputed its hashes. The anchor file (checkpoints appended "
+        "beside the database as they are made) shows whether the database lost its tail or was replaced "
+        "whole. Exit 1 naming the first thing that does not match. Read-only.")
+    verify.add_argument("--run", metavar="RUN_ID", help="verify only this run (a unique prefix is enough)")
+    verify.add_argument("--key", type=Path, action="append", metavar="PUBFILE",
+                        help="trusted public key(s) ('amdflash audit key -o FILE'); repeatable")
+    verify.add_argument("--anchor", type=Path, metavar="FILE",
+                        help="anchor file to compare with (default: beside the database, DB.anchor)")
+    sub.choices["report"].add_argument("--key", type=Path, action="append", metavar="PUBFILE",
+                                       help="check the run's signatures against this public key")
+
+
+def cmd_key(args: argparse.Namespace) -> int:
+    from amdflash.store import keys
+
+    path = host_key_path()
+    try:
+        key = keys.load_or_create(path)
+    except (OSError, keys.KeyError_) as e:
+        raise Refusal(f"host key {path}: {e}") from None
+    public = keys.public_bytes(key)
+    line = keys.public_line(public)
+    output.result(line)
+    output.note(f"fingerprint {keys.fingerprint(public)}  (private key: {path})")
+    if args.output:
+        write_output(args, line + "\n", "public key file")
+        output.note(f"wrote {args.output}")
+    return EXIT_OK
+
+
+def cmd_archive(args: argparse.Namespace) -> int:
+    import datetime as dt
+
+    from amdflash.pipeline.commands.board import db_path
+    from amdflash.store.archive import ArchiveRefused, archive
+
+    try:
+        before = dt.datetime.fromisoformat(args.before)
+    except ValueError:
+        raise Refusal(f"--before {args.before!r} is not an ISO date or time (e.g. 2026-01-01)") from None
+    if before.tzinfo is None:
+        before = before.replace(tzinfo=dt.UTC)
+    writable_output(args.output, "archive")      # a new file: an existing one is refused
+    path = db_path(args)
+    open_for_reading(path).conn.close()   # refuses a missing or foreign database; upgrades an old one
+    try:
+        result = archive(path, host_key_path(), before, args.output, move_backups=args.backups == "move")
+    except ArchiveRefused as e:
+        raise Refusal(str(e)) from None
+    output.result(result.describe())
+    return EXIT_OK
+
+
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from amdflash.pipeline.commands.auditdb import legacy_version
+    from amdflash.pipeline.commands.board import db_path
+    from amdflash.store import keys, migrate
+    from amdflash.store.schema import SchemaError
+    from amdflash.store.writer import StoreUnavailable
+
+    path = db_path(args)
+    if not Path(path).is_file():
+        raise Refusal(f"no audit database at {path}")
+    me = os.geteuid()
+    for what, place in (("audit database", Path(path)), ("directory", Path(os.path.abspath(path)).parent)):
+        owner = place.stat().st_uid
+        if owner != me:
+            # The upgrade signs with this user's key: it must never vouch for someone else's file.
+            raise Refusal(f"{what} {place} belongs to uid {owner}, not to you (uid {me}): only the owner of "
+                          f"{path} upgrades it, as that user")
+    if not legacy_version(path):
+        open_for_reading(path).conn.close()   # refuses a missing or foreign database
+        output.result(f"audit database {path} is already of this amdflash's schema: nothing to upgrade")
+        return EXIT_OK
+    try:
+        cp = migrate.upgrade(path, host_key_path())
+    except (SchemaError, StoreUnavailable) as e:
+        raise Refusal(str(e)) from None
+    except (OSError, keys.KeyError_) as e:
+        raise Refusal(f"audit database {path}: {e}") from None
+    if cp is None:
+        output.result(f"audit database {path} was upgraded meanwhile by another process")
+        return EXIT_OK
+    info = json.loads(cp.detail or "{}")
+    output.result(f"upgraded {path}: {info['legacy_rows']} legacy rows (seq 1..{info['v1_head_seq']}) stay "
+                  "recorded by an older amdflash, unsigned (their version-1 chain verified, head hash "
+                  f"{info['v1_head_hash']}); signed checkpoint #{cp.id} marks where they end, and everything "
+                  "recorded from now on is signed")
+    return EXIT_OK

@@ -1,0 +1,326 @@
+"""The amdflash command line: parse, configure output, call a command, map the outcome to an
+exit status.
+
+Every command group registers itself through its module's `add_parsers(sub)`. Global
+options (--db, --config, -v/-q, --log-json, --no-progress) are accepted before or after
+the command. Whatever a user types ends in an exit status (0, 1, 2 or 130) and, on an
+error, one `error: …` line on stderr: never a traceback (-v adds one for internal errors).
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import signal
+import sys
+from typing import Any, NoReturn
+from collections.abc import Sequence
+
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, Refusal, UsageError
+from amdflash.pipeline.cli.parsing import subparsers
+
+PROG = "amdflash"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is a one-line UsageError with a suggestion for a typo."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)   # a flashing tool does not guess what --f meant
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self._suggest(message)} (see '{self.prog} --help')")
+
+    def _suggest(self, message: str) -> str:
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            typed, offered = choice.group(1), re.findall(r"'([^']*)'", choice.group(2))
+            what = "command" if message.startswith("argument COMMAND") or "_COMMAND" in message else "value"
+            near = difflib.get_close_matches(typed, offered, n=1, cutoff=0.5)
+            head = message.split(":")[0] + ": " if what == "value" else ""
+            hint = f"; did you mean '{near[0]}'?" if near else f"; one of {', '.join(offered)}"
+            return f"{head}unknown {what} '{typed}'{hint}"
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            options = [o for a in self._actions for o in a.option_strings]
+            for token in unknown.group(1).split():
+                near = difflib.get_close_matches(token.split("=")[0], options, n=1, cutoff=0.6)
+                if token.startswith("-") and near:
+                    return f"unknown option '{token}'; did you mean '{near[0]}'?"
+        return message
+
+
+class _Count(argparse.Action):
+    """-v, counted over every level of the command line (before and after the command)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, counter: list[int], **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+        self.counter = counter
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        self.counter[0] += 1
+
+
+def _add_globals(p: argparse.ArgumentParser, counter: list[int], root: bool) -> None:
+    # Below the root the defaults are SUPPRESS, so an option not given there keeps the value
+    # given (or defaulted) at the root.
+    d = (lambda value: value) if root else (lambda value: argparse.SUPPRESS)
+    g = p.add_argument_group("global options")
+    g.add_argument("--db", metavar="PATH", default=d(None),
+                   help="audit database (default $AMDFLASH_DB, else 'db' in the config file, else "
+                        "$XDG_DATA_HOME/amdflash/audit.sqlite)")
+    g.add_argument("--operator", metavar="NAME", default=d(None),
+                   help="who says they run this; recorded as claimed, beside the OS account the run is recorded under")
+    g.add_argument("--config", metavar="FILE", default=d(None),
+                   help="config file (default $AMDFLASH_CONFIG, else $XDG_CONFIG_HOME/amdflash/config.toml)")
+    g.add_argument("--log-json", action="store_true", default=d(False),
+                   help="stderr as JSON lines only: messages, progress (numeric done/total) and errors")
+    g.add_argument("-v", "--verbose", action=_Count, counter=counter,
+                   help="debug events of every layer; -vv adds every ROM_SW transaction and register write")
+    g.add_argument("-q", "--quiet", action="store_true", default=d(False),
+                   help="nothing on success but the results asked for; errors only on stderr")
+    g.add_argument("--no-progress", action="store_true", default=d(False), help="no progress display")
+    from amdflash import __version__
+
+    g.add_argument("--version", action="version", version=f"{PROG} {__version__}",
+                   help="print the version and exit")
+
+
+def build_parser(globals_everywhere: bool = True) -> Parser:
+    """The whole command line. `globals_everywhere`: accept the global options after the
+    command too (the CLI); the manual page lists them once instead."""
+    from amdflash.pipeline.cli import (audit as audit_commands, board as board_cli, extras as extras_cli,
+                                       image as image_commands, replay as replay_command, restore as restore_command,
+                                       review as review_commands, sim as sim_commands, trail as trail_cli)
+    from amdflash.pipeline import fleet
+    from amdflash.pipeline.commands import hardware_report
+
+    counter = [0]
+    p = Parser(prog=PROG, description="Dump, verify and recover the SPI flash of AMD Navi31 boards (RX 7900 "
+                                      "XT/XTX) over the ASM24 USB bridge or native PCIe. Every register write and "
+                                      "verify result is recorded in an append-only SQLite audit trail.",
+               epilog="Exit status: 0 success; 2 usage error or refusal before anything was written (no such "
+                      "board, busy board, bad image, unusable audit database); 1 a failure during an "
+                      "operation; 130 interrupted.")
+    _add_globals(p, counter, root=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    board_cli.add_parsers(sub)
+    hardware_report.add_parsers(sub)
+    audit_sub = trail_cli.add_parsers(sub)
+    replay_command.add_parsers(sub, audit_sub)
+    review_commands.add_parsers(sub, audit_sub)
+    audit_commands.add_parsers(sub, audit_sub)
+    sim_commands.add_parser(sub)
+    image_commands.add_parsers(sub)
+    fleet.add_parsers(sub, audit_sub)
+    restore_command.add_parsers(sub)
+    extras_cli.add_parsers(sub)
+    for child in subparsers(p) if globals_everywhere else ():
+        _add_globals(child, counter, root=False)
+    p.set_defaults(verbosity_counter=counter)
+    return p
+
+
+def _early_flags(argv: Sequence[str]) -> tuple[bool, int]:
+    """--log-json and -q/-v as typed, for errors raised before parsing has finished."""
+    head = list(argv[:list(argv).index("--")] if "--" in argv else argv)
+    verbosity = -1 if ("-q" in head or "--quiet" in head) else 0
+    return "--log-json" in head, verbosity
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = build_parser()
+    if "_ARGCOMPLETE" in __import__("os").environ:   # a shell asking for completions
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
+    misplaced = _misplaced_option(parser, list(argv))
+    if misplaced:
+        raise UsageError(f"{misplaced} goes after the command, e.g. 'amdflash info {misplaced} …' "
+                         f"(see '{PROG} --help')")
+    unknown = _unknown_before_command(parser, list(argv))
+    if unknown:
+        parser.error(unknown)
+    # argparse will not take positionals after an option once it has matched them
+    # ("sim fault PATH --clear SPEC"); commands that list SPECs say where extras belong.
+    args, extra = parser.parse_known_args(list(argv))
+    trailing = getattr(args, "trailing_positionals", None)
+    if extra and trailing and not any(e.startswith("-") for e in extra):
+        setattr(args, trailing, [*getattr(args, trailing), *extra])
+    elif extra:
+        leaf = _leaf(parser, args)
+        leaf.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.verbose = args.verbosity_counter[0]
+    if args.verbose and args.quiet:
+        parser.error("-v and -q contradict each other")
+    args.root_parser = parser
+    return args
+
+
+def _misplaced_option(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """An option of the commands (`--board`, `--json`, …) typed before any command: argparse
+    would take its value for the command ("unknown command 'sim:b1'")."""
+    root = {o for a in parser._actions for o in a.option_strings}
+    commands: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            commands = set(action.choices)
+    for at, token in enumerate(argv):
+        if token in commands or token == "--" or _is_command_slot(parser, argv, at):
+            return None     # the command (or a misspelling of it, which argparse names first)
+        name = token.split("=", 1)[0]
+        if name.startswith("--") and name not in root and any(
+                name in a.option_strings for sub in subparsers(parser) for a in sub._actions):
+            return name
+    return None
+
+
+def _is_command_slot(parser: argparse.ArgumentParser, argv: list[str], at: int) -> bool:
+    """argv[at] stands where the command goes: not an option, nor the value of a root option."""
+    if argv[at].startswith("-"):
+        return False
+    before = argv[at - 1] if at else ""
+    takes_value = {o for a in parser._actions if a.nargs is None and a.option_strings for o in a.option_strings}
+    return before not in takes_value
+
+
+def _unknown_before_command(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """An option no command knows, typed before the command (`--versoin`): argparse would first
+    complain that the command is missing; the misspelling is what to fix."""
+    known = {o for p in (parser, *subparsers(parser)) for a in p._actions for o in a.option_strings}
+    for at, token in enumerate(argv):
+        if token == "--" or _is_command_slot(parser, argv, at):
+            return None
+        name = token.split("=", 1)[0]
+        if name.startswith("-") and name not in known:
+            return f"unrecognized arguments: {token}"
+    return None
+
+
+def _leaf(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command that was chosen, for its error messages."""
+    current = parser
+    while True:
+        chosen = None
+        for action in current._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(args, action.dest, None) or "")
+        if chosen is None:
+            return current
+        current = chosen
+
+
+def _configure(args: argparse.Namespace) -> None:
+    import os
+
+    from amdflash.pipeline import config
+    from amdflash.pipeline.logsetup import QUIET, configure
+
+    configure(json_lines=args.log_json, verbosity=QUIET if args.quiet else args.verbose)
+    config.choose(args.config)
+    args.settings = config.load()   # a malformed config file is a usage error, whatever the command
+    if args.db and os.path.exists(args.db) and not os.path.isfile(args.db):
+        # Whatever command reads it: SQLite would block on a FIFO and fail obscurely on a device.
+        raise UsageError(f"--db {args.db} is not a regular file")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command line; returns the exit status (never raises, never prints a traceback)."""
+    own_line = argv is None       # the process's own command line: it ends after this one
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        from amdflash.pipeline.cli import output
+
+        output.reset()
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    json_lines, verbosity = _early_flags(argv)
+    outer_globals: list[str] | None = None
+    try:
+        if getattr(signal.getsignal(signal.SIGINT), "__module__", "") == "amdflash.pipeline.launch":
+            signal.signal(signal.SIGINT, signal.default_int_handler)   # from here on: KeyboardInterrupt
+        from amdflash.pipeline.logsetup import configure
+
+        configure(json_lines=json_lines, verbosity=verbosity)
+        args = parse(argv)
+        from amdflash.pipeline.commands import next_step
+
+        outer_globals = next_step.use_globals(args.db, args.config)   # every suggested command reaches them
+        _configure(args)
+        args.main = main   # for a command that runs others (the demo): no import back up to here
+        args.build_parser = build_parser   # for the manual page, likewise
+        from amdflash.pipeline.engine.interrupts import command_line
+
+        with command_line(ends_process=own_line):
+            return int(args.func(args) or 0)
+    except SystemExit as e:          # --help, --version: argparse has printed what was asked
+        return e.code if isinstance(e.code, int) else EXIT_OK
+    except KeyboardInterrupt:
+        output.error("interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:          # stdout closed by its reader: nothing more to say
+        output._stdout_gone()
+        return EXIT_OK
+    except BaseException as raised:
+        return _report(raised)
+    finally:
+        from amdflash.pipeline import config
+        from amdflash.pipeline.commands import next_step
+
+        config.choose(None)   # --config held for this command line only
+        if outer_globals is not None:
+            next_step.restore_globals(outer_globals)
+
+
+def _report(raised: BaseException) -> int:
+    from amdflash.pipeline.cli import output
+    from amdflash.pipeline.errors import leaves, one_line
+    from amdflash.pipeline.logsetup import logger
+
+    causes = [e for e in leaves(raised) if not isinstance(e, GeneratorExit)]
+    if any(isinstance(e, KeyboardInterrupt) for leaf in causes for e in _chain(leaf)):
+        # Also a Ctrl-C that Python wrapped while it ran (an import building a class wraps it
+        # in "Error calling __set_name__"): the user interrupted, nothing failed.
+        output.error("interrupted")
+        return EXIT_INTERRUPTED
+    refusals = [e for e in causes if isinstance(e, Refusal)]
+    if refusals:
+        output.error(one_line(refusals[0]))
+        return EXIT_REFUSED
+    first = causes[0] if causes else raised
+    import sqlite3
+
+    if isinstance(first, (OSError, RuntimeError, ValueError, TimeoutError, sqlite3.Error)):
+        output.error(one_line(first))
+    else:
+        output.error(f"internal error {type(first).__name__}: {one_line(first)} (-v shows where)")
+    logger().debug("traceback", exc_info=first)
+    return EXIT_FAILED
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    """`e` and the exceptions it was raised from or while handling."""
+    seen: list[BaseException] = []
+    while e is not None and not any(e is s for s in seen):
+        seen.append(e)
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return seen
+
+
+def entry() -> None:
+    """The `amdflash` console script: main(), and a Ctrl-C after it has finished changes nothing."""
+    try:
+        code = main()
+    except KeyboardInterrupt:   # between main's own handlers (practically never)
+        code = EXIT_INTERRUPTED
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,188 @@
+"""Commands for reviewers and first-time users: demo, audit export, audit verify --export,
+audit datasette-metadata."""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+from collections.abc import Callable
+
+from amdflash.pipeline.commands.board import db_path
+from amdflash.pipeline.commands.checks import output_option, writable_output, write_output
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
+from amdflash.pipeline.cli import output
+from amdflash.stages.files import new_file
+
+DATASETTE_METADATA = "datasette_metadata.json"
+# The database key of the packaged metadata: datasette names a database by its file stem.
+DATASETTE_DEFAULT_NAME = "audit"
+
+
+def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction) -> None:
+    from amdflash.pipeline.commands.demo import DEFAULT_DIR, DEFAULT_SEED
+
+    p = sub.add_parser(
+        "demo", help="a full recovery on an emulated board, no hardware needed",
+        description="Walk through a recovery on an emulated board (synthetic: no hardware, no AMD image): "
+                    "creates a board whose flash holds a damaged synthetic IFWI with SR2.CMP set, writes the "
+                    "clean image beside it as the known-good image, then runs info, dump (backup), "
+                    "flash --clear-cmp and verify exactly as you would, and prints the flash run's report. "
+                    "Everything goes into DIR, including the demo's own audit database unless --db is given "
+                    "(AMDFLASH_DB is ignored, so your audit trail is never touched by surprise).")
+    p.add_argument("--dir", type=Path, default=DEFAULT_DIR, metavar="DIR",
+                   help=f"demo directory (default ./{DEFAULT_DIR}); must be new or empty")
+    p.add_argument("--fresh", action="store_true",
+                   help="first remove everything inside DIR, if an earlier 'amdflash demo' made it")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                   help=f"synthetic content and damage (default {DEFAULT_SEED})")
+    p.set_defaults(func=cmd_demo)
+
+    p = audit_sub.add_parser(
+        "export", help="export audit rows with their signed checkpoints (JSONL or CSV) for archiving",
+        description="Write every audit row (or one run's rows) in seq order with its table, seq and all columns, "
+                    "the bytes they refer to, and the signed checkpoints that seal them, with the signing hosts' "
+                    "public keys, the whole file sealed with this host's key. The file can be checked later on "
+                    "its own, without the database: 'amdflash audit verify --export FILE [--key PUBFILE]'; one "
+                    "run's export is that run's complete record. Reads the database only.")
+    p.add_argument("--run", metavar="RUN_ID", help="only this run (a unique prefix is enough)")
+    p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", help="default jsonl")
+    output_option(p, "write to FILE (default stdout)")
+    p.set_defaults(func=cmd_audit_export)
+
+    p = audit_sub.add_parser(
+        "datasette-metadata", help="write datasette metadata (canned queries, descriptions) for the audit DB",
+        description="Write the metadata that makes 'datasette AUDIT.sqlite -m FILE' a browsable audit: "
+                    "runs by status, failed units with the transactions of their last attempt, one board's "
+                    "history, each run's seals, and a description of every table and column. datasette is optional: "
+                    "pip install 'amdflash[datasette]'.")
+    output_option(p, "write to FILE (default stdout)")
+    p.add_argument("--name", help="the database name datasette will use: the audit DB's file name without "
+                                  "extension (default: taken from --db / AMDFLASH_DB / the default path)")
+    p.set_defaults(func=cmd_datasette_metadata)
+
+    _add_verify_export(audit_sub.choices["verify"])
+
+
+# -- demo ----------------------------------------------------------------------------------------
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from amdflash.pipeline.commands.demo import run_demo
+
+    flags = [f for f, on in (("--log-json", args.log_json), ("-v", args.verbose), ("-q", args.quiet)) if on]
+    return run_demo(args.dir, fresh=args.fresh, db=Path(args.db) if args.db else None, seed=args.seed,
+                    cli_flags=flags, main=args.main)
+
+
+# -- audit export / verify --export --------------------------------------------------------------
+
+def _open_db(args: argparse.Namespace):
+    from amdflash.pipeline.commands.auditdb import open_for_reading
+
+    return open_for_reading(db_path(args))
+
+
+def cmd_audit_export(args: argparse.Namespace) -> int:
+    from amdflash.pipeline.commands.auditdb import host_key_path
+    from amdflash.store.export import export
+    from amdflash.store.keys import KeyError_, load_or_create
+    from amdflash.store.queries import RunNotFound, resolve_run
+
+    if args.output is not None:
+        writable_output(args.output, "export", args.overwrite)
+    try:
+        key = load_or_create(host_key_path())      # seals the export: this host's key, made on first use
+    except KeyError_ as e:
+        raise Refusal(str(e)) from None
+    db = _open_db(args)
+    try:
+        run_id = None
+        if args.run:
+            try:
+                run_id = resolve_run(db, args.run)
+            except RunNotFound as e:
+                raise Refusal(str(e)) from None
+        if args.output is None:
+            try:
+                summary = export(db.conn, sys.stdout, args.format, key, [run_id] if run_id else None)
+                sys.stdout.flush()
+            except BrokenPipeError:
+                # The reader stopped early (| head): no traceback, and none again at exit.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return EXIT_FAILED
+        else:
+            # Written aside and renamed: an interrupted export never leaves a plausible file.
+            with new_file(args.output, overwrite=args.overwrite) as raw:
+                text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+                summary = export(db.conn, text, args.format, key, [run_id] if run_id else None)
+                text.flush()
+                text.detach()      # new_file closes (and fsyncs) the file itself
+    finally:
+        db.conn.close()
+    scope = f"run {run_id}" if run_id else "the whole trail"
+    where = f"wrote {args.output}" if args.output else "exported"
+    head = f"; last checkpoint #{summary.head.id} hash {summary.head.hash.hex()}" if summary.head else ""
+    left = f"; {summary.unsealed} rows not sealed yet were left out" if summary.unsealed else ""
+    output.note(f"{where}: {summary.rows} rows and {summary.checkpoints} signed checkpoints of {scope}, "
+                f"{args.format}{head}{left}")
+    return EXIT_OK
+
+
+def cmd_verify_export(path: Path, keyfiles: list[Path] | None = None) -> int:
+    from amdflash.store.export import ExportFormatError, verify_export
+    from amdflash.store.keys import KeyError_
+
+    if not path.is_file():
+        raise Refusal(f"no export file at {path}")
+    try:
+        report = verify_export(path, keyfiles)
+    except KeyError_ as e:
+        raise Refusal(str(e)) from None
+    except ExportFormatError as e:     # not an export at all: nothing to verify
+        raise Refusal(f"{path} is not a well-formed amdflash export: {e}") from None
+    output.result(report.describe())
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _add_verify_export(verify: argparse.ArgumentParser) -> None:
+    """`audit verify --export FILE`: the same command, pointed at an exported file instead of the DB."""
+    verify.add_argument("--export", type=Path, metavar="FILE",
+                        help="verify an exported or archived file (JSONL or CSV from 'audit export' or 'audit "
+                             "archive') instead of the database; exit 1 naming the first record that does not match")
+    database_verify: Callable[[argparse.Namespace], int] = verify.get_default("func")
+
+    def verify_either(args: argparse.Namespace) -> int:
+        if args.export is None:
+            return database_verify(args)
+        return cmd_verify_export(args.export, getattr(args, "key", None))
+
+    verify.set_defaults(func=verify_either)
+
+
+# -- datasette -----------------------------------------------------------------------------------
+
+def datasette_metadata(name: str = DATASETTE_DEFAULT_NAME) -> dict[str, Any]:
+    """The packaged metadata, keyed by the database name datasette will use."""
+    from amdflash.store import schema
+
+    # Beside the store modules rather than importlib.resources: an editable install made while
+    # store/ had no __init__.py maps it as a namespace package, which resources cannot read.
+    metadata = json.loads(Path(schema.__file__).with_name(DATASETTE_METADATA).read_text(encoding="utf-8"))
+    metadata["databases"] = {name: metadata["databases"][DATASETTE_DEFAULT_NAME]}
+    return metadata
+
+
+def cmd_datasette_metadata(args: argparse.Namespace) -> int:
+    db = Path(db_path(args))
+    name = args.name or db.stem
+    text = json.dumps(datasette_metadata(name), indent=2) + "\n"
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        write_output(args, text)
+        output.note(f"wrote {args.output} (database name {name!r})\n"
+                    f"  browse: datasette {db} -m {args.output}   (pip install 'amdflash[datasette]')")
+    return EXIT_OK

@@ -1,0 +1,254 @@
+"""The audit-trail commands on the command line: runs, report, audit verify."""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+from amdflash.pipeline.commands import board as commands
+from amdflash.pipeline.cli import output
+from amdflash.pipeline.commands.auditdb import legacy_version
+from amdflash.pipeline.commands.checks import output_option, writable_output, write_output
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
+from amdflash.store.read_checks import describe as describe_reads
+from amdflash.store.status import ENDS
+
+STATUSES = ("running", *ENDS)
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Add runs, report and the `audit` group; returns the group for other modules' subcommands."""
+    p = sub.add_parser("runs", help="list runs in the audit database",
+                       description="List every run with its status (running, succeeded, failed, interrupted, "
+                                   "refused) and, for a run that did not succeed, the reason (its error or "
+                                   "refusal, one line) and the resume that fixed it, if one did. Read-only.")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text: one line per run (default); json: one array of objects")
+    p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
+    p.add_argument("--status", choices=STATUSES, help="only runs with this status")
+    p.add_argument("--board", metavar="BOARD", help="only runs of this board: its --board spec or its flash's "
+                                                    "unique ID")
+    p.add_argument("--since", metavar="DATE", help="only runs started at or after DATE: ISO date or time (UTC), "
+                                                   "e.g. 2026-01-01")
+    p.add_argument("--command", dest="run_command", metavar="COMMAND", help="only runs of this command (flash, "
+                                                                            "resume, info, …)")
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("report", help="one run's report (text, JSON or HTML)",
+                       description="Report RUN_ID (a unique prefix is enough): identity, image and result hashes, "
+                                   "every unit's action and state, verify results, stages, errors. text and "
+                                   "json print to stdout; html is one self-contained file with a sector map "
+                                   "(use -o). Reads the audit database only; writes nothing but -o FILE.")
+    p.add_argument("run_id", metavar="RUN_ID", help="the run (a unique prefix is enough)")
+    p.add_argument("--format", choices=("text", "json", "html"), default="text",
+                   help="text (default), json (the object every board command prints with --json) or html")
+    p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
+    output_option(p, "write the report to FILE (default stdout)")
+    p.set_defaults(func=cmd_report)
+
+    a = sub.add_parser("audit", help="check or export the audit trail",
+                       description="Check the audit trail's hash chain, or export it for archiving.")
+    asub = a.add_subparsers(dest="audit_command", required=True, metavar="AUDIT_COMMAND")
+    p = asub.add_parser("verify", help="recompute the hash chain; name the first row that does not match",
+                        description="Recompute the hash chain over every audit row. Exit 1 naming the first row "
+                                    "that does not match. Read-only.")
+    p.set_defaults(func=cmd_audit_verify)
+    return asub
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    keep = run_filter(args.status, args.board, args.since, args.run_command)
+    rows = [r for r in commands.runs(commands.db_path(args)) if keep(r)]
+    return print_runs(rows, args.format, "no runs recorded" if keep is _every else "no run matches", run_line)
+
+
+def _every(row: dict[str, Any]) -> bool:
+    return True
+
+
+def run_filter(status: str | None = None, board: str | None = None, since: str | None = None,
+               command: str | None = None) -> Callable[[dict[str, Any]], bool]:
+    """Which runs `runs --status/--board/--since/--command` keeps (all given must hold). The
+    status is the one shown (decided per run: a run with no end is checked against its
+    process), so it is filtered here, after the one query."""
+    if not any((status, board, since, command)):
+        return _every
+    after = None
+    if since:
+        try:
+            after = dt.datetime.fromisoformat(since)
+        except ValueError:
+            raise Refusal(f"--since {since!r} is not an ISO date or time (e.g. 2026-01-01)") from None
+        if after.tzinfo is None:
+            after = after.replace(tzinfo=dt.UTC)
+
+    def keep(r: dict[str, Any]) -> bool:
+        return ((not status or r["status"] == status)
+                and (not board or board in (r["board_spec"], r.get("unique_id")))
+                and (not command or r["command"] == command)
+                and (after is None or _started(r) >= after))
+    return keep
+
+
+def _started(r: dict[str, Any]) -> dt.datetime:
+    at = dt.datetime.fromisoformat(r["started"])
+    return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)
+
+
+def print_runs(rows: list[dict[str, Any]], fmt: str, none: str, line: Callable[[dict[str, Any]], str]) -> int:
+    """A list of runs as `runs` prints it: JSON, or one `line` per run (`none` if there is none)."""
+    if fmt == "json":
+        output.result_json(rows, indent=2)
+        return EXIT_OK
+    if not rows:
+        output.note(none)
+    for r in rows:
+        output.result(line(r))
+    return EXIT_OK
+
+
+REASON_WIDTH = 100
+
+
+def one_line(text: str, width: int = REASON_WIDTH) -> str:
+    """A recorded error or refusal on one line of at most `width` characters (… where cut)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[:width - 1].rstrip() + "…"
+
+
+def shown_status(r: dict[str, Any]) -> str:
+    """The status as a line shows it: a run another (resume) run fixed says which."""
+    status = str(r.get("status") or "?")
+    return f"{status} (fixed by {r['fixed_by']})" if r.get("fixed_by") else status
+
+
+def run_line(r: dict[str, Any]) -> str:
+    legacy = "  [legacy: recorded by an older amdflash, unsigned]" if r.get("legacy") else ""
+    reason = f"  {one_line(r['reason'])}" if r.get("reason") and r.get("status") != "succeeded" else ""
+    return (f"{r['run_id']:26} {r['command']:9} {shown_status(r):12} {r['started']:30} {r['board_spec']}"
+            f"{legacy}{reason}")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    if args.output is not None:
+        writable_output(args.output, "report", args.overwrite)
+    rep, page = commands.report(args.run_id, commands.db_path(args), html=args.format == "html", keys=args.key,
+                                beside=args.output.parent if args.output is not None else None)
+    if args.format == "json":
+        import json
+
+        text = json.dumps(rep, indent=2, default=str)
+    elif page is not None:
+        text = page
+    else:
+        text = render_text(rep)
+    if args.output:
+        write_output(args, text, "report")
+        output.note(f"wrote {args.output}")
+    else:
+        output.result(text)
+    return EXIT_OK
+
+
+def render_text(rep: dict[str, Any]) -> str:
+    from amdflash.store.html import clock_words
+
+    b = rep["board"]
+    counts: dict[str, int] = {}
+    for u in rep["units"]:
+        key = f"{u['action']}/{u['state']}"
+        counts[key] = counts.get(key, 0) + 1
+    badge = "  [EMULATED BOARD]" if rep.get("emulated") else ""
+    claimed = f" (claims to be {rep['operator_claimed']})" if rep.get("operator_claimed") else ""
+    lines = [
+        f"run        {rep['run_id']}  ({rep['command']}, {rep['status']}){badge}",
+        f"started    {rep['started']}   ended {rep['ended'] or '-'}",
+        f"clock      {clock_words(rep.get('clock_sync')) or 'unknown'}",
+        f"operator   OS account {rep['operator']}{claimed} on {rep['host']} "
+        f"(machine-id {rep.get('machine_id') or '-'})",
+        f"amdflash   {rep['tool_version']}{' ' + rep['tool_revision'] if rep.get('tool_revision') else ''}",
+        f"board      {b['spec']}  chip {b['chip'] or '?'}  jedec {b['jedec'] or '?'}  uid {b['unique_id'] or '?'}"
+        f"{'  bridge ' + b['bridge_serial'] if b['bridge_serial'] else ''}",
+        f"image      {rep['image_path'] or '-'}  sha256 {rep['image_sha256'] or '-'}",
+        f"result     sha256 {rep['result_sha256'] or '-'}",
+        f"audit      {rep['register_writes']} register writes, {rep['spi_transactions']} SPI transactions, "
+        f"{rep['verifies']['ok']}/{rep['verifies']['total']} verifies ok",
+    ]
+    if rep["resumes_run_id"]:
+        lines.append(f"resumes    {rep['resumes_run_id']}")
+    for r in rep.get("resumed_by") or []:
+        lines.append(f"resumed by {r['run_id']} ({r['status']})")
+    legacy = (rep.get("chain") or {}).get("legacy")
+    if legacy:
+        lines.insert(1, f"legacy     {legacy}")
+    if rep.get("finished_by"):
+        lines.append(f"fixed by   {rep['finished_by']} (the resume that finished this run's work)")
+    reads = describe_reads(rep["reads"]) if rep.get("reads") is not None else None
+    if reads:
+        lines.append(f"reads      {reads}")
+    if counts:
+        lines.append("units      " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    for f in rep["verifies"]["failed"][:5]:
+        lines.append(f"mismatch   unit {f['address']:#08x} attempt {f['attempt']}: {f['mismatch_address']:#08x} "
+                     f"flash={f['flash_byte']:02x} image={f['image_byte']:02x}")
+    if (rep.get("summary") or {}).get("note"):
+        lines.append(f"note       {rep['summary']['note']}")
+    if rep["error"]:
+        lines.append(f"error      {rep['error']}")
+    lines += end_lines(rep.get("outcome"))
+    c = rep.get("chain") or {}
+    lines.append(f"chain      {'intact' if c.get('ok') else 'BROKEN: ' + str(c.get('problem'))}; checkpoint "
+                 f"#{c.get('checkpoint')} ({c.get('sealed')}) head {c.get('head')}")
+    lines.append(f"signature  {c.get('signature')}; signed by {c.get('signed_by') or 'nobody'}")
+    if c.get("unsealed_rows"):
+        lines.append(f"unsealed   the run's last {c['unsealed_rows']} row(s) are not sealed by any checkpoint "
+                     "(still being written, or their writer died): what they say is not verified")
+    return "\n".join(lines)
+
+
+def end_lines(end: dict[str, Any] | None) -> list[str]:
+    """What a failed or interrupted run left and the way out (pipeline.run_end), as lines."""
+    if not end:
+        return []
+    from amdflash.pipeline.commands.run_end import backup_words
+
+    when = " (when the run ended)" if end.get("fixed_by") else ""
+    lines = [f"state      {end['state']}{when}" if end.get("state") else None,
+             f"backup     {backup_words(end)}" if backup_words(end) else None,
+             f"next       {end['next_step']}" if end.get("next_step") else None,
+             f"next       none: fixed by {end['fixed_by']}" if end.get("fixed_by") else None]
+    return [line for line in lines if line]
+
+
+def cmd_audit_verify(args: argparse.Namespace) -> int:
+    path = commands.db_path(args)
+    if legacy_version(path):
+        return _verify_legacy_file(path, args.key)
+    result = commands.audit_verify(path, args.run, args.key, args.anchor)
+    output.result(result.describe())
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _verify_legacy_file(path: str, keyfiles: list[Any] | None) -> int:
+    """`audit verify` of a database of an older amdflash, as it is and read-only: its own,
+    unsigned chain (whole: it has no per-run seals). Nothing in it is signed, so with --key
+    it cannot verify (exit 1)."""
+    from amdflash.store.migrate import MigrationRefused, read_legacy
+    from amdflash.store.writer import needs_upgrade
+
+    try:
+        head_seq, head_hash, runs = read_legacy(path)
+    except MigrationRefused as e:
+        output.result(f"audit chain BROKEN in the database (an older amdflash's, unsigned): {e}")
+        return EXIT_FAILED
+    legacy = (f"{head_seq} legacy rows (seq 1..{head_seq}, {runs} run(s)) verified by their unsigned v1 chain "
+              f"only (head hash {head_hash}): nothing in this file is signed, so nothing proves who wrote it")
+    if keyfiles:
+        output.result(f"audit chain NOT SIGNED in the database: {legacy}; no signature can be checked against --key")
+        output.note(needs_upgrade(path, 1))
+        return EXIT_FAILED
+    output.result(f"audit chain intact (legacy, unsigned): the database, recorded by an older amdflash\n"
+                  f"legacy      {legacy}")
+    output.note(needs_upgrade(path, 1) + " (this check changed nothing)")
+    return EXIT_OK

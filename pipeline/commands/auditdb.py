@@ -1,0 +1,204 @@
+"""Opening the audit database, for writing (every board command) or reading (runs, report).
+
+Refused before any run starts, with exit 2 and one line: a path that is a directory,
+device or FIFO; a directory or file that is not writable; a file that is not SQLite; a
+SQLite database of another program (amdflash never adds its tables to it); a database
+of another schema version — one of an older amdflash too: only its owner's explicit
+`audit upgrade` upgrades it, no command does as a side effect. Writability is proven by a
+write that is rolled back, so a read-only file, mount or permission is caught here and not
+at the first audit write.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+import sqlite_utils
+
+from amdflash.pipeline import config
+from amdflash.pipeline.errors import Refusal
+from amdflash.store.schema import SchemaError
+from amdflash.store.verify import connect_reader
+from amdflash.store.writer import (
+                                   START_FREE,
+                                   AuditWriter,
+                                   StoreUnavailable,
+                                   free_bytes,
+                                   low_space,
+                                   needs_upgrade,
+                                   prepare,
+                                   )
+from amdflash.stages.files import private_dir, private_file, room_problem
+
+OURS = "meta"   # every amdflash database has this table, with its schema version
+
+
+def _describe(path: Path) -> str | None:
+    """Why `path` cannot be a database file, or None."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return e.strerror
+    if not stat.S_ISREG(st.st_mode):
+        return "it is a directory" if stat.S_ISDIR(st.st_mode) else "it is not a regular file"
+    return None
+
+
+def _tables(conn: sqlite3.Connection) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+
+
+def _check_existing(path: Path) -> list[str]:
+    """An existing file must be an amdflash database (or empty); its tables."""
+    try:
+        conn = connect_reader(str(path))
+        try:
+            tables = _tables(conn)
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as e:
+        raise Refusal(f"audit database {path} is not usable: {e}") from None
+    if tables and OURS not in tables:
+        shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
+        raise Refusal(f"{path} is not an amdflash audit database (it holds tables {shown}); "
+                      "amdflash adds nothing to another program's database: choose another --db")
+    return tables
+
+
+def _prove_writable(path: Path) -> None:
+    """A real write, rolled back: read-only files, mounts and permissions all show here."""
+    try:
+        conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(f"INSERT OR REPLACE INTO {OURS} (key, value) VALUES ('write-check', '')")
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise Refusal(f"audit database {path} is not writable: {e}") from None
+
+
+def open_writer(path_text: str) -> AuditWriter:
+    """The audit writer for a board command, after every check that can refuse up front."""
+    path = Path(path_text)
+    why = _describe(path)
+    if why:
+        raise Refusal(f"audit database {path} is not usable: {why}")
+    directory = path.parent if str(path.parent) else Path(".")
+    if directory.resolve() == config.data_dir().resolve():
+        # Our own data directory (made on first use): the trail and the backups of flash
+        # content are the owner's alone.
+        try:
+            private_dir(directory, tighten=True)
+        except OSError as e:
+            raise Refusal(f"audit database {path}: cannot create directory {directory} ({e.strerror})") from None
+    elif not directory.is_dir():
+        # A directory the user named: a typo must not silently grow a tree of directories.
+        raise Refusal(f"audit database {path}: directory {directory} does not exist (create it first)")
+    problem = room_problem(path if path.exists() else directory)   # a kernel file system, a read-only mount
+    if problem:
+        raise Refusal(f"audit database {path} is not writable: {problem}")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        # SQLite keeps its WAL and lock files beside the database.
+        raise Refusal(f"audit database {path}: directory {directory} is not writable")
+    try:
+        free = free_bytes(str(path))
+    except OSError:
+        free = START_FREE
+    if free < START_FREE:
+        raise Refusal(low_space(str(path), free, START_FREE))
+    existed = path.exists() and path.stat().st_size > 0
+    if existed:
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise Refusal(f"audit database {path} is not writable: permission denied")
+        _check_existing(path)
+    try:
+        for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            if name == path or name.exists():
+                private_file(name)   # 0600 before SQLite writes: its WAL and -shm take the same mode
+    except OSError as e:
+        raise Refusal(f"audit database {path}: {e.strerror}") from None
+    try:
+        prepare(str(path))      # created; one of an older amdflash is refused ('audit upgrade' upgrades it)
+        writer = AuditWriter(str(path), key_path=host_key_path()).open()
+    except (StoreUnavailable, SchemaError) as e:
+        raise Refusal(str(e)) from None
+    try:
+        _prove_writable(path)
+    except BaseException:
+        writer.close()
+        raise
+    return writer
+
+
+def open_reader(path_text: str) -> sqlite_utils.Database:
+    """The audit database, read-only, for runs, report and audit commands."""
+    path = Path(path_text)
+    why = _describe(path)
+    if why:
+        raise Refusal(f"audit database {path} is not usable: {why}")
+    if not path.exists():
+        raise Refusal(f"no audit database at {path}")
+    if not _check_existing(path):
+        # An empty file: the first run on this host is creating the schema right now (it does so
+        # in one transaction, so a reader sees nothing or everything), or it never got that far.
+        raise Refusal(f"no audit trail in {path} yet: no run has been recorded there")
+    return open_for_reading(str(path))      # one of an older amdflash is refused, never changed
+
+
+KEY_FILE = "host_key.pem"
+
+
+def host_key_path() -> Path:
+    """The host's private key: in the data directory, beside the default audit database
+    (AMDFLASH_HOST_KEY names another file)."""
+    return Path(os.environ.get("AMDFLASH_HOST_KEY") or Path(config.default_db()).parent / KEY_FILE)
+
+
+def open_for_reading(path: str):
+    """The audit database read-only. Reading never writes: no upgrade, no key, and for a trail
+    of another user nothing created beside it (store.verify.reader_uri). A database of an
+    older amdflash (unsigned) is refused, naming the command its owner upgrades it with."""
+    from amdflash.store import schema
+    from amdflash.store.queries import open_readonly
+
+    if not Path(path).exists():
+        raise Refusal(f"no audit database at {path}")
+    try:
+        conn = connect_reader(path)
+        try:
+            found = schema.version(conn)
+        finally:
+            conn.close()
+        if found is not None and 0 < found < schema.SCHEMA_VERSION:
+            raise Refusal(needs_upgrade(path, found) + " (reading it here changed nothing)")
+        return open_readonly(path)
+    except (schema.SchemaError, StoreUnavailable) as e:
+        raise Refusal(str(e)) from None
+    except sqlite3.Error as e:
+        raise Refusal(f"cannot read audit database {path}: {e}") from None
+    except OSError as e:
+        raise Refusal(f"cannot read audit database {path}: {e}") from None
+
+
+def legacy_version(path: str) -> int | None:
+    """The schema version of the database at `path` if an older amdflash wrote it, else None
+    (also when it cannot be read: the usual open then says why)."""
+    from amdflash.store import schema
+
+    try:
+        if not Path(path).is_file():
+            return None
+        conn = connect_reader(path)
+        try:
+            found = schema.version(conn)
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return found if found is not None and 0 < found < schema.SCHEMA_VERSION else None

@@ -1,0 +1,138 @@
+"""A run's end, told again wherever the run is shown later (`report` text, JSON and HTML).
+
+A reviewer who opens the report of a failed or interrupted run — the next morning, or because
+the terminal is gone — needs what the operator was told when it ended: the state the flash is
+in, the backup to put back (and whether it is the board's original or only the content as
+found), and the next step, in the same words and with the same command (next_step.advice, its
+backup from store.originals, as commands' board runs build them). A run that a resume has
+since finished says so instead of suggesting a step that is no longer needed.
+
+Read from the central record (`fleet report`, on_host), the same end is told of a run of
+another host: its commands must run there, against that host's trail, so the next step says
+where and carries no option of the reader's command line.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import sqlite_utils
+
+from amdflash.pipeline.engine import jobs
+from amdflash.pipeline.commands import next_step
+from amdflash.store.originals import Backup, _first_backup
+from amdflash.store.queries import RunNotFound, run_chain
+from amdflash.store.run_rows import RunUnverified
+
+ENDED_BADLY = ("failed", "interrupted")
+
+# The host a run read from the central record ran on (on_host); None: this host's own trail.
+_host: ContextVar[str | None] = ContextVar("run_end_host", default=None)
+
+
+@contextmanager
+def on_host(host: str) -> Iterator[None]:
+    """Tell the ends of runs of `host` (fleet report): the next step is prefixed 'on HOST:',
+    and no suggested command carries the reader's own --db or --config (they name files of
+    the reader's machine; the record does not keep the host's, so the step says to add them)."""
+    token = _host.set(host)
+    before = next_step.use_globals()
+    try:
+        yield
+    finally:
+        next_step.restore_globals(before)
+        _host.reset(token)
+
+
+def _where(step: str | None) -> str | None:
+    host = _host.get()
+    if step is None or host is None:
+        return step
+    return (f"on {host}: {step} (run there, with --db and --config of {host}'s trail and configuration if they "
+            "are not the defaults)")
+
+
+def add(db: sqlite_utils.Database, rep: dict[str, Any],
+        original: Callable[[], tuple[str, str, str] | None]) -> None:
+    """Put the run's end into its report: `fixed_by`, and `outcome` (None for a run that
+    succeeded, was refused or still runs). `original`: the board's original for the advice, as
+    commands finds it for a board run's (called only for a flash or resume that needs it)."""
+    rep["fixed_by"] = rep.get("finished_by")
+    rep["outcome"] = outcome(db, rep, _board_original(rep, original)) if wanted(rep) else None
+
+
+def _board_original(rep: dict[str, Any], original: Callable[[], tuple[str, str, str] | None]) \
+        -> tuple[str, str, str] | None:
+    if rep.get("command") not in next_step.WRITES:
+        return None
+    try:
+        return original()
+    except (RunNotFound, RunUnverified):    # the board's lineage names a run that is missing or forged
+        return None
+
+
+def wanted(rep: dict[str, Any]) -> bool:
+    """Whether the report of this run carries its end (a run that did not succeed, nor was refused:
+    a refusal wrote nothing and its reason is the run's error)."""
+    return rep.get("status") in ENDED_BADLY
+
+
+def outcome(db: sqlite_utils.Database, rep: dict[str, Any], original: tuple[str, str, str] | None) -> dict[str, Any]:
+    """The run's end: `state` (what the flash holds, for a flash or resume), `backup` (the
+    content the run's lineage found, with the command that writes it back), `original` (the
+    board's original, when another backup holds it), `next_step` (next_step.advice: the words
+    and command the run printed) and `fixed_by` (the resume that finished its work, if any:
+    then there is no next step). `original`: (path, run, put-back command) as commands gives
+    it to the advice."""
+    spec = (rep.get("board") or {}).get("spec") or ""
+    fixed = rep.get("finished_by")
+    writes = rep.get("command") in next_step.WRITES
+    mine = _lineage_backup(db, rep["run_id"]) if writes else None
+    backup = first = None
+    if mine is not None:
+        is_original = original is None or original[0] == mine.path
+        backup = {"path": mine.path, "run_id": mine.run_id, "sha256": mine.sha256,
+                  "content": "the board's original content" if is_original else "the content as found",
+                  # Until the flash is finished, a new flash of the board needs --start-over.
+                  "put_back": original[2] if is_original and original else
+                  jobs.restore_command(mine, spec, start_over=not fixed)}
+    if original is not None and (backup is None or backup["content"] != "the board's original content"):
+        first = {"path": original[0], "run_id": original[1], "put_back": original[2]}
+    return {
+        "state": next_step.flash_state(rep) if writes else None,
+        "backup": backup,
+        "original": first,
+        "next_step": None if fixed else _where(next_step.advice(rep, *(original or (None,)), run_id=rep["run_id"],
+                                                                spec=spec)),
+        "fixed_by": fixed,
+    }
+
+
+def backup_words(end: dict[str, Any]) -> str | None:
+    """The backup line, as a flash says it when it keeps one."""
+    backup, first = end.get("backup"), end.get("original")
+    if backup is None:
+        return (f"none of this run; the board's original: {first['path']} (run {first['run_id']}; to put it back: "
+                f"{first['put_back']})" if first else None)
+    words = f"backup of {backup['content']}: {backup['path']} (run {backup['run_id']}); to put it back: " \
+            f"{backup['put_back']}"
+    if first:
+        words += f"; the board's original: {first['path']} (run {first['run_id']}; to put it back: " \
+                 f"{first['put_back']})"
+    return words
+
+
+def _lineage_backup(db: sqlite_utils.Database, run_id: str) -> Backup | None:
+    """The backup the run keeps: its own, else (a resume that kept its lineage's file) the
+    first one its lineage recorded — sealed rows of runs that verify only."""
+    try:
+        chain = run_chain(db, run_id)
+    except (RunUnverified, RunNotFound):     # a resumed run missing or forged: nothing it says is kept
+        return None
+    for rows in [chain[-1], *chain[:-1]]:
+        found = _first_backup(db, rows)
+        if found is not None:
+            return found
+    return None

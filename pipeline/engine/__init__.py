@@ -1,0 +1,1 @@
+"""How a job runs: the runner, the stage graphs, jobs per transport kind, events, progress, interrupts."""

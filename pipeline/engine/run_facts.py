@@ -1,0 +1,94 @@
+"""Facts about a run that the host establishes itself, rather than claims it is told.
+
+* operator: the OS account running the process (by uid, from the password database), never
+  an environment variable; a name given with `--operator` is recorded beside it as claimed;
+* tool version: the installed package's metadata, plus the VCS revision when amdflash runs
+  from a git checkout (with "-dirty" when it has uncommitted changes);
+* host: hostname and machine-id;
+* clock: timestamps are UTC; whether the kernel says the system clock is synchronised
+  (adjtimex) is recorded when it can be known.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import pwd
+import socket
+import struct
+import subprocess
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from amdflash.store.writer import machine_id
+
+_TIME_ERROR = 5          # adjtimex: the clock is not synchronised
+_STA_UNSYNC = 0x0040
+_STATUS_OFFSET = 40      # struct timex: int status after unsigned modes and four longs (LP64)
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    operator: str
+    host: str
+    machine_id: str | None
+    tool_version: str
+    tool_revision: str | None
+    clock_sync: str
+
+
+def operator() -> str:
+    uid = os.getuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:   # no passwd entry (some containers): the uid is the fact
+        return f"uid {uid}"
+
+
+@functools.cache
+def tool_version() -> str:
+    try:
+        return metadata.version("amdflash")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+@functools.cache
+def tool_revision() -> str | None:
+    """The git commit of the checkout amdflash runs from, if it runs from one."""
+    root = Path(__file__).resolve().parents[2]   # pipeline/engine/run_facts.py -> the checkout
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"git {head}{'-dirty' if dirty else ''}"
+
+
+def clock_sync() -> str:
+    """What the kernel says of the system clock's synchronisation (Linux adjtimex)."""
+    path = ctypes.util.find_library("c")
+    if not path:
+        return "unknown"
+    try:
+        adjtimex = ctypes.CDLL(path, use_errno=True).adjtimex
+    except (OSError, AttributeError):
+        return "unknown"
+    buf = ctypes.create_string_buffer(512)   # larger than struct timex; modes = 0: read only
+    state = adjtimex(buf)
+    if state < 0:
+        return "unknown"
+    (status,) = struct.unpack_from("i", buf.raw, _STATUS_OFFSET)
+    if state == _TIME_ERROR or status & _STA_UNSYNC:
+        return "unsynchronised (kernel adjtimex)"
+    return "synchronised (kernel adjtimex)"
+
+
+def host_facts() -> HostFacts:
+    return HostFacts(operator(), socket.gethostname(), machine_id(), tool_version(), tool_revision(), clock_sync())

@@ -1,0 +1,241 @@
+"""Running jobs: one audited run per board, all boards concurrently, restore on every path.
+
+Lifecycle of a run: record the run row, open the transport (and lock the board), run the
+job's stages, and — whatever happened — restore registers inside a shielded cancel
+scope, record the outcome, release the board. SIGINT/SIGTERM set a stop flag that the
+stages honour at their next safe point; a second signal cancels outright (restore still
+runs).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+from collections.abc import Awaitable, Callable
+
+import anyio
+
+from amdflash.pipeline.commands import next_step
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, Refusal
+from amdflash.pipeline.logsetup import logger
+from amdflash.pipeline.engine.progress import ProgressBoard
+from amdflash.pipeline.engine.settle import settle_registers
+from amdflash.pipeline.engine.run_facts import host_facts
+from amdflash.stages.device import AuditSink, Device, Interrupted, StopFlag
+from amdflash.stages.open_transport import AuditedBar, AuditFailureError, BoardSpec, BoardSpecError, open_transport
+from amdflash.stages.restore import restore_registers
+from amdflash.stages.transport.base import Bar5
+from amdflash.stages.transport.discovery import NoBoardFound
+from amdflash.stages.transport.lock import BoardBusy
+from amdflash.store.status import PROCESS_STAGE, this_process
+from amdflash.store.writer import AuditFailure, Recorder
+
+JobBody = Callable[[Device, "RunInfo"], Awaitable[dict[str, Any]]]
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+@dataclass
+class RunInfo:
+    """What a job body knows about its run, and what it reports back."""
+
+    run_id: str
+    spec: BoardSpec
+    command: str
+    arguments: dict[str, Any]
+    image_sha256: str | None = None
+    resumes_run_id: str | None = None
+    output: list[str] = field(default_factory=list)   # lines to print when the run ends
+    operator_claimed: str | None = None                # --operator NAME: recorded as claimed, beside the OS account
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    spec: str
+    status: str          # succeeded | failed | interrupted
+    exit_code: int
+    error: str | None
+    summary: dict[str, Any]
+    output: list[str]
+
+
+def new_run_id() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: ProgressBoard,
+                    image_path: str | None) -> RunResult:
+    recorder = ui.observe(Recorder(writer, info.run_id), str(info.spec), info.run_id)
+    log = logger(run_id=info.run_id, board=str(info.spec))
+    facts = host_facts()
+    recorder.add("runs", command=info.command, arguments=json.dumps(info.arguments, sort_keys=True),
+                 operator=facts.operator, operator_claimed=info.operator_claimed, host=facts.host,
+                 machine_id=facts.machine_id, tool_version=facts.tool_version, tool_revision=facts.tool_revision,
+                 clock_sync=facts.clock_sync, image_path=image_path, image_sha256=info.image_sha256,
+                 board_spec=str(info.spec), resumes_run_id=info.resumes_run_id, at=now_iso())
+    recorder.add("run_status", status="running", detail=None, at=now_iso())
+    # Which process this is: while it lives the run is "running"; once it is gone, whatever
+    # killed it, every view shows the run interrupted (store.status).
+    stage(recorder, PROCESS_STAGE, "start", this_process())
+    log.debug("run started", command=info.command)
+    progress = ui.reporter(str(info.spec), info.run_id)
+
+    dev: Device | None = None
+    lock = None
+    registers = False   # a board reached through amdgpu has no BAR5: no registers to snapshot or restore
+    status, code, error, summary = "failed", EXIT_FAILED, None, {}
+    try:
+        stage(recorder, "open_transport", "start")
+        bar, lock = await anyio.to_thread.run_sync(open_transport, info.spec, lambda m: log.info(m))
+        if isinstance(bar, Bar5):
+            registers = True
+            dev = Device(AuditedBar(bar, recorder), bar.identity, recorder, stop, progress)
+        else:
+            # An amdgpu-bound board has no BAR5: its jobs (amdgpu_jobs.py) take it back with board_of().
+            dev = Device(bar, bar.identity, recorder, stop, progress)  # type: ignore[arg-type]
+        stage(recorder, "open_transport", "end", bar.identity.spec)
+        dev.extra["command"] = next_step.command    # a step the board layer suggests carries --db/--config
+        if registers:
+            # Registers an earlier run left changed go back first; then the "before" snapshot.
+            info.output += await settle_registers(dev, getattr(writer, "path", None))
+        # The run and the registers as found are on record before the first register write:
+        # a host that dies at that write still leaves a run to resume and values to restore.
+        await anyio.to_thread.run_sync(recorder.durable)
+        summary = await body(dev, info)
+        status, code = "succeeded", EXIT_OK
+    except anyio.get_cancelled_exc_class():
+        status, code, error = "interrupted", EXIT_INTERRUPTED, "cancelled"
+        raise
+    except Exception as raised:
+        e = primary_error(raised)
+        if isinstance(e, Interrupted):
+            status, code, error = "interrupted", EXIT_INTERRUPTED, str(e)
+        elif isinstance(e, (Refusal, BoardBusy, NoBoardFound, BoardSpecError)):
+            # A check failed before anything was written (or no board / another owner: nothing
+            # was sent at all). The attempt stays on record, as a refusal.
+            status, code, error = "refused", EXIT_REFUSED, _message(e)
+        else:
+            status, code, error = "failed", EXIT_FAILED, _message(e)
+            recorder.add("errors", stage=getattr(e, "stage", None), message=error,
+                         address=getattr(e, "address", None), at=now_iso())
+            if not isinstance(e, (RuntimeError, OSError, ValueError, TimeoutError)):
+                error = f"internal error {type(e).__name__}: {error} (-v shows where)"
+                log.debug("unexpected failure", exc_info=raised)
+    finally:
+        with anyio.CancelScope(shield=True):
+            if dev is not None and registers:
+                stage(recorder, "restore", "start")
+                try:
+                    note = await dev.call(restore_registers, dev)
+                    stage(recorder, "restore", "end", note)
+                except Exception as e:
+                    stage(recorder, "restore", "fail", _message(e))
+                    # Both count: what went wrong, and which registers it left changed.
+                    error = f"{error}; {_message(e)}" if error else _message(e)
+                    status, code = "failed", EXIT_FAILED
+            if dev is not None:
+                await anyio.to_thread.run_sync(dev.bar.close)
+            if lock is not None:
+                lock.release()
+            recorder.add("run_status", status=status, detail=error,
+                         result_sha256=summary.get("result_sha256") if status == "succeeded" else None,
+                         summary=json.dumps(summary, sort_keys=True, default=str), at=now_iso())
+            try:
+                await anyio.to_thread.run_sync(recorder.durable)
+            except Exception as e:
+                error = error or _message(e)
+                status, code = "failed", EXIT_FAILED
+            log.debug("run ended", status=status, error=error)
+    return RunResult(info.run_id, str(info.spec), status, code, error, summary, info.output)
+
+
+def primary_error(raised: BaseException) -> BaseException:
+    """The one failure to report when concurrent stages failed together.
+
+    When one cause (a dead audit trail, a stop request) hits several stages at once, anyio
+    raises them as a group; the operator needs the cause, not the group.
+    """
+    if not isinstance(raised, BaseExceptionGroup):
+        return raised
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        elif not isinstance(e, anyio.get_cancelled_exc_class()):
+            leaves.append(e)
+
+    walk(raised)
+    for kind in (Interrupted, Refusal, BoardBusy, AuditFailure, AuditFailureError):
+        for leaf in leaves:
+            if isinstance(leaf, kind):
+                return leaf
+    return leaves[0] if leaves else raised
+
+
+def stage(recorder: AuditSink, name: str, event: str, detail: str | None = None) -> None:
+    recorder.add("stages", stage=name, event=event, detail=detail, at=now_iso())
+
+
+def _message(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    where = getattr(e, "where", None)     # the stage and unit a failure without an address of its own hit
+    return f"{where}: {text}" if where else text
+
+
+async def run_boards(make_body: Callable[[BoardSpec], tuple[JobBody, RunInfo]], specs: list[BoardSpec],
+                     writer, show_progress: bool = True, image_path: str | None = None) -> list[RunResult]:
+    """Run the job on every board concurrently; one board's failure does not stop the others."""
+    stop = StopFlag()
+    results: list[RunResult] = []
+    started: dict[str, str] = {}      # spec -> run id, for runs a second signal cancels mid-way
+    with ProgressBoard(enabled=show_progress) as ui:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_signals, stop, tg.cancel_scope)
+
+            async def one(spec: BoardSpec) -> None:
+                body, info = make_body(spec)
+                started[str(spec)] = info.run_id
+                results.append(await run_board(body, info, writer, stop, ui, image_path))
+
+            async with anyio.create_task_group() as boards:
+                for spec in specs:
+                    boards.start_soon(one, spec)
+            tg.cancel_scope.cancel()   # stop the signal watcher
+    finished = {r.spec for r in results}
+    for spec in specs:
+        if str(spec) not in finished:   # cancelled by a second signal before it could report
+            results.append(RunResult(started.get(str(spec), ""), str(spec), "interrupted", EXIT_INTERRUPTED,
+                                     "cancelled by a second signal, as soon as the device operation returned "
+                                     "(registers restored)", {}, []))
+    order = {str(s): i for i, s in enumerate(specs)}
+    return sorted(results, key=lambda r: order.get(r.spec, 0))
+
+
+async def _watch_signals(stop: StopFlag, scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if stop:
+                scope.cancel()   # a second signal: stop now (restore still runs, shielded)
+            else:
+                stop.set(f"{name} received: stopped at a safe point")
+                logger().warning("stopping at the next safe point", signal=name)
+
+
+def exit_code(results: list[RunResult]) -> int:
+    codes = {r.exit_code for r in results}
+    if EXIT_INTERRUPTED in codes:
+        return EXIT_INTERRUPTED
+    if EXIT_FAILED in codes:
+        return EXIT_FAILED
+    if EXIT_REFUSED in codes:
+        return EXIT_REFUSED
+    return EXIT_OK

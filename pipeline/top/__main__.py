@@ -1,4 +1,0 @@
-"""`python -m amdflash`: the command line."""
-from amdflash.launch import run
-
-run()
