@@ -17,7 +17,7 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--board-report", action="append", default=[], type=Path, metavar="FILE",
-                     help="a hardware report (amdflash hardware-report) of a board to run tests/boards/ against "
+                     help="a hardware report (amdflash hardware-report) of a board to run tests/stages/boards/ against "
                           "besides those stored there: its emulated board must reproduce the report and "
                           "dump, flash, verify and replay on it (repeatable)")
 

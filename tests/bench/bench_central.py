@@ -5,7 +5,7 @@
   database: ≤ 2 s;
 * `amdflash fleet runs` over 1,000 runs: ≤ 1 s.
 
-The central database is a throwaway PostgreSQL cluster (tests/fleet/pgcluster.py); the
+The central database is a throwaway PostgreSQL cluster (tests/pipeline/fleet/pgcluster.py); the
 1,000 runs are short runs written and signed by the ordinary audit writer. Each command is
 timed several times (a fresh central database for every push); medians and every time are
 printed, with the push's own time (inside the process, without interpreter start-up) and
@@ -30,8 +30,8 @@ from pathlib import Path
 
 from amdflash.stages.sim import create_board
 
-from tests.fleet.central_trail import new_database, synthetic_runs
-from tests.fleet.pgcluster import PostgresCluster, server_binaries
+from tests.pipeline.fleet.central_trail import new_database, synthetic_runs
+from tests.pipeline.fleet.pgcluster import PostgresCluster, server_binaries
 
 SIZE = 0x200000
 

@@ -124,7 +124,7 @@ def main() -> None:
     ap.add_argument("--jobs", help="comma-separated subset of the job names")
     ap.add_argument("--report", type=Path, metavar="FILE",
                     help="run amdflash's columns on boards made from this hardware report (sim create "
-                         "--from-report: its chip, registers and calibrated timings, e.g. tests/boards/*.json); "
+                         "--from-report: its chip, registers and calibrated timings, e.g. tests/stages/boards/*.json); "
                          "the floors stay the model's (asm24, GD25LQ16E busy times)")
     ap.add_argument("--amdflash-python", default=sys.executable,
                     help="interpreter whose amdflash runs the jobs (e.g. another checkout's venv, to compare)")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from amdflash.stages.sim import create_board
 from amdflash.stages.sim.synth import synthetic_ifwi
-from tests.fleet.lab import Lab, missing
+from tests.pipeline.fleet.lab import Lab, missing
 
 SEED = 100
 TARGET = 1.4

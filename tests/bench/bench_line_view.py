@@ -3,7 +3,7 @@
 Targets (issue 22): the page's first paint < 1 s, and every update on the page < 2 s after
 the event, while 64 boards flash at once.
 
-The line is the fleet tests' (tests/fleet/lab.py: labgrid coordinator, exporters as hosts over
+The line is the fleet tests' (tests/pipeline/fleet/lab.py: labgrid coordinator, exporters as hosts over
 a loopback sshd, a throwaway PostgreSQL), each host with its follow service, `fleet serve`,
 and Debian's Chromium through Playwright. Every board holds the image but for a few 64 KiB
 blocks (so 64 flashes fit one run of the bench on a small machine) and runs in real-time mode
@@ -23,7 +23,7 @@ them all.
   update) are counted, not timed. The poll adds up to `--poll` seconds.
 
 The jobs run at low CPU priority (`--jobs-nice`, and their sessions' autogroup too: see
-tests/fleet/lab.py): each carries an emulated board, whose CPU stands for a real board's own
+tests/pipeline/fleet/lab.py): each carries an emulated board, whose CPU stands for a real board's own
 silicon on another machine; `--jobs-nice 0` shows 64 emulated boards starving the page instead.
 Each update's latency is also split at central's receipt (`received_at`), and the five slowest
 are printed.
@@ -46,10 +46,10 @@ from typing import Any
 
 from amdflash.stages.sim.synth import synthetic_ifwi
 
-from tests.fleet.central_trail import new_database
-from tests.fleet.lab import Lab, missing, wait_for
-from tests.fleet.pgcluster import PostgresCluster, server_binaries
-from tests.review import screenshots
+from tests.pipeline.fleet.central_trail import new_database
+from tests.pipeline.fleet.lab import Lab, missing, wait_for
+from tests.pipeline.fleet.pgcluster import PostgresCluster, server_binaries
+from tests.store import screenshots
 
 ROWS_JS = """() => Array.from(document.querySelectorAll('#boards tr[data-place]')).map(tr => {
     const bar = tr.querySelector('progress');
@@ -58,7 +58,7 @@ ROWS_JS = """() => Array.from(document.querySelectorAll('#boards tr[data-place]'
 PAINT_JS = """() => { const p = performance.getEntriesByType('paint').find(e => e.name === 'first-contentful-paint');
                       return p ? p.startTime : null; }"""
 FIRST_PAINT_TARGET, UPDATE_TARGET = 1.0, 2.0
-# The hosts' jobs run at this CPU priority (tests/fleet/lab.py: Lab's jobs_nice): each carries an
+# The hosts' jobs run at this CPU priority (tests/pipeline/fleet/lab.py: Lab's jobs_nice): each carries an
 # emulated board, whose CPU is work a real board does in its own silicon on another machine.
 JOBS_NICE = 19
 

@@ -1,1 +1,0 @@
-from tests.cli.conftest import amdflash, isolated  # noqa: F401 - the CLI fixtures: own database, locks, config

@@ -1,0 +1,293 @@
+"""Every way a board command can end badly says what state the board is in and what to do
+next — and the run's end is on record (issue: "every run ends with a true status")."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from amdflash.stages.sim.synth import synthetic_ifwi
+from tests.pipeline.cli.conftest import flash_content
+
+
+def first_differing_bit(image: bytes, start: int) -> int:
+    return next(a for a in range(start, len(image)) if image[a] & 0x01 == 0)
+
+
+def last_run(amdflash) -> dict:  # noqa: ANN001
+    return json.loads(amdflash("runs", "--format", "json").out)[-1]
+
+
+def test_a_flash_that_fails_verify_says_what_is_half_written_and_how_back(amdflash, make_board, image, tmp_path):
+    img = image.read_bytes()
+    stuck = first_differing_bit(img, 0x100000)
+    board = make_board(transport="ideal", faults=[f"stuck-bit={stuck:#x}:0"])
+    r = amdflash("--no-progress", "flash", image, "--yes", "--force", "--board", f"sim:{board}")
+    assert r.code == 1
+    run = last_run(amdflash)
+    error, advice = r.err_lines[-2], r.err_lines[-1]
+    assert error.startswith("error: verify failed at") and f"(run {run['run_id']}, failed)" in error, r.err
+    assert advice.startswith("  next: the flash is partly written: ") and "failed verify" in advice, r.err
+    backup = next(Path(tmp_path).glob("**/backups/*.bin"))
+    assert f"The original content is backup {backup.resolve()}" in advice
+    assert f"amdflash flash {backup.resolve()} --board sim:{board} --yes --force" in advice
+    assert f"amdflash resume {run['run_id']} --board sim:{board} --yes" in advice
+    assert run["status"] == "failed"
+
+
+def _transfers(board: Path) -> int:
+    stats = json.loads(subprocess.run([sys.executable, "-m", "amdflash", "sim", "stats", str(board)],
+                                      capture_output=True, text=True, check=True).stdout)
+    return int(stats["control_transfers"] + stats["bulk_transfers"])
+
+
+def test_a_link_lost_mid_flash_says_the_same(amdflash, make_board, image, monkeypatch):
+    argv = ("--no-progress", "flash", image, "--yes", "--force", "--sector-count", "32", "--board", "usb:0")
+    clean = make_board(content="blank", transport="ideal", seed=7)
+    monkeypatch.setenv("AMDFLASH_SIM_USB", str(clean))
+    assert amdflash(*argv).code == 0
+    whole = _transfers(clean)
+    # The same board and job, its bridge gone near the end (while units are written and verified).
+    board = make_board(content="blank", transport="ideal", seed=7,
+                       faults=[f"usb-disconnect-after={whole * 19 // 20}"])
+    monkeypatch.setenv("AMDFLASH_SIM_USB", str(board))
+    r = amdflash(*argv)
+    assert r.code == 1, r.err
+    run = last_run(amdflash)
+    assert "disconnected" in r.err and run["status"] == "failed", r.err
+    assert "  next: the flash is partly written" in r.err, r.err
+    assert f"amdflash resume {run['run_id']} --board usb:0 --yes" in r.err
+
+
+def test_ifwi_all_that_fails_says_a_power_cycle_is_needed(amdflash, make_board, tmp_path):
+    image = tmp_path / "ifwi.bin"
+    image.write_bytes(synthetic_ifwi(3))
+    board = make_board(transport="ideal", faults=["psp-error=0x9:0xC"])
+    r = amdflash("--no-progress", "ifwi-all", image, "--yes", "--board", f"sim:{board}")
+    assert r.code == 1, r.err
+    assert "  next: the PSP bootloader may hold a partial stream: power the board off and on" in r.err, r.err
+    [cycle] = pasted(r.err_lines[-1])
+    assert cycle == ["amdflash", "sim", "power-cycle", str(board)], cycle
+
+
+def test_info_after_a_killed_flash_names_the_unfinished_run_and_the_resume(amdflash, make_board, image):
+    board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=30000"])
+    killed = subprocess.run([sys.executable, "-m", "amdflash", "-q", "flash", str(image), "--yes", "--force",
+                             "--board", f"sim:{board}"], capture_output=True, text=True, env=dict(os.environ))
+    assert killed.returncode != 0
+    run = last_run(amdflash)
+    r = amdflash("info", "--board", f"sim:{board}")
+    assert r.code == 0, r.err
+    assert (f"unfinished flash {run['run_id']} on this board" in r.out
+            and f"amdflash resume {run['run_id']} --board sim:{board} --yes" in r.out), r.out
+
+
+@pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
+def test_resume_after_the_image_moved_suggests_naming_it(amdflash, make_board, image, tmp_path):
+    board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=30000"])
+    subprocess.run([sys.executable, "-m", "amdflash", "-q", "flash", str(image), "--yes", "--force",
+                    "--board", f"sim:{board}"], capture_output=True, text=True, env=dict(os.environ))
+    run = last_run(amdflash)["run_id"]
+    moved = tmp_path / "moved.bin"
+    image.rename(moved)
+    r = amdflash("resume", "--yes", "--board", f"sim:{board}")
+    assert r.code == 2 and f"amdflash resume {run} --board sim:{board} --image FILE --yes" in r.err, r.err
+    assert amdflash("resume", "--yes", "--image", moved, "--board", f"sim:{board}").code == 0
+
+
+# -- a full disk --------------------------------------------------------------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A file system of a few MiB of its own (tmpfs; needs root)."""
+    where = tmp_path / "small"
+    where.mkdir()
+
+    def mount(mib: int) -> Path:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(where)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()}): needs root")
+        return where
+    yield mount
+    subprocess.run(["umount", str(where)], capture_output=True)
+
+
+def test_a_nearly_full_disk_refuses_before_the_run_naming_the_database(amdflash, make_board, small_disk):
+    where = small_disk(6)
+    r = amdflash("info", "--board", f"sim:{make_board(transport='ideal')}", "--db", where / "audit.sqlite")
+    assert r.code == 2 and f"audit database {where / 'audit.sqlite'}: the file system has" in r.err, r.err
+
+
+def test_a_disk_that_fills_during_a_flash_fails_the_run_on_record(amdflash, make_board, image, small_disk):
+    where = small_disk(9)        # 8 MiB to start with; the backup and the rows of a dense flash eat the rest
+    db = where / "audit.sqlite"
+    board = make_board(transport="ideal")           # other synthetic content: every unit is rewritten
+    r = amdflash("--no-progress", "flash", image, "--yes", "--force", "--board", f"sim:{board}", "--db", db)
+    assert r.code == 1, r.err
+    assert f"audit database {db}: the file system has" in r.err and "free some space" in r.err, r.err
+    [run] = json.loads(amdflash("runs", "--format", "json", "--db", db).out)
+    assert run["status"] == "failed"
+    assert "  next: " in r.err and f"amdflash --db {db} resume {run['run_id']}" in r.err
+
+
+def test_sim_power_cycle_restarts_the_bootloader_after_ifwi_all(amdflash, make_board, tmp_path):
+    image = tmp_path / "ifwi.bin"
+    image.write_bytes(synthetic_ifwi(3))
+    board = make_board(transport="ideal")
+    assert amdflash("--no-progress", "ifwi-all", image, "--yes", "--board", f"sim:{board}").code == 0
+    r = amdflash("probe", "--board", f"sim:{board}")
+    assert "error 0x11" in r.out and "amdflash sim power-cycle" in r.out, r.out
+    [cycle] = pasted(r.out)                       # the step as printed, run elsewhere
+    assert cycle == ["amdflash", "sim", "power-cycle", str(board)], cycle
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = run_pasted(cycle, elsewhere)
+    assert done.returncode == 0, done.stderr
+    r = amdflash("probe", "--board", f"sim:{board}")
+    assert "the bootloader requests item 0x01, phase 1" in r.out and "power-cycle" not in r.out, r.out
+
+
+def test_sim_power_cycle_brings_back_a_chip_left_in_deep_power_down(amdflash, make_board):
+    from amdflash.stages.sim import Board
+
+    board = make_board(transport="ideal")
+    with Board(board) as b:
+        b.chip.transaction(b"\xb9", 0, b.clock.now())       # deep power-down: only ABh is heard
+    r = amdflash("info", "--board", f"sim:{board}")
+    assert r.code == 1 and "ff ff ff" in r.err, r.err
+    assert amdflash("sim", "power-cycle", board).code == 0
+    assert amdflash("info", "--board", f"sim:{board}").code == 0
+
+
+def test_sim_power_cycle_waits_for_a_job(amdflash, make_board):
+    from amdflash.stages.transport.lock import sim_lock
+
+    board = make_board(transport="ideal")
+    with sim_lock(board):
+        r = amdflash("sim", "power-cycle", board)
+    assert r.code == 2 and "board busy" in r.err
+
+
+# -- next steps that work when pasted (issue 27, item 1) -------------------------------------------
+
+def pasted(text: str) -> list[list[str]]:
+    """Every amdflash command in `text`, split as a shell splits it: from 'amdflash' to the end
+    of its clause (a shell's ';' or ')', or the end of the line)."""
+    import shlex
+
+    found = []
+    for line in text.splitlines():
+        at = line.find("amdflash ")
+        while at >= 0:
+            lexer = shlex.shlex(line[at:], posix=True, punctuation_chars=";()")
+            lexer.whitespace_split = True
+            words = []
+            for token in lexer:
+                if token in (";", "(", ")"):
+                    break
+                words.append(token)
+            found.append(words)
+            at = line.find("amdflash ", at + 1)
+    return found
+
+
+def run_pasted(words: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """A pasted command, run by a shell's rules in another directory (`amdflash` is this one)."""
+    assert words[0] == "amdflash", words
+    return subprocess.run([sys.executable, "-m", "amdflash", "--no-progress", *words[1:]], capture_output=True,
+                          text=True, cwd=cwd, env=dict(os.environ), timeout=300)
+
+
+def test_the_steps_after_a_failed_flash_work_pasted_elsewhere_with_their_db(amdflash, make_board, image, tmp_path,
+                                                                           monkeypatch):
+    img = image.read_bytes()
+    stuck = first_differing_bit(img, 0x100000)
+    board = make_board(transport="ideal", faults=[f"stuck-bit={stuck:#x}:0"])
+    (tmp_path / "my runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    db = "my runs/audit db.sqlite"               # relative, with spaces: the run's own, not $AMDFLASH_DB
+    r = amdflash("--no-progress", "--db", db, "flash", image, "--yes", "--force", "--board", f"sim:{board}")
+    assert r.code == 1, r.err
+    advice = r.err_lines[-1]
+    [put_back, resume] = pasted(advice)
+    assert resume[:4] == ["amdflash", "--db", str(tmp_path / db), "resume"], resume
+    assert put_back[:4] == ["amdflash", "--db", str(tmp_path / db), "flash"], put_back
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert amdflash("sim", "fault", board, "--clear").code == 0
+    done = run_pasted(resume, elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert flash_content(board) == img                         # it finished the flash
+    runs = json.loads(amdflash("--db", tmp_path / db, "runs", "--format", "json").out)
+    assert [(x["command"], x["status"]) for x in runs] == [("flash", "failed"), ("resume", "succeeded")]
+    done = run_pasted(put_back, elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert flash_content(board) == Path(put_back[4]).read_bytes()   # and this put the backup back
+
+
+def test_info_names_a_resume_that_works_pasted_elsewhere(amdflash, make_board, image, tmp_path):
+    board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=30000"])
+    db = tmp_path / "a dir" / "trail's db.sqlite"              # a space and a quote to survive the shell
+    db.parent.mkdir()
+    subprocess.run([sys.executable, "-m", "amdflash", "-q", "--db", str(db), "flash", str(image), "--yes",
+                    "--force", "--board", f"sim:{board}"], capture_output=True, text=True, env=dict(os.environ))
+    assert amdflash("sim", "fault", board, "--clear").code == 0
+    config = db.parent / "my config.toml"
+    config.write_text("progress = false\n")
+    r = amdflash("--db", db, "--config", config, "info", "--board", f"sim:{board}")
+    [line] = [x for x in r.out.splitlines() if x.startswith("unfinished flash")]
+    [resume] = pasted(line)
+    assert resume[:6] == ["amdflash", "--db", str(db), "--config", str(config), "resume"], resume
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = run_pasted(resume, elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert flash_content(board) == image.read_bytes()
+
+
+def test_no_such_run_names_the_database_searched(amdflash, make_board, tmp_path):
+    board = make_board(transport="ideal")
+    db = tmp_path / "other.sqlite"
+    assert amdflash("--db", db, "info", "--board", f"sim:{board}").code == 0
+    r = amdflash("--db", db, "resume", "20260101T000000-00000000", "--yes", "--board", f"sim:{board}")
+    assert r.code == 2 and f"no run '20260101T000000-00000000' in the audit database {db}" in r.err, r.err
+
+
+def test_a_failed_dump_says_the_flash_was_not_changed(amdflash, make_board, tmp_path):
+    board = make_board(transport="ideal", faults=["stall-after=300"])
+    r = amdflash("--no-progress", "dump", tmp_path / "out.bin", "--board", f"sim:{board}")
+    assert r.code == 1, r.err
+    assert r.err_lines[-1] == "  next: the flash was not changed (dump only reads it); fix the cause, then run " \
+                              "the command again", r.err
+
+
+def test_registers_left_changed_name_a_restore_that_works_pasted(amdflash, make_board, tmp_path, monkeypatch):
+    from amdflash.stages.drivers.navi31 import regs as R
+    from amdflash.stages.transport import discovery
+    from amdflash.stages.sim import Board
+
+    def registers(board: Path) -> dict[int, int]:
+        with Board(board) as b:
+            return {r: b.get32(r) for r in (R.ROM_CNTL, R.PAGE_MIRROR_CNTL, R.GPIOPAD_MASK, R.GPIOPAD_A)}
+
+    board = make_board(transport="ideal", faults=["usb-disconnect-after=30000"])
+    before = registers(board)
+    monkeypatch.setenv(discovery.ENV_SIM_USB, str(board))
+    db = tmp_path / "a trail" / "audit.sqlite"
+    db.parent.mkdir()
+    r = amdflash("--no-progress", "--db", db, "dump", tmp_path / "d.bin", "--board", "usb")
+    assert r.code == 1 and "registers not put back" in r.err, r.err
+    assert registers(board) != before
+    [restore] = [words for words in pasted(r.err) if "restore" in words]
+    assert restore[:4] == ["amdflash", "--db", str(db), "restore"], restore
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = run_pasted(restore, elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert registers(board) == before
+    assert json.loads(amdflash("--db", db, "runs", "--format", "json").out)[-1]["command"] == "restore"

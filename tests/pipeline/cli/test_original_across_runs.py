@@ -1,0 +1,215 @@
+"""Issue 27 (items 2, 3): the board's original is kept across runs, and every backup printed
+can be written back by the command printed beside it.
+
+A flash killed while it writes (the emulator's kill-after-writes fault: the host dies just
+before its Nth register write, deterministic) leaves the board half written; a fresh `flash`
+must not call what it then finds "the original", nor quietly overwrite a flash the operator
+could resume."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from amdflash.stages.sim import Board, create_board
+from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
+from tests.pipeline.engine.conftest import flash_content
+
+SEED = 5
+
+
+def content(image: bytes) -> bytes:
+    """What the board holds first: the image with units that need an erase, a 64 KiB block
+    and a program-only unit changed (deterministic, so the kill point is too)."""
+    out = bytearray(image)
+    out[0x0000:0x1000] = bytes(0x1000)
+    out[0x30000:0x40000] = bytes(range(256)) * 256
+    out[0x1F0000:0x1F0100] = b"\xff" * 0x100
+    return bytes(out)
+
+
+def cli_process(*args: object) -> subprocess.CompletedProcess[str]:
+    """amdflash as its own process (it may be killed), with this test's environment."""
+    return subprocess.run([sys.executable, "-m", "amdflash", "--no-progress", *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def run_printed(amdflash, command: str):
+    """A command exactly as amdflash printed it, split as a shell would."""
+    words = shlex.split(command)
+    assert words[0] == "amdflash", command
+    return amdflash("--no-progress", *words[1:])
+
+
+def printed(text: str, after: str) -> str:
+    """The command printed after `after` up to the end of its clause ('; ' or ')' or the line)."""
+    found = re.search(re.escape(after) + r"(amdflash [^;)\n]*)", text)
+    assert found, (after, text)
+    return found.group(1).strip()
+
+
+@pytest.fixture
+def killed(tmp_path: Path, image: Path) -> dict:
+    """A board whose flash was killed while writing units: the board, its first content, the
+    killed run and the backup it made."""
+    first = content(image.read_bytes())
+    ref = create_board(tmp_path / "reference", content=first, transport="ideal", seed=SEED)
+    refdb = tmp_path / "reference.sqlite"
+    assert cli_process("--db", refdb, "-q", "flash", image, "--yes", "--expect-part", PART_KEY,
+                       "--board", f"sim:{ref}").returncode == 0
+    with Board(ref) as b:
+        total = int(b.stats()["reg_writes"])
+    # Just before the end: units are being written (the backup, which reads all 512, is long over).
+    board = create_board(tmp_path / "board", content=first, transport="ideal", seed=SEED,
+                         faults=[f"kill-after-writes={total * 99 // 100}"])
+    p = cli_process("flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}")
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    runs = json.loads(cli_process("runs", "--format", "json").stdout)
+    [backup] = list((tmp_path / "backups").glob("*.bin"))
+    assert backup.read_bytes() == first
+    half = flash_content(board)
+    assert half != first and half != image.read_bytes()          # half written, truly
+    return {"board": board, "first": first, "run": runs[-1]["run_id"], "backup": backup.resolve(), "half": half}
+
+
+def test_a_fresh_flash_after_a_killed_one_refuses_naming_the_resume_and_the_original(amdflash, image, killed,
+                                                                                    isolated):
+    board, run = killed["board"], killed["run"]
+    db = isolated / "audit.sqlite"
+    r = amdflash("--no-progress", "--db", db, "flash", image, "--yes", "--expect-part", PART_KEY,
+                 "--board", f"sim:{board}")
+    assert r.code == 2, r.err
+    assert f"flash run {run} of this board never finished (interrupted" in r.err, r.err
+    assert f"the board's original content: backup {killed['backup']} (run {run})" in r.err, r.err
+    assert flash_content(board) == killed["half"]                 # nothing was written
+    # The resume step, as printed (with the --db this command was given), finishes the flash.
+    resume = printed(r.err, "Finish it: ")
+    assert shlex.split(resume) == ["amdflash", "--db", str(db), "resume", run, "--board", f"sim:{board}", "--yes"]
+    done = run_printed(amdflash, resume)
+    assert done.code == 0, done.err
+    assert flash_content(board) == image.read_bytes()
+
+
+def test_start_over_says_which_backup_holds_the_original_and_restore_original_puts_it_back(amdflash, image,
+                                                                                        killed, tmp_path):
+    board, run = killed["board"], killed["run"]
+    r = amdflash("--no-progress", "flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}",
+                 "--start-over")
+    assert r.code == 0, r.err
+    assert flash_content(board) == image.read_bytes()
+    [line] = [x for x in r.out.splitlines() if x.startswith("backup of")]
+    assert line.startswith("backup of the content as found: ") and "original content" not in line, line
+    assert re.search(rf"\(\d+ units? written by run {run}, which did not finish\)", line), line
+    assert f"the board's original: {killed['backup']} (run {run}" in line, line
+    # The record says so too: the new run's own sealed rows name the original's backup.
+    new_run = json.loads(amdflash("runs", "--format", "json").out)[-1]["run_id"]
+    report = json.loads(amdflash("report", new_run, "--format", "json").out)
+    [row] = [s for s in report["stages"] if s["stage"] == "backup" and s["event"] == "original"]
+    said = json.loads(row["detail"])
+    assert said["original"]["run_id"] == run and said["original"]["path"] == str(killed["backup"])
+    assert said["this_backup"] == "content as found" and said["unfinished"]["run_id"] == run
+    # The original, put back by the command printed beside it.
+    back = run_printed(amdflash, printed(line, "the board's original: " + str(killed["backup"]) + f" (run {run}; "
+                                         "to put it back: "))
+    assert back.code == 0, back.err
+    assert flash_content(board) == killed["first"]
+    # And the half-written content, by the command printed beside its own backup.
+    back = run_printed(amdflash, printed(line, "to put it back: "))
+    assert back.code == 0, back.err
+    assert flash_content(board) == killed["half"]
+
+
+def test_info_names_the_unfinished_flash_its_original_and_the_resume(amdflash, killed):
+    r = amdflash("info", "--board", f"sim:{killed['board']}")
+    assert r.code == 0, r.err
+    [line] = [x for x in r.out.splitlines() if x.startswith("unfinished flash")]
+    assert f"unfinished flash {killed['run']} on this board (interrupted, " in line, line
+    assert f"the board's original: backup {killed['backup']} (run {killed['run']})" in line, line
+    assert f"amdflash resume {killed['run']} --board sim:{killed['board']} --yes" in line, line
+    assert f"original    backup {killed['backup']} (run {killed['run']}, intact)" in r.out, r.out
+
+
+def test_restore_original_refuses_a_backup_that_no_longer_matches_its_record(amdflash, killed):
+    board = killed["board"]
+    killed["backup"].chmod(0o600)
+    data = bytearray(killed["backup"].read_bytes())
+    data[0x1000] ^= 0x01                                          # one bit flipped on disk
+    killed["backup"].write_bytes(bytes(data))
+    r = amdflash("restore-original", "--board", f"sim:{board}", "--yes")
+    assert r.code == 2, r.err
+    assert str(killed["backup"]) in r.err and "no longer matches the sha256 on record" in r.err, r.err
+    assert flash_content(board) == killed["half"]
+
+
+def test_a_range_flash_backup_is_put_back_by_the_command_printed_beside_it(amdflash, make_board, tmp_path):
+    board = make_board(transport="ideal")
+    first = flash_content(board)
+    other = tmp_path / "other.bin"
+    other.write_bytes(synthetic_ifwi(77))
+    r = amdflash("--no-progress", "flash", other, "--yes", "--force", "--start-sector", "256", "--sector-count", "2",
+                 "--board", f"sim:{board}")
+    assert r.code == 0, r.err
+    assert flash_content(board) != first
+    [line] = [x for x in r.out.splitlines() if x.startswith("backup of the original content: ")]
+    back = run_printed(amdflash, printed(line, "to put it back: "))
+    assert back.code == 0, back.err
+    assert flash_content(board) == first
+    # restore-original does the same from the record alone, after a range flash and then a whole
+    # one: the whole flash's backup holds the range as the range flash left it, so the range's
+    # own backup is written after it.
+    assert amdflash("flash", other, "--yes", "--force", "--start-sector", "256", "--sector-count", "2",
+                    "--board", f"sim:{board}").code == 0
+    assert amdflash("flash", other, "--yes", "--force", "--board", f"sim:{board}").code == 0
+    assert flash_content(board) == other.read_bytes() != first
+    r = amdflash("restore-original", "--board", f"sim:{board}", "--yes")
+    assert r.code == 0, r.err
+    assert flash_content(board) == first
+
+
+def test_a_flash_that_failed_after_writing_is_refused_too_and_its_advice_puts_the_original_back(amdflash,
+                                                                                              make_board, image):
+    img = image.read_bytes()
+    stuck = next(a for a in range(0x100000, len(img)) if img[a] & 0x01 == 0)    # a bit the image needs at 0
+    board = make_board(transport="ideal", faults=[f"stuck-bit={stuck:#x}:0"])
+    first = flash_content(board)
+    r = amdflash("--no-progress", "flash", image, "--yes", "--force", "--board", f"sim:{board}")
+    assert r.code == 1, r.err
+    run = json.loads(amdflash("runs", "--format", "json").out)[-1]["run_id"]
+    again = amdflash("flash", image, "--yes", "--force", "--board", f"sim:{board}")
+    assert again.code == 2 and f"flash run {run} of this board never finished (failed; " in again.err, again.err
+    # The failed run's advice names the original and a command that writes it back as printed.
+    back = run_printed(amdflash, printed(r.err_lines[-1], "to put it back, "))
+    assert back.code == 0, back.err
+    assert flash_content(board) == first
+
+
+def test_a_started_over_flash_that_fails_names_the_first_original_and_its_resume_says_so(amdflash, image,
+                                                                                       killed):
+    board, run, img = killed["board"], killed["run"], image.read_bytes()
+    # A bit the rest of the flash needs at 0, stuck at 1: the started-over flash fails after writing.
+    unit = next(a for a in range(0, len(img), 0x1000) if killed["half"][a:a + 0x1000] != img[a:a + 0x1000])
+    stuck = next(a for a in range(unit, unit + 0x1000) if img[a] & 0x01 == 0)
+    assert amdflash("sim", "fault", board, "--clear", f"stuck-bit={stuck:#x}:0").code == 0
+    r = amdflash("--no-progress", "flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}",
+                 "--start-over")
+    assert r.code == 1, r.err
+    advice = r.err_lines[-1]
+    assert f"The original content is backup {killed['backup']} (run {run})" in advice, advice
+    over = json.loads(amdflash("runs", "--format", "json").out)[-1]["run_id"]
+    assert amdflash("sim", "fault", board, "--clear").code == 0
+    done = amdflash("--no-progress", "resume", over, "--board", f"sim:{board}", "--yes")
+    assert done.code == 0, done.err
+    [line] = [x for x in done.out.splitlines() if x.startswith("backup of")]
+    assert line.startswith(f"backup of the content as found by run {over}: "), line
+    assert f"the board's original: {killed['backup']} (run {run}" in line, line
+    assert flash_content(board) == img
+    # The failed run's put-back, as printed, writes the original back.
+    back = run_printed(amdflash, printed(advice, "to put it back, "))
+    assert back.code == 0, back.err
+    assert flash_content(board) == killed["first"]

@@ -1,0 +1,182 @@
+"""Issue 18, attack 2: rows INSERTed outside every span a run's checkpoints seal — with a seq
+below the run's first row (negative, or in an earlier run's span), or a second runs row —
+needed no key and were read as the run's own by `audit verify --run` (intact), `report`, the
+HTML page (a fake first error, a fake sign-off under "signature: verified against the given
+key") and `resume` (a forged backups row pointing at an attacker's file, kept as "verified").
+
+A run's rows are exactly those its sealed spans cover: each of these now refuses, exit 1,
+naming the row (table and seq). The triggers refuse only UPDATE and DELETE, so every attack
+here is a plain INSERT by someone who can write the database file but has no host key."""
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from amdflash.stages.sim.synth import PART_KEY
+from tests.pipeline.engine.conftest import cli, cli_shown, db, image  # noqa: F401 - fixtures: in-process CLI, own database
+
+FAKE_ERROR = "bench power lost, not a board defect"
+FAKE_SIGN_OFF = "reviewed and signed off by QA: " + FAKE_ERROR
+
+
+@pytest.fixture
+def failed(cli, make_board, image, db, tmp_path):  # noqa: F811
+    """A flash that failed (a stuck bit fails a unit's verify), the board's fault then cleared
+    so it can be resumed; the host's public key kept apart. (run_id, board, public key file)."""
+    img = image.read_bytes()
+    stuck = next(a for a in range(0x2000, 0x4000) if img[a] == 0x00)
+    board = make_board(content="blank", transport="ideal", faults=[f"stuck-bit={stuck:#x}:7"])
+    assert cli("info", "--board", f"sim:{board}").code == 0          # a run before it
+    assert cli("flash", image, "--yes", "--expect-part", PART_KEY, "--sector-count", "8",
+               "--board", f"sim:{board}").code == 1
+    assert cli("sim", "fault", board, "--clear").code == 0
+    run_id = json.loads(cli("runs", "--format", "json").out)[-1]["run_id"]
+    pub = tmp_path / "host.pub"
+    assert cli("audit", "key", "-o", pub).code == 0
+    assert cli("audit", "verify", "--run", run_id, "--key", pub).code == 0
+    return run_id, board, pub
+
+
+def _insert(db: Path, sql: str, *args: object) -> None:  # noqa: F811
+    con = sqlite3.connect(db)
+    con.execute(sql, args)
+    con.commit()
+    con.close()
+
+
+def _key(db: Path, run_id: str) -> int:  # noqa: F811
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT seq FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
+    finally:
+        con.close()
+
+
+def _fake_first_error(db: Path, run_id: str, seq: int) -> None:  # noqa: F811
+    _insert(db, "INSERT INTO errors (seq, run_id, stage, message, address, at) VALUES (?, ?, 'erase', ?, NULL, ?)",
+            seq, run_id, FAKE_ERROR, "2026-01-01T00:00:00+00:00")
+
+
+def _refused(r, table: str, seq: int) -> None:  # noqa: ANN001
+    assert r.code == 1, (r.code, r.out, r.err)
+    assert f"{table} seq {seq}:" in r.err + r.out, r.err + r.out
+    assert FAKE_ERROR not in r.out
+
+
+@pytest.mark.parametrize("where", ["negative", "in-an-earlier-run"])
+def test_a_row_below_the_runs_first_row_is_named_by_verify_run_with_the_key(cli, make_board, failed, db, where):  # noqa: F811
+    run_id, _, pub = failed
+    # "in-an-earlier-run": a positive seq inside the span of the run before it (an info run).
+    seq = -5 if where == "negative" else _key(db, run_id) - 1
+    _fake_first_error(db, run_id, seq)
+    r = cli("audit", "verify", "--run", run_id, "--key", pub)
+    assert r.code == 1 and "BROKEN" in r.out and f"errors seq {seq}: a row of run {run_id} before its first row" \
+        in r.out, r.out
+    r = cli("audit", "verify", "--key", pub)             # the whole database's check names it too
+    assert r.code == 1 and f"errors seq {seq}:" in r.out, r.out
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "html"])
+def test_report_refuses_a_run_with_a_fake_first_error(cli, failed, db, tmp_path, fmt):  # noqa: F811
+    run_id, _, pub = failed
+    _fake_first_error(db, run_id, -5)
+    out = tmp_path / f"report.{fmt}"
+    r = cli("report", run_id, "--format", fmt, "--key", pub, "-o", out)
+    _refused(r, "errors", -5)
+    assert not out.exists()
+
+
+def test_the_html_page_shows_no_fake_sign_off_under_a_verified_signature(cli, failed, db, tmp_path):  # noqa: F811
+    """The issue's page: a fake first error and a fake sign-off, rendered under "signature:
+    verified against the given key". Neither is rendered now: the page is refused."""
+    run_id, _, pub = failed
+    _fake_first_error(db, run_id, -5)
+    _insert(db, "INSERT INTO stages (seq, run_id, stage, event, detail, at) VALUES (?, ?, 'sign-off', 'fail', ?, ?)",
+            -4, run_id, FAKE_SIGN_OFF, "2026-01-01T00:00:01+00:00")
+    out = tmp_path / "report.html"
+    r = cli("report", run_id, "--format", "html", "--key", pub, "-o", out)
+    _refused(r, "errors", -5)
+    assert not out.exists()
+
+
+def test_a_second_runs_row_is_named(cli, failed, db):  # noqa: F811
+    """A runs row with the run's id at another seq (its operator, image, board claimed anew)."""
+    run_id, _, pub = failed
+    con = sqlite3.connect(db)
+    row = list(con.execute("SELECT * FROM runs WHERE run_id = ?", [run_id]).fetchone())
+    con.close()
+    row[0], row[4] = -9, "attacker"      # seq, operator
+    _insert(db, f"INSERT INTO runs VALUES ({', '.join('?' * len(row))})", *row)
+    for argv in (("audit", "verify", "--run", run_id, "--key", pub), ("report", run_id, "--key", pub),
+                 ("audit", "verify", "--key", pub)):
+        r = cli(*argv)
+        assert r.code == 1 and f"runs seq -9: a second runs row for run {run_id}" in r.out + r.err, (argv, r.out, r.err)
+        assert "attacker" not in r.out
+
+
+def test_resume_does_not_keep_a_forged_backup(cli_shown, failed, db, tmp_path):  # noqa: F811
+    """A backups row pointing at the attacker's file, with its true SHA-256: the resume used
+    to keep it as "the backup of the original content (kept, verified)"."""
+    run_id, board, _ = failed
+    evil = tmp_path / "evil.bin"
+    evil.write_bytes(b"\x41" * 0x200000)
+    sha = hashlib.sha256(evil.read_bytes()).hexdigest()
+    _insert(db, "INSERT INTO backups (seq, run_id, sha256, size, path, at) VALUES (?, ?, ?, ?, ?, ?)",
+            -3, run_id, sha, 0x200000, str(evil), "2026-01-01T00:00:00+00:00")
+    r = cli_shown("resume", "--yes", "--board", f"sim:{board}")
+    assert r.code == 1, (r.code, r.out, r.err)
+    assert "backups seq -3:" in r.err and str(evil) not in r.out
+    assert json.loads(cli_shown("runs", "--format", "json").out)[-1]["run_id"] == run_id   # no resume run began
+
+
+def test_replay_refuses_a_run_with_an_outside_row(cli, failed, db):  # noqa: F811
+    run_id, _, _ = failed
+    _insert(db, "INSERT INTO log_verifies (seq, run, address, size, ok, attempt, expected_sha256, actual_sha256, "
+                "mismatch_address, flash_byte, image_byte, clock) VALUES (-6, ?, 0, 4096, 1, 1, NULL, NULL, NULL, "
+                "NULL, NULL, 0)", _key(db, run_id))
+    r = cli("replay", run_id)
+    assert r.code == 1 and "log_verifies seq -6:" in r.err, (r.code, r.out, r.err)
+
+
+def test_a_bulk_row_outside_the_runs_span_is_never_read_by_its_views(cli, failed, db):  # noqa: F811
+    """log_spi and log_writes have no per-run index: the views read a run's seq span, so a
+    row of the run outside it is not read at all (the report's counts do not change); the
+    whole database's check names it."""
+    run_id, _, pub = failed
+    before = json.loads(cli("report", run_id, "--json").out)
+    _insert(db, "INSERT INTO log_writes (seq, run, offset, value, data, clock) VALUES (-8, ?, 0x5a3a0, 1, NULL, 0)",
+            _key(db, run_id))
+    after = json.loads(cli("report", run_id, "--json").out)
+    assert after["register_writes"] == before["register_writes"]
+    r = cli("audit", "verify", "--key", pub)
+    assert r.code == 1 and "log_writes" in r.out and "outside what their runs sealed" in r.out
+
+
+def test_an_unsealed_tail_is_still_shown_as_not_verified(cli, failed, db):  # noqa: F811
+    """What stays legitimate: rows after the last checkpoint of a run that recorded no end (its
+    host died with its writer) are shown, and said to be unverified. Made here by removing
+    the run's final checkpoint, as a power loss before the seal would leave it."""
+    from amdflash.store.schema import add_triggers, drop_triggers
+
+    run_id, _, _ = failed
+    con = sqlite3.connect(db)
+    drop_triggers(con)
+    last = con.execute("SELECT max(id) FROM checkpoints").fetchone()[0]
+    final = con.execute("SELECT last_seq FROM checkpoints WHERE id = ?", [last]).fetchone()[0]
+    end = con.execute("SELECT max(seq) FROM run_status WHERE run_id = ?", [run_id]).fetchone()[0]
+    con.execute("DELETE FROM run_status WHERE seq = ?", [end])      # the end row, lost with its seal
+    con.execute("DELETE FROM checkpoints WHERE id = ?", [last])
+    con.execute("UPDATE chain_head SET checkpoint = ?, hash = (SELECT hash FROM checkpoints WHERE id = ?)",
+                [last - 1, last - 1])
+    add_triggers(con)
+    con.commit()
+    con.close()
+    assert final >= end
+    r = cli("audit", "verify", "--run", run_id)
+    assert r.code == 0 and "unsealed" in r.out, r.out
+    rep = json.loads(cli("report", run_id, "--json").out)
+    assert rep["chain"]["unsealed_rows"] > 0 and "not sealed" in rep["chain"]["signature"]
