@@ -25,7 +25,8 @@ from amdflash.store import schema
 from amdflash.store.chain import Checkpoint, load_checkpoints
 from amdflash.store.export import export, verify_export
 from amdflash.store.verify import RUN_KINDS, _base
-from amdflash.store.writer import ChainWriter, Signer, default_anchor, now_iso, sign_and_insert
+from amdflash.store.writer.database import default_anchor
+from amdflash.store.writer.sealer import ChainWriter, Signer, now_iso, sign_and_insert
 from amdflash.stages.files import PRIVATE, create_new, private_dir
 
 

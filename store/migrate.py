@@ -28,10 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from amdflash.store import schema
-from amdflash.store import writer
 from amdflash.store.chain import GENESIS, LEGACY, Checkpoint
 from amdflash.store.verify import reader_uri
-from amdflash.store.writer import Assembler, ChainWriter, Signer, default_anchor, now_iso, sign_and_insert
+from amdflash.store.writer.assembler import Assembler
+from amdflash.store.writer import database
+from amdflash.store.writer.database import default_anchor
+from amdflash.store.writer.sealer import ChainWriter, Signer, now_iso, sign_and_insert
 
 V1_TABLES: dict[str, tuple[str, ...]] = {
     "runs": ("run_id", "command", "arguments", "operator", "host", "tool_version", "image_path", "image_sha256",
@@ -189,8 +191,8 @@ def _copy(conn: sqlite3.Connection, writer: ChainWriter) -> None:
 
 def prepare(path: str, key_path: Path | None = None) -> None:
     """Create the schema, or refuse a database that is not ours or is of an older schema
-    (store.writer.prepare: nothing upgrades as a side effect; `key_path` is not used)."""
-    writer.prepare(path)
+    (store.writer.database.prepare: nothing upgrades as a side effect; `key_path` is not used)."""
+    database.prepare(path)
 
 
 def upgrade(path: str, key_path: Path) -> Checkpoint | None:
@@ -202,7 +204,7 @@ def upgrade(path: str, key_path: Path) -> Checkpoint | None:
         nonlocal done
         done = migrate(conn, path, Signer.load(key_path))
 
-    writer.prepare(path, upgrade=run)
+    database.prepare(path, upgrade=run)
     return done
 
 

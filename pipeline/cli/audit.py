@@ -114,7 +114,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     from amdflash.pipeline.commands.board import db_path
     from amdflash.store import keys, migrate
     from amdflash.store.schema import SchemaError
-    from amdflash.store.writer import StoreUnavailable
+    from amdflash.store.writer.database import StoreUnavailable
 
     path = db_path(args)
     if not Path(path).is_file():

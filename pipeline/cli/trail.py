@@ -235,7 +235,7 @@ def _verify_legacy_file(path: str, keyfiles: list[Any] | None) -> int:
     unsigned chain (whole: it has no per-run seals). Nothing in it is signed, so with --key
     it cannot verify (exit 1)."""
     from amdflash.store.migrate import MigrationRefused, read_legacy
-    from amdflash.store.writer import needs_upgrade
+    from amdflash.store.writer.database import needs_upgrade
 
     try:
         head_seq, head_hash, runs = read_legacy(path)

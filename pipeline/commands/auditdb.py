@@ -21,15 +21,8 @@ from amdflash.pipeline import config
 from amdflash.pipeline.errors import Refusal
 from amdflash.store.schema import SchemaError
 from amdflash.store.verify import connect_reader
-from amdflash.store.writer import (
-                                   START_FREE,
-                                   AuditWriter,
-                                   StoreUnavailable,
-                                   free_bytes,
-                                   low_space,
-                                   needs_upgrade,
-                                   prepare,
-                                   )
+from amdflash.store.writer.database import START_FREE, StoreUnavailable, free_bytes, low_space, needs_upgrade, prepare
+from amdflash.store.writer.process import AuditWriter
 from amdflash.stages.files import private_dir, private_file, room_problem
 
 OURS = "meta"   # every amdflash database has this table, with its schema version

@@ -502,7 +502,7 @@ def audit_verify(db: str | None = None, run: str | None = None, keys: Sequence[P
     from amdflash.store.keys import KeyError_
     from amdflash.store.queries import resolve_run
     from amdflash.store.verify import verify_database, verify_run
-    from amdflash.store.writer import default_anchor
+    from amdflash.store.writer.database import default_anchor
 
     path = db or default_db()
     if anchor is not None and not anchor.exists():

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from amdflash.store.writer import machine_id
+from amdflash.store.writer.sealer import machine_id
 
 _TIME_ERROR = 5          # adjtimex: the clock is not synchronised
 _STA_UNSYNC = 0x0040

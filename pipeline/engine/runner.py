@@ -31,7 +31,8 @@ from amdflash.stages.transport.base import Bar5
 from amdflash.stages.transport.discovery import NoBoardFound
 from amdflash.stages.transport.lock import BoardBusy
 from amdflash.store.status import PROCESS_STAGE, this_process
-from amdflash.store.writer import AuditFailure, Recorder
+from amdflash.store.writer.process import AuditFailure
+from amdflash.store.writer.recorder import Recorder
 
 JobBody = Callable[[Device, "RunInfo"], Awaitable[dict[str, Any]]]
 

@@ -6,7 +6,7 @@ import sys
 
 import amdflash.pipeline.commands.board as commands
 from amdflash.pipeline.cli.main import main
-from amdflash.store.writer import NullWriter
+from amdflash.store.writer.recorder import NullWriter
 
 commands.auditdb.open_writer = lambda path: NullWriter().open()   # type: ignore[assignment,return-value]
 commands._reports = lambda db, runs: {}                            # nothing recorded, nothing to report

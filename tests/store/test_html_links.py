@@ -10,7 +10,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from amdflash.pipeline.cli.main import main
-from amdflash.store import schema, writer
+from amdflash.store import schema
+from amdflash.store.writer.sealer import ChainWriter, Signer
 
 HOSTILE = 'javascript:alert(document.domain)//"><b>x</b>'
 HOSTILE_CHILD = "javascript:fetch('//evil')//"
@@ -36,7 +37,7 @@ def _trail(db: Path, key: Path) -> None:
     conn.execute("BEGIN")
     schema.create(conn)
     conn.execute("COMMIT")
-    w = writer.ChainWriter(conn, writer.Signer.load(key), None)
+    w = ChainWriter(conn, Signer.load(key), None)
     at = "2026-01-01T00:00:00+00:00"
     for run_id, resumes in ((GOOD, HOSTILE), (HOSTILE_CHILD, GOOD)):
         w.add(("runs", run_id, "resume", "{}", "root", None, "hosta", None, "0.1.0", None, None, None, None,

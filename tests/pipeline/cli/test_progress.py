@@ -43,7 +43,7 @@ def test_no_progress_and_quiet_show_none(amdflash, make_board, image):
 
 
 def test_the_terminal_table_has_a_column_per_stage_with_bytes_rate_and_eta(monkeypatch):
-    from amdflash.store.writer import NullWriter, Recorder
+    from amdflash.store.writer.recorder import NullWriter, Recorder
 
     configure()
     monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)

@@ -12,7 +12,8 @@ import pytest
 from amdflash.stages.drivers.navi31 import regs as R
 from amdflash.stages.sim import Board
 from amdflash.stages.sim.synth import PART_KEY
-from amdflash.store import writer as writer_module
+from amdflash.store.writer.process import AuditFailure, AuditWriter
+from amdflash.store.writer.recorder import Recorder
 from amdflash.store.schema import PHYSICAL
 from tests.pipeline.engine.conftest import flash_content
 from tests.pipeline.engine.trail_check import uncovered_commands
@@ -230,7 +231,7 @@ def test_audit_failure_mid_job_stops_hardware_writes_and_restores_registers(cli,
     writers = []
 
     def small_writer(args):  # noqa: ANN001
-        w = writer_module.AuditWriter(str(db), max_pages=limit).open()   # full mid-flash
+        w = AuditWriter(str(db), max_pages=limit).open()   # full mid-flash
         writers.append(w)
         return w
 
@@ -296,13 +297,13 @@ def test_boards_in_real_time_run_concurrently(cli_process, make_board, tmp_path)
 
 
 def test_recording_never_raises_once_the_trail_is_down_but_the_barrier_does(tmp_path):
-    w = writer_module.AuditWriter(str(tmp_path / "a.sqlite")).open()
+    w = AuditWriter(str(tmp_path / "a.sqlite")).open()
     try:
-        rec = writer_module.Recorder(w, "run", batch_rows=1)
+        rec = Recorder(w, "run", batch_rows=1)
         w._fail("disk full")
         rec.add("stages", stage="restore", event="start", detail=None, at=None)   # must not raise
         rec.register_write(0x5A380, 1, None, 0.0)
-        with pytest.raises(writer_module.AuditFailure):
+        with pytest.raises(AuditFailure):
             rec.durable()
     finally:
         w.close()
@@ -312,13 +313,13 @@ def test_a_writer_that_dies_is_noticed(tmp_path):
     import os as _os
     import signal as _signal
 
-    w = writer_module.AuditWriter(str(tmp_path / "a.sqlite")).open()
+    w = AuditWriter(str(tmp_path / "a.sqlite")).open()
     _os.kill(w._process.pid, _signal.SIGKILL)
     deadline = time.monotonic() + 5
     while not w.failed and time.monotonic() < deadline:
         time.sleep(0.01)
     assert w.failed and "exited" in w.failed
-    with pytest.raises(writer_module.AuditFailure):
+    with pytest.raises(AuditFailure):
         w.barrier(timeout=5)
     w.close()
 
@@ -333,7 +334,7 @@ def test_a_host_leaving_without_closing_its_writer_still_exits(tmp_path):
 
     db = tmp_path / "audit.sqlite"
     code = textwrap.dedent(f"""
-        from amdflash.store.writer import AuditWriter
+        from amdflash.store.writer.process import AuditWriter
         writer = AuditWriter({str(db)!r}).open()
         raise KeyboardInterrupt
     """)

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.store.writer import FrameReader, frame
+from amdflash.store.writer.frames import FrameReader, frame
 from tests.pipeline.engine.conftest import ROOT
 
 HOST = """
 import os, sys, time
-from amdflash.store.writer import AuditWriter, Recorder
+from amdflash.store.writer.process import AuditWriter
+from amdflash.store.writer.recorder import Recorder
 w = AuditWriter(sys.argv[1], key_path=sys.argv[2]).open()
 print(w._process.pid, flush=True)
 rec = Recorder(w, "run-1", batch_rows=64)

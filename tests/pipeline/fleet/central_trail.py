@@ -7,7 +7,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from amdflash.store import schema, writer
+from amdflash.store import schema
+from amdflash.store.writer.sealer import ChainWriter, Signer
 from amdflash.store.schema import PHYSICAL
 
 
@@ -57,7 +58,7 @@ def synthetic_runs(db: Path, key: Path, count: int, host: str = "hosta") -> None
     if schema.version(conn) == 0:
         schema.create(conn)
     conn.execute("COMMIT")
-    w = writer.ChainWriter(conn, writer.Signer.load(key), None, seal_seconds=1e9)
+    w = ChainWriter(conn, Signer.load(key), None, seal_seconds=1e9)
     try:
         for i in range(count):
             run_id = f"20260101T{i // 3600 % 24:02d}{i // 60 % 60:02d}{i % 60:02d}-{uuid.uuid4().hex[:8]}"
