@@ -48,11 +48,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable, Sequence
 
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE
+
 CHUNK = 0x100            # one ROM_SW read transaction
 EXTRA_READS = 6          # reads beyond k before a chunk is given up
 MAJORITY = 3             # a disputed byte needs at least this many agreeing reads
 MAX_AGREEING = 7         # the most agreeing reads the noise estimate may ask for
-FLASH_BYTES = 0x200000
 RISK = 1e-6              # accepted chance of a coincidentally agreeing wrong byte per flash
 DETAIL_BYTES = 16        # disputed bytes described in the audit row
 PATTERN_PERIOD = 128     # expected content repeating with this period or a shorter one proves nothing
@@ -96,7 +97,7 @@ class Noise:
         if need <= 1:
             return 1
         p, k = self.rate, need
-        while k < MAX_AGREEING and FLASH_BYTES * p ** k / 8 ** (k - 1) > RISK:
+        while k < MAX_AGREEING and FLASH_SIZE * p ** k / 8 ** (k - 1) > RISK:
             k += 1
         return k
 

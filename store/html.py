@@ -22,9 +22,8 @@ from amdflash.stages.drivers.navi31 import regs as R
 from amdflash.store.queries import RunNotFound, RunReport, run_chain, transactions_between, unit_states
 from amdflash.store.run_rows import RunRows, RunUnverified
 from amdflash.store.status import PROCESS_STAGE
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, UNIT
 
-FLASH_SIZE = 0x200000
-UNIT = 0x1000
 CELLS_PER_ROW = 32            # two 64 KiB blocks per row: 16 rows for the 2 MiB
 BLOCK_CELLS = 16
 TRANSACTIONS_BEFORE_ERROR = 32

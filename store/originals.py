@@ -22,8 +22,8 @@ import sqlite_utils
 from amdflash.store.queries import RunNotFound, open_readonly, run_chain, runs, unit_states
 from amdflash.store.run_rows import RunRows, RunUnverified, open_run
 from amdflash.store.verify import snapshot
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, UNIT
 
-FLASH_SIZE, UNIT = 0x200000, 0x1000
 WRITES = ("flash", "resume")
 BLANK_UIDS = ("f" * 32, "0" * 32, "")      # a unique ID that tells no two boards apart
 

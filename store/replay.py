@@ -46,9 +46,7 @@ from amdflash.store.queries import (
 from amdflash.store.run_rows import RunRows, open_run
 from amdflash.store.status import ENDS
 from amdflash.store.verify import snapshot
-
-FLASH_SIZE = 0x200000
-UNIT = 0x1000
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, UNIT
 
 # The chip's status-register writes: what a real chip needs to hold given values.
 _WREN, _WRSR, _WRSR3, _RDSR1, _RDSR2, _RDSR3 = 0x06, 0x01, 0x11, 0x05, 0x35, 0x15

@@ -16,9 +16,9 @@ from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.commands.checks import output_file
 from amdflash.pipeline.cli import output
 from amdflash.stages.files import write_new
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE
 
 EXTRA_HINT = "the fleet commands need labgrid: pip install 'amdflash[fleet]'"
-FLASH_SIZE = 2 * 1024 * 1024   # the GD25LQ16E: 2 MiB
 
 
 def _need_labgrid(args: argparse.Namespace) -> None:
@@ -87,11 +87,9 @@ def _flash_args(args: argparse.Namespace) -> list[str]:
             + (["--start-over"] if getattr(args, "start_over", False) else []))
 
 
-def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction | None = None) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     from amdflash.pipeline.cli import central as central_cli
 
-    if audit_sub is not None:
-        central_cli.add_audit_parsers(audit_sub)
     f = sub.add_parser(
         "fleet", help="a line of boards on many hosts, through labgrid",
         description="Boards attached to many hosts, reserved and locked through a labgrid coordinator; each "

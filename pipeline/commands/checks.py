@@ -20,9 +20,8 @@ from amdflash.stages.drivers.navi31 import aperture
 from amdflash.stages.files import room_problem, write_new
 from amdflash.stages.open_transport import BoardSpec, BoardSpecError, parse_spec
 from amdflash.store.files import NotAFile, kind_of, read_regular
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, UNIT
 
-FLASH_SIZE = 0x200000
-UNIT = 0x1000
 SECTORS = FLASH_SIZE // UNIT
 PRESCALE_MAX = 15
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from amdflash.pipeline.errors import EXIT_OK, Refusal
 from amdflash.pipeline.cli import output
+from amdflash.stages.drivers.flash.geometry import UNIT
 
 DEFAULT_DIR = Path("amdflash-demo")
 DEFAULT_SEED = 4
 DAMAGED_REGIONS = 3
-UNIT = 0x1000
 # Written first into the demo directory: --fresh removes only a directory that carries it,
 # so a mistyped --dir can never make the demo delete someone's files.
 MARKER = ".amdflash-demo"

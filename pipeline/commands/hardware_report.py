@@ -32,12 +32,12 @@ from amdflash.stages.device import Device
 from amdflash.stages.drivers.flash.spinor import FlashIdentity
 from amdflash.stages.snapshot import SNAPSHOT_REGISTERS, record_stage
 from amdflash.stages.sim import report_model
+from amdflash.stages.drivers.flash.geometry import SECTOR
 
 FORMAT = "amdflash-hardware-report"
 VERSION = 1
 BLOCK = 0x10000
 REPORT_EVENT = "hardware report"      # the stages row (stage "measure") holding the whole report
-SECTOR = 0x1000
 RESTORED = "restored and read back identical"   # a scratch stages row's words once the block is back
 
 
@@ -242,7 +242,8 @@ def read_sfdp_space(engine) -> bytes:
 
 def _vbios_part(dev: Device) -> dict[str, Any]:
     from amdflash.stages.image.atom import UnitSource
-    from amdflash.stages.image.part_check import FLASH_SIZE, flash_part
+    from amdflash.stages.drivers.flash.geometry import FLASH_SIZE
+    from amdflash.stages.image.part_check import flash_part
 
     assert dev.nor is not None
     part = flash_part(UnitSource(dev.nor.read, FLASH_SIZE))

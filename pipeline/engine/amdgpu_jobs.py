@@ -31,7 +31,7 @@ from amdflash.pipeline.engine.runner import JobBody, RunInfo, now_iso, stage
 from amdflash.stages.image import part_check
 from amdflash.stages.image.atom import BytesSource
 from amdflash.stages.device import Device
-from amdflash.stages.image.ifwi import FLASH_SIZE
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE
 from amdflash.stages.image.part_check import BoardPart, PartPolicy
 from amdflash.stages.image.partitions import LayoutError, read_layout
 from amdflash.stages.transport.amdgpu import NOT_STARTED, AmdgpuBoard, VbflashError, VbiosInfo

@@ -28,15 +28,13 @@ from amdflash.stages.identify import identity_lines, open_engine, record_chip_fa
 from amdflash.stages.drivers.navi31 import aperture
 from amdflash.stages.drivers.navi31.psp import PspMailbox
 from amdflash.stages.drivers.navi31.romsw import RomSwOptions
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, UNIT
 from amdflash.stages.plan import PlanSummary
 from amdflash.stages.snapshot import (UnitRead, file_sha256, keep, partial_path, read_backup, read_checks,
                                       read_identity, read_unit, write_backup)
 from amdflash.stages.verify import first_mismatch, record_verify
 from amdflash.store.originals import Backup, BoardHistory, BoardKey, board_history, original_units
 from amdflash.stages.files import new_file, write_new
-
-FLASH_SIZE = 0x200000
-UNIT = 0x1000
 
 
 @dataclass

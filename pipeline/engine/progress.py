@@ -30,8 +30,8 @@ from rich.text import Text
 from amdflash.pipeline.engine.events import RowTap, TappedRecorder, debug_tap, wants_trace
 from amdflash.pipeline.logsetup import QUIET, logger, settings
 from amdflash.pipeline.terminal import printable
+from amdflash.stages.drivers.flash.geometry import UNIT
 
-UNIT = 0x1000
 # Bytes per unit each stage counts in; stages not listed count items (ifwi-all).
 BYTES_PER = {"backup": UNIT, "erase": UNIT, "program": UNIT, "verify": UNIT, "dump": UNIT, "read": 1,
              "aperture": 1}

@@ -14,7 +14,8 @@ from __future__ import annotations
 import struct
 from itertools import accumulate
 
-FLASH_SIZE = 0x200000
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE
+
 EFS_MAGIC = b"\xaa\x55\xaa\x55"
 PSP_COOKIE = b"$PSP"
 SGN_MAGIC = b"$SGN"

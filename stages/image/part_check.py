@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from amdflash.stages.image.ifwi import FLASH_SIZE
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE
 from amdflash.stages.image.atom import BytesSource, Source, UnitSource, part_key, same_part
 from amdflash.stages.image.partitions import EFS_BYTES, LayoutError, read_layout
 

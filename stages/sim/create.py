@@ -12,7 +12,8 @@ from typing import Any
 from amdflash.stages.sim import cost
 from amdflash.stages.sim.faults import Faults
 from amdflash.stages.sim.power_on import power_on_registers
-from amdflash.stages.sim.state import FLASH_SIZE, create_files
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE
+from amdflash.stages.sim.state import create_files
 
 class BoardExistsError(FileExistsError):
     pass

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FLASH_SIZE = 0x200000
-SECTOR_SIZE = 0x1000
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, SECTOR
 
 FAULT_HELP = """\
 read-flip=P             flip one bit of a byte read from the flash (ROM_SW RX or ROM aperture)
@@ -102,10 +101,10 @@ class Faults:
             setattr(self, name.replace("-", "_"), _float(value, name, 0.0, 1.0, "probability"))
         elif name == "busy-read":
             addr, count = _address_and(value, name, "transactions", 1, 1_000_000, 16)
-            self.busy_read = (addr // SECTOR_SIZE * SECTOR_SIZE, count)
+            self.busy_read = (addr // SECTOR * SECTOR, count)
         elif name == "erase-fail":
             sector = _int(value, "erase-fail sector")
-            if not 0 <= sector < FLASH_SIZE // SECTOR_SIZE:
+            if not 0 <= sector < FLASH_SIZE // SECTOR:
                 raise FaultSpecError(f"erase-fail: sector {sector} is outside 0..511")
             self.erase_fail.append(sector)
         elif name in ("stall-after", "usb-disconnect-after", "kill-after-writes"):

@@ -115,7 +115,8 @@ from typing import TYPE_CHECKING
 from collections.abc import Callable
 
 from amdflash.stages.sim import command_log
-from amdflash.stages.sim.parts import FLASH_SIZE, PAGE_SIZE, SECTOR_SIZE, Bit, PartSpec
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, PAGE, SECTOR
+from amdflash.stages.sim.parts import Bit, PartSpec
 from amdflash.stages.sim.state import F_WEAK_FIRED
 from amdflash.stages.sim.catalog import part as find_part
 
@@ -148,7 +149,7 @@ F_QPI = 0x08
 F_SECURED_OTP = 0x10
 _UNREACHABLE = F_DEEP_POWER_DOWN | F_QPI
 
-_FF256 = b"\xff" * PAGE_SIZE
+_FF256 = b"\xff" * PAGE
 
 
 def _ff(n: int) -> bytes:
@@ -206,7 +207,7 @@ class NorChip:
             self._suspendable = {op: p.suspend.erase_bit for op in p.erases}
             self._suspendable[0x02] = p.suspend.program_bit
         self._suspend_op = p.suspend.suspend if p.suspend else None
-        self._sector_erase = next(op for op, size in p.erases.items() if size == SECTOR_SIZE)
+        self._sector_erase = next(op for op, size in p.erases.items() if size == SECTOR)
         if bytes(self._state[0:4]) != MAGIC:
             # A board made before this model existed: a fresh chip as the factory leaves it.
             self._state[0:CHIP_REGION_SIZE] = self.initial_state(p, cmp=False, bp=0)
@@ -338,7 +339,7 @@ class NorChip:
             self._finish_operation()
         if state[_FLAGS] & (_UNREACHABLE | F_SECURED_OTP) or state[_SUSPENDED_KIND]:
             return False
-        lo, hi = address & ~(SECTOR_SIZE - 1), (end + SECTOR_SIZE - 1) & ~(SECTOR_SIZE - 1)
+        lo, hi = address & ~(SECTOR - 1), (end + SECTOR - 1) & ~(SECTOR - 1)
         if self._protected(lo, hi):
             state[_REG] &= ~WEL
             return False
@@ -346,11 +347,11 @@ class NorChip:
         merged[address - lo:end - lo] = data
         seconds = 0.0
         erase_seconds, page_seconds = self.part.busy[self._sector_erase][0], self.part.busy[0x02][0]
-        for sector in range(lo, hi, SECTOR_SIZE):
-            self._erase(sector, sector + SECTOR_SIZE)
+        for sector in range(lo, hi, SECTOR):
+            self._erase(sector, sector + SECTOR)
             seconds += erase_seconds
-            for page in range(sector, sector + SECTOR_SIZE, PAGE_SIZE):
-                content = bytes(merged[page - lo:page - lo + PAGE_SIZE])
+            for page in range(sector, sector + SECTOR, PAGE):
+                content = bytes(merged[page - lo:page - lo + PAGE])
                 if content != _FF256:
                     self._program_page(page, content)
                     seconds += page_seconds
@@ -453,7 +454,7 @@ class NorChip:
         prot, regs = self.part.protection, self._registers()
         if prot.select is not None and regs[prot.select[0]] >> prot.select[1] & 1:
             locks = self._state[_LOCKS]
-            return any(locks[s >> 3] >> (s & 7) & 1 for s in range(lo // SECTOR_SIZE, -(-hi // SECTOR_SIZE)))
+            return any(locks[s >> 3] >> (s & 7) & 1 for s in range(lo // SECTOR, -(-hi // SECTOR)))
         start, end = prot.range(regs)
         return start < end and lo < end and start < hi
 
@@ -512,24 +513,24 @@ class NorChip:
 
     def _program_page(self, page: int, latch: bytes) -> None:
         weak = self.board.faults.weak_bit
-        if weak is not None and page <= weak[0] < page + PAGE_SIZE and not self.board.fault_state[F_WEAK_FIRED]:
+        if weak is not None and page <= weak[0] < page + PAGE and not self.board.fault_state[F_WEAK_FIRED]:
             address, mask = weak[0], 1 << weak[1]
             if not latch[address - page] & mask and self.flash[address] & mask:
                 # The weak cell keeps its 1 this once (the program "succeeds"; the array says otherwise).
                 self.board.fault_state[F_WEAK_FIRED] = 1
                 latch = latch[:address - page] + bytes((latch[address - page] | mask,)) + latch[address - page + 1:]
-        old = self.flash[page:page + PAGE_SIZE]
+        old = self.flash[page:page + PAGE]
         new = int.from_bytes(old, "big") & int.from_bytes(latch, "big")
-        self.flash[page:page + PAGE_SIZE] = new.to_bytes(PAGE_SIZE, "big")
+        self.flash[page:page + PAGE] = new.to_bytes(PAGE, "big")
 
     def _erase(self, lo: int, hi: int) -> None:
         fail = self._erase_fail
         if not fail:
             self.flash[lo:hi] = _ff(hi - lo)
             return
-        for sector in range(lo, hi, SECTOR_SIZE):
-            if sector // SECTOR_SIZE not in fail:
-                self.flash[sector:sector + SECTOR_SIZE] = _ff(SECTOR_SIZE)
+        for sector in range(lo, hi, SECTOR):
+            if sector // SECTOR not in fail:
+                self.flash[sector:sector + SECTOR] = _ff(SECTOR)
 
     # -- reads -----------------------------------------------------------------------------
     @staticmethod
@@ -660,9 +661,9 @@ class NorChip:
         if not state[_REG] & WEL:
             return b""
         address = out[1] << 16 | out[2] << 8 | out[3]
-        page = address & ~(PAGE_SIZE - 1)
+        page = address & ~(PAGE - 1)
         suspended = state[_SUSPENDED_KIND]
-        if suspended == 0x02 or self._protected(page, page + PAGE_SIZE) or (
+        if suspended == 0x02 or self._protected(page, page + PAGE) or (
                 suspended and self._ranges[_SUSPENDED_LO] <= page < self._ranges[_SUSPENDED_HI]):
             self._set_fail(0, True)
             return self._refuse()
@@ -670,9 +671,9 @@ class NorChip:
         self._program_page(page, latch)
         if self.part.fail_flags is not None:
             # A stuck bit the latch wanted at 0 defeats the program's own verify.
-            self._set_fail(0, any(page <= a < page + PAGE_SIZE and ~latch[a - page] & mask
+            self._set_fail(0, any(page <= a < page + PAGE and ~latch[a - page] & mask
                                   for a, mask in self._stuck))
-        self._start_operation(0x02, page, page + PAGE_SIZE)
+        self._start_operation(0x02, page, page + PAGE)
         return b""
 
     def _block_erase(self, out: bytes, rx_len: int) -> bytes:
@@ -692,7 +693,7 @@ class NorChip:
         return b""
 
     def _erase_failed(self, lo: int, hi: int) -> bool:
-        return any(lo <= sector * SECTOR_SIZE < hi for sector in self._erase_fail)
+        return any(lo <= sector * SECTOR < hi for sector in self._erase_fail)
 
     def _chip_erase(self, out: bytes, rx_len: int) -> bytes:
         if len(out) != 1 or rx_len:
@@ -749,7 +750,7 @@ class NorChip:
             return self._refuse()
         base, address = target
         size = self.part.security.size  # type: ignore[union-attr]
-        page = base + (address & (size - 1) & ~(PAGE_SIZE - 1))
+        page = base + (address & (size - 1) & ~(PAGE - 1))
         self._and_into_otp(page, _latch(address & 0xFF, out[4:]))
         self._start_operation(0x42)
         return b""
@@ -768,9 +769,9 @@ class NorChip:
         return b""
 
     def _and_into_otp(self, offset: int, latch: bytes) -> None:
-        old = self._otp[offset:offset + PAGE_SIZE]
+        old = self._otp[offset:offset + PAGE]
         new = int.from_bytes(old, "big") & int.from_bytes(latch, "big")
-        self._otp[offset:offset + PAGE_SIZE] = new.to_bytes(PAGE_SIZE, "big")
+        self._otp[offset:offset + PAGE] = new.to_bytes(PAGE, "big")
 
     # -- secured OTP mode ------------------------------------------------------------------
     def _otp_bytes(self, address: int, size: int) -> bytes:
@@ -791,7 +792,7 @@ class NorChip:
         otp = self.part.secured_otp
         assert otp is not None
         address = (out[1] << 16 | out[2] << 8 | out[3]) % otp.size
-        page = address & ~(PAGE_SIZE - 1)
+        page = address & ~(PAGE - 1)
         latch = bytearray(_latch(address & 0xFF, out[4:]))
         if self._bit(otp.user_lock):
             return self._refuse()
@@ -873,11 +874,11 @@ class NorChip:
 
 def _latch(column: int, data: bytes) -> bytes:
     """The 256-byte page latch after shifting `data` in from `column`: 0xFF where unsent."""
-    if len(data) > PAGE_SIZE:
-        column = (column + len(data) - PAGE_SIZE) & 0xFF
-        data = data[-PAGE_SIZE:]
+    if len(data) > PAGE:
+        column = (column + len(data) - PAGE) & 0xFF
+        data = data[-PAGE:]
     latch = bytearray(_FF256)
-    first = data[:PAGE_SIZE - column]
+    first = data[:PAGE - column]
     latch[column:column + len(first)] = first
     rest = data[len(first):]
     latch[0:len(rest)] = rest

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 from collections.abc import Mapping
 
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE
+
 Bit = tuple[int, int]          # (status register index, bit number)
 
-FLASH_SIZE = 0x200000          # every emulated board holds a 2 MiB array (state.py)
-PAGE_SIZE = 0x100              # every part here programs 256-byte pages
-SECTOR_SIZE = 0x1000
 
 
 @dataclass(frozen=True)

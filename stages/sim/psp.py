@@ -63,6 +63,7 @@ import struct
 from typing import TYPE_CHECKING, NamedTuple
 from collections.abc import Callable
 
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, PAGE, SECTOR
 from amdflash.stages.drivers.navi31 import regs as R
 from amdflash.stages.sim import synth
 
@@ -118,7 +119,7 @@ IDLE, RECEIVING, DONE = 0, 1, 2
 STATE_MAGIC = 0x4D505350  # "PSPM"
 SRAM_FILE = "psp_sram.bin"
 SRAM_PAYLOAD = 0                    # the partition payload: at most the whole flash
-SRAM_ITEM = synth.FLASH_SIZE        # the item being received, when it is not the payload
+SRAM_ITEM = FLASH_SIZE        # the item being received, when it is not the payload
 SRAM_SIZE = SRAM_ITEM + MAX_ITEM_SIZE
 
 _U32 = struct.Struct("<I")
@@ -309,7 +310,7 @@ class PspMailbox:
             return slot if isinstance(slot, int) else _exactly(size, slot.size)
         if item in FIXED_SIZES:
             return _exactly(size, FIXED_SIZES[item])
-        if size > (synth.SECTOR if item in TABLE_ITEMS else MAX_ITEM_SIZE):
+        if size > (SECTOR if item in TABLE_ITEMS else MAX_ITEM_SIZE):
             return OUT_OF_BOUNDS
         return INVALID_PARAMETER if item in TABLE_ITEMS and size % 0x10 else OK
 
@@ -356,7 +357,7 @@ class PspMailbox:
         location, size = _u32(header, synth.ISH_LOCATION), _u32(header, synth.ISH_SIZE)
         if size == 0 or size % 4 or size == 0xFFFFFFFF or location == 0xFFFFFFFF:
             return PARSE_ON_CHIP
-        if synth.cookie_offset(location, size) + synth.SECTOR > synth.FLASH_SIZE:
+        if synth.cookie_offset(location, size) + SECTOR > FLASH_SIZE:
             return MAP_ON_CHIP
         return Slot(location, size)
 
@@ -391,15 +392,15 @@ class PspMailbox:
     def _program(self, address: int, data: bytes) -> tuple[bool, float]:
         """Rewrite the sectors under `data` (read, patch, erase, program); (written, seconds).
         A protected chip ignores erase and program at once, so a refusal costs no busy time."""
-        first = address & ~(synth.SECTOR - 1)
-        last = (address + len(data) + synth.SECTOR - 1) & ~(synth.SECTOR - 1)
+        first = address & ~(SECTOR - 1)
+        last = (address + len(data) + SECTOR - 1) & ~(SECTOR - 1)
         board = self.board
         board.engine.settle(board.clock.now())        # a ROM_SW transaction already over lands first
         sectors = bytearray(board.files.flash[first:last])
         sectors[address - first:address - first + len(data)] = data
         if not board.chip.psp_update(first, bytes(sectors)):
             return False, 0.0
-        return True, (last - first) // synth.SECTOR * SECTOR_ERASE_SECONDS + _program_seconds(sectors)
+        return True, (last - first) // SECTOR * SECTOR_ERASE_SECONDS + _program_seconds(sectors)
 
     # -- the live path (SOS up) ----------------------------------------------------------------
     def _live_address(self, half: int) -> Callable[[int], Answer]:
@@ -478,9 +479,9 @@ def _parse(item: int, data: bytes) -> int:
             return PARSE_OFF_CHIP
     if item == 0x81 and (data[:4] != b"$SGN" or (_u32(data, 8) + 1) * 0x10 != len(data)):
         return PARSE_OFF_CHIP
-    if item in (0x06, 0x07) and _u32(data, synth.ISH_LOCATION) + _u32(data, synth.ISH_SIZE) > synth.FLASH_SIZE:
+    if item in (0x06, 0x07) and _u32(data, synth.ISH_LOCATION) + _u32(data, synth.ISH_SIZE) > FLASH_SIZE:
         return ADDRESS_MAP
-    if item == 0x80 and _u32(data, 0) + 0x10 > synth.FLASH_SIZE:
+    if item == 0x80 and _u32(data, 0) + 0x10 > FLASH_SIZE:
         return ADDRESS_MAP
     if item in SIGNATURE_ITEMS and data == b"\xff" * len(data):
         return SIGNATURE_NOT_FOUND
@@ -488,6 +489,6 @@ def _parse(item: int, data: bytes) -> int:
 
 
 def _program_seconds(data: bytes | bytearray) -> float:
-    blank = b"\xff" * synth.PAGE
-    pages = sum(1 for p in range(0, len(data), synth.PAGE) if data[p:p + synth.PAGE] != blank)
+    blank = b"\xff" * PAGE
+    pages = sum(1 for p in range(0, len(data), PAGE) if data[p:p + PAGE] != blank)
     return pages * PAGE_PROGRAM_SECONDS

@@ -19,9 +19,9 @@ import os
 import stat
 from pathlib import Path
 
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE
 from amdflash.stages.files import create_new, write_new
 
-FLASH_SIZE = 0x200000
 BAR5_SIZE = 0x100000
 STATE_SIZE = 0x4000
 STATE_MAGIC = b"AMDFSIM1"

@@ -48,9 +48,7 @@ import random
 import struct
 from dataclasses import dataclass
 
-FLASH_SIZE = 0x200000
-SECTOR = 0x1000
-PAGE = 0x100
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, SECTOR
 
 LABEL = b"amdflash SYNTHETIC IFWI test image - not an AMD image"
 # The part this synthetic board family is for: the first ten characters fwupd compares.

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from amdflash.stages.drivers.flash.protection import BP_TB_SEC_CMP, SPI25_READINGS, ProtectionLayout, Reading, Side
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, UNIT
 from amdflash.stages.drivers.flash.sfdp import Sfdp
 
 KiB = 1024
-UNIT = 0x1000            # the pipeline's erase unit: planning, audit and resume work in 4 KiB
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ class ChipInfo:
             raise ValueError(f"{self.name} lacks what a write needs: {'; '.join(self.write_gaps(self.size))}")
         return WriteFacts(self.page_size, self.page_program[0], erase_typical)
 
-    def write_gaps(self, image_size: int = 0x200000) -> list[str]:
+    def write_gaps(self, image_size: int = FLASH_SIZE) -> list[str]:
         """What this description lacks for a write (empty: nothing)."""
         gaps = []
         if self.size != image_size:

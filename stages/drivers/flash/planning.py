@@ -20,9 +20,9 @@ from typing import Literal
 from collections.abc import Mapping, Sequence
 
 from amdflash.stages.drivers.flash.chips import GD25LQ16E, ChipInfo
+from amdflash.stages.drivers.flash.geometry import PAGE
 
 Action = Literal["skip", "program", "erase"]
-PAGE = 0x100
 
 
 @dataclass(frozen=True)

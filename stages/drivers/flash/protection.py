@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Literal
 from collections.abc import Sequence
 
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE
+
 SR1_WIP, SR1_WEL = 0x01, 0x02
 # SR2 bits of the GD25LQ16E and W25Q16DW (the layout `decode` reads).
 SR2_QE, SR2_CMP = 0x02, 0x40
@@ -147,7 +149,7 @@ class ProtectionLayout:
     def scheme(self) -> str:
         return "table" if self.table is not None else "spi25"
 
-    def decode(self, regs: Sequence[int], size: int = 0x200000) -> Protection:
+    def decode(self, regs: Sequence[int], size: int = FLASH_SIZE) -> Protection:
         def on(bit: Bit | None) -> bool:
             return bit is not None and bool(regs[bit[0]] >> bit[1] & 1)
 
@@ -197,7 +199,7 @@ class ProtectionLayout:
             start, length = (length, size - length) if tb else (0, size - length)
         return Range(reading.source, start if length else 0, length)
 
-    def probe_setting(self, regs: Sequence[int], address: int, size: int = 0x200000
+    def probe_setting(self, regs: Sequence[int], address: int, size: int = FLASH_SIZE
                       ) -> tuple[int, tuple[str, ...], tuple[str, ...]] | None:
         """A value of the first status register (its BP/TB/SEC bits changed, CMP and the rest
         as read) under which the readings disagree about the 4 KiB at `address`: (value,
@@ -237,6 +239,6 @@ BP_TB_SEC_CMP = ProtectionLayout(bp=((0, 2), (0, 3), (0, 4)), tb=(0, 5), sec=(0,
                                  readings=SPI25_READINGS)
 
 
-def decode(sr1: int, sr2: int, size: int = 0x200000) -> Protection:
+def decode(sr1: int, sr2: int, size: int = FLASH_SIZE) -> Protection:
     """SR1/SR2 of a BP/TB/SEC/CMP part (the GD25LQ16E's layout) decoded."""
     return BP_TB_SEC_CMP.decode((sr1, sr2), size)

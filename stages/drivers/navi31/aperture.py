@@ -11,10 +11,10 @@ import hashlib
 from dataclasses import dataclass
 from collections.abc import Callable
 
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE
 from amdflash.stages.drivers.navi31 import regs as R
 from amdflash.stages.transport.base import Bar5
 
-FLASH_SIZE = 0x200000
 INDEX_PAGE = 0x10000
 IFWI_MAGIC = b"\xaa\x55\xaa\x55"
 

@@ -10,7 +10,8 @@ import pytest
 
 from amdflash.pipeline.cli.main import main
 from amdflash.stages.sim import create_board
-from amdflash.stages.sim.state import BAR5_SIZE, FLASH_SIZE, create_files
+from amdflash.stages.drivers.flash.geometry import FLASH_SIZE
+from amdflash.stages.sim.state import BAR5_SIZE, create_files
 
 NOBODY = 65534
 
