@@ -2,30 +2,16 @@
 audit database, config directory and lock directory."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 
-from amdflash.pipeline.cli.main import main
 from amdflash.stages.transport import discovery
+from tests.support import cli
+from tests.support.cli import Result
 from tests.pipeline.engine.conftest import flash_content, image  # noqa: F401 - shared: the image fixture, flash content
 
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def err_lines(self) -> list[str]:
-        return self.err.splitlines()
 
 
 @pytest.fixture(autouse=True)
@@ -44,21 +30,16 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def amdflash(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+def amdflash() -> Callable[..., Result]:
     """amdflash in this process; returns exit status and what it printed."""
-    def run(*args: object) -> Result:
-        code = main([str(a) for a in args])
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
+    def run(*args: object, **kw: Any) -> Result:
+        return cli.run(*args, **kw)
     return run
 
 
 @pytest.fixture
 def amdflash_process(tmp_path: Path) -> Callable[..., Result]:
     """amdflash as its own process, as a shell runs it."""
-    def run(*args: object, timeout: float = 120, env: dict[str, str] | None = None, **kw: object) -> Result:
-        full = {**os.environ, **(env or {})}
-        p = subprocess.run([sys.executable, "-m", "amdflash", *map(str, args)], capture_output=True, text=True,
-                           timeout=timeout, env=full, cwd=tmp_path, **kw)  # type: ignore[call-overload]
-        return Result(p.returncode, p.stdout, p.stderr)
+    def run(*args: object, timeout: float = 120, env: dict[str, str] | None = None, **kw: Any) -> Result:
+        return cli.run_process(*args, timeout=timeout, env=env, cwd=tmp_path, **kw)
     return run

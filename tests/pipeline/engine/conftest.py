@@ -1,25 +1,15 @@
 """End-to-end CLI tests: amdflash commands on emulated boards, each with its own database."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from amdflash.pipeline.cli.main import main
 from amdflash.stages.sim.synth import synthetic_ifwi
+from tests.support import cli as command_line
+from tests.support.cli import Result
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
 
 
 @pytest.fixture
@@ -31,33 +21,27 @@ def db(tmp_path: Path, monkeypatch) -> Path:
 
 
 @pytest.fixture
-def cli(db, capsys):
+def cli(db):
     """Run amdflash in this process (fast); returns exit code and captured output."""
-    def run(*args: str) -> Result:
-        code = main(["-q", *map(str, args)])
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
+    def run(*args: object, **kw) -> Result:
+        return command_line.run("-q", *args, **kw)
     return run
 
 
 @pytest.fixture
-def cli_shown(db, capsys):
+def cli_shown(db):
     """Like `cli`, but without -q: what a user sees on success (no progress display)."""
-    def run(*args: str) -> Result:
-        code = main(["--no-progress", *map(str, args)])
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
+    def run(*args: object, **kw) -> Result:
+        return command_line.run("--no-progress", *args, **kw)
     return run
 
 
 @pytest.fixture
 def cli_process(db, tmp_path):
     """Run amdflash as a separate process, as a user would."""
-    def run(*args: str, timeout: float = 300, env: dict | None = None) -> Result:
-        full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-        p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", *map(str, args)], capture_output=True,
-                           text=True, timeout=timeout, env=full_env, cwd=tmp_path)
-        return Result(p.returncode, p.stdout, p.stderr)
+    def run(*args: object, timeout: float = 300, env: dict | None = None) -> Result:
+        return command_line.run_process(*args, timeout=timeout, env={"PYTHONPATH": str(ROOT), **(env or {})},
+                                        cwd=tmp_path, module="amdflash.pipeline.cli")
     return run
 
 

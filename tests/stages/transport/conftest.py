@@ -11,8 +11,10 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from amdflash.stages.transport import discovery
+from amdflash.stages.open_transport import EMULATORS
 from amdflash.stages.sim import Board
 from amdflash.stages.transport.usb import BridgeInfo, UsbBar5, find_bridges
+from tests.support import cli
 
 CLI_TIMEOUT = 60
 
@@ -40,7 +42,7 @@ class Rig:
 
     def __init__(self, paths: list[Path]):
         self.paths = paths
-        self.backend = discovery.emulated_usb_backend([str(p) for p in paths])
+        self.backend = discovery.emulated_usb_backend([str(p) for p in paths], EMULATORS)
         self.bars: list[UsbBar5] = []
 
     def bridges(self) -> list[BridgeInfo]:
@@ -79,10 +81,10 @@ def rig(make_board) -> Iterator[Callable[..., Rig]]:
 
 
 def run_cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
-            timeout: float = CLI_TIMEOUT) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "AMDFLASH_DB": str(tmp_path / "audit.sqlite"), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", *args], capture_output=True, text=True,
-                          env=full_env, cwd=tmp_path, timeout=timeout)
+            timeout: float = CLI_TIMEOUT) -> cli.Result:
+    """amdflash in this process, its database and working directory in tmp_path."""
+    return cli.run(*args, env={"AMDFLASH_DB": str(tmp_path / "audit.sqlite"), **(env or {})}, cwd=tmp_path,
+                   timeout=timeout)
 
 
 HOLDER = """
