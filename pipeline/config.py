@@ -17,7 +17,7 @@ defaults that the command line overrides:
     progress = true
     fleet_hosts = ["hosta", "hostb"]     # the hosts `amdflash fleet` may reach (pipeline/fleet/settings.py)
     fleet_host_command = "/opt/amdflash/bin/amdflash"
-    notify = ["mailto://…", "ntfy://…"]  # Apprise URLs `amdflash fleet serve` notifies (pipeline/fleet/serve.py)
+    notify = ["mailto://…", "ntfy://…"]  # Apprise URLs `amdflash fleet serve` notifies (pipeline/fleet/serve/)
 """
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ def _url(given: str | None, option: str) -> str:
     if not url:
         raise UsageError(f"no central database: give {option} postgresql://… or set ${ENV_CENTRAL}")
     if not url.startswith(("postgresql://", "postgres://")) and "=" not in url:
-        from amdflash.pipeline.fleet.serve import mask_url
+        from amdflash.pipeline.fleet.serve.words import mask_url
 
         raise UsageError(f"{option} {mask_url(url)}: expected a PostgreSQL URL (postgresql://USER@HOST/DB) or "
                          "a libpq connection string")
@@ -333,7 +333,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ImportError as e:
         raise Refusal(f"fleet serve needs {e.name}: pip install 'amdflash[fleet]'") from None
-    from amdflash.pipeline.fleet.serve import Notifier, parse_listen, serve
+    from amdflash.pipeline.fleet.serve.app import parse_listen, serve
+    from amdflash.pipeline.fleet.serve.notify import Notifier
 
     if args.source and args.from_file:
         raise UsageError("give the central database by --from or by --from-file, not both")
@@ -376,7 +377,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if why:
         raise Refusal(f"fleet serve reads the record only, as a login in amdflash_read, and {why}: connect as a "
                       "reviewer login (CREATE ROLE line_viewer LOGIN IN ROLE amdflash_read)")
-    from amdflash.pipeline.fleet.serve import Memory, state_file
+    from amdflash.pipeline.fleet.serve.app import state_file
+    from amdflash.pipeline.fleet.serve.notify import Memory
 
     try:
         memory = Memory.load(state_file(state_dir, url))   # a state it cannot read or write: said before serving

@@ -57,7 +57,7 @@ def line_record(cli, make_board, image, central, tmp_path, monkeypatch):
 
 
 def _line(url: str, **options):
-    from amdflash.pipeline.fleet.serve import Line
+    from amdflash.pipeline.fleet.serve.line import Line
 
     line = Line(url, log=lambda m: None, **options)
     line.start()
@@ -68,7 +68,7 @@ def _line(url: str, **options):
 def _client(line, url: str):
     from starlette.testclient import TestClient
 
-    from amdflash.pipeline.fleet.serve import app
+    from amdflash.pipeline.fleet.serve.app import app
 
     return TestClient(app(line, url), base_url="http://localhost")
 
@@ -228,7 +228,7 @@ class Receiver:
 
 def test_notifications_reach_a_webhook(line_record):
     """A run failed, a host silent too long, the line done — each once, with links to the reports."""
-    from amdflash.pipeline.fleet.serve import Notifier
+    from amdflash.pipeline.fleet.serve.notify import Notifier
 
     r = line_record
     url = r["url"]

@@ -65,7 +65,7 @@ def slip_in(url: str, host: int, **row) -> None:
 
 
 def _line(url: str, **options):
-    from amdflash.pipeline.fleet.serve import Line
+    from amdflash.pipeline.fleet.serve.line import Line
 
     line = Line(url, log=lambda m: None, **options)
     line.start()
@@ -150,7 +150,7 @@ def test_a_failure_is_notified_once_through_an_unreadable_row_a_restart_and_an_o
     """Notifications are decided from the record's rows in order, what was sent kept in the state
     directory: a row no reader can take does not stop them, a failure while the serve was stopped
     is sent when it starts again, and nothing is sent twice."""
-    from amdflash.pipeline.fleet.serve import Notifier
+    from amdflash.pipeline.fleet.serve.notify import Notifier
 
     h = two_hosts
     state = tmp_path / "state" / "notified.json"
@@ -223,7 +223,7 @@ def test_a_notification_carries_only_the_records_checked_words_as_plain_text(two
     a bidi override and ESC; its error a link and a remote image. The webhook's title and the
     e-mail name hostb (as the record knows the row's host), no run id that is not one, no control
     character; the e-mail is plain text only (no HTML part to render the link or load the image)."""
-    from amdflash.pipeline.fleet.serve import Notifier
+    from amdflash.pipeline.fleet.serve.notify import Notifier
 
     h = two_hosts
     receiver, smtp = Receiver(), SmtpSink()
@@ -253,7 +253,7 @@ def test_a_host_speaks_only_for_its_own_runs(request):
     """hostb says hosta's pushed run failed (a run id of the right shape): the record holds that
     run as hosta's, so the row is shown unreadable and nothing is notified of it; hostb's own
     failure is notified."""
-    from amdflash.pipeline.fleet.serve import Notifier
+    from amdflash.pipeline.fleet.serve.notify import Notifier
 
     r = request.getfixturevalue("line_record")
     receiver = Receiver()
@@ -277,7 +277,7 @@ def test_a_host_speaks_only_for_its_own_runs(request):
 def test_a_leftover_running_row_does_not_hold_the_line_done_back(two_hosts):
     """hosta's board said running once and never again; hostb's run ran and succeeded. Once the
     leftover is older than stale_after, the line is done (and says which it did not wait for)."""
-    from amdflash.pipeline.fleet.serve import Notifier
+    from amdflash.pipeline.fleet.serve.notify import Notifier
 
     h = two_hosts
     receiver = Receiver()
