@@ -75,17 +75,6 @@ def transport_latency(bar: Bar5, samples: int = 16) -> dict[str, Any]:
     return out
 
 
-def fit_line(points: dict[str, Any]) -> tuple[float, float, float]:
-    """(intercept, slope per byte, largest residual) of the medians over the sizes."""
-    xs = [float(k) for k in points]
-    ys = [points[k]["median"] for k in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
-    intercept = my - slope * mx
-    return intercept, slope, max(abs(y - intercept - slope * x) for x, y in zip(xs, ys))
-
-
 def spi_times(engine: RomSw, prescale: int) -> dict[str, Any]:
     """SPI time of an n-byte RX transaction (03h, 3 address bytes), by bisection of the
     sleep after CNTL that one STATUS read needs to see done."""

@@ -229,14 +229,3 @@ async def _watch_signals(stop: StopFlag, scope: anyio.CancelScope) -> None:
             else:
                 stop.set(f"{name} received: stopped at a safe point")
                 logger().warning("stopping at the next safe point", signal=name)
-
-
-def exit_code(results: list[RunResult]) -> int:
-    codes = {r.exit_code for r in results}
-    if EXIT_INTERRUPTED in codes:
-        return EXIT_INTERRUPTED
-    if EXIT_FAILED in codes:
-        return EXIT_FAILED
-    if EXIT_REFUSED in codes:
-        return EXIT_REFUSED
-    return EXIT_OK

@@ -106,10 +106,6 @@ class RomSwEngine:
         return hook
 
     # -- the in-flight transaction ---------------------------------------------------------
-    @property
-    def in_flight(self) -> bool:
-        return bool(self._state[-1] & IN_FLIGHT)
-
     def _flight(self) -> tuple[float, float, int]:
         return _T.unpack_from(self._state, 0)
 

@@ -6,7 +6,7 @@ range, and — for information — a verify of random content. Columns: `amdflas
 defaults (kept data confirmed: `--reads 2`, confirmation by expectation where it applies)
 and with `--reads 1` (one read, nothing confirmed), the reference client (when
 --seed-client names ../shared/conformance/run-seed-client), the observed floor for each
-(docs/cost-model.md: computed by amdflash.stages.sim.floor, not measured, counting reads of
+(docs/cost-model.md: computed by tests/support/floor.py, not measured, counting reads of
 kept data as amdflash's confirmation policy reads them — `kept_reads_of`), the transport
 and physical floors at defaults, and the ratios. Every run is through the CLI on a fresh
 emulated board, so the figures include opening the board, identification and the open-time
@@ -36,10 +36,9 @@ from amdflash.stages.drivers.navi31 import regs as R
 from amdflash.stages.drivers.navi31.romsw import RomSw, RomSwOptions
 from amdflash.stages.sim import SimBar5, create_board
 from amdflash.stages.sim.cost import PCIE
-from amdflash.stages.sim.floor import (Op, dump_ops, flash_ops, physical_floor, transport_floor,
-                                       verify_ops)
 from amdflash.stages.sim.state import C, BoardFiles
 from amdflash.stages.sim.synth import synthetic_ifwi
+from tests.support.floor import Op, dump_ops, flash_ops, physical_floor, transport_floor, verify_ops
 
 SIZE, UNIT = 0x200000, 0x1000
 RANGE_START, RANGE_COUNT = 256, 16

@@ -28,7 +28,7 @@ from typing import Literal
 
 from amdflash.stages.drivers.flash import chips, protection, sfdp
 from amdflash.stages.drivers.flash.protection import Protection
-from amdflash.stages.drivers.flash.chips import ChipInfo, EraseType, match_jedec
+from amdflash.stages.drivers.flash.chips import ChipInfo, match_jedec
 from amdflash.stages.drivers.navi31.romsw import Request, RomSw
 
 # Opcodes (JEDEC standard, as every part in the table takes them; docs/flash-chip.md).
@@ -551,6 +551,3 @@ class SpiNor:
         total = self._chip().size
         if address < 0 or size < 0 or address + size > total:
             raise ValueError(f"range {address:#x}+{size:#x} is outside the {total // 1024} KiB flash")
-
-    def erase_plan_types(self) -> tuple[EraseType, ...]:
-        return self._chip().erase_types

@@ -1,9 +1,10 @@
 """Driver for the PSP boot-firmware mailbox (MP0 C2PMSG, docs/psp-mailbox.md).
 
 Usable after an autonomous PSP boot and before a driver loads SOS. Probe is read-only in
-effect; `ifwi_all` streams the items the bootloader asks for. The single-item `stream`,
-`ifwi-step` and the SOS live update are implemented for protocol documentation but the
-CLI refuses them: a stock reflash through the live path failed validation.
+effect; `ifwi_all` streams the items the bootloader asks for. The single-item `stream` and
+`ifwi-step` are implemented for protocol documentation but the CLI refuses them: a stock
+reflash through the live path failed validation. The SOS live update (LIVE_ADDR_LO/HI,
+LIVE_UPDATE) is never sent: its command numbers stay listed with the rest (docs/psp-mailbox.md).
 """
 from __future__ import annotations
 
@@ -175,9 +176,3 @@ class PspMailbox:
             state = self.require(GET_TRANSFER_TYPE, name="GET_TRANSFER_TYPE")
         raise PspError(f"the bootloader did not reach the terminal phase within {IFWI_MAX_ITEMS} items "
                        f"(last state {state:#x})")
-
-    def live_update(self, mc_address: int) -> None:
-        """SOS live update (psp_v13 protocol). Kept for documentation; the CLI refuses it."""
-        self.require(LIVE_ADDR_LO, mc_address & 0xFFFFFFFF, "LIVE_ADDR_LO")
-        self.require(LIVE_ADDR_HI, mc_address >> 32, "LIVE_ADDR_HI")
-        self.require(LIVE_UPDATE, name="LIVE_UPDATE", timeout=60.0)

@@ -12,8 +12,8 @@ from amdflash.stages.drivers.navi31.romsw import RomSw, RomSwOptions
 from amdflash.stages.sim import SimBar5
 from amdflash.stages.sim.cost import PCIE
 from amdflash.stages.confirm import Expectation
-from amdflash.stages.sim.floor import (dump_ops, erase_ops, flash_ops, kept_reads_of, physical_floor,
-                                       program_ops, read_ops, transport_floor, verify_ops)
+from tests.support.floor import (dump_ops, erase_ops, flash_ops, kept_reads_of, physical_floor,
+                                program_ops, read_ops, transport_floor, verify_ops)
 
 US = 1e-6
 SPI_READ = 1 * US + 8 * 260 * 9 / 100e6          # a 256-byte array read at prescale 8: 188.2 µs
