@@ -4,7 +4,9 @@
   an environment variable; a name given with `--operator` is recorded beside it as claimed;
 * tool version: the installed package's metadata, plus the VCS revision when amdflash runs
   from a git checkout (with "-dirty" when it has uncommitted changes);
-* host: hostname and machine-id;
+* host: the name the line knows it by when it is told one (a fleet host job is, by the
+  coordinator's place: $AMDFLASH_HOST_NAME), else its OS host name; and its machine-id, which
+  is what tells one machine from another;
 * clock: timestamps are UTC; whether the kernel says the system clock is synchronised
   (adjtimex) is recorded when it can be known.
 """
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from amdflash.store.writer.sealer import machine_id
 
+LINE_NAME = "AMDFLASH_HOST_NAME"   # the line's name for this host (its exporter's), when it has one
 _TIME_ERROR = 5          # adjtimex: the clock is not synchronised
 _STA_UNSYNC = 0x0040
 _STATUS_OFFSET = 40      # struct timex: int status after unsigned modes and four longs (LP64)
@@ -90,5 +93,11 @@ def clock_sync() -> str:
     return "synchronised (kernel adjtimex)"
 
 
+def host_name() -> str:
+    """The host as its line names it (a run page read on the line says `hosta`, not the OS
+    host name `vm` of the machine behind it), else the OS host name."""
+    return os.environ.get(LINE_NAME, "").strip() or socket.gethostname()
+
+
 def host_facts() -> HostFacts:
-    return HostFacts(operator(), socket.gethostname(), machine_id(), tool_version(), tool_revision(), clock_sync())
+    return HostFacts(operator(), host_name(), machine_id(), tool_version(), tool_revision(), clock_sync())

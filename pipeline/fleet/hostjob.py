@@ -333,12 +333,37 @@ def _announcer(cli_main: CliMain, global_args: list[str], specs: list[str], know
     return announce
 
 
+@contextlib.contextmanager
+def _named(line_name: str | None) -> Any:
+    """The runs of the job record the host as the line names it (run_facts.host_name)."""
+    from amdflash.pipeline.engine.run_facts import LINE_NAME
+
+    before = os.environ.get(LINE_NAME)
+    if line_name:
+        os.environ[LINE_NAME] = line_name
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(LINE_NAME, None)
+        else:
+            os.environ[LINE_NAME] = before
+
+
 def run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: str | None,
         flash_args: Sequence[str] = (), line_name: str | None = None,
         on_run: Callable[[str, str], None] | None = None,
         on_progress: Callable[[str, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Run the job; `on_run(spec, run_id)` is called as each board's run appears in the trail,
-    `on_progress(spec, {stage, done, total, unit, rate, eta})` as its stages progress."""
+    `on_progress(spec, {stage, done, total, unit, rate, eta})` as its stages progress. Its runs
+    record the host by `line_name` when given (the line's name for it), as its results do."""
+    with _named(line_name):
+        return _run(cli_main, specs, db, job, image, flash_args, line_name, on_run, on_progress)
+
+
+def _run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: str | None,
+         flash_args: Sequence[str], line_name: str | None, on_run: Callable[[str, str], None] | None,
+         on_progress: Callable[[str, dict[str, Any]], None] | None) -> list[dict[str, Any]]:
     global_args = ["--db", db] if db else []
     specs = [_spec_as_recorded(s) for s in specs]
     host, said = host_name(line_name)

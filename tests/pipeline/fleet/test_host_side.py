@@ -371,3 +371,31 @@ def test_a_job_on_two_boards_says_each_board_s_progress_as_it_goes(tmp_path: Pat
         assert set(stages) >= {"backup", "erase", "program", "verify"}, stages
         assert stages["verify"]["done"] == stages["verify"]["total"] == 2 * 1024 * 1024
         assert stages["verify"]["unit"] == "bytes" and stages["verify"]["rate"] > 0
+
+
+def test_a_host_job_s_runs_name_the_host_as_the_line_does(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Issue 27: a run made by a host job given the line's name for its host (--host-name, from
+    the board's place) records that name, so its page read on the line says `hosta`, not the OS
+    host name of the machine behind it; without one, the OS host name."""
+    import socket
+
+    from amdflash.pipeline.cli.main import main
+    from amdflash.pipeline.engine.run_facts import LINE_NAME
+    from amdflash.pipeline.fleet.hostjob import run
+
+    monkeypatch.setenv("AMDFLASH_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.delenv(LINE_NAME, raising=False)
+    board = f"sim:{create_board(tmp_path / 'b', seed=5, transport='ideal')}"
+    db = tmp_path / "audit.sqlite"
+    other = f"not-{socket.gethostname()}"
+    with capsys.disabled():
+        named = run(main, [board], str(db), "info", None, line_name=other)
+        plain = run(main, [board], str(db), "info", None)
+    assert [r["host"] for r in (*named, *plain)] == [other, socket.gethostname()]
+    con = sqlite3.connect(db)
+    try:
+        hosts = dict(con.execute("SELECT run_id, host FROM runs").fetchall())
+    finally:
+        con.close()
+    assert [hosts[r["run_id"]] for r in (*named, *plain)] == [other, socket.gethostname()], hosts
+    assert LINE_NAME not in os.environ           # the job's name for its host stays the job's
