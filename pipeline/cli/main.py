@@ -94,7 +94,7 @@ def build_parser(globals_everywhere: bool = True) -> Parser:
                                        image as image_commands, replay as replay_command, restore as restore_command,
                                        review as review_commands, sim as sim_commands, trail as trail_cli)
     from amdflash.pipeline import fleet
-    from amdflash.pipeline.commands import hardware_report
+    from amdflash.pipeline.cli import hardware_report
 
     counter = [0]
     p = Parser(prog=PROG, description="Dump, verify and recover the SPI flash of AMD Navi31 boards (RX 7900 "

@@ -74,7 +74,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     flags = [f for f, on in (("--log-json", args.log_json), ("-v", args.verbose), ("-q", args.quiet)) if on]
     return run_demo(args.dir, fresh=args.fresh, db=Path(args.db) if args.db else None, seed=args.seed,
-                    cli_flags=flags, main=args.main)
+                    cli_flags=flags, main=args.main, say=output.result)
 
 
 # -- audit export / verify --export --------------------------------------------------------------

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from amdflash.pipeline.errors import EXIT_OK, Refusal
-from amdflash.pipeline.cli import output
 from amdflash.stages.drivers.flash.geometry import UNIT
 
 DEFAULT_DIR = Path("amdflash-demo")
@@ -78,14 +77,16 @@ def _names(entries: list[Path]) -> list[str]:
 
 
 class _Narrator:
-    def __init__(self, paths: DemoPaths, cli_flags: list[str], main: Callable[[list[str]], int]):
+    def __init__(self, paths: DemoPaths, cli_flags: list[str], main: Callable[[list[str]], int],
+                 say: Callable[[str], None]):
         self.paths = paths
         self.flags = cli_flags
         self.main = main
+        self._say = say
         self.step = 0
 
     def say(self, text: str = "") -> None:
-        output.result(text)
+        self._say(text)
 
     def run(self, title: str, why: str, *argv: str) -> int:
         """One real CLI command, announced as the user would type it."""
@@ -101,13 +102,15 @@ class _Narrator:
 
 
 def run_demo(root: Path, *, fresh: bool = False, db: Path | None = None, seed: int = DEFAULT_SEED,
-             cli_flags: list[str] | None = None, main: Callable[[list[str]], int]) -> int:
-    """The demo's steps, each a real command line run by `main` (the CLI's, handed down by it)."""
+             cli_flags: list[str] | None = None, main: Callable[[list[str]], int],
+             say: Callable[[str], None]) -> int:
+    """The demo's steps, each a real command line run by `main`, told by `say` (the CLI's, handed
+    down by it: a command never reaches up into the command line)."""
     started = time.monotonic()
     root = root.absolute()
     removed = prepare_dir(root, fresh)
     paths = DemoPaths(root, (db or root / "audit.sqlite").absolute())
-    n = _Narrator(paths, cli_flags or [], main)
+    n = _Narrator(paths, cli_flags or [], main, say)
     n.say("amdflash demo: a full recovery on an emulated board.")
     n.say("SYNTHETIC: the board is emulated and its image is a synthetic IFWI, not an AMD image. No hardware is used.")
     if removed:
