@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from collections.abc import Callable
 
 import anyio
 
 from amdflash.stages.drivers.flash.spinor import SpiNor
 from amdflash.stages.drivers.navi31.romsw import RomSw
-from amdflash.stages.transport.base import Bar5, BoardIdentity
+from amdflash.stages.transport.base import Bar5, BoardIdentity, Capability, Clock, TransportError
+
+if TYPE_CHECKING:
+    from amdflash.stages.transport.amdgpu import AmdgpuBoard
 
 T = TypeVar("T")
 
@@ -63,6 +66,31 @@ class StopFlag:
 Progress = Callable[[str, int, int], None]   # (stage, done, total)
 
 
+class NoBar5:
+    """The BAR5 of a board the amdgpu driver owns: there is none to reach. A register access
+    is refused, never attempted; the clock and identity are the driver board's."""
+
+    def __init__(self, board: AmdgpuBoard) -> None:
+        self.board = board
+
+    @property
+    def clock(self) -> Clock:
+        return self.board.clock
+
+    @property
+    def identity(self) -> BoardIdentity:
+        return self.board.identity
+
+    def _refuse(self, *_: Any) -> Any:
+        raise TransportError(f"{self.identity.spec}: the amdgpu driver owns this board's BAR5; "
+                             "no register is reachable through it")
+
+    read32 = write32 = read_block = write_block = _refuse
+
+    def close(self) -> None:
+        self.board.close()
+
+
 @dataclass
 class Device:
     bar: Bar5
@@ -74,6 +102,16 @@ class Device:
     romsw: RomSw | None = None
     nor: SpiNor | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # How the board is driven, as opening it declared (transport/base.py); for "amdgpu",
+    # `amdgpu` is the driver's board and `bar` a NoBar5 (see `through_amdgpu`).
+    capability: Capability = "bar5"
+    amdgpu: AmdgpuBoard | None = None
+
+    @classmethod
+    def through_amdgpu(cls, board: AmdgpuBoard, recorder: AuditSink, stop: StopFlag,
+                       progress: Progress = lambda stage, done, total: None) -> Device:
+        """The device of a board opened through the amdgpu driver (capability "amdgpu")."""
+        return cls(NoBar5(board), board.identity, recorder, stop, progress, capability="amdgpu", amdgpu=board)
 
     async def call(self, fn: Callable[..., T], *args: Any, at: tuple[str, int] | None = None) -> T:
         """Run blocking device I/O in this board's worker thread slot. `at` (stage, unit

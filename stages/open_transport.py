@@ -1,4 +1,10 @@
-"""Stage: open the transport named by a board spec, lock the board, audit every write."""
+"""Stage: open the transport named by a board spec, lock the board, audit every write.
+
+This is the one place that opens (and lists) boards, and the only one of them allowed to
+import the emulator: it hands the transports the emulated backends (`EMULATORS`), which they
+build only when an AMDFLASH_SIM_* variable chooses them. What it opens declares its
+capability ("bar5" or "amdgpu", transport/base.py), so nothing above asks the type.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -7,14 +13,16 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amdflash.stages.drivers.navi31 import regs as R
-from amdflash.stages.transport.base import Bar5, BoardIdentity
+from amdflash.stages.transport.base import Bar5, BoardIdentity, OpenBoard, ThroughBar5
+from amdflash.stages.transport.emulated import Emulators
 from amdflash.stages.transport.lock import BoardLock, sim_lock
 
 if TYPE_CHECKING:
-    from amdflash.stages.transport.amdgpu import AmdgpuBoard
+    from amdflash.stages.transport.amdgpu import AttributeIo
 
 
 class BoardSpecError(ValueError):
@@ -66,8 +74,25 @@ def parse_spec(text: str) -> BoardSpec:
     return BoardSpec(kind, selector)
 
 
-def open_transport(spec: BoardSpec, announce=print) -> tuple[Bar5 | AmdgpuBoard, BoardLock]:
-    """Open and lock the board. Never falls back to an emulator silently."""
+def _emulated_usb_backend(paths: list[str]) -> Any:
+    from amdflash.stages.sim.usb import SimUsbBackend
+
+    return SimUsbBackend(paths)
+
+
+def _emulated_kernel(tree: Path) -> AttributeIo:
+    from amdflash.stages.sim.amdgpu_sysfs import EmulatedKernel
+
+    return EmulatedKernel(tree)
+
+
+# The emulated backends the transports are handed; imported only when a variable chooses one.
+EMULATORS = Emulators(usb_backend=_emulated_usb_backend, kernel_io=_emulated_kernel)
+
+
+def open_transport(spec: BoardSpec, announce=print) -> tuple[OpenBoard, BoardLock]:
+    """Open and lock the board, declaring which way it is driven. Never falls back to an
+    emulator silently."""
     if spec.kind == "sim":
         from amdflash.stages.sim import SimBar5
 
@@ -75,13 +100,21 @@ def open_transport(spec: BoardSpec, announce=print) -> tuple[Bar5 | AmdgpuBoard,
             raise BoardSpecError(f"{spec.selector} is not an emulated board (create one with 'amdflash sim create')")
         lock = sim_lock(spec.selector).acquire()
         try:
-            return SimBar5(spec.selector), lock
+            return ThroughBar5(SimBar5(spec.selector)), lock
         except BaseException:
             lock.release()
             raise
     from amdflash.stages.transport import discovery
 
-    return discovery.open_spec(spec, announce)
+    return discovery.open_spec(spec, announce, EMULATORS)
+
+
+def list_boards(announce: Callable[[str], None], probe: Callable[[Bar5], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every USB bridge and native Navi31 (transport/discovery.py), emulated ones included
+    when AMDFLASH_SIM_* choose them; `probe(bar)` adds what each board answers."""
+    from amdflash.stages.transport import discovery
+
+    return discovery.list_boards(announce, probe, EMULATORS)
 
 
 # The standard SPI NOR opcodes that change the flash or its status registers, with the

@@ -452,9 +452,9 @@ def exit_code(results: Sequence[RunOutcome]) -> int:
 def list_boards(announce: Callable[[str], None]) -> list[dict[str, Any]]:
     """Every board found, with the spec to use and what its flash answers (nothing recorded)."""
     from amdflash.stages.identify import probe_flash
-    from amdflash.stages.transport import discovery
+    from amdflash.stages.open_transport import list_boards as list_found
 
-    return discovery.list_boards(announce, probe=probe_flash)
+    return list_found(announce, probe_flash)
 
 
 def runs(db: str | None = None) -> list[dict[str, Any]]:

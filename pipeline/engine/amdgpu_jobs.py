@@ -5,7 +5,8 @@ These are not ROM_SW jobs: there are no registers, no erase units and no byte-by
 therefore compares partition payloads (and, failing a flash dump, the running VBIOS), never
 raw bytes. The runner records them like any run: run, stages, errors, outcome.
 
-`ByTransport` picks the body when the board is open, so `auto` can land on either path.
+`ByTransport` picks the body when the board is open, by the capability opening it declared
+(Device.capability), so `auto` can land on either path.
 
 `flash` never hands the PSP bytes it did not stage in this run. The driver's psp_vbflash
 buffer adds up every write across opens until a trigger or an overflow (transport/amdgpu.py),
@@ -45,8 +46,9 @@ ELSEWHERE = "use the USB bridge, or pci:{address} --unbind-driver, for the ROM_S
 
 
 def board_of(dev: Device) -> AmdgpuBoard:
-    assert isinstance(dev.bar, AmdgpuBoard)
-    return dev.bar
+    board = dev.amdgpu
+    assert board is not None, "an amdgpu job runs only on a board opened through the amdgpu driver"
+    return board
 
 
 @dataclass
@@ -58,7 +60,7 @@ class ByTransport:
     amdgpu: JobBody | None
 
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
-        if not isinstance(dev.bar, AmdgpuBoard):
+        if dev.capability == "bar5":
             return await self.bar5(dev, info)
         if self.amdgpu is None:
             raise Refusal(f"'{self.command}' needs BAR5, which an amdgpu: board does not offer (the kernel driver "

@@ -27,7 +27,6 @@ from amdflash.pipeline.engine.run_facts import host_facts
 from amdflash.stages.device import AuditSink, Device, Interrupted, StopFlag
 from amdflash.stages.open_transport import AuditedBar, AuditFailureError, BoardSpec, BoardSpecError, open_transport
 from amdflash.stages.restore import restore_registers
-from amdflash.stages.transport.base import Bar5
 from amdflash.stages.transport.discovery import NoBoardFound
 from amdflash.stages.transport.lock import BoardBusy
 from amdflash.store.status import PROCESS_STAGE, this_process
@@ -93,14 +92,14 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
     status, code, error, summary = "failed", EXIT_FAILED, None, {}
     try:
         stage(recorder, "open_transport", "start")
-        bar, lock = await anyio.to_thread.run_sync(open_transport, info.spec, lambda m: log.info(m))
-        if isinstance(bar, Bar5):
+        opened, lock = await anyio.to_thread.run_sync(open_transport, info.spec, lambda m: log.info(m))
+        if opened.capability == "bar5":
             registers = True
-            dev = Device(AuditedBar(bar, recorder), bar.identity, recorder, stop, progress)
+            dev = Device(AuditedBar(opened.bar, recorder), opened.identity, recorder, stop, progress)
         else:
-            # An amdgpu-bound board has no BAR5: its jobs (amdgpu_jobs.py) take it back with board_of().
-            dev = Device(bar, bar.identity, recorder, stop, progress)  # type: ignore[arg-type]
-        stage(recorder, "open_transport", "end", bar.identity.spec)
+            # The driver owns BAR5: its jobs (amdgpu_jobs.py) drive the board through dev.amdgpu.
+            dev = Device.through_amdgpu(opened.board, recorder, stop, progress)
+        stage(recorder, "open_transport", "end", opened.identity.spec)
         dev.extra["command"] = next_step.command    # a step the board layer suggests carries --db/--config
         if registers:
             # Registers an earlier run left changed go back first; then the "before" snapshot.

@@ -47,9 +47,10 @@ Where things live is configurable for tests (an emulated tree): the sysfs device
 default /dev/dri) and the DRM debugfs directory (AMDFLASH_DEBUGFS_DRI, default
 /sys/kernel/debug/dri). The sysfs attributes are reached through an `AttributeIo` (the
 operating system's calls by default); `AMDFLASH_SIM_AMDGPU=TREE` puts an emulated kernel
-behind them (stages/sim/amdgpu_sysfs.py), announced like the emulated USB
-bridges, and its virtual clock becomes the transport's: a 60 s trigger or a 150 s poll takes
-no wall time.
+behind them, announced like the emulated USB bridges, and its virtual clock becomes the
+transport's: a 60 s trigger or a 150 s poll takes no wall time. That kernel is built by the
+`Emulators` the caller hands `attribute_io` (transport/emulated.py; stages/open_transport.py
+hands the one in stages/sim/amdgpu_sysfs.py): this module never imports the emulator.
 """
 from __future__ import annotations
 
@@ -66,11 +67,11 @@ from collections.abc import Callable
 
 from amdflash.stages.image.atom import AtomError, BytesSource, parse_atom
 from amdflash.stages.transport.base import BoardIdentity, Clock, TransportError, WallClock
+from amdflash.stages.transport.emulated import ENV_SIM_AMDGPU, NO_EMULATORS, Emulators
 from amdflash.stages.transport.pci import PciDevice, find_devices
 
 ENV_DEV_DRI = "AMDFLASH_DEV_DRI"
 ENV_DEBUGFS_DRI = "AMDFLASH_DEBUGFS_DRI"
-ENV_SIM_AMDGPU = "AMDFLASH_SIM_AMDGPU"
 DRIVER = "amdgpu"
 VBFLASH, VBFLASH_STATUS = "psp_vbflash", "psp_vbflash_status"
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -118,19 +119,22 @@ class OsAttributeIo:
         os.close(fd)
 
 
-def attribute_io() -> AttributeIo:
+def attribute_io(emulators: Emulators = NO_EMULATORS) -> AttributeIo:
     """The operating system's calls, or — only when AMDFLASH_SIM_AMDGPU names an emulated tree —
-    that tree's emulated kernel (it says so on stderr, as the emulated USB bridges do)."""
+    that tree's emulated kernel, built by `emulators` (it says so on stderr, as the emulated
+    USB bridges do). With the variable set and no emulated kernel handed in, it refuses: the
+    operator chose an emulator, so the real system calls are not used in its place."""
     tree = os.environ.get(ENV_SIM_AMDGPU)
     if not tree:
         return OsAttributeIo()
-    from amdflash.stages.sim.amdgpu_sysfs import EmulatedKernel
-
+    if emulators.kernel_io is None:
+        raise TransportError(f"{ENV_SIM_AMDGPU} is set, but this caller was handed no emulated kernel "
+                             "(boards are opened through amdflash.stages.open_transport)")
     if tree not in _ANNOUNCED:
         _ANNOUNCED.add(tree)
         print(f"{ENV_SIM_AMDGPU} is set: the amdgpu driver is an EMULATED kernel ({tree}), not hardware",
               file=sys.stderr)
-    return EmulatedKernel(Path(tree))
+    return emulators.kernel_io(Path(tree))
 
 
 _ANNOUNCED: set[str] = set()

@@ -6,12 +6,24 @@ it. A transport may also offer `diagnostics() -> dict[str, int]`: counts of what
 wrong while it was open, which the run records (the emulated board counts ROM_SW protocol
 violations there). Timeouts are measured on the transport's clock so that an emulated board's virtual
 time and a real board's wall time are treated alike.
+
+A board is driven one of two ways, its `Capability`: "bar5", its registers (ROM_SW, the
+aperture, the PSP mailbox) through a USB bridge, PCIe or the emulator; or "amdgpu", the
+kernel driver's PSP update (transport/amdgpu.py), with no BAR5 at all. What opens a board
+(transport/discovery.py; stages/open_transport.py for sim:) decides it once and declares
+it in what it returns, a `ThroughBar5` or a `ThroughAmdgpu`.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from amdflash.stages.transport.amdgpu import AmdgpuBoard
+
+
+Capability = Literal["bar5", "amdgpu"]
 
 
 class TransportError(RuntimeError):
@@ -76,3 +88,37 @@ class Bar5(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ThroughBar5:
+    """A board opened for its registers: capability "bar5"."""
+
+    bar: Bar5
+    capability: Literal["bar5"] = "bar5"
+
+    @property
+    def identity(self) -> BoardIdentity:
+        return self.bar.identity
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@dataclass(frozen=True)
+class ThroughAmdgpu:
+    """A board opened through the amdgpu driver: capability "amdgpu" (the PSP update, no BAR5)."""
+
+    board: AmdgpuBoard
+    capability: Literal["amdgpu"] = "amdgpu"
+
+    @property
+    def identity(self) -> BoardIdentity:
+        return self.board.identity
+
+    def close(self) -> None:
+        self.board.close()
+
+
+# What opening a board gives: its `capability` says which, so nothing above asks the type.
+OpenBoard = ThroughBar5 | ThroughAmdgpu

@@ -9,7 +9,9 @@ before anything is sent to it, so a second process gets "board busy (pid N)".
 
 Emulated USB bridges are used only when chosen explicitly: `AMDFLASH_SIM_USB=DIR[,DIR...]`
 replaces libusb with the emulated pyusb backend serving those board directories, and
-says so. Nothing ever falls back to an emulator. `AMDFLASH_SYSFS_PCI` points native PCI
+says so; the backend comes from the `Emulators` the caller hands in (transport/emulated.py:
+only stages/open_transport.py hands one that can build it). Nothing ever falls back to an
+emulator, nor from one to hardware. `AMDFLASH_SYSFS_PCI` points native PCI
 discovery at another sysfs devices directory (tests); the board spec's
 `unbind_driver` (the CLI's --unbind-driver) lets the PCI transport unbind a bound kernel driver.
 """
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -25,14 +26,14 @@ from collections.abc import Callable
 
 import usb.core
 
-from amdflash.stages.transport.amdgpu import AmdgpuBoard, AmdgpuDevice, find_amdgpu
-from amdflash.stages.transport.base import Bar5, TransportError
+from amdflash.stages.transport.amdgpu import AmdgpuBoard, AmdgpuDevice, attribute_io, find_amdgpu
+from amdflash.stages.transport.base import Bar5, OpenBoard, ThroughAmdgpu, ThroughBar5, TransportError
+from amdflash.stages.transport.emulated import ENV_SIM_USB, Emulators
 from amdflash.stages.transport.lock import BoardBusy, BoardLock
 from amdflash.stages.transport.pci import SYSFS_PCI_DEVICES, PciBar5, PciDevice, find_devices, normalise_address
 from amdflash.stages.transport.usb import (BridgeInfo, LinkDown, UnexpectedDevice, UsbBar5, default_backend,
                                            device_node, find_bridges)
 
-ENV_SIM_USB = "AMDFLASH_SIM_USB"
 ENV_SYSFS_PCI = "AMDFLASH_SYSFS_PCI"
 _SERIAL = re.compile(r"[0-9a-fA-F]{8}")
 
@@ -58,10 +59,6 @@ class NoBoardFound(TransportError):
 Probe = Callable[[Bar5], dict[str, Any]]
 
 
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr)
-
-
 # -- USB -----------------------------------------------------------------------------------------
 
 @dataclass
@@ -82,22 +79,23 @@ class UsbScan:
             self.backend.close()
 
 
-def emulated_usb_backend(paths: list[str]) -> Any:
-    """The emulated bridge backend (it offers `clock_for`, as the USB transport expects)."""
-    from amdflash.stages.sim.usb import SimUsbBackend
-
+def emulated_usb_backend(paths: list[str], emulators: Emulators) -> Any:
+    """The emulated bridge backend serving these board directories, built by `emulators`."""
     for path in paths:
         if not os.path.isfile(os.path.join(path, "board.json")):
             raise TransportError(f"{ENV_SIM_USB}: {path} is not an emulated board "
                                  "(create one with 'amdflash sim create')")
-    return SimUsbBackend(paths)
+    if emulators.usb_backend is None:
+        raise TransportError(f"{ENV_SIM_USB} is set, but this caller was handed no emulated USB backend "
+                             "(boards are opened through amdflash.stages.open_transport)")
+    return emulators.usb_backend(paths)
 
 
-def scan_usb(announce: Announce) -> UsbScan:
+def scan_usb(announce: Announce, emulators: Emulators) -> UsbScan:
     selected = [p.strip() for p in os.environ.get(ENV_SIM_USB, "").split(",") if p.strip()]
     if selected:
         announce(f"{ENV_SIM_USB} is set: USB bridges are EMULATED boards ({', '.join(selected)}), not hardware")
-        backend = emulated_usb_backend(selected)
+        backend = emulated_usb_backend(selected, emulators)
         try:
             return UsbScan(backend, find_bridges(backend), emulated=True)
         except BaseException:
@@ -143,7 +141,7 @@ def usb_lock(backend: Any, bridge: BridgeInfo) -> BoardLock:
     return BoardLock(bridge.lock_key, device_node(bridge.bus, bridge.address))
 
 
-def _open_usb(scan: UsbScan, index: int) -> tuple[Bar5, BoardLock]:
+def _open_usb(scan: UsbScan, index: int) -> tuple[ThroughBar5, BoardLock]:
     bridge = scan.usable[index]
     try:
         lock = usb_lock(scan.backend, bridge).acquire()
@@ -158,7 +156,7 @@ def _open_usb(scan: UsbScan, index: int) -> tuple[Bar5, BoardLock]:
         raise
     if scan.emulated:
         bar.identity.extra["emulated"] = True
-    return bar, lock
+    return ThroughBar5(bar), lock
 
 
 # -- native PCI ----------------------------------------------------------------------------------
@@ -167,10 +165,10 @@ def sysfs_root() -> Path:
     return Path(os.environ.get(ENV_SYSFS_PCI) or SYSFS_PCI_DEVICES)
 
 
-def _open_pci(device: PciDevice, announce: Announce, unbind_driver: bool) -> tuple[Bar5, BoardLock]:
+def _open_pci(device: PciDevice, announce: Announce, unbind_driver: bool) -> tuple[ThroughBar5, BoardLock]:
     lock = BoardLock(device.spec, device.path).acquire()
     try:
-        return PciBar5(device, unbind_driver=unbind_driver, announce=announce), lock
+        return ThroughBar5(PciBar5(device, unbind_driver=unbind_driver, announce=announce)), lock
     except BaseException:
         lock.release()
         raise
@@ -198,13 +196,13 @@ def _by_address(devices: list[_Addressed], selector: str, none_here: str) -> _Ad
 
 # -- amdgpu ---------------------------------------------------------------------------------------
 
-def _open_amdgpu(device: AmdgpuDevice, unbind_driver: bool) -> tuple[AmdgpuBoard, BoardLock]:
+def _open_amdgpu(device: AmdgpuDevice, unbind_driver: bool, emulators: Emulators) -> tuple[ThroughAmdgpu, BoardLock]:
     if unbind_driver:
         raise TransportError(f"{device.spec} works through the bound amdgpu driver; --unbind-driver contradicts it "
                              f"(use pci:{device.address} --unbind-driver for the ROM_SW path)")
     lock = BoardLock(device.pci.spec, device.path).acquire()   # the PCI device's: never amdgpu and ROM_SW at once
     try:
-        return AmdgpuBoard(device), lock
+        return ThroughAmdgpu(AmdgpuBoard(device, io=attribute_io(emulators))), lock
     except BaseException:
         lock.release()
         raise
@@ -216,12 +214,12 @@ def _select_amdgpu(devices: list[AmdgpuDevice], selector: str) -> AmdgpuDevice:
     return _by_address(devices, selector, f"amdgpu:{selector}: no amdgpu-bound Navi31")
 
 
-def _list_amdgpu(device: AmdgpuDevice) -> dict[str, Any]:
+def _list_amdgpu(device: AmdgpuDevice, emulators: Emulators) -> dict[str, Any]:
     """What the PCI entry of an amdgpu-bound device adds: its amdgpu: spec and the running VBIOS,
     read-only through the ioctl or sysfs (never the rom file, which needs enabling)."""
     entry: dict[str, Any] = {"spec_amdgpu": device.spec,
                              "psp_vbflash": "available" if device.can_flash else "absent (flash needs it)"}
-    info, notes = AmdgpuBoard(device).vbios_info(allow_rom=False)
+    info, notes = AmdgpuBoard(device, io=attribute_io(emulators)).vbios_info(allow_rom=False)
     if info is not None:
         entry.update(part_number=info.part_number, vbios_version=info.version, vbios_source=info.source)
     else:
@@ -231,10 +229,11 @@ def _list_amdgpu(device: AmdgpuDevice) -> dict[str, Any]:
 
 # -- opening a spec -------------------------------------------------------------------------------
 
-def open_spec(spec: Spec, announce: Announce = _stderr) -> tuple[Bar5 | AmdgpuBoard, BoardLock]:
-    """Open and lock the board a spec names."""
+def open_spec(spec: Spec, announce: Announce, emulators: Emulators) -> tuple[OpenBoard, BoardLock]:
+    """Open and lock the board a spec names, declaring which way it is driven (`auto` may land
+    on either); `emulators` builds what AMDFLASH_SIM_* choose."""
     if spec.kind == "auto":
-        scan = scan_usb(announce)
+        scan = scan_usb(announce, emulators)
         if scan.usable:
             bridge = scan.usable[0]
             announce(f"auto: using usb:0 (ASM24 bridge {bridge.serial or bridge.usb_id}"
@@ -246,14 +245,14 @@ def open_spec(spec: Spec, announce: Announce = _stderr) -> tuple[Bar5 | AmdgpuBo
                 and AmdgpuDevice(devices[0]).can_flash:
             announce(f"auto: no USB bridge; using amdgpu:{devices[0].address} (amdgpu is bound: the PSP "
                      "updates the flash; --unbind-driver for the ROM_SW path instead)")
-            return _open_amdgpu(AmdgpuDevice(devices[0]), False)
+            return _open_amdgpu(AmdgpuDevice(devices[0]), False, emulators)
         if devices:
             announce(f"auto: no USB bridge; using {devices[0].spec} (native PCIe)")
             return _open_pci(devices[0], announce, spec.unbind_driver)
         raise NoBoardFound("no board found: no ASM24 USB bridge (add1:0001 or 3801:0001) and no native "
                            "Navi31 PCI device (1002:744c)")
     if spec.kind == "usb":
-        scan = scan_usb(announce)
+        scan = scan_usb(announce, emulators)
         try:
             index = select_usb(scan.usable, spec.selector)
         except BaseException:
@@ -263,7 +262,7 @@ def open_spec(spec: Spec, announce: Announce = _stderr) -> tuple[Bar5 | AmdgpuBo
     if spec.kind == "pci":
         return _open_pci(_select_pci(find_devices(sysfs_root()), spec.selector), announce, spec.unbind_driver)
     if spec.kind == "amdgpu":
-        return _open_amdgpu(_select_amdgpu(find_amdgpu(sysfs_root()), spec.selector), spec.unbind_driver)
+        return _open_amdgpu(_select_amdgpu(find_amdgpu(sysfs_root()), spec.selector), spec.unbind_driver, emulators)
     raise TransportError(f"board spec {spec.kind}:{spec.selector} is not a USB, PCI or amdgpu board")
 
 
@@ -335,11 +334,11 @@ def _list_pci(device: PciDevice, announce: Announce, probe: Probe) -> dict[str, 
     return entry
 
 
-def list_boards(announce: Announce = _stderr, probe: Probe = lambda bar: {}) -> list[dict[str, Any]]:
+def list_boards(announce: Announce, probe: Probe, emulators: Emulators) -> list[dict[str, Any]]:
     """Every USB bridge and native Navi31, with spec, identity and link; `probe(bar)` (from the
     layer above, which knows the flash) adds what the board itself answers."""
     boards: list[dict[str, Any]] = []
-    scan = scan_usb(announce)
+    scan = scan_usb(announce, emulators)
     try:
         index = 0
         for bridge in scan.bridges:
@@ -353,6 +352,6 @@ def list_boards(announce: Announce = _stderr, probe: Probe = lambda bar: {}) -> 
     for device in find_devices(sysfs_root()):
         entry = _list_pci(device, announce, probe)
         if device.driver == "amdgpu":
-            entry.update(_list_amdgpu(AmdgpuDevice(device)))
+            entry.update(_list_amdgpu(AmdgpuDevice(device), emulators))
         boards.append(entry)
     return boards

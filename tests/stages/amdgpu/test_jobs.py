@@ -42,7 +42,7 @@ class Rows:
 
 def run_job(board, body, stop: StopFlag | None = None, rows: Rows | None = None) -> tuple[Rows, RunInfo]:  # noqa: ANN001
     rows = rows or Rows()
-    dev = Device(board, board.identity, rows, stop or StopFlag())
+    dev = Device.through_amdgpu(board, rows, stop or StopFlag())
     info = RunInfo("test", BoardSpec("amdgpu", board.device.address), "flash", {})
 
     async def main() -> None:
@@ -131,6 +131,6 @@ def test_a_bar5_job_on_an_amdgpu_board_is_refused(emulated):
     async def never(dev, info):  # noqa: ANN001, ANN202
         raise AssertionError("the BAR5 body must not run")
 
-    dev = Device(board, board.identity, Rows(), StopFlag())
+    dev = Device.through_amdgpu(board, Rows(), StopFlag())
     with pytest.raises(Refusal, match="'dump' needs BAR5"):
         anyio.run(ByTransport("dump", never, None), dev, RunInfo("t", BoardSpec("amdgpu"), "dump", {}))

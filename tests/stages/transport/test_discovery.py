@@ -6,7 +6,7 @@ from amdflash.stages.identify import probe_flash
 import pytest
 
 from amdflash.stages.drivers.navi31 import regs as R
-from amdflash.stages.open_transport import BoardSpecError, open_transport, parse_spec
+from amdflash.stages.open_transport import BoardSpecError, list_boards, open_transport, parse_spec
 from amdflash.stages.transport import discovery
 from amdflash.stages.transport.base import TransportError
 from amdflash.stages.transport.lock import BoardBusy, BoardLock, sim_key
@@ -42,15 +42,15 @@ def test_usb_index_and_serial_specs_pick_the_right_bridge(sim_usb):
     for spec, want in (("usb:0", 0), ("usb:1", 1), (f"usb:{serials[1]}", 1), (f"usb:{serials[0].upper()}", 0),
                        ("usb", 0)):
         messages: list[str] = []
-        bar, lock = opened(spec, messages)
+        board, lock = opened(spec, messages)
         try:
-            assert bar.identity.serial == serials[want], spec
-            assert bar.identity.extra["emulated"] is True
-            assert flash_unique_id(bar) == unique_id_of(paths[want]), spec
+            assert board.identity.serial == serials[want], spec
+            assert board.identity.extra["emulated"] is True
+            assert flash_unique_id(board.bar) == unique_id_of(paths[want]), spec
             assert any("EMULATED" in m for m in messages)          # never silently an emulator
             assert lock.key == f"usb:{serials[want]}"
         finally:
-            bar.close()
+            board.close()
             lock.release()
 
 
@@ -131,7 +131,7 @@ def test_list_reports_identity_link_flash_and_failures(make_board, monkeypatch, 
     monkeypatch.setenv(discovery.ENV_SIM_USB, ",".join(map(str, paths)))
     holder = hold_lock(f"usb:{serial_of(busy)}", str(busy))
     messages: list[str] = []
-    boards = discovery.list_boards(messages.append, probe=probe_flash)
+    boards = list_boards(messages.append, probe_flash)
     assert any("EMULATED" in m for m in messages)
     assert [b["spec"] for b in boards] == ["usb:0", "usb:1", "usb:2", "usb:3", "usb:4"]
     by_serial = {b["serial"]: b for b in boards}
@@ -155,7 +155,7 @@ def test_list_restores_the_engine_registers(sim_usb):
     board = Board(path)
     try:
         before = {reg: board.get32(reg) for reg in (*R.ROM_SW_SAVED, R.ROM_SW_COMMAND)}
-        [entry] = discovery.list_boards(lambda m: None, probe=probe_flash)
+        [entry] = list_boards(lambda m: None, probe_flash)
         assert entry["jedec"] == "c86015"
         assert {reg: board.get32(reg) for reg in (*R.ROM_SW_SAVED, R.ROM_SW_COMMAND)} == before
     finally:
