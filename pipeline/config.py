@@ -21,16 +21,15 @@ defaults that the command line overrides:
 """
 from __future__ import annotations
 
-import difflib
 import os
 import stat
-import tomllib
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
 from amdflash.pipeline.errors import UsageError
+
+# platformdirs, tomllib and difflib are imported where they are used: every command line
+# imports this module (main's `finally`), --version and --help included.
 
 APP = "amdflash"
 ENV_DB = "AMDFLASH_DB"
@@ -60,15 +59,21 @@ def choose(path: str | Path | None) -> None:
 
 
 def config_path() -> Path:
+    import platformdirs
+
     return _chosen or Path(os.environ.get(ENV_CONFIG) or Path(platformdirs.user_config_dir(APP)) / "config.toml")
 
 
 def data_dir() -> Path:
+    import platformdirs
+
     return Path(platformdirs.user_data_dir(APP))
 
 
 def load(path: Path | None = None) -> dict[str, Any]:
     """The config file's settings ({} when there is none); UsageError if it is malformed."""
+    import tomllib
+
     path = path or config_path()
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):   # a FIFO would block and /dev/zero never ends
@@ -89,6 +94,8 @@ def load(path: Path | None = None) -> dict[str, Any]:
         raise UsageError(f"config file {path}: {e}") from None
     for key, value in data.items():
         if key not in KEYS:
+            import difflib
+
             near = difflib.get_close_matches(key, KEYS, n=1)
             hint = f"; did you mean {near[0]!r}?" if near else f" (known: {', '.join(KEYS)})"
             raise UsageError(f"config file {path}: unknown setting {key!r}{hint}")

@@ -6,31 +6,35 @@ written) and, off a terminal, progress lines; -v adds debug events of every laye
 the audit trail sees (runs, stages, unit states, verify results, register snapshots);
 -vv adds every ROM_SW transaction and every register write. Library code (`amdflash.pipeline.api`)
 that nobody configured logs through the standard `logging` module instead.
+
+structlog (with rich and asyncio beneath it, hundreds of modules) is imported when the first
+message is logged or a command starts (`apply`), not by `configure`: `--help`, `--version`
+and a usage error's parse never import it.
 """
 from __future__ import annotations
 
-import json
-import logging
 import sys
-from dataclasses import dataclass
 from collections.abc import MutableMapping
-from typing import Any
-
-import structlog
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from amdflash.pipeline.terminal import printable
+
+if TYPE_CHECKING:
+    import structlog
 
 QUIET, NORMAL, VERBOSE, TRACE = -1, 0, 1, 2
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(NamedTuple):     # not a dataclass: `dataclasses` imports inspect, ast… (--version loads this)
     json_lines: bool = False
     verbosity: int = NORMAL
     configured: bool = False
+    applied: bool = False      # structlog configured accordingly (see `apply`)
 
     @property
     def level(self) -> int:
+        import logging
+
         return {QUIET: logging.WARNING, NORMAL: logging.INFO}.get(self.verbosity, logging.DEBUG)
 
 
@@ -70,13 +74,31 @@ def _human(logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
 
 
 def _json(logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
+    import json
+
     return json.dumps(event, default=str, sort_keys=False)
 
 
 def configure(json_lines: bool = False, verbosity: int = NORMAL) -> Settings:
-    """Configure structlog (and the standard logging module beneath it) for the CLI."""
+    """Configure structlog (and the standard logging module beneath it) for the CLI: at the
+    first message, or `apply()`."""
     global _settings
     _settings = Settings(json_lines, verbosity, True)
+    return _settings
+
+
+def apply() -> None:
+    """Configure structlog as `configure` said, now (before a command runs: code that logs
+    through structlog directly must find it configured)."""
+    global _settings
+    if not _settings.configured or _settings.applied:
+        return
+    import logging
+
+    import structlog
+
+    _settings = _settings._replace(applied=True)
+    json_lines, verbosity = _settings.json_lines, _settings.verbosity
     renderer = _json if json_lines else _human
     structlog.configure(
         processors=[
@@ -102,7 +124,6 @@ def configure(json_lines: bool = False, verbosity: int = NORMAL) -> Settings:
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbosity >= TRACE else logging.WARNING)
     logging.captureWarnings(True)
-    return _settings
 
 
 def settings() -> Settings:
@@ -110,4 +131,7 @@ def settings() -> Settings:
 
 
 def logger(**bound: object) -> structlog.typing.FilteringBoundLogger:
+    import structlog
+
+    apply()
     return structlog.get_logger("amdflash").bind(**bound)

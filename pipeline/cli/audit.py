@@ -1,5 +1,6 @@
-"""Audit trail commands: `audit key`, `audit verify` (database, --run, --key, --anchor),
-`audit archive`, `audit upgrade`, and the host key's place in the data directory."""
+"""The `audit` group: every `audit` subcommand is registered here. Run here: `audit key`,
+`audit verify` (database, --run, --key, --anchor), `audit archive`, `audit upgrade`, and the
+host key's place in the data directory."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,54 @@ from amdflash.pipeline.commands.checks import output_file, output_option, writab
 from amdflash.pipeline.errors import EXIT_OK, Refusal
 from amdflash.pipeline.cli import output
 
-def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction) -> None:
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """The `audit` group and every subcommand of it. Some run by other modules' functions:
+    verify (the database: trail.py; --export: review.py; --central: central.py), export and
+    datasette-metadata (review.py), push (central.py)."""
+    from amdflash.pipeline.cli import central, review
+
+    a = sub.add_parser("audit", help="check or export the audit trail",
+                       description="Check the audit trail's hash chain, or export it for archiving.")
+    audit_sub = a.add_subparsers(dest="audit_command", required=True, metavar="AUDIT_COMMAND")
+    verify = audit_sub.add_parser(
+        "verify", help="recompute the hash chain; name the first row that does not match",
+        description="Recompute the hash chain of every run from its rows and check every checkpoint: its hash, "
+                    "its place in the database's chain of checkpoints and its signature. With --run, only that run "
+                    "(its rows and checkpoints: as fast for one run in a large database as in a small one). With "
+                    "--key, every signature must be by that public key ('amdflash audit key'): this is what proves "
+                    "that nobody rewrote the trail and recomputed its hashes. The anchor file (checkpoints appended "
+                    "beside the database as they are made) shows whether the database lost its tail or was replaced "
+                    "whole. Exit 1 naming the first thing that does not match. Read-only.")
+    verify.set_defaults(func=cmd_verify)
+
+    p = audit_sub.add_parser(
+        "export", help="export audit rows with their signed checkpoints (JSONL or CSV) for archiving",
+        description="Write every audit row (or one run's rows) in seq order with its table, seq and all columns, "
+                    "the bytes they refer to, and the signed checkpoints that seal them, with the signing hosts' "
+                    "public keys, the whole file sealed with this host's key. The file can be checked later on "
+                    "its own, without the database: 'amdflash audit verify --export FILE [--key PUBFILE]'; one "
+                    "run's export is that run's complete record. Reads the database only.")
+    p.add_argument("--run", metavar="RUN_ID", help="only this run (a unique prefix is enough)")
+    p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", help="default jsonl")
+    output_option(p, "write to FILE (default stdout)")
+    p.set_defaults(func=review.cmd_audit_export)
+
+    p = audit_sub.add_parser(
+        "datasette-metadata", help="write datasette metadata (canned queries, descriptions) for the audit DB",
+        description="Write the metadata that makes 'datasette AUDIT.sqlite -m FILE' a browsable audit: "
+                    "runs by status, failed units with the transactions of their last attempt, one board's "
+                    "history, each run's seals, and a description of every table and column. datasette is optional: "
+                    "pip install 'amdflash[datasette]'.")
+    output_option(p, "write to FILE (default stdout)")
+    p.add_argument("--name", help="the database name datasette will use: the audit DB's file name without "
+                                  "extension (default: taken from --db / AMDFLASH_DB / the default path)")
+    p.set_defaults(func=review.cmd_datasette_metadata)
+
+    verify.add_argument("--export", type=Path, metavar="FILE",
+                        help="verify an exported or archived file (JSONL or CSV from 'audit export' or 'audit "
+                             "archive') instead of the database; exit 1 naming the first record that does not match")
+
     p = audit_sub.add_parser(
         "key", help="print this host's public key (it verifies the signatures of the audit trail)",
         description="Print the public half of this host's Ed25519 key, which signs every checkpoint of the "
@@ -47,22 +95,66 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
                     "report, replay, audit verify) never changes it, and a board command refuses it.")
     p.set_defaults(func=cmd_upgrade)
 
-    verify = audit_sub.choices["verify"]
-    verify.description = (
-        "Recompute the hash chain of every run from its rows and check every checkpoint: its hash, "
-        "its place in the database's chain of checkpoints and its signature. With --run, only that run "
-        "(its rows and checkpoints: as fast for one run in a large database as in a small one). With "
-        "--key, every signature must be by that public key ('amdflash audit key'): this is what proves "
-        "that nobody rewrote the trail and recomputed its hashes. The anchor file (checkpoints appended "
-        "beside the database as they are made) shows whether the database lost its tail or was replaced "
-        "whole. Exit 1 naming the first thing that does not match. Read-only.")
     verify.add_argument("--run", metavar="RUN_ID", help="verify only this run (a unique prefix is enough)")
     verify.add_argument("--key", type=Path, action="append", metavar="PUBFILE",
                         help="trusted public key(s) ('amdflash audit key -o FILE'); repeatable")
     verify.add_argument("--anchor", type=Path, metavar="FILE",
                         help="anchor file to compare with (default: beside the database, DB.anchor)")
-    sub.choices["report"].add_argument("--key", type=Path, action="append", metavar="PUBFILE",
-                                       help="check the run's signatures against this public key")
+
+    p = audit_sub.add_parser(
+        "push", help="send this host's trail (what the central database lacks) to the central PostgreSQL",
+        description="Send the checkpoints the central database does not hold yet for this host, the rows they "
+                    "seal and the bytes those rows refer to. The central database verifies everything itself "
+                    "(every hash, the chain's continuity, the host's signatures) and stores a batch only if all "
+                    "of it verifies; otherwise it names the first checkpoint or row that does not, and stores "
+                    "nothing of the batch. Rows of a run not sealed yet wait for the next push. Idempotent: "
+                    "a second push sends nothing. Safe to kill: a batch is one transaction.")
+    p.add_argument("--to", metavar="URL", help=f"the central database (default ${central.ENV_CENTRAL})")
+    p.add_argument("--batch-rows", type=int, default=500_000, metavar="N",
+                   help="rows per transaction, in whole checkpoints (default 500000)")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text: one line for people (default); json: what was sent, as an object")
+    follow = p.add_argument_group(
+        "follow (a service: amdflash-follow.service)",
+        "--follow keeps running: it watches this host's trail (read-only) and publishes what its runs are doing — "
+        "stage, bytes, rate, ETA and every end — to the central database's progress table within a second or two "
+        "(advisory, unsigned: the signed trail stays the record), and pushes the trail after every run's end and "
+        "every --push-every seconds. The jobs never wait for it; while central cannot be reached, what it saw "
+        "waits and is sent when central answers.")
+    follow.add_argument("--follow", action="store_true", help="run as the host's follow service (until SIGTERM)")
+    follow.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
+                        help="how often the trail is read (default 0.5)")
+    follow.add_argument("--push-every", type=float, default=30.0, metavar="SECONDS",
+                        help="push the signed trail at least this often (default 30; and after every run's end)")
+    follow.add_argument("--heartbeat", type=float, default=30.0, metavar="SECONDS",
+                        help="say the host is alive this often when nothing else is said (default 30)")
+    follow.add_argument("--exporter-config", type=Path, default=Path("/run/amdflash-exporter/exporter.yaml"),
+                        metavar="FILE", help="this host's exporter configuration, which names each board's place "
+                                             "(default /run/amdflash-exporter/exporter.yaml)")
+    follow.add_argument("--host-name", metavar="NAME",
+                        help="this host's exporter name, for place names (default: its enrolled name)")
+    p.set_defaults(func=central.cmd_push)
+
+    # `audit verify --central URL`: the central record as the trail's off-host anchor.
+    verify.add_argument("--central", metavar="URL",
+                        help="also compare every checkpoint with what the central database holds for this host: a "
+                             "checkpoint rewritten, or a tail cut or rolled back after it was pushed, is BROKEN "
+                             "(exit 1, naming the first checkpoint that differs)")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """`audit verify`: the database or, with --export, a file; with --central, then the central record."""
+    from amdflash.pipeline.cli import central
+
+    return central.cmd_verify(args, _verify_database_or_export)
+
+
+def _verify_database_or_export(args: argparse.Namespace) -> int:
+    from amdflash.pipeline.cli import review, trail
+
+    if args.export is None:
+        return trail.cmd_audit_verify(args)
+    return review.cmd_verify_export(args.export, getattr(args, "key", None))
 
 
 def cmd_key(args: argparse.Namespace) -> int:

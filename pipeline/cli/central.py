@@ -57,51 +57,6 @@ def byte_size(text: str) -> int:
     return int(m[1]) << (10 * "_KMGT".index((m[2] or "_").upper()))
 
 
-def add_audit_parsers(audit_sub: argparse._SubParsersAction) -> None:
-    p = audit_sub.add_parser(
-        "push", help="send this host's trail (what the central database lacks) to the central PostgreSQL",
-        description="Send the checkpoints the central database does not hold yet for this host, the rows they "
-                    "seal and the bytes those rows refer to. The central database verifies everything itself "
-                    "(every hash, the chain's continuity, the host's signatures) and stores a batch only if all "
-                    "of it verifies; otherwise it names the first checkpoint or row that does not, and stores "
-                    "nothing of the batch. Rows of a run not sealed yet wait for the next push. Idempotent: "
-                    "a second push sends nothing. Safe to kill: a batch is one transaction.")
-    p.add_argument("--to", metavar="URL", help=f"the central database (default ${ENV_CENTRAL})")
-    p.add_argument("--batch-rows", type=int, default=500_000, metavar="N",
-                   help="rows per transaction, in whole checkpoints (default 500000)")
-    p.add_argument("--format", choices=("text", "json"), default="text",
-                   help="text: one line for people (default); json: what was sent, as an object")
-    follow = p.add_argument_group(
-        "follow (a service: amdflash-follow.service)",
-        "--follow keeps running: it watches this host's trail (read-only) and publishes what its runs are doing — "
-        "stage, bytes, rate, ETA and every end — to the central database's progress table within a second or two "
-        "(advisory, unsigned: the signed trail stays the record), and pushes the trail after every run's end and "
-        "every --push-every seconds. The jobs never wait for it; while central cannot be reached, what it saw "
-        "waits and is sent when central answers.")
-    follow.add_argument("--follow", action="store_true", help="run as the host's follow service (until SIGTERM)")
-    follow.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
-                        help="how often the trail is read (default 0.5)")
-    follow.add_argument("--push-every", type=float, default=30.0, metavar="SECONDS",
-                        help="push the signed trail at least this often (default 30; and after every run's end)")
-    follow.add_argument("--heartbeat", type=float, default=30.0, metavar="SECONDS",
-                        help="say the host is alive this often when nothing else is said (default 30)")
-    follow.add_argument("--exporter-config", type=Path, default=Path("/run/amdflash-exporter/exporter.yaml"),
-                        metavar="FILE", help="this host's exporter configuration, which names each board's place "
-                                             "(default /run/amdflash-exporter/exporter.yaml)")
-    follow.add_argument("--host-name", metavar="NAME",
-                        help="this host's exporter name, for place names (default: its enrolled name)")
-    p.set_defaults(func=cmd_push)
-
-    # `audit verify --central URL`: the central record as the trail's off-host anchor.
-    verify = audit_sub.choices["verify"]
-    verify.add_argument("--central", metavar="URL",
-                        help="also compare every checkpoint with what the central database holds for this host: a "
-                             "checkpoint rewritten, or a tail cut or rolled back after it was pushed, is BROKEN "
-                             "(exit 1, naming the first checkpoint that differs)")
-    local_verify = verify.get_default("func")
-    verify.set_defaults(func=lambda args: cmd_verify(args, local_verify))
-
-
 def add_fleet_parsers(fsub: argparse._SubParsersAction) -> None:
     p = fsub.add_parser(
         "central-setup", help="create the central audit database's tables, checks and roles (administrator)",
@@ -446,8 +401,10 @@ def _host_name(path: Path) -> str:
     """The enrolled name of the host whose run store.central.materialize copied to `path`."""
     import sqlite3
 
+    from amdflash.store.central import materialized_host
+
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        return str(conn.execute("SELECT hostname FROM hosts").fetchone()[0])
+        return materialized_host(conn)
     finally:
         conn.close()

@@ -1,25 +1,66 @@
 """The amdflash command line: parse, configure output, call a command, map the outcome to an
 exit status.
 
-Every command group registers itself through its module's `add_parsers(sub)`. Global
-options (--db, --config, -v/-q, --log-json, --no-progress) are accepted before or after
-the command. Whatever a user types ends in an exit status (0, 1, 2 or 130) and, on an
-error, one `error: …` line on stderr: never a traceback (-v adds one for internal errors).
+Every command group registers itself through its module's `add_parsers(sub)`; `COMMANDS`
+names that module for each command, with the command's one-line help, so that `--help`,
+`--version` and a mistyped command are answered without importing any command module, and a
+command imports only its own group's. Global options (--db, --config, -v/-q, --log-json,
+--no-progress) are accepted before or after the command. Whatever a user types ends in an
+exit status (0, 1, 2 or 130) and, on an error, one `error: …` line on stderr: never a
+traceback (-v adds one for internal errors).
 """
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 import signal
 import sys
 from typing import Any, NoReturn
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, Refusal, UsageError
 from amdflash.pipeline.cli.parsing import subparsers
 
 PROG = "amdflash"
+
+_BOARD = "amdflash.pipeline.cli.board:add_parsers"
+_DISABLED = "disabled: failed validation on a stock board"
+# Every top-level command, in --help's order: its one-line help (what --help lists, without
+# importing its module) and the function that registers its parser, "module:function". A
+# module that registers several commands is named for each of them; it must register exactly
+# those (tests/pipeline/cli/test_startup.py compares this table with the whole parser).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "list": ("boards found, with their spec and identity", _BOARD),
+    "info": ("JEDEC, SR1/SR2/SR3, CMP, protection, SFDP, unique ID", _BOARD),
+    "read": ("read a flash range (hex to stdout unless -o)", _BOARD),
+    "dump": ("dump the whole 2 MiB flash to a file", _BOARD),
+    "verify": ("compare the whole flash with an image", _BOARD),
+    "flash": ("write an image: backup, plan, erase, program, verify", _BOARD),
+    "restore-original": ("write back the content amdflash first found on a board", _BOARD),
+    "resume": ("finish an interrupted flash run", _BOARD),
+    "probe": ("PSP boot mailbox state (boot partition, FB state, model id, transfer type)", _BOARD),
+    "ifwi-all": ("stream the IFWI items the PSP bootloader requests", _BOARD),
+    "stream": (_DISABLED, _BOARD),
+    "ifwi-step": (_DISABLED, _BOARD),
+    "live-flash": (_DISABLED, _BOARD),
+    "hardware-report": ("measure a board and write the JSON report to send when it behaves unexpectedly",
+                        "amdflash.pipeline.cli.hardware_report:add_parsers"),
+    "runs": ("list runs in the audit database", "amdflash.pipeline.cli.trail:add_parsers"),
+    "report": ("one run's report (text, JSON or HTML)", "amdflash.pipeline.cli.trail:add_parsers"),
+    "audit": ("check or export the audit trail", "amdflash.pipeline.cli.audit:add_parsers"),
+    "replay": ("re-apply a run's register writes to an emulated board from its backup; show where hardware "
+               "and replay diverge", "amdflash.pipeline.cli.replay:add_parsers"),
+    "demo": ("a full recovery on an emulated board, no hardware needed", "amdflash.pipeline.cli.review:add_parsers"),
+    "sim": ("emulated boards: create, export, counters, synthetic images", "amdflash.pipeline.cli.sim:add_parser"),
+    "image": ("inspect an IFWI image file (no board needed)", "amdflash.pipeline.cli.image:add_parsers"),
+    "fleet": ("a line of boards on many hosts, through labgrid", "amdflash.pipeline.cli.fleet:add_parsers"),
+    "restore": ("put back registers an interrupted run left changed", "amdflash.pipeline.cli.restore:add_parsers"),
+    "udev-rules": ("print (or install) the udev rules for the USB bridge", "amdflash.pipeline.cli.extras:add_parsers"),
+    "completion": ("print the shell completion script (bash, zsh or fish)",
+                   "amdflash.pipeline.cli.extras:add_parsers"),
+    "man": ("print the manual page (roff), generated from the command line itself",
+            "amdflash.pipeline.cli.extras:add_parsers"),
+}
 
 
 class Parser(argparse.ArgumentParser):
@@ -33,6 +74,8 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{self._suggest(message)} (see '{self.prog} --help')")
 
     def _suggest(self, message: str) -> str:
+        import difflib
+
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if choice:
             typed, offered = choice.group(1), re.findall(r"'([^']*)'", choice.group(2))
@@ -62,6 +105,19 @@ class _Count(argparse.Action):
         self.counter[0] += 1
 
 
+class _Version(argparse._VersionAction):
+    """--version, the version looked up only when it is asked for (the lookup reads the
+    installed metadata: not for every command line)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        from amdflash import __version__
+
+        # What argparse's own action prints, without its help formatter (which imports shutil,
+        # and shutil zlib, bz2 and lzma).
+        parser._print_message(f"{PROG} {__version__}\n", sys.stdout)
+        parser.exit()
+
+
 def _add_globals(p: argparse.ArgumentParser, counter: list[int], root: bool) -> None:
     # Below the root the defaults are SUPPRESS, so an option not given there keeps the value
     # given (or defaulted) at the root.
@@ -81,22 +137,10 @@ def _add_globals(p: argparse.ArgumentParser, counter: list[int], root: bool) -> 
     g.add_argument("-q", "--quiet", action="store_true", default=d(False),
                    help="nothing on success but the results asked for; errors only on stderr")
     g.add_argument("--no-progress", action="store_true", default=d(False), help="no progress display")
-    from amdflash import __version__
-
-    g.add_argument("--version", action="version", version=f"{PROG} {__version__}",
-                   help="print the version and exit")
+    g.add_argument("--version", action=_Version, help="print the version and exit")
 
 
-def build_parser(globals_everywhere: bool = True) -> Parser:
-    """The whole command line. `globals_everywhere`: accept the global options after the
-    command too (the CLI); the manual page lists them once instead."""
-    from amdflash.pipeline.cli import (audit as audit_commands, board as board_cli, extras as extras_cli,
-                                       image as image_commands, replay as replay_command, restore as restore_command,
-                                       review as review_commands, sim as sim_commands, trail as trail_cli)
-    from amdflash.pipeline import fleet
-    from amdflash.pipeline.cli import hardware_report
-
-    counter = [0]
+def _root(counter: list[int]) -> Parser:
     p = Parser(prog=PROG, description="Dump, verify and recover the SPI flash of AMD Navi31 boards (RX 7900 "
                                       "XT/XTX) over the ASM24 USB bridge or native PCIe. Every register write and "
                                       "verify result is recorded in an append-only SQLite audit trail.",
@@ -104,22 +148,55 @@ def build_parser(globals_everywhere: bool = True) -> Parser:
                       "board, busy board, bad image, unusable audit database); 1 a failure during an "
                       "operation; 130 interrupted.")
     _add_globals(p, counter, root=True)
+    return p
+
+
+def build_parser(globals_everywhere: bool = True, commands: Collection[str] | None = None) -> Parser:
+    """The whole command line. `globals_everywhere`: accept the global options after the
+    command too (the CLI); the manual page lists them once instead. `commands`: register
+    only the parsers of these commands' modules (the others stand in, with their help line
+    and nothing else, so that --help and a mistyped command read the same); None: every one."""
+    import importlib
+
+    counter = [0]
+    p = _root(counter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    board_cli.add_parsers(sub)
-    hardware_report.add_parsers(sub)
-    audit_sub = trail_cli.add_parsers(sub)
-    replay_command.add_parsers(sub, audit_sub)
-    review_commands.add_parsers(sub, audit_sub)
-    audit_commands.add_parsers(sub, audit_sub)
-    sim_commands.add_parser(sub)
-    image_commands.add_parsers(sub)
-    fleet.add_parsers(sub, audit_sub)
-    restore_command.add_parsers(sub)
-    extras_cli.add_parsers(sub)
+    wanted = None if commands is None else {COMMANDS[c][1] for c in commands}
+    registered: set[str] = set()
+    stand_ins: list[argparse.ArgumentParser] = []
+    for name, (one_line, where) in COMMANDS.items():
+        if wanted is not None and where not in wanted:
+            stand_ins.append(sub.add_parser(name, help=one_line))
+        elif where not in registered:
+            registered.add(where)
+            module, function = where.split(":")
+            getattr(importlib.import_module(module), function)(sub)
     for child in subparsers(p) if globals_everywhere else ():
-        _add_globals(child, counter, root=False)
+        if not any(child is s for s in stand_ins):
+            _add_globals(child, counter, root=False)
     p.set_defaults(verbosity_counter=counter)
     return p
+
+
+def _command_typed(argv: Sequence[str]) -> list[str] | None:
+    """The command `argv` names, [] for none (--help, --version, a misspelt command), or None
+    when only the whole parser can tell: an option before the command that is not a global
+    one (misplaced or misspelt: said with the whole command line's options), a `--`, or a
+    shell asking for completions."""
+    import os
+
+    if "_ARGCOMPLETE" in os.environ:
+        return None
+    root = _root([0])
+    known = {o for a in root._actions for o in a.option_strings}
+    for at, token in enumerate(argv):
+        if token == "--":
+            return None
+        if _is_command_slot(root, list(argv), at):
+            return [token] if token in COMMANDS else []
+        if token.startswith("-") and token.split("=", 1)[0] not in known:
+            return None
+    return []
 
 
 def _early_flags(argv: Sequence[str]) -> tuple[bool, int]:
@@ -130,21 +207,24 @@ def _early_flags(argv: Sequence[str]) -> tuple[bool, int]:
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
-    parser = build_parser()
-    if "_ARGCOMPLETE" in __import__("os").environ:   # a shell asking for completions
-        import argcomplete
+    argv = list(argv)
+    typed = _command_typed(argv)
+    parser = build_parser(commands=typed)
+    if typed is None:
+        if "_ARGCOMPLETE" in __import__("os").environ:   # a shell asking for completions
+            import argcomplete
 
-        argcomplete.autocomplete(parser)
-    misplaced = _misplaced_option(parser, list(argv))
-    if misplaced:
-        raise UsageError(f"{misplaced} goes after the command, e.g. 'amdflash info {misplaced} …' "
-                         f"(see '{PROG} --help')")
-    unknown = _unknown_before_command(parser, list(argv))
-    if unknown:
-        parser.error(unknown)
+            argcomplete.autocomplete(parser)
+        misplaced = _misplaced_option(parser, argv)
+        if misplaced:
+            raise UsageError(f"{misplaced} goes after the command, e.g. 'amdflash info {misplaced} …' "
+                             f"(see '{PROG} --help')")
+        unknown = _unknown_before_command(parser, argv)
+        if unknown:
+            parser.error(unknown)
     # argparse will not take positionals after an option once it has matched them
     # ("sim fault PATH --clear SPEC"); commands that list SPECs say where extras belong.
-    args, extra = parser.parse_known_args(list(argv))
+    args, extra = parser.parse_known_args(argv)
     trailing = getattr(args, "trailing_positionals", None)
     if extra and trailing and not any(e.startswith("-") for e in extra):
         setattr(args, trailing, [*getattr(args, trailing), *extra])
@@ -215,9 +295,10 @@ def _configure(args: argparse.Namespace) -> None:
     import os
 
     from amdflash.pipeline import config
-    from amdflash.pipeline.logsetup import QUIET, configure
+    from amdflash.pipeline.logsetup import QUIET, apply, configure
 
     configure(json_lines=args.log_json, verbosity=QUIET if args.quiet else args.verbose)
+    apply()   # a command about to run: whatever it logs through, logging is set up
     config.choose(args.config)
     args.settings = config.load()   # a malformed config file is a usage error, whatever the command
     if args.db and os.path.exists(args.db) and not os.path.isfile(args.db):
@@ -244,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         configure(json_lines=json_lines, verbosity=verbosity)
         args = parse(argv)
-        from amdflash.pipeline.commands import next_step
+        from amdflash.pipeline.engine import next_step
 
         outer_globals = next_step.use_globals(args.db, args.config)   # every suggested command reaches them
         _configure(args)
@@ -266,10 +347,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(raised)
     finally:
         from amdflash.pipeline import config
-        from amdflash.pipeline.commands import next_step
 
         config.choose(None)   # --config held for this command line only
         if outer_globals is not None:
+            from amdflash.pipeline.engine import next_step
+
             next_step.restore_globals(outer_globals)
 
 

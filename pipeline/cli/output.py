@@ -10,7 +10,6 @@ the exit status. Messages go through the logger, so --log-json keeps stderr pure
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any
@@ -43,6 +42,8 @@ def result(text: str = "") -> None:
 
 
 def result_json(obj: Any, indent: int | None = None) -> None:
+    import json
+
     result(json.dumps(obj, indent=indent, default=str))
 
 

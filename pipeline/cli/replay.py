@@ -51,7 +51,7 @@ report lists), 1 diverged or the run does not verify, 2 refused (unknown run, ru
 backup, an --image that is not the run's image)."""
 
 
-def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="re-apply a run's register writes to an emulated board from its backup; "
                                       "show where hardware and replay diverge",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -9,10 +9,9 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 from amdflash.pipeline.commands.board import db_path
-from amdflash.pipeline.commands.checks import output_option, writable_output, write_output
+from amdflash.pipeline.commands.checks import writable_output, write_output
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
 from amdflash.pipeline.cli import output
 from amdflash.stages.files import new_file
@@ -22,7 +21,7 @@ DATASETTE_METADATA = "datasette_metadata.json"
 DATASETTE_DEFAULT_NAME = "audit"
 
 
-def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     from amdflash.pipeline.commands.demo import DEFAULT_DIR, DEFAULT_SEED
 
     p = sub.add_parser(
@@ -40,31 +39,6 @@ def add_parsers(sub: argparse._SubParsersAction, audit_sub: argparse._SubParsers
     p.add_argument("--seed", type=int, default=DEFAULT_SEED,
                    help=f"synthetic content and damage (default {DEFAULT_SEED})")
     p.set_defaults(func=cmd_demo)
-
-    p = audit_sub.add_parser(
-        "export", help="export audit rows with their signed checkpoints (JSONL or CSV) for archiving",
-        description="Write every audit row (or one run's rows) in seq order with its table, seq and all columns, "
-                    "the bytes they refer to, and the signed checkpoints that seal them, with the signing hosts' "
-                    "public keys, the whole file sealed with this host's key. The file can be checked later on "
-                    "its own, without the database: 'amdflash audit verify --export FILE [--key PUBFILE]'; one "
-                    "run's export is that run's complete record. Reads the database only.")
-    p.add_argument("--run", metavar="RUN_ID", help="only this run (a unique prefix is enough)")
-    p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", help="default jsonl")
-    output_option(p, "write to FILE (default stdout)")
-    p.set_defaults(func=cmd_audit_export)
-
-    p = audit_sub.add_parser(
-        "datasette-metadata", help="write datasette metadata (canned queries, descriptions) for the audit DB",
-        description="Write the metadata that makes 'datasette AUDIT.sqlite -m FILE' a browsable audit: "
-                    "runs by status, failed units with the transactions of their last attempt, one board's "
-                    "history, each run's seals, and a description of every table and column. datasette is optional: "
-                    "pip install 'amdflash[datasette]'.")
-    output_option(p, "write to FILE (default stdout)")
-    p.add_argument("--name", help="the database name datasette will use: the audit DB's file name without "
-                                  "extension (default: taken from --db / AMDFLASH_DB / the default path)")
-    p.set_defaults(func=cmd_datasette_metadata)
-
-    _add_verify_export(audit_sub.choices["verify"])
 
 
 # -- demo ----------------------------------------------------------------------------------------
@@ -147,19 +121,6 @@ def cmd_verify_export(path: Path, keyfiles: list[Path] | None = None) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
-def _add_verify_export(verify: argparse.ArgumentParser) -> None:
-    """`audit verify --export FILE`: the same command, pointed at an exported file instead of the DB."""
-    verify.add_argument("--export", type=Path, metavar="FILE",
-                        help="verify an exported or archived file (JSONL or CSV from 'audit export' or 'audit "
-                             "archive') instead of the database; exit 1 naming the first record that does not match")
-    database_verify: Callable[[argparse.Namespace], int] = verify.get_default("func")
-
-    def verify_either(args: argparse.Namespace) -> int:
-        if args.export is None:
-            return database_verify(args)
-        return cmd_verify_export(args.export, getattr(args, "key", None))
-
-    verify.set_defaults(func=verify_either)
 
 
 # -- datasette -----------------------------------------------------------------------------------

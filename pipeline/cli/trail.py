@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from amdflash.pipeline.commands import board as commands
@@ -17,8 +18,8 @@ from amdflash.store.status import ENDS
 STATUSES = ("running", *ENDS)
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
-    """Add runs, report and the `audit` group; returns the group for other modules' subcommands."""
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add runs and report (the `audit` group is pipeline/cli/audit.py's)."""
     p = sub.add_parser("runs", help="list runs in the audit database",
                        description="List every run with its status (running, succeeded, failed, interrupted, "
                                    "refused) and, for a run that did not succeed, the reason (its error or "
@@ -45,16 +46,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
                    help="text (default), json (the object every board command prints with --json) or html")
     p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
     output_option(p, "write the report to FILE (default stdout)")
+    p.add_argument("--key", type=Path, action="append", metavar="PUBFILE",
+                   help="check the run's signatures against this public key")
     p.set_defaults(func=cmd_report)
-
-    a = sub.add_parser("audit", help="check or export the audit trail",
-                       description="Check the audit trail's hash chain, or export it for archiving.")
-    asub = a.add_subparsers(dest="audit_command", required=True, metavar="AUDIT_COMMAND")
-    p = asub.add_parser("verify", help="recompute the hash chain; name the first row that does not match",
-                        description="Recompute the hash chain over every audit row. Exit 1 naming the first row "
-                                    "that does not match. Read-only.")
-    p.set_defaults(func=cmd_audit_verify)
-    return asub
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
