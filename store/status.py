@@ -9,7 +9,10 @@ process in /proc. A pid reused by another process has another start time; a rebo
 boot id. So a run whose host died, was killed or lost power is `interrupted` the moment anyone
 looks, not when a later run happens to resume it. Read on another machine (the line's central
 record), a run with no end is `interrupted` once a later run resumed it, else `running`: that
-reader cannot see the process.
+reader cannot see the process, so it takes what the record shows instead: its machine recorded
+a later run under another boot id (no process survives a boot), or the host said, from its
+/proc, that the process is gone (its follow service's word: `audit push --follow`); else the
+run is `running`, as it may well be.
 """
 from __future__ import annotations
 
@@ -72,11 +75,23 @@ def machine_id() -> str | None:
     return None
 
 
+def boot_of(detail: str | None) -> str | None:
+    """The boot id a "process" row names (None: none, or not a row that reads)."""
+    try:
+        boot = json.loads(detail or "").get("boot_id")
+    except (ValueError, AttributeError):
+        return None
+    return boot if isinstance(boot, str) and boot else None
+
+
 def run_status(recorded: str | None, resumed: bool, process: str | None = None,
-               run_machine: str | None = None) -> str:
+               run_machine: str | None = None, machine_boot: str | None = None,
+               host_said: str | None = None) -> str:
     """The status every view shows. `recorded`: the run's last run_status row (None: none);
     `resumed`: a later (verified) run resumed it; `process`: its "process" row's detail;
-    `run_machine`: the machine-id its runs row recorded."""
+    `run_machine`: the machine-id its runs row recorded. Read on another machine: `machine_boot`,
+    the boot id of the newest process its machine recorded; `host_said`: the host's own newest
+    word of the run (a progress state, which its follow service decides here, from its /proc)."""
     if recorded in ENDS:
         return recorded
     if resumed:
@@ -85,5 +100,10 @@ def run_status(recorded: str | None, resumed: bool, process: str | None = None,
     if alive is None:
         here = machine_id()
         # Recorded on this machine (same machine-id) but under another boot: the host rebooted.
-        return "interrupted" if process and run_machine and here and run_machine == here else "running"
+        if process and run_machine and here and run_machine == here:
+            return "interrupted"
+        booted = boot_of(process)
+        if booted and machine_boot and machine_boot != booted:
+            return "interrupted"      # its machine has booted since: no process survives a boot
+        return "interrupted" if host_said == "interrupted" else "running"
     return "running" if alive else "interrupted"

@@ -79,3 +79,51 @@ def test_a_killed_then_resumed_flash_reads_the_same_centrally_as_locally(cli, db
     assert lines == [f"{'hosta':16} {line}" for line in cli("runs", "--status", "interrupted").out.splitlines()]
     resumes = cli("fleet", "runs", "--from", central, "--command", "resume", "--format", "json").out
     assert [r["run_id"] for r in json.loads(resumes)] == [fix]
+
+
+def test_a_killed_never_resumed_flash_reads_as_its_host_says_from_another_machine(cli, db, central, killed, tmp_path,
+                                                                                  monkeypatch):
+    """Issue 27 item 5: read on another machine, a killed run that nothing resumed is `running`
+    only while its process may be alive. Its host's follow service, which sees the host's /proc,
+    says it interrupted; fleet runs then reads it interrupted, as runs does on the host."""
+    from amdflash.pipeline.fleet.live import Follower
+    from amdflash.store import central as record
+    from amdflash.store import status
+
+    run = killed["run"]
+    enroll(cli, central, tmp_path)
+    assert push(cli, central)[0].code == 0
+    [local] = [r for r in json.loads(cli("runs", "--format", "json").out) if r["run_id"] == run]
+    assert local["status"] == "interrupted"
+
+    def elsewhere() -> str:        # fleet runs as read from another machine (another machine-id and boot)
+        with monkeypatch.context() as m:
+            m.setattr(status, "machine_id", lambda: "another-machine")
+            (tmp_path / "boot_id").write_text("another-boot\n")
+            m.setattr(status, "BOOT_ID", tmp_path / "boot_id")
+            [row] = [r for r in record.runs(central) if r["run_id"] == run]
+            return str(row["status"])
+
+    assert elsewhere() == "running"              # nothing in the record says its process is gone: it may run
+    follower = Follower(str(db), central, push=False, log=lambda line: None)
+    for _ in range(2):                             # the first tick finds the trail, the next sends what it saw
+        follower.tick()
+    follower.watch.close()
+    follower.pg.close()
+    assert elsewhere() == "interrupted" == local["status"]
+
+
+def test_read_elsewhere_a_run_whose_machine_booted_since_is_interrupted(tmp_path, monkeypatch):
+    """store.status.run_status off the host: a later process its machine recorded under another
+    boot id ends a run with no end (no process survives a boot); the same boot leaves it running."""
+    from amdflash.store import status
+
+    monkeypatch.setattr(status, "machine_id", lambda: "the-reader")
+    (tmp_path / "boot_id").write_text("the-reader-boot\n")
+    monkeypatch.setattr(status, "BOOT_ID", tmp_path / "boot_id")
+    process = json.dumps({"pid": 4242, "start_ticks": 7, "boot_id": "boot-1"})
+    assert status.run_status(None, False, process, "hostm") == "running"
+    assert status.run_status(None, False, process, "hostm", machine_boot="boot-1") == "running"
+    assert status.run_status(None, False, process, "hostm", machine_boot="boot-2") == "interrupted"
+    assert status.run_status(None, False, process, "hostm", host_said="running") == "running"
+    assert status.run_status("failed", False, process, "hostm", machine_boot="boot-2") == "failed"
