@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
 
-from amdflash.pipeline.commands import board as commands, next_step
+from amdflash.pipeline.commands import board as commands
+from amdflash.pipeline.engine import next_step
 from amdflash.pipeline.cli import output
 from amdflash.pipeline.commands.checks import output_file, overwrite_option
 from amdflash.pipeline.errors import EXIT_OK, Refusal

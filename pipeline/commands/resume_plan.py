@@ -13,7 +13,7 @@ from amdflash.pipeline.commands.auditdb import open_reader
 from amdflash.pipeline.commands.checks import read_image
 from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.engine.jobs import place
-from amdflash.pipeline.commands.next_step import command
+from amdflash.pipeline.engine.next_step import command
 from amdflash.stages.open_transport import BoardSpec
 from amdflash.store.queries import (RunNotFound, has_intents, latest_unfinished, report, resolve_run, run_chain, runs,
                                     unit_states, writes_since)

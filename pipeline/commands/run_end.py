@@ -21,7 +21,7 @@ from typing import Any
 import sqlite_utils
 
 from amdflash.pipeline.engine import jobs
-from amdflash.pipeline.commands import next_step
+from amdflash.pipeline.engine import next_step
 from amdflash.store.originals import Backup, _first_backup
 from amdflash.store.queries import RunNotFound, run_chain
 from amdflash.store.run_rows import RunUnverified

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from amdflash.pipeline.commands import next_step
+from amdflash.pipeline.engine import next_step
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, Refusal
 from amdflash.pipeline.logsetup import logger
 from amdflash.pipeline.engine.progress import ProgressBoard

@@ -167,7 +167,7 @@ def test_the_final_progress_line_says_each_stage_once(amdflash, make_board, imag
 
 
 def test_counts_are_said_in_the_singular_for_one():
-    from amdflash.pipeline.commands.next_step import flash_state
+    from amdflash.pipeline.engine.next_step import flash_state
     from amdflash.store.read_checks import describe
 
     assert flash_state({"units": [{"state": "erased"}, {"state": "programmed"}, {"state": "programmed"}]}) == \
