@@ -257,7 +257,7 @@ def _id(value: str | None, include: bool) -> dict[str, str | None]:
 
 def build(dev: Device, ident: FlashIdentity, found: dict[int, int], sfdp: bytes, latency: dict[str, Any],
           spi: dict[str, Any], busy: dict[str, Any], part: dict[str, Any], include_ids: bool) -> dict[str, Any]:
-    from amdflash import __version__
+    from amdflash.pipeline.engine.run_facts import tool_version
 
     idt = dev.identity
     kind = idt.kind
@@ -267,7 +267,7 @@ def build(dev: Device, ident: FlashIdentity, found: dict[int, int], sfdp: bytes,
     engine = dev.romsw
     assert engine is not None
     report: dict[str, Any] = {
-        "format": FORMAT, "version": VERSION, "amdflash": __version__,
+        "format": FORMAT, "version": VERSION, "amdflash": tool_version(),   # as the run records it
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "board": {"kind": kind, "profile": profile, "emulated": bool(idt.extra.get("emulated")),
                   "vendor_id": idt.vendor_id, "device_id": idt.device_id, "bridge": bridge,

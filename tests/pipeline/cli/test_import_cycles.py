@@ -1,4 +1,5 @@
-"""No import cycles among amdflash's modules: the layers only call downward.
+"""No import cycles among amdflash's modules, and the layers only call downward: every import
+goes from a room to one on the same floor or a lower one (docs/architecture.md draws them).
 
 The graph is built from the installed package's source with `ast` (nothing is imported but
 the packages themselves, to find where they live): every `import` statement counts, at
@@ -52,6 +53,8 @@ class Graph:
         self.files: dict[str, Path] = {}
         self.packages: set[str] = set()
         self.edges: dict[str, set[str]] = {}
+        self.lines: dict[tuple[str, str], int] = {}   # (importer, imported): the first line saying so
+        self._folders: set[Path] = set()               # each package's folder, found once
 
     def is_module(self, name: str) -> bool:
         if name in self.files:
@@ -74,11 +77,14 @@ class Graph:
         self.files[name] = path
         if path.name == "__init__.py":
             self.packages.add(name)
+            self._folders.add(path.parent.resolve())
             for folder in _package_dirs(name):
                 for child in sorted(folder.iterdir()):
                     if child.suffix == ".py" and child.name != "__init__.py":
                         self.is_module(f"{name}.{child.stem}")
-                    elif (child / "__init__.py").is_file():
+                    elif (child / "__init__.py").is_file() and child.resolve() not in self._folders:
+                        # (pipeline/amdflash/ is the root package, installed as `amdflash`, not a
+                        # subpackage of amdflash.pipeline)
                         self.is_module(f"{name}.{child.name}")
 
     def build(self) -> Graph:
@@ -87,10 +93,19 @@ class Graph:
         while len(done) < len(self.files):
             for name in sorted(set(self.files) - done):
                 done.add(name)
-                self.edges[name] = set(self._targets(name))
+                self.edges[name] = set()
+                for target, line in self._targets(name):
+                    self.edges[name].add(target)
+                    self.lines[name, target] = min(line, self.lines.get((name, target), line))
         return self
 
-    def _targets(self, name: str) -> Iterator[str]:
+    def where(self, importer: str, imported: str) -> str:
+        """file:line of the import, as a reader finds it from the project's root."""
+        path = self.files[importer]
+        shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+        return f"{shown}:{self.lines[importer, imported]}"
+
+    def _targets(self, name: str) -> Iterator[tuple[str, int]]:
         tree = ast.parse(self.files[name].read_text(), str(self.files[name]))
         package = name if name in self.packages else name.rpartition(".")[0]
         for node in _imports(tree):
@@ -98,7 +113,7 @@ class Graph:
                 for alias in node.names:
                     target = self._deepest(alias.name)
                     if target:
-                        yield target
+                        yield target, node.lineno
                 continue
             base = node.module or ""
             if node.level:
@@ -109,15 +124,18 @@ class Graph:
                 # `from package import name`: the submodule if there is one, else the package.
                 target = self._deepest(f"{base}.{alias.name}") or self._deepest(base)
                 if target:
-                    yield target
+                    yield target, node.lineno
 
     def _deepest(self, dotted: str) -> str | None:
+        # Outermost first: a package must be known before its submodules can be.
         parts = dotted.split(".")
-        for n in range(len(parts), 0, -1):
+        found = None
+        for n in range(1, len(parts) + 1):
             candidate = ".".join(parts[:n])
-            if self.is_module(candidate):
-                return candidate
-        return None
+            if not self.is_module(candidate):
+                break
+            found = candidate
+        return found
 
 
 def find_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -166,6 +184,66 @@ def find_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
+# The floors of the house, top to bottom (docs/architecture.md): a module may import its own
+# room, or a room on the same floor or a lower one. A module is in the room with the longest
+# name that prefixes its own.
+FLOORS: dict[str, int] = {
+    "amdflash.__main__": 8,             # the ways in: `python -m amdflash`,
+    "amdflash.pipeline.launch": 8,      # the console script,
+    "amdflash.pipeline.cli.__main__": 8,  # `python -m amdflash.pipeline.cli`
+    "amdflash.pipeline.cli": 7,         # the command line: parsers and output
+    "amdflash.pipeline.api": 7,         # the Python API: the other front door
+    "amdflash": 7,                      # the package's face: `amdflash.api`, `__version__`, its data files
+    "amdflash.pipeline.commands": 6,    # plain functions with typed results
+    "amdflash.pipeline.engine": 5,      # runner, jobs, the stage graph, events, progress
+    "amdflash.pipeline.fleet": 5,       # a line of hosts: labgrid, push, follow, serve
+    "amdflash.pipeline": 4,             # errors, config, terminal, logsetup: the pipeline's common ground
+    "amdflash.store": 3,                # the audit trail
+    "amdflash.stages": 2,               # one module per stage, and the one place that opens a board
+    "amdflash.stages.sim": 2,           # the emulated board: its own room (see EMULATOR_DOORS)
+    "amdflash.stages.drivers": 1,       # ROM_SW, aperture, PSP; the SPI NOR command set and chips
+    "amdflash.stages.image": 1,         # ATOM, IFWI, partitions: pure functions of bytes
+    "amdflash.stages.transport": 0,     # BAR5 access: usb, pci, amdgpu, discovery, locks
+}
+
+# The modules that hand the emulated board to the rest, and why each may. Nothing else imports
+# amdflash.stages.sim: a driver or a transport never knows it is talking to the emulator.
+EMULATOR_DOORS: dict[str, str] = {
+    "amdflash.stages.open_transport": "the one place that opens a board: sim:PATH",
+    "amdflash.pipeline.cli.sim": "the `sim` commands: create, inspect and calibrate emulated boards",
+    "amdflash.pipeline.commands.demo": "`demo`: a recovery on an emulated board it makes",
+    "amdflash.store.replay": "`replay`: the recorded writes re-applied to an emulated board",
+}
+
+
+def room(module: str) -> str:
+    """The room `module` lives in: the longest name in FLOORS that is it or prefixes it."""
+    rooms = [r for r in FLOORS if module == r or module.startswith(r + ".")]
+    assert rooms, f"{module} is in no room: give its folder a floor in FLOORS"
+    return max(rooms, key=len)
+
+
+def upward_edges(graph: Graph) -> list[str]:
+    """Every import from a room to one on a higher floor, as `file:line importer -> imported`."""
+    found = []
+    for importer, targets in sorted(graph.edges.items()):
+        for imported in sorted(targets):
+            low, high = room(importer), room(imported)
+            if FLOORS[high] > FLOORS[low]:
+                found.append(f"{graph.where(importer, imported)}: {importer} (floor {FLOORS[low]}) imports "
+                             f"{imported} (floor {FLOORS[high]})")
+    return found
+
+
+def emulator_imports(graph: Graph, under: str = "") -> list[str]:
+    """Imports of the emulator by a module outside it that is not one of its doors."""
+    sim = "amdflash.stages.sim"
+    return [f"{graph.where(importer, imported)}: {importer} imports {imported}"
+            for importer, targets in sorted(graph.edges.items()) if importer.startswith(under)
+            and room(importer) != sim and importer not in EMULATOR_DOORS
+            for imported in sorted(targets) if room(imported) == sim]
+
+
 @pytest.fixture(scope="module")
 def graph() -> Graph:
     return Graph().build()
@@ -195,3 +273,46 @@ def test_function_level_imports_count_and_type_checking_ones_do_not() -> None:
                      "def f():\n    import y\n")
     names = [a.name for node in _imports(tree) for a in node.names]
     assert sorted(names) == ["TYPE_CHECKING", "y"]
+
+
+def test_every_module_has_a_floor(graph: Graph) -> None:
+    for module in graph.files:
+        room(module)
+    assert room("amdflash.pipeline.cli.main") == "amdflash.pipeline.cli"
+    assert room("amdflash.pipeline.errors") == "amdflash.pipeline"
+    assert room("amdflash.stages.drivers.flash.spinor") == "amdflash.stages.drivers"
+    assert room("amdflash.__main__") == "amdflash.__main__"
+    assert "amdflash.pipeline.amdflash" not in graph.files      # the root package, found once, as `amdflash`
+    assert set(EMULATOR_DOORS) <= set(graph.files)
+
+
+def test_every_import_goes_to_the_same_floor_or_down(graph: Graph) -> None:
+    upward = upward_edges(graph)
+    assert upward == [], f"{len(upward)} import(s) go up a floor (docs/architecture.md):\n" + "\n".join(upward)
+
+
+def test_no_transport_imports_the_emulator(graph: Graph) -> None:
+    found = emulator_imports(graph, "amdflash.stages.transport")
+    assert found == [], "a transport imports the emulator; the one place that opens a board " \
+                        "(stages/open_transport.py) hands it in:\n" + "\n".join(found)
+
+
+def test_the_emulator_is_reached_only_through_its_doors(graph: Graph) -> None:
+    found = emulator_imports(graph)
+    assert found == [], "the emulator imported outside its doors (EMULATOR_DOORS):\n" + "\n".join(found)
+
+
+def test_the_floor_check_names_an_upward_import_and_its_line() -> None:
+    g = Graph()
+    g.files = {"amdflash.stages.transport.usb": Path("usb.py"), "amdflash.store.writer": Path("writer.py"),
+               "amdflash.stages.sim.board": Path("board.py")}
+    g.edges = {"amdflash.stages.transport.usb": {"amdflash.store.writer", "amdflash.stages.sim.board"},
+               "amdflash.store.writer": {"amdflash.stages.transport.usb"}, "amdflash.stages.sim.board": set()}
+    g.lines = {("amdflash.stages.transport.usb", "amdflash.store.writer"): 12,
+               ("amdflash.stages.transport.usb", "amdflash.stages.sim.board"): 30,
+               ("amdflash.store.writer", "amdflash.stages.transport.usb"): 7}
+    assert upward_edges(g) == [
+        "usb.py:30: amdflash.stages.transport.usb (floor 0) imports amdflash.stages.sim.board (floor 2)",
+        "usb.py:12: amdflash.stages.transport.usb (floor 0) imports amdflash.store.writer (floor 3)"]
+    assert emulator_imports(g, "amdflash.stages.transport") == [
+        "usb.py:30: amdflash.stages.transport.usb imports amdflash.stages.sim.board"]
