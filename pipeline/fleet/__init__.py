@@ -18,7 +18,3 @@ labgrid is optional (`pip install 'amdflash[fleet]'`); nothing here imports it u
 fleet command that needs it runs.
 """
 from __future__ import annotations
-
-from amdflash.pipeline.cli.fleet import add_parsers
-
-__all__ = ["add_parsers"]
