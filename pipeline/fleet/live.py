@@ -23,6 +23,7 @@ a run is its signed record, which the push delivers and central verifies.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import signal
@@ -275,6 +276,7 @@ class Follower:
         self.first_tick = True
         self.retry_at = 0.0
         self.places: dict[str, str] = {}
+        self.told: set[str] = set()        # runs whose never-sealed rows were said
 
     def _say(self, problem: str | None) -> None:
         if problem != self.last_problem:      # one line per change of trouble, not per tick
@@ -350,26 +352,32 @@ class Follower:
                   "when it answers")
 
     def _pusher(self) -> None:
-        from amdflash.pipeline.commands.auditdb import open_reader
-        from amdflash.store import central
-
         while not self.stop.is_set():
             self.push_now.wait(self.push_every)
             if self.stop.is_set():
                 return
             self.push_now.clear()
-            if not Path(self.db).is_file():
-                continue
+            if Path(self.db).is_file():
+                self.push_once()
+
+    def push_once(self) -> None:
+        """Push the signed trail, saying what was pushed (a failure is said and retried later)."""
+        from amdflash.pipeline.commands.auditdb import open_reader
+        from amdflash.store import central
+
+        try:
+            reader = open_reader(self.db)
             try:
-                reader = open_reader(self.db)
-                try:
-                    report = central.push(reader.conn, self.url)
-                finally:
-                    reader.conn.close()
-                if report.checkpoints:
-                    self.log(report.describe())
-            except Exception as e:
-                self.log(f"push failed, retried later: {e}")
+                report = central.push(reader.conn, self.url)
+            finally:
+                reader.conn.close()
+            if report.checkpoints:
+                self.log(dataclasses.replace(report, stranded={}).describe())
+            for line in report.stranded_lines(self.told):   # a dead run's rows: said once, not every push
+                self.log(line)
+            self.told |= set(report.stranded)
+        except Exception as e:
+            self.log(f"push failed, retried later: {e}")
 
     def run(self) -> None:
         pusher = threading.Thread(target=self._pusher, daemon=True) if self.pushing else None

@@ -127,3 +127,49 @@ def test_read_elsewhere_a_run_whose_machine_booted_since_is_interrupted(tmp_path
     assert status.run_status(None, False, process, "hostm", machine_boot="boot-2") == "interrupted"
     assert status.run_status(None, False, process, "hostm", host_said="running") == "running"
     assert status.run_status("failed", False, process, "hostm", machine_boot="boot-2") == "failed"
+
+
+def _unsealed_run(db, run_id: str, pid: int) -> None:
+    """A run's first rows committed and never sealed, as a host that lost power leaves them (its
+    writer gone with it): its runs row and the process row naming `pid` of this boot."""
+    import os
+    import sqlite3
+
+    from amdflash.store.status import this_process
+
+    con = sqlite3.connect(db)
+    top = max(con.execute("SELECT seq FROM chain_head").fetchone()[0],
+              *(con.execute(f"SELECT coalesce(max(seq), 0) FROM {t}").fetchone()[0] for t in ("runs", "stages")))
+    detail = this_process() if pid == os.getpid() else json.dumps(
+        {**json.loads(this_process()), "pid": pid, "start_ticks": 1})    # a process this boot no longer has
+    con.execute("INSERT INTO runs (seq, run_id, command, at) VALUES (?, ?, 'dump', 'now')", [top + 1, run_id])
+    con.execute("INSERT INTO stages (seq, run_id, stage, event, detail, at) VALUES (?, ?, 'process', 'start', ?, "
+                "'now')", [top + 2, run_id, detail])
+    con.commit()
+    con.close()
+
+
+def test_the_follow_service_tells_a_dead_run_s_unsealed_rows_once_as_such(cli, db, central, make_board, image,
+                                                                            tmp_path):
+    """Issue 27 item 2: rows a run committed and whose writer died before sealing them (the host
+    lost power) are not rows of a running run that the next push sends: nothing will ever seal
+    them. A push says so, naming the run, and the follow service says it once, not at every push
+    for as long as it runs; the rows of a run still going are still said to wait."""
+    import os
+
+    from amdflash.pipeline.fleet.live import Follower
+
+    test_central.flash(cli, make_board, image)
+    enroll(cli, central, tmp_path)
+    _unsealed_run(db, "20260101T000000-0000dead", 2**22 + 1)
+    _unsealed_run(db, "20260101T000001-00000a11", os.getpid())          # this process: alive, still being written
+    r, sent = push(cli, central)
+    assert r.code == 0 and sent["held_back"] == 2 and sent["stranded"] == {"20260101T000000-0000dead": 2}, sent
+    text = cli("audit", "push", "--to", central).out
+    assert "run 20260101T000000-0000dead ended without sealing its last 2 row(s)" in text, text
+    heard: list[str] = []
+    follower = Follower(str(db), central, log=heard.append)
+    for _ in range(3):
+        follower.push_once()
+    told = [line for line in heard if line.startswith("run 20260101T000000-0000dead ended without sealing")]
+    assert len(told) == 1 and "no push will send them" in told[0], heard
