@@ -118,3 +118,24 @@ def test_global_options_work_before_and_after_the_command(argv):
     args = cli_main.parse(argv)
     assert (args.command, args.db, args.quiet, args.verbose) == ("runs", "x.sqlite", True, 0)
     assert args.func.__module__ == "amdflash.pipeline.cli.trail"
+
+
+@pytest.mark.wall_clock
+def test_version_and_help_start_within_their_multiple_of_a_bare_interpreter():
+    """Median of 9, side by side with `python -c pass`: --version <= 5x, --help <= 10x."""
+    import statistics
+    import time
+
+    def wall(argv: list[str]) -> float:
+        start = time.perf_counter()
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=120)
+        return time.perf_counter() - start
+
+    times: dict[str, list[float]] = {"pass": [], "--version": [], "--help": []}
+    for _ in range(9):
+        times["pass"].append(wall([sys.executable, "-c", "pass"]))
+        for option in ("--version", "--help"):
+            times[option].append(wall([sys.executable, "-m", "amdflash", option]))
+    bare = statistics.median(times["pass"])
+    assert statistics.median(times["--version"]) <= 5 * bare, times
+    assert statistics.median(times["--help"]) <= 10 * bare, times
