@@ -11,8 +11,6 @@ import json
 import re
 import shlex
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ import pytest
 from amdflash.stages.sim import Board, create_board
 from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
 from tests.pipeline.engine.conftest import flash_content
+from tests.support import cli
 
 SEED = 5
 
@@ -34,10 +33,9 @@ def content(image: bytes) -> bytes:
     return bytes(out)
 
 
-def cli_process(*args: object) -> subprocess.CompletedProcess[str]:
+def cli_process(*args: object) -> cli.Result:
     """amdflash as its own process (it may be killed), with this test's environment."""
-    return subprocess.run([sys.executable, "-m", "amdflash", "--no-progress", *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
+    return cli.run_process("--no-progress", *args)
 
 
 def run_printed(amdflash, command: str):
@@ -61,8 +59,8 @@ def killed(tmp_path: Path, image: Path) -> dict:
     first = content(image.read_bytes())
     ref = create_board(tmp_path / "reference", content=first, transport="ideal", seed=SEED)
     refdb = tmp_path / "reference.sqlite"
-    assert cli_process("--db", refdb, "-q", "flash", image, "--yes", "--expect-part", PART_KEY,
-                       "--board", f"sim:{ref}").returncode == 0
+    assert cli.run("--no-progress", "--db", refdb, "-q", "flash", image, "--yes", "--expect-part", PART_KEY,
+                   "--board", f"sim:{ref}").returncode == 0
     with Board(ref) as b:
         total = int(b.stats()["reg_writes"])
     # Just before the end: units are being written (the backup, which reads all 512, is long over).
@@ -70,7 +68,7 @@ def killed(tmp_path: Path, image: Path) -> dict:
                          faults=[f"kill-after-writes={total * 99 // 100}"])
     p = cli_process("flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}")
     assert p.returncode == -signal.SIGKILL, p.stderr
-    runs = json.loads(cli_process("runs", "--format", "json").stdout)
+    runs = json.loads(cli.run("--no-progress", "runs", "--format", "json").stdout)
     [backup] = list((tmp_path / "backups").glob("*.bin"))
     assert backup.read_bytes() == first
     half = flash_content(board)

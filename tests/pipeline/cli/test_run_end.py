@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import shlex
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 from amdflash.stages.sim import create_board
 from amdflash.stages.sim.synth import PART_KEY
 from tests.pipeline.cli import test_original_across_runs as across
 from tests.pipeline.engine.conftest import flash_content
+from tests.support import cli
 
 killed = across.killed        # the fixture: a board whose flash was killed while writing units
 printed = across.printed
@@ -28,15 +26,13 @@ printed = across.printed
 METADATA = Path(__file__).resolve().parents[3] / "store" / "datasette_metadata.json"
 
 
-def shell(*words: object, cwd: Path) -> subprocess.CompletedProcess[str]:
+def shell(*words: object, cwd: Path) -> cli.Result:
     """amdflash run from `cwd` with no AMDFLASH_DB: only what the command line says reaches
     the audit database."""
-    env = {k: v for k, v in os.environ.items() if k != "AMDFLASH_DB"}
-    return subprocess.run([sys.executable, "-m", "amdflash", "--no-progress", *map(str, words)], capture_output=True,
-                          text=True, timeout=300, cwd=cwd, env=env)
+    return cli.run("--no-progress", *words, cwd=cwd, env={"AMDFLASH_DB": None})
 
 
-def pasted(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def pasted(command: str, cwd: Path) -> cli.Result:
     """A command exactly as a report printed it, split as a shell would, run from `cwd`."""
     words = shlex.split(command)
     assert words[0] == "amdflash", command

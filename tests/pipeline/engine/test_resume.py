@@ -16,6 +16,7 @@ from amdflash.stages.drivers.navi31 import regs as R
 from amdflash.stages.sim import Board, create_board
 from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
 from tests.pipeline.engine.conftest import ROOT, flash_content
+from tests.support import cli as command_line
 
 SAVED = (R.GPIOPAD_MASK, R.GPIOPAD_A, R.GPIOPAD_EN, R.PAGE_MIRROR_CNTL, R.ROM_CNTL)
 
@@ -50,18 +51,17 @@ def kill_setup(tmp_path_factory) -> KillSetup:
     (work / "image.bin").write_bytes(image)
     content = damaged(image)
     ref = create_board(work / "reference", content=content, transport="ideal", seed=5)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(work / "ref.sqlite"),
-           "AMDFLASH_LOCK_DIR": str(work / "locks")}
-    subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(work / "image.bin"), "--yes",
-                    "--expect-part", PART_KEY, "--board", f"sim:{ref}"], check=True, env=env, capture_output=True)
+    env = {"AMDFLASH_DB": str(work / "ref.sqlite"), "AMDFLASH_LOCK_DIR": str(work / "locks")}
+    command_line.run("-q", "flash", work / "image.bin", "--yes", "--expect-part", PART_KEY, "--board", f"sim:{ref}",
+                     env=env).check_returncode()
     with Board(ref) as b:
         total = int(b.stats()["reg_writes"])
     return KillSetup(work, image, content, total)
 
 
-def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", *args], env=env, capture_output=True,
-                          text=True, timeout=300)
+def run(args: list[str], env: dict[str, str]) -> command_line.Result:
+    """A command that may be killed: a process of its own."""
+    return command_line.run_process("-q", *args, env=env, module="amdflash.pipeline.cli")
 
 
 @pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
@@ -74,23 +74,21 @@ def test_a_flash_killed_at_any_register_write_resumes_to_the_image(kill_setup, t
     board = create_board(case / "board", content=content, transport="ideal", seed=5,
                          faults=[f"kill-after-writes={n}"])
     before = registers(board)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(case / "audit.sqlite"),
-           "AMDFLASH_LOCK_DIR": str(case / "locks")}
+    env = {"PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(case / "audit.sqlite"), "AMDFLASH_LOCK_DIR": str(case / "locks")}
     killed = run(["flash", str(work / "image.bin"), "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}"], env)
     assert killed.returncode == -signal.SIGKILL, (n, killed.stderr)
-    resumed = run(["resume", "--board", f"sim:{board}", "--yes"], env)
+    resumed = command_line.run("-q", "resume", "--board", f"sim:{board}", "--yes", env=env)
     assert resumed.returncode == 0, (n, resumed.stderr)
     assert flash_content(board) == image
     assert registers(board) == before                     # put back as before the killed run
-    chain = run(["audit", "verify"], env)
+    chain = command_line.run("-q", "audit", "verify", env=env)
     assert chain.returncode == 0 and "intact" in chain.stdout
 
 
 def test_resume_refuses_another_board_and_another_image(cli, make_board, image, tmp_path):
     board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=19000"])
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(image), "--yes",
-                        "--expect-part", PART_KEY, "--board", f"sim:{board}"], env=env, capture_output=True)
+    p = run(["flash", str(image), "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}"],
+            {"PYTHONPATH": str(ROOT)})
     assert p.returncode == -signal.SIGKILL
     runs = json.loads(cli("runs", "--format", "json").out)
     run_id = runs[-1]["run_id"]
@@ -129,28 +127,24 @@ def test_sigint_mid_flash_restores_registers_marks_interrupted_and_resumes(make_
     assert proc.returncode == 130, err
     assert registers(board) == before
     assert flash_content(board) != bytes(image)
-    runs = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "runs", "--format", "json"], env=env,
-                          capture_output=True, text=True)
+    runs = command_line.run("runs", "--format", "json", env=env)
     assert json.loads(runs.stdout)[-1]["status"] == "interrupted"
-    resumed = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "resume", "--board", f"sim:{board}",
-                              "--yes"], env=env, capture_output=True, text=True)
+    resumed = command_line.run("-q", "resume", "--board", f"sim:{board}", "--yes", env=env)
     assert resumed.returncode == 0, resumed.stderr
     assert flash_content(board) == bytes(image)
     assert registers(board) == before
 
 
 def _killed_flash(board, image, env) -> str:  # noqa: ANN001
-    p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(image), "--yes",
-                        "--expect-part", PART_KEY, "--board", f"sim:{board}"], env=env, capture_output=True)
+    p = run(["flash", str(image), "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}"], env)
     assert p.returncode == -signal.SIGKILL
-    runs = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "runs", "--format", "json"], env=env,
-                          capture_output=True, text=True)
+    runs = command_line.run("runs", "--format", "json", env=env)
     return json.loads(runs.stdout)[-1]["run_id"]
 
 
 def test_resume_refuses_when_another_run_wrote_the_board_since(cli, make_board, image, tmp_path):
     board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=19000"])
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {"PYTHONPATH": str(ROOT)}
     killed = _killed_flash(board, image, env)
     other = tmp_path / "other.bin"
     other.write_bytes(synthetic_ifwi(4321))
@@ -166,7 +160,7 @@ def test_resume_refuses_when_another_run_wrote_the_board_since(cli, make_board, 
 def test_resume_rereads_units_an_earlier_run_verified(cli, make_board, image):
     """Something outside amdflash changed a verified unit: resume reads it and puts it right."""
     board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=19000"])
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {"PYTHONPATH": str(ROOT)}
     killed = _killed_flash(board, image, env)
     with Board(board) as b:
         b.files.flash[0x5000:0x5010] = bytes(16)      # as if another tool wrote it
@@ -179,14 +173,12 @@ def test_resume_rereads_units_an_earlier_run_verified(cli, make_board, image):
 def test_resume_with_restore_each_puts_back_the_original_registers(make_board, image, tmp_path):
     board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=5002"])
     before = registers(board)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(tmp_path / "a.sqlite"),
+    env = {"PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(tmp_path / "a.sqlite"),
            "AMDFLASH_LOCK_DIR": str(tmp_path / "locks")}
-    p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "flash", str(image), "--yes", "--restore-each",
-                        "--expect-part", PART_KEY, "--board", f"sim:{board}"], env=env, capture_output=True)
+    p = run(["flash", str(image), "--yes", "--restore-each", "--expect-part", PART_KEY, "--board", f"sim:{board}"], env)
     assert p.returncode == -signal.SIGKILL
     assert registers(board) != before                  # killed inside a transaction
-    r = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", "resume", "--board", f"sim:{board}", "--yes"],
-                       env=env, capture_output=True, text=True)
+    r = command_line.run("-q", "resume", "--board", f"sim:{board}", "--yes", env=env)
     assert r.returncode == 0, r.stderr
     assert flash_content(board) == image.read_bytes()
     assert registers(board) == before
