@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from amdflash.pipeline.engine import jobs
-from amdflash.pipeline.commands.board_report import busy_limits  # noqa: F401 - read with the report
+from amdflash.pipeline.engine.board_report import busy_limits  # noqa: F401 - read with the report
 from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.engine.runner import RunInfo
 from amdflash.stages import measure

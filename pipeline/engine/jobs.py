@@ -14,9 +14,8 @@ from typing import Any
 
 import anyio
 
-from amdflash.pipeline.commands import board_report
-from amdflash.pipeline.engine import next_step, output_files as outputs
-from amdflash.pipeline.commands.board_report import BoardReport
+from amdflash.pipeline.engine import board_report, next_step, output_files as outputs
+from amdflash.pipeline.engine.board_report import BoardReport
 from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.engine.flash_graph import run_flash_graph
 from amdflash.pipeline.engine.runner import RunInfo, stage
