@@ -68,7 +68,7 @@ def create_board(
     """Create a board directory. `content` is "synthetic", "blank" or a 2 MiB image.
 
     `bridge`: options of the emulated ASM24 bridge in front of the board (see
-    `amdflash.stages.sim.usb.BridgeOptions`), stored as board.json's "bridge" object.
+    `amdflash.stages.sim.asm24_firmware.BridgeOptions`), stored as board.json's "bridge" object.
     `strict`: a ROM_SW protocol violation raises (default) rather than only being counted.
     `chip`: the emulated flash part (catalog.py; default GD25LQ16E).
     `calibration`: timings, SFDP and power-on registers measured on a real board
@@ -95,7 +95,7 @@ def create_board(
 
     check_order(psp_order)
     if bridge:
-        from amdflash.stages.sim.usb import BridgeOptions
+        from amdflash.stages.sim.asm24_firmware import BridgeOptions
 
         try:
             BridgeOptions.resolve(bridge)

@@ -16,7 +16,8 @@ from amdflash.stages.drivers.navi31 import regs as R
 from amdflash.stages.sim import Board
 from amdflash.stages.sim.state import F_USB_TRANSFERS
 from amdflash.stages.sim.cost import ASM24
-from amdflash.stages.sim.usb import F_USB_DISCONNECTED, SimUsbBackend
+from amdflash.stages.sim.asm24_firmware import F_USB_DISCONNECTED
+from amdflash.stages.sim.usb import SimUsbBackend
 
 MEM_READ, MEM_WRITE = 0x20, 0x60
 CFG_READ0, CFG_READ1, CFG_WRITE0, CFG_WRITE1 = 0x04, 0x05, 0x44, 0x45

@@ -20,7 +20,7 @@ from amdflash.stages.transport.base import TransportError
 from amdflash.stages.sim import SimBar5
 from amdflash.stages.sim.state import F_USB_TRANSFERS
 from amdflash.stages.sim.cost import ASM24
-from amdflash.stages.sim.usb import LINK_TRAINING_SECONDS
+from amdflash.stages.sim.asm24_firmware import LINK_TRAINING_SECONDS
 from amdflash.stages.transport.usb import (
                                            STREAM_CHUNK, CompletionError, LinkDown, UnexpectedDevice, UsbBar5, find_bridges,
                                            )
@@ -324,7 +324,7 @@ def test_modelled_costs_match_hardware_md_and_the_direct_transport(rig, make_boa
 
 @pytest.mark.parametrize("code, text", [(-7, "USB timeout"), (-9, "USB stall"), (-1, "USB error")])
 def test_usb_failures_name_the_operation(rig, monkeypatch, code, text):
-    from amdflash.stages.sim.usb import usb_error
+    from amdflash.stages.sim.usb_bus import usb_error
 
     r = rig()
     bar = r.open()
