@@ -9,9 +9,8 @@ from typing import Any
 
 from amdflash.store.schema import LOGICAL, ROM_SW_RETURN_DATA_ENABLE
 from amdflash.store.writer.assembler import Assembler
+from amdflash.stages.drivers.flash.geometry import UNIT
 from amdflash.store.writer.process import AuditFailure, AuditWriter
-
-UNIT = 0x1000
 
 
 class Recorder:
