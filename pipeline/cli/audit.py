@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from amdflash.pipeline.commands.auditdb import host_key_path, open_for_reading
+from amdflash.pipeline.engine.auditdb import host_key_path, open_for_reading
 from amdflash.pipeline.commands.checks import output_file, output_option, writable_output, write_output
 from amdflash.pipeline.errors import EXIT_OK, Refusal
 from amdflash.pipeline.cli import output
@@ -202,7 +202,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from amdflash.pipeline.commands.auditdb import legacy_version
+    from amdflash.pipeline.engine.auditdb import legacy_version
     from amdflash.pipeline.commands.board import db_path
     from amdflash.store import keys, migrate
     from amdflash.store.schema import SchemaError

@@ -168,7 +168,7 @@ def add_fleet_parsers(fsub: argparse._SubParsersAction) -> None:
 
 def cmd_push(args: argparse.Namespace) -> int:
     from amdflash.pipeline.commands import board as commands
-    from amdflash.pipeline.commands.auditdb import open_reader
+    from amdflash.pipeline.engine.auditdb import open_reader
     from amdflash.store.central import push
 
     url = _url(args.to, "--to")
@@ -190,7 +190,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 def _follow(args: argparse.Namespace, url: str) -> int:
     from amdflash.pipeline.commands import board as commands
-    from amdflash.pipeline.commands.auditdb import host_key_path
+    from amdflash.pipeline.engine.auditdb import host_key_path
     from amdflash.pipeline.fleet.live import follow
 
     for option in ("interval", "push_every", "heartbeat"):
@@ -212,7 +212,7 @@ def cmd_verify(args: argparse.Namespace, local_verify: Callable[[argparse.Namesp
     if not args.central:
         return code
     from amdflash.pipeline.commands import board as commands
-    from amdflash.pipeline.commands.auditdb import host_key_path, open_reader
+    from amdflash.pipeline.engine.auditdb import host_key_path, open_reader
     from amdflash.store.central import verify_against
 
     url = _url(args.central, "--central")

@@ -81,7 +81,7 @@ def _positive(text: str) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from amdflash.pipeline.commands.auditdb import open_for_reading
+    from amdflash.pipeline.engine.auditdb import open_for_reading
     from amdflash.pipeline.commands.board import db_path
     from amdflash.store.queries import RunNotFound, resolve_run
     from amdflash.store.replay import ReplayRefused, replay

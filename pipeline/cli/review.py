@@ -54,13 +54,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- audit export / verify --export --------------------------------------------------------------
 
 def _open_db(args: argparse.Namespace):
-    from amdflash.pipeline.commands.auditdb import open_for_reading
+    from amdflash.pipeline.engine.auditdb import open_for_reading
 
     return open_for_reading(db_path(args))
 
 
 def cmd_audit_export(args: argparse.Namespace) -> int:
-    from amdflash.pipeline.commands.auditdb import host_key_path
+    from amdflash.pipeline.engine.auditdb import host_key_path
     from amdflash.store.export import export
     from amdflash.store.keys import KeyError_, load_or_create
     from amdflash.store.queries import RunNotFound, resolve_run

@@ -264,7 +264,7 @@ def _run_options(what: str, facts: dict[str, object]) -> tuple[dict[str, object]
 def _recorded_report(trail: str, run: str) -> str | dict[str, object]:
     """The hardware report a run recorded, once the run verifies; for any other run, what its
     record says of the board (identity, status registers, registers as found)."""
-    from amdflash.pipeline.commands.auditdb import open_for_reading
+    from amdflash.pipeline.engine.auditdb import open_for_reading
     from amdflash.pipeline.commands.hardware_report import REPORT_EVENT
     from amdflash.store.queries import RunNotFound, register_snapshot, resolve_run
     from amdflash.store.run_rows import RunUnverified, open_run

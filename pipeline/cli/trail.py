@@ -9,7 +9,7 @@ from typing import Any
 
 from amdflash.pipeline.commands import board as commands
 from amdflash.pipeline.cli import output
-from amdflash.pipeline.commands.auditdb import legacy_version
+from amdflash.pipeline.engine.auditdb import legacy_version
 from amdflash.pipeline.commands.checks import output_option, writable_output, write_output
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
 from amdflash.store.read_checks import describe as describe_reads

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 import anyio
 
 from amdflash.pipeline.engine import amdgpu_jobs, interrupts, jobs
-from amdflash.pipeline.commands import auditdb, checks, run_end
-from amdflash.pipeline.engine import board_report, next_step, output_files as outputs
+from amdflash.pipeline.commands import checks, run_end
+from amdflash.pipeline.engine import auditdb, board_report, next_step, output_files as outputs
 from amdflash.pipeline import config
 from amdflash.pipeline.errors import EXIT_INTERRUPTED, Refusal
 from amdflash.pipeline.commands.resume_plan import plan_resume

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amdflash.pipeline.commands.auditdb import open_reader
+from amdflash.pipeline.engine.auditdb import open_reader
 from amdflash.pipeline.commands.checks import read_image
 from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.engine.jobs import place

@@ -362,7 +362,7 @@ class Follower:
 
     def push_once(self) -> None:
         """Push the signed trail, saying what was pushed (a failure is said and retried later)."""
-        from amdflash.pipeline.commands.auditdb import open_reader
+        from amdflash.pipeline.engine.auditdb import open_reader
         from amdflash.store import central
 
         try:

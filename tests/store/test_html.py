@@ -281,7 +281,7 @@ def test_chain_status_intact_and_broken(recorded: Recorded, pages, tmp_path: Pat
 
 
 def test_a_trusted_key_is_checked_when_given(recorded: Recorded, tmp_path: Path) -> None:
-    from amdflash.pipeline.commands.auditdb import host_key_path
+    from amdflash.pipeline.engine.auditdb import host_key_path
     from amdflash.store import keys
 
     good = tmp_path / "host.pub"

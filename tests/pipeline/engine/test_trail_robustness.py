@@ -169,7 +169,7 @@ def test_audit_key_is_made_once_private_and_printed_public(cli, tmp_path, monkey
 
 
 def test_the_default_key_lives_beside_the_default_database(monkeypatch, tmp_path):
-    from amdflash.pipeline.commands.auditdb import host_key_path
+    from amdflash.pipeline.engine.auditdb import host_key_path
 
     monkeypatch.delenv("AMDFLASH_HOST_KEY", raising=False)
     monkeypatch.setenv("AMDFLASH_DB", str(tmp_path / "somewhere" / "audit.sqlite"))
