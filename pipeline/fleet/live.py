@@ -276,6 +276,8 @@ class Follower:
         self.first_tick = True
         self.retry_at = 0.0
         self.places: dict[str, str] = {}
+        self.place_host: str | None = None   # the exporter's name the places are made of
+        self.places_read: tuple[int, int, int] | None = None   # the board list's file as last read
         self.told: set[str] = set()        # runs whose never-sealed rows were said
 
     def _say(self, problem: str | None) -> None:
@@ -291,8 +293,7 @@ class Follower:
             central.need_schema(pg)
             host_id, name = central.host_for_trail(pg, self.db if Path(self.db).is_file() else None,
                                                    self.host_key)
-            if not self.places:
-                self.places = places_from(self.exporter_config, self.host_name or name)
+            self.place_host = self.host_name or name
         except BaseException:
             pg.close()
             raise
@@ -324,9 +325,10 @@ class Follower:
             if not self.outbox.rows and now - self.last_sent >= self.heartbeat:
                 self.outbox.add({"run_id": None, "state": "alive", "at": _now()})
             if self.outbox.rows:
+                places = self._places()
                 for row in self.outbox.rows:
                     if row.get("board") and not row.get("place"):
-                        row["place"] = self.places.get(row["board"])
+                        row["place"] = places.get(row["board"])
                 assert self.host_id is not None
                 checkpoint = self.watch.newest_checkpoint() if self.watch is not None else None
                 central.publish_progress(self.pg, self.host_id, self.outbox.rows, checkpoint)
@@ -340,6 +342,19 @@ class Follower:
                 self._lost(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
             else:
                 raise
+
+    def _places(self) -> dict[str, str]:
+        """{board spec: place}, read again whenever the exporter's board list changed: a board
+        plugged in while this runs restarts the exporter (70-amdflash-fleet.rules), which writes
+        the list afresh, and its runs are then named by their place with no restart of this."""
+        try:
+            st = self.exporter_config.stat() if self.exporter_config is not None else None
+        except OSError:
+            st = None
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino) if st is not None else None
+        if self.place_host is not None and stamp != self.places_read:
+            self.places, self.places_read = places_from(self.exporter_config, self.place_host), stamp
+        return self.places
 
     def _lost(self, why: str) -> None:
         if self.pg is not None:

@@ -247,3 +247,39 @@ def test_a_version_2_central_database_is_refused_then_upgraded_in_place(cli, mak
     insert(as_login(central, "hosta"), host_id(central, "hosta"))
     with pytest.raises(psycopg.Error, match="insert-only"):
         psql(central, "UPDATE amdflash.meta SET value = '9'")      # meta is insert-only again
+
+
+def test_a_board_plugged_in_while_the_follow_service_runs_is_named_by_its_place(cli, make_board, central, db,
+                                                                                tmp_path, monkeypatch):
+    """Issue 27 item 3: a board plugged in makes the exporter write its board list afresh; the
+    follow service, still running, names the new board's runs by their place (as the line knows
+    them), not by their spec, with no restart."""
+    from amdflash.pipeline.fleet.live import Follower, places_from
+
+    key = tmp_path / "hosta" / "host_key.pem"
+    monkeypatch.setenv("AMDFLASH_HOST_KEY", str(key))
+    enrol(cli, central, tmp_path, "hosta")
+    config = tmp_path / "exporter.yaml"
+    first = make_board(transport="ideal")
+
+    def board_list(*boards: Path) -> None:       # as the exporter's start writes it (amdflash-exporter.service)
+        sims = [a for b in boards for a in ("--sim", str(b))]
+        assert cli("fleet", "exporter-config", "--no-hardware", *sims, "-o", config).code == 0
+
+    board_list(first)
+    assert cli("info", "--board", f"sim:{first}").code == 0
+    follower = Follower(str(db), central, push=False, exporter_config=config, host_name="hosta",
+                        log=lambda line: None)
+    try:
+        follower.tick()
+        plugged = make_board(transport="ideal")
+        board_list(first, plugged)
+        assert cli("info", "--board", f"sim:{plugged}").code == 0
+        for _ in range(2):
+            follower.tick()
+    finally:
+        follower.watch.close()
+        follower.pg.close()
+    place = places_from(config, "hosta")[f"sim:{plugged}"]
+    [row] = progress(central, f"board = 'sim:{plugged}'")
+    assert row["place"] == place and place.startswith("hosta-"), row
