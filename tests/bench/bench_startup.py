@@ -3,10 +3,14 @@
 runs every one once, in turn, so the machine's load falls on all alike), and how many modules
 each imports beyond the bare interpreter's.
 
-    python -m tests.bench.bench_startup [ROUNDS] [--python PATH]     (default: 9 rounds)
+    python -m tests.bench.bench_startup [ROUNDS] [--python PATH] [--before DIR]     (default: 9 rounds)
 
-`--python` runs the command lines with another environment's interpreter (an older checkout's
-venv, to measure before and after against the same bare interpreter). Every `info` has a
+`--python` runs the command lines with another environment's interpreter. `--before DIR`
+also runs each command line, in the same rounds, with DIR first on PYTHONPATH: DIR holds an
+older `amdflash` package (e.g. a tree of symlinks into a worktree of an older commit:
+amdflash/{__init__,__main__}.py from its pipeline/amdflash/, and amdflash/pipeline,
+amdflash/stages, amdflash/store pointing at its folders), so before and after share the
+machine's load. Every `info` has a
 fresh audit database; the board is made once with `amdflash sim create`. Targets: --version
 <= 5x and --help <= 10x `python -c pass`, info <= 10x; --version at most 40 modules beyond the
 bare interpreter's, --help at most 150.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -29,18 +34,25 @@ _LAUNCH = ("import atexit, json, sys\n"
            "sys.argv = ['amdflash', *sys.argv[1:]]\n"
            "from amdflash.pipeline.launch import run\n"
            "run()\n")
-_BARE = "import atexit, json, sys\natexit.register(lambda: print(json.dumps(sorted(sys.modules)), file=sys.__stderr__))\n"
+_BARE = ("import atexit, json, sys\n"
+         "atexit.register(lambda: print(json.dumps(sorted(sys.modules)), file=sys.__stderr__))\n")
 _OWN = {"atexit", "json", "json.decoder", "json.scanner", "json.encoder", "_json"}   # the hook's own
 
 
-def _modules(python: str, code: str, argv: list[str]) -> set[str]:
-    p = subprocess.run([python, "-c", code, *argv], capture_output=True, text=True, timeout=300)
+def _env(pythonpath: str | None) -> dict[str, str] | None:
+    return None if pythonpath is None else {**os.environ, "PYTHONPATH": pythonpath}
+
+
+def _modules(python: str, code: str, argv: list[str], pythonpath: str | None = None) -> set[str]:
+    p = subprocess.run([python, "-c", code, *argv], capture_output=True, text=True, timeout=300,
+                       env=_env(pythonpath))
     return set(json.loads(p.stderr.strip().splitlines()[-1])) - _OWN
 
 
-def _wall(argv: list[str]) -> float:
+def _wall(argv: list[str], pythonpath: str | None = None) -> float:
     start = time.perf_counter()
-    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=300)
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=300,
+                   env=_env(pythonpath))
     return time.perf_counter() - start
 
 
@@ -48,7 +60,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("rounds", nargs="?", type=int, default=9)
     ap.add_argument("--python", default=sys.executable, help="the interpreter that runs amdflash")
+    ap.add_argument("--before", metavar="DIR", help="also measure the amdflash importable from DIR (PYTHONPATH)")
     opts = ap.parse_args()
+    trees = {"": None, **({" (before)": opts.before} if opts.before else {})}
     bare = sys.executable
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         board = Path(tmp) / "board"
@@ -56,24 +70,25 @@ def main() -> None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         lines = {"--version": ["--version"], "--help": ["--help"],
                  "info": ["info", "--board", f"sim:{board}", "--db", str(Path(tmp) / "info.sqlite")]}
-        times: dict[str, list[float]] = {"pass": [], **{k: [] for k in lines}}
+        times: dict[str, list[float]] = {"pass": []}
         for i in range(opts.rounds):
             times["pass"].append(_wall([bare, "-c", "pass"]))
             for name, argv in lines.items():
-                if name == "info":
-                    argv = [*argv[:-1], str(Path(tmp) / f"info-{i}.sqlite")]    # a fresh database each time
-                times[name].append(_wall([opts.python, "-m", "amdflash", *argv]))
+                for tree, pythonpath in trees.items():
+                    if name == "info":      # a fresh database each time
+                        argv = [*argv[:-1], str(Path(tmp) / f"info-{i}{tree.strip(' ()')}.sqlite")]
+                    times.setdefault(name + tree, []).append(_wall([opts.python, "-m", "amdflash", *argv], pythonpath))
         base = _modules(bare, _BARE, [])
-        counts = {name: len(_modules(opts.python, _LAUNCH, argv) - base) for name, argv in lines.items()}
+        counts = {name + tree: len(_modules(opts.python, _LAUNCH, argv, pythonpath) - base)
+                  for name, argv in lines.items() for tree, pythonpath in trees.items()}
     floor = statistics.median(times["pass"])
     print(f"{opts.rounds} rounds, medians; python -c pass {floor * 1000:.1f} ms, {len(base)} modules")
-    print(f"{'command line':<14} {'median ms':>10} {'ratio':>7} {'target':>7} {'modules+':>9} {'target':>7}")
-    for name in lines:
+    print(f"{'command line':<20} {'median ms':>10} {'ratio':>7} {'target':>7} {'modules+':>9} {'target':>7}")
+    for name in counts:
         wall = statistics.median(times[name])
-        ratio_target, count_target = TARGETS[name]
-        print(f"{name:<14} {wall * 1000:>10.1f} {wall / floor:>7.1f} {'<=' + str(ratio_target):>7} "
+        ratio_target, count_target = TARGETS[name.split()[0]]
+        print(f"{name:<20} {wall * 1000:>10.1f} {wall / floor:>7.1f} {'<=' + str(ratio_target):>7} "
               f"{counts[name]:>9} {'<=' + str(count_target) if count_target else '-':>7}")
-
 
 if __name__ == "__main__":
     main()
