@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -364,6 +364,28 @@ def register_snapshot(db: sqlite_utils.Database, rows: RunRows, label: str,
 
 def has_intents(db: sqlite_utils.Database, rows: RunRows) -> bool:
     return bool(list(db.query(f"SELECT 1 FROM units WHERE {rows.sql} AND state = 'intent' LIMIT 1", rows.args)))
+
+
+
+# -- rows a command reads of one run: the caller opens the reader, calls, closes -----------------
+
+def run_row(db: sqlite_utils.Database, key: int) -> dict[str, Any]:
+    """The runs row of the run whose key (the seq of that row) is `key`."""
+    return dict(next(db.query("SELECT * FROM runs WHERE seq = ?", [key])))
+
+
+def first_board(db: sqlite_utils.Database, rows: RunRows, columns: Sequence[str]) -> dict[str, Any] | None:
+    """`columns` of the run's first boards row that its checkpoints seal, or None."""
+    found = list(db.query(f"SELECT {', '.join(columns)} FROM boards WHERE {rows.sealed_sql} ORDER BY seq LIMIT 1",
+                          rows.sealed_args))
+    return found[0] if found else None
+
+
+def stage_details(db: sqlite_utils.Database, rows: RunRows, stage: str, event: str, limit: int = -1) -> list[Any]:
+    """The details of the run's stages rows of `stage` and `event` that its checkpoints seal, in
+    the order recorded (at most `limit` of them; -1: all)."""
+    return [r["detail"] for r in db.query(f"SELECT detail FROM stages WHERE {rows.sealed_sql} AND stage = ? AND "
+                                          "event = ? ORDER BY seq LIMIT ?", [*rows.sealed_args, stage, event, limit])]
 
 
 # -- a run's register writes and transactions ---------------------------------------------------

@@ -144,19 +144,19 @@ class RecordFacts:
 def _record_facts(db: sqlite_utils.Database, run_id: str) -> RecordFacts:
     import re
 
+    from amdflash.store.queries import first_board, stage_details
     from amdflash.store.run_rows import open_run
 
     rows = open_run(db.conn, run_id)
     facts = RecordFacts()
-    for b in db.query(f"SELECT jedec, unique_id, bridge_serial FROM boards WHERE {rows.sealed_sql} ORDER BY seq "
-                      "LIMIT 1", rows.sealed_args):
+    b = first_board(db, rows, ("jedec", "unique_id", "bridge_serial"))
+    if b is not None:
         facts.jedec = str(b["jedec"] or "")
         facts.unique_id = b["unique_id"] if isinstance(b["unique_id"], str) else None
         facts.serial = b["bridge_serial"] if isinstance(b["bridge_serial"], str) else None
-    for st in db.query(f"SELECT detail FROM stages WHERE {rows.sealed_sql} AND stage = 'rom_sw' AND event = "
-                       "'fast path'", rows.sealed_args):
+    for detail in stage_details(db, rows, "rom_sw", "fast path"):
         found = re.match(r"timed pages: off for this board: the unit at (0x[0-9a-f]{1,8}) differed on read-back",
-                         str(st["detail"] or ""))
+                         str(detail or ""))
         if found:
             facts.timed_pages_off_at.add(int(found.group(1), 16))
     return facts
@@ -220,7 +220,9 @@ def explain(result: ReplayResult, listed: list[str], record: RecordFacts) -> Non
 
 def _image(db, key: int, run_id: str, given: Path | None) -> bytes | None:
     """The run's image: --image (must match the run), else the recorded path if it still matches."""
-    run = next(db.query("SELECT image_path, image_sha256 FROM runs WHERE seq = ?", [key]))
+    from amdflash.store.queries import run_row
+
+    run = run_row(db, key)
     if given is not None:
         try:
             data = given.read_bytes()

@@ -266,7 +266,7 @@ def _recorded_report(trail: str, run: str) -> str | dict[str, object]:
     record says of the board (identity, status registers, registers as found)."""
     from amdflash.pipeline.engine.auditdb import open_for_reading
     from amdflash.pipeline.commands.hardware_report import REPORT_EVENT
-    from amdflash.store.queries import RunNotFound, register_snapshot, resolve_run
+    from amdflash.store.queries import RunNotFound, first_board, register_snapshot, resolve_run, run_row, stage_details
     from amdflash.store.run_rows import RunUnverified, open_run
     from amdflash.store.verify import snapshot
 
@@ -280,14 +280,12 @@ def _recorded_report(trail: str, run: str) -> str | dict[str, object]:
                 rows = open_run(db.conn, run_id)
             except (RunNotFound, RunUnverified) as e:
                 raise Refusal(f"--from-run: {e}") from None
-            command = next(db.query("SELECT command FROM runs WHERE seq = ?", [rows.key]))["command"]
+            command = run_row(db, rows.key)["command"]
             # Only rows a checkpoint seals: an unsealed tail (a host that died with its writer) is
             # not verifiable, and a board is not made from what anyone could have added there.
-            found = list(db.query(f"SELECT detail FROM stages WHERE {rows.sealed_sql} AND stage = 'measure' "
-                                  "AND event = ? ORDER BY seq LIMIT 1", [*rows.sealed_args, REPORT_EVENT]))
+            found = stage_details(db, rows, "measure", REPORT_EVENT, limit=1)
             if not found:
-                board = list(db.query(f"SELECT kind, jedec, chip, sr1, sr2, sr3, detail FROM boards WHERE "
-                                      f"{rows.sealed_sql} ORDER BY seq LIMIT 1", rows.sealed_args))
+                board = first_board(db, rows, ("kind", "jedec", "chip", "sr1", "sr2", "sr3", "detail"))
                 try:
                     registers = register_snapshot(db, rows, "before", sealed_only=True)
                 except (ValueError, TypeError, AttributeError, RecursionError):
@@ -295,11 +293,11 @@ def _recorded_report(trail: str, run: str) -> str | dict[str, object]:
     finally:
         db.conn.close()
     if not found:
-        if not board or not board[0]["jedec"]:
+        if not board or not board["jedec"]:
             raise Refusal(f"--from-run: run {run_id} ({command}) recorded no identified board to make one from "
                           "(in the rows its checkpoints seal)")
-        return {"run": f"run {run_id} ({command})", **board[0], "registers": registers or {}}
-    text = found[0]["detail"]
+        return {"run": f"run {run_id} ({command})", **board, "registers": registers or {}}
+    text = found[0]
     if not isinstance(text, str) or len(text) > MAX_REPORT:
         raise Refusal(f"--from-run: run {run_id}'s recorded report is not a JSON text of at most 1 MiB")
     return text

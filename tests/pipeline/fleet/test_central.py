@@ -200,7 +200,7 @@ def test_a_trail_rewritten_after_it_was_pushed_cannot_continue(cli, make_board, 
     assert "contradicts the central record: checkpoint #1 differs" in r.err and "rewritten" in r.err, r.err
     assert central_counts(central) == stored
     # A client that skips that check gains nothing: the database refuses the continuation itself.
-    from amdflash.store import central as central_module
+    from amdflash.store.central import pushing as central_module
 
     monkeypatch.setattr(central_module, "_refuse_contradiction", lambda *args: None)
     r, _ = push(cli, central)

@@ -80,7 +80,7 @@ def test_a_push_login_pushes_only_its_own_hosts_checkpoints(cli, make_board, ima
     assert all(n == 0 for n in central_counts(central).values())
 
     # A client that skips its own check: the database refuses the checkpoints and blobs itself.
-    from amdflash.store import central as central_module
+    from amdflash.store.central import pushing as central_module
 
     hosta = host_id(central, "hosta")
     monkeypatch.setattr(central_module, "_own_host", lambda pg, public: (hosta, "hosta"))
