@@ -193,6 +193,7 @@ FLOORS: dict[str, int] = {
     "amdflash.pipeline.cli.__main__": 8,  # `python -m amdflash.pipeline.cli`
     "amdflash.pipeline.cli": 7,         # the command line: parsers and output
     "amdflash.pipeline.api": 7,         # the Python API: the other front door
+    "amdflash.pipeline.fleet.serve": 7,  # the line view: a front door in a browser, as the CLI is on a terminal
     "amdflash": 7,                      # the package's face: `amdflash.api`, `__version__`, its data files
     "amdflash.pipeline.commands": 6,    # plain functions with typed results
     "amdflash.pipeline.engine": 5,      # runner, jobs, the stage graph, events, progress
