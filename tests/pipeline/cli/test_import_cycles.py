@@ -197,7 +197,7 @@ FLOORS: dict[str, int] = {
     "amdflash": 7,                      # the package's face: `amdflash.api`, `__version__`, its data files
     "amdflash.pipeline.commands": 6,    # plain functions with typed results
     "amdflash.pipeline.engine": 5,      # runner, jobs, the stage graph, events, progress
-    "amdflash.pipeline.fleet": 5,       # a line of hosts: labgrid, push, follow, serve
+    "amdflash.pipeline.fleet": 5,       # a line of hosts: labgrid, jobs on hosts, push, follow
     "amdflash.pipeline": 4,             # errors, config, terminal, logsetup: the pipeline's common ground
     "amdflash.store": 3,                # the audit trail
     "amdflash.stages": 2,               # one module per stage, and the one place that opens a board
@@ -225,7 +225,8 @@ def room(module: str) -> str:
 
 
 def upward_edges(graph: Graph) -> list[str]:
-    """Every import from a room to one on a higher floor, as `file:line importer -> imported`."""
+    """Every import from a room to one on a higher floor, each as `file:line: importer (floor n)
+    imports imported (floor m)`."""
     found = []
     for importer, targets in sorted(graph.edges.items()):
         for imported in sorted(targets):
