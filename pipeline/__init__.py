@@ -1,1 +1,3 @@
-"""How a job runs: job specs, the runner, multi-board scheduling, events, progress, the CLI."""
+"""Everything above the audit trail and the stages: the command line, the commands, the engine
+that runs jobs, the fleet, and their common ground (errors, config, terminal, logging); the
+floors between them are drawn in docs/architecture.md."""
