@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from amdflash.stages.sim.synth import synthetic_ifwi
+from tests.support import cli
 from tests.pipeline.cli.conftest import flash_content
 
 
@@ -40,8 +41,9 @@ def test_a_flash_that_fails_verify_says_what_is_half_written_and_how_back(amdfla
 
 
 def _transfers(board: Path) -> int:
-    stats = json.loads(subprocess.run([sys.executable, "-m", "amdflash", "sim", "stats", str(board)],
-                                      capture_output=True, text=True, check=True).stdout)
+    shown = cli.run("sim", "stats", board)
+    shown.check_returncode()
+    stats = json.loads(shown.stdout)
     return int(stats["control_transfers"] + stats["bulk_transfers"])
 
 
@@ -196,11 +198,10 @@ def pasted(text: str) -> list[list[str]]:
     return found
 
 
-def run_pasted(words: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+def run_pasted(words: list[str], cwd: Path) -> cli.Result:
     """A pasted command, run by a shell's rules in another directory (`amdflash` is this one)."""
     assert words[0] == "amdflash", words
-    return subprocess.run([sys.executable, "-m", "amdflash", "--no-progress", *words[1:]], capture_output=True,
-                          text=True, cwd=cwd, env=dict(os.environ), timeout=300)
+    return cli.run("--no-progress", *words[1:], cwd=cwd)
 
 
 def test_the_steps_after_a_failed_flash_work_pasted_elsewhere_with_their_db(amdflash, make_board, image, tmp_path,

@@ -174,23 +174,20 @@ def test_the_api_takes_the_report_as_an_engine_option(amdflash, tmp_path, isolat
         api.info(f"sim:{board}", engine=api.EngineOptions(hardware_report=tmp_path / "board" / "board.json"))
 
 
-@pytest.mark.slow   # a killed flash and its resume, as processes (CI runs it: pytest -m slow)
+@pytest.mark.slow   # a killed flash and its resume (CI runs it: pytest -m slow)
 def test_a_resume_without_the_option_uses_the_report_its_killed_run_was_given(tmp_path, image):
     """The flash given --hardware-report is killed mid-run; `resume` alone finds the report in
     the run's arguments (its file unchanged) and applies it again, as its trail shows."""
-    import os
     import signal
-    import subprocess
-    import sys
 
     from tests.pipeline.engine.conftest import ROOT
+    from tests.support import cli
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(tmp_path / "a.sqlite"),
+    env = {"PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(tmp_path / "a.sqlite"),
            "AMDFLASH_LOCK_DIR": str(tmp_path / "locks")}
 
-    def run(*args: object) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", *map(str, args)], env=env,
-                              capture_output=True, text=True, timeout=300)
+    def run(*args: object) -> cli.Result:
+        return cli.run("-q", *args, env=env)
 
     def writes(board) -> int:
         with Board(board) as b:
@@ -211,7 +208,8 @@ def test_a_resume_without_the_option_uses_the_report_its_killed_run_was_given(tm
                          faults=[f"kill-after-writes={reported + flashing // 2}"])
     path = tmp_path / "mine.json"
     measure(board, path)
-    killed = run(*flash, "--board", f"sim:{board}", "--hardware-report", path)
+    killed = cli.run_process("-q", *flash, "--board", f"sim:{board}", "--hardware-report", path, env=env,
+                             module="amdflash.pipeline.cli")      # killed: a process of its own
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     resumed = run("resume", "--board", f"sim:{board}", "--yes")
     assert resumed.returncode == 0, resumed.stderr

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -18,6 +16,7 @@ from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
 from tests.stages.chips.conftest import TABLE_PARTS
 from tests.pipeline.engine.conftest import ROOT, flash_content
 from tests.pipeline.engine.test_resume import damaged
+from tests.support import cli as command_line
 
 MiB2 = 0x200000
 PARTS = (*TABLE_PARTS, "UNKNOWN")          # UNKNOWN is written with --unknown-chip-ok
@@ -93,9 +92,13 @@ def test_the_planner_weighs_the_identified_parts_erase_times(cli, make_board, tm
 
 # -- resume ------------------------------------------------------------------------------------
 
-def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "-q", *args], env=env, capture_output=True,
-                          text=True, timeout=300)
+def run(args: list[str], env: dict[str, str]) -> command_line.Result:
+    return command_line.run("-q", *args, env=env)
+
+
+def run_killed(args: list[str], env: dict[str, str]) -> command_line.Result:
+    """A command the emulator kills: a process of its own."""
+    return command_line.run_process("-q", *args, env=env, module="amdflash.pipeline.cli")
 
 
 def kill_and_resume(tmp_path, chip: str, fraction: float) -> None:  # noqa: ANN001
@@ -104,7 +107,7 @@ def kill_and_resume(tmp_path, chip: str, fraction: float) -> None:  # noqa: ANN0
     image = synthetic_ifwi(99)
     (tmp_path / "image.bin").write_bytes(image)
     content = damaged(image)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(tmp_path / "a.sqlite"),
+    env = {"PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(tmp_path / "a.sqlite"),
            "AMDFLASH_LOCK_DIR": str(tmp_path / "locks")}
     flash = ["flash", str(tmp_path / "image.bin"), "--yes", "--expect-part", PART_KEY, *ok_flag(chip)]
     ref = create_board(tmp_path / "reference", chip=chip, content=content, transport="ideal", seed=5)
@@ -113,7 +116,7 @@ def kill_and_resume(tmp_path, chip: str, fraction: float) -> None:  # noqa: ANN0
         total = int(b.stats()["reg_writes"])
     board = create_board(tmp_path / "board", chip=chip, content=content, transport="ideal", seed=5,
                          faults=[f"kill-after-writes={max(1, int(total * fraction))}"])
-    assert run([*flash, "--board", f"sim:{board}"], env).returncode == -signal.SIGKILL
+    assert run_killed([*flash, "--board", f"sim:{board}"], env).returncode == -signal.SIGKILL
     resumed = run(["resume", "--board", f"sim:{board}", "--yes"], env)
     assert resumed.returncode == 0, resumed.stderr
     assert flash_content(board) == image
@@ -138,8 +141,8 @@ def test_resume_of_a_part_without_unique_id_needs_the_same_board_spec(cli, make_
     board = make_board(chip="UNKNOWN", content=damaged(image.read_bytes()), transport="ideal",
                        faults=["kill-after-writes=19000"])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    killed = run(["flash", str(image), "--yes", "--unknown-chip-ok", "--expect-part", PART_KEY,
-                  "--board", f"sim:{board}"], env)
+    killed = run_killed(["flash", str(image), "--yes", "--unknown-chip-ok", "--expect-part", PART_KEY,
+                         "--board", f"sim:{board}"], env)
     assert killed.returncode == -signal.SIGKILL
     run_id = json.loads(cli("runs", "--format", "json").out)[-1]["run_id"]
     assert chip_facts(json.loads(cli("report", run_id, "--format", "json").out))["unique_id"] is None
