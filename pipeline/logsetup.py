@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from amdflash.pipeline.terminal import printable
 
 if TYPE_CHECKING:
+    import logging
+
     import structlog
 
 QUIET, NORMAL, VERBOSE, TRACE = -1, 0, 1, 2
@@ -87,19 +89,34 @@ def configure(json_lines: bool = False, verbosity: int = NORMAL) -> Settings:
     return _settings
 
 
-def apply() -> None:
-    """Configure structlog as `configure` said, now (before a command runs: code that logs
-    through structlog directly must find it configured)."""
+def apply(lazily: bool = False) -> None:
+    """Set logging up as `configure` said, now: the standard logging module's handler (other
+    libraries' logging and Python warnings) and structlog. `lazily`: structlog at the first
+    message instead, unless a module already imported it (and may log through it directly,
+    as stages/identify.py does): a command that logs nothing never imports it, nor rich."""
     global _settings
     if not _settings.configured or _settings.applied:
         return
     import logging
 
+    # Other libraries' logging (and Python warnings) reach stderr in the same form.
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, "_amdflash", False):
+            root.removeHandler(handler)
+    handler = logging.StreamHandler()
+    handler.emit = _emit  # type: ignore[method-assign]
+    handler._amdflash = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if _settings.verbosity >= TRACE else logging.WARNING)
+    logging.captureWarnings(True)
+    if lazily and "structlog" not in sys.modules:
+        return
+
     import structlog
 
     _settings = _settings._replace(applied=True)
-    json_lines, verbosity = _settings.json_lines, _settings.verbosity
-    renderer = _json if json_lines else _human
+    renderer = _json if _settings.json_lines else _human
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -112,18 +129,13 @@ def apply() -> None:
         logger_factory=lambda *args: _Stderr(),
         cache_logger_on_first_use=False,
     )
-    # Other libraries' logging (and Python warnings) reach stderr in the same form.
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        if getattr(handler, "_amdflash", False):
-            root.removeHandler(handler)
-    handler = logging.StreamHandler()
-    handler.emit = lambda record: structlog.get_logger(record.name).log(  # type: ignore[method-assign]
-        record.levelno, record.getMessage(), logger=record.name)
-    handler._amdflash = True  # type: ignore[attr-defined]
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG if verbosity >= TRACE else logging.WARNING)
-    logging.captureWarnings(True)
+
+
+def _emit(record: logging.LogRecord) -> None:
+    import structlog
+
+    apply()
+    structlog.get_logger(record.name).log(record.levelno, record.getMessage(), logger=record.name)
 
 
 def settings() -> Settings:

@@ -298,7 +298,7 @@ def _configure(args: argparse.Namespace) -> None:
     from amdflash.pipeline.logsetup import QUIET, apply, configure
 
     configure(json_lines=args.log_json, verbosity=QUIET if args.quiet else args.verbose)
-    apply()   # a command about to run: whatever it logs through, logging is set up
+    apply(lazily=True)   # a command about to run: logging set up (structlog when it first logs)
     config.choose(args.config)
     args.settings = config.load()   # a malformed config file is a usage error, whatever the command
     if args.db and os.path.exists(args.db) and not os.path.isfile(args.db):

@@ -74,6 +74,18 @@ def test_a_command_imports_its_own_group_only():
     assert _heavy(modules) == []
 
 
+def test_structlog_is_imported_by_a_command_only_when_it_logs(tmp_path):
+    p, modules = _imported("udev-rules")
+    assert p.returncode == 0 and "amdflash" in p.stdout
+    assert not [m for m in modules if m.split(".")[0] in ("structlog", "rich")]
+    # its refusal is a message: structlog configured then, the line as ever
+    p, modules = _imported("--log-json", "udev-rules", "--install", "--dir", str(tmp_path / "none"))
+    assert p.returncode == 2
+    event = json.loads(p.stderr.splitlines()[0])
+    assert (event["level"], event["event"]) == ("error", f"{tmp_path / 'none'} is not a directory (is udev installed?)")
+    assert "structlog" in modules
+
+
 def _listed(parser) -> dict[str, str | None]:
     """The commands a parser's --help lists, with their one-line help."""
     action = parser._subparsers._group_actions[0]
