@@ -83,6 +83,29 @@ def _environment(env: Mapping[str, str | None] | None) -> Iterator[None]:
         os.environ.update(saved)
 
 
+class HostWouldDie(BaseException):
+    """An emulated board's kill-after-writes fault fired in a command run in this process, which
+    would have killed the test run with it: such a command must run with `run_process`."""
+
+
+@contextmanager
+def _no_host_deaths() -> Iterator[list[bool]]:
+    from amdflash.stages.sim.board import Board
+
+    fired: list[bool] = []
+    dies = Board._host_dies
+
+    def refuse(self: Board) -> None:
+        fired.append(True)
+        raise HostWouldDie("kill-after-writes fired in this process: run the command with run_process")
+
+    Board._host_dies = refuse  # type: ignore[method-assign]
+    try:
+        yield fired
+    finally:
+        Board._host_dies = dies  # type: ignore[method-assign]
+
+
 @contextmanager
 def _process_state() -> Iterator[None]:
     """What a command line may change of the process, put back after it."""
@@ -124,7 +147,7 @@ def run(*args: object, env: Mapping[str, str | None] | None = None, cwd: str | o
     argv = [str(a) for a in args]
     out, err = _text_stream(), _text_stream()
     saved_streams = sys.stdin, sys.stdout, sys.stderr
-    with _process_state(), _environment(env):
+    with _process_state(), _environment(env), _no_host_deaths() as host_died:
         if cwd is not None:
             os.chdir(cwd)
         sys.argv[:] = ["amdflash", *argv]
@@ -136,6 +159,9 @@ def run(*args: object, env: Mapping[str, str | None] | None = None, cwd: str | o
             code = main(argv)
         finally:
             sys.stdin, sys.stdout, sys.stderr = saved_streams
+    if host_died:
+        raise HostWouldDie(f"amdflash {' '.join(argv)}: the emulated host was killed (kill-after-writes); "
+                           f"this command must run as a process. Its stderr:\n{_read(err)}")
     took = time.monotonic() - started
     if timeout is not None and took > timeout:
         raise subprocess.TimeoutExpired(["amdflash", *argv], timeout, _read(out), _read(err))

@@ -23,6 +23,7 @@ from amdflash.stages.drivers.navi31.regs import ROM_SW_CNTL
 from amdflash.stages.restore import RESTORABLE
 from amdflash.stages.sim import Board, create_board
 from tests.pipeline.engine.test_faults_matrix import damaged, image
+from tests.support import cli
 
 ROOT = Path(__file__).resolve().parents[3]
 PHASES = ("backup", "erase", "program", "verify", "restore")
@@ -43,20 +44,27 @@ class Case:
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "AMDFLASH_DB": str(self.db),
                     "AMDFLASH_LOCK_DIR": str(work / "locks")}
         self.before = self.registers()
+        self.kill_set = False
 
-    def cli(self, *args: object) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "--no-progress", *map(str, args)],
-                              env=self.env, capture_output=True, text=True, timeout=600)
+    def cli(self, *args: object) -> cli.Result:
+        """The command line in this process, or, while a kill-after-writes fault is set and has
+        not fired (it fires once: the host dies), as a process of its own."""
+        if not self.kill_set:
+            return cli.run("--no-progress", *args, env=self.env, timeout=600)
+        p = cli.run_process("--no-progress", *args, env=self.env, timeout=600, module="amdflash.pipeline.cli")
+        self.kill_set = p.code != -signal.SIGKILL
+        return p
 
-    def flash(self) -> subprocess.CompletedProcess:
+    def flash(self) -> cli.Result:
         # The board holds a damaged IFWI (the bricked case): the operator vouches for its part.
         return self.cli("flash", self.image_path, "--yes", "--expect-part", "SYNTH-0001", "--board", f"sim:{self.board}")
 
-    def resume(self) -> subprocess.CompletedProcess:
+    def resume(self) -> cli.Result:
         return self.cli("resume", "--yes", "--board", f"sim:{self.board}")
 
     def kill_after(self, n: int) -> None:
         assert self.cli("sim", "fault", self.board, "--clear", f"kill-after-writes={n}").returncode == 0
+        self.kill_set = True
 
     def registers(self) -> dict[int, int]:
         with Board(self.board) as b:

@@ -17,8 +17,6 @@ import sqlite3
 import os
 import re
 import signal
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +25,7 @@ import pytest
 from amdflash.stages.restore import NAMES, RESTORABLE
 from amdflash.stages.sim import Board, create_board
 from amdflash.stages.sim.synth import synthetic_ifwi
+from tests.support import cli
 
 ROOT = Path(__file__).resolve().parents[3]
 UNIT = 0x1000
@@ -87,11 +86,18 @@ class Rig:
             self.env["AMDFLASH_SIM_USB"] = str(self.board)
             self.spec = "usb:" + json.loads((self.board / "board.json").read_text())["serial"]
         self.registers_before = self.registers()
+        self.kill_set = False
 
     def cli(self, *args: object, timeout: float = 600) -> Run:
-        p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "--no-progress", *map(str, args)], env=self.env,
-                           capture_output=True, text=True, timeout=timeout, cwd=self.work)
-        return Run(p.returncode, p.stdout, p.stderr)
+        """The command line in this process, or, while a kill-after-writes fault is set and has
+        not fired (it fires once: the host dies), as a process of its own."""
+        if self.kill_set:
+            p = cli.run_process("--no-progress", *args, env=self.env, cwd=self.work, timeout=timeout,
+                                module="amdflash.pipeline.cli")
+            self.kill_set = p.code != -signal.SIGKILL
+        else:
+            p = cli.run("--no-progress", *args, env=self.env, cwd=self.work, timeout=timeout)
+        return Run(p.code, p.out, p.err)
 
     def job(self) -> Run:
         """The cell's command (resume: of the latest unfinished flash of the board)."""
@@ -103,6 +109,7 @@ class Rig:
     def fault(self, *specs: str) -> None:
         r = self.cli("sim", "fault", self.board, "--clear", *specs)
         assert r.code == 0, r.err
+        self.kill_set = any(spec.startswith("kill-after-writes") for spec in specs)
 
     def registers(self) -> dict[int, int]:
         with Board(self.board) as b:

@@ -13,13 +13,18 @@ from pathlib import Path
 import pytest
 
 from amdflash.store.status import run_status, this_process
+from tests.support import cli
 
 
-def amdflash(*args: object, check: bool = False) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([sys.executable, "-m", "amdflash", *map(str, args)], capture_output=True, text=True,
-                          env=dict(os.environ))
+def amdflash(*args: object, check: bool = False) -> cli.Result:
+    done = cli.run(*args)
     assert not check or done.returncode == 0, done.stderr
     return done
+
+
+def amdflash_killed(*args: object) -> cli.Result:
+    """A command whose host the emulator kills (kill-after-writes): a process of its own."""
+    return cli.run_process(*args)
 
 
 def statuses() -> dict[str, str]:
@@ -45,7 +50,7 @@ def every_view(run_id: str, tmp_path: Path) -> dict[str, str]:
 @pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_a_killed_run_is_interrupted_at_once_everywhere(make_board, image, db, tmp_path):
     board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=30000"])
-    killed = amdflash("-q", "flash", image, "--yes", "--force", "--board", f"sim:{board}")
+    killed = amdflash_killed("-q", "flash", image, "--yes", "--force", "--board", f"sim:{board}")
     assert killed.returncode < 0 or killed.returncode == 137 or killed.returncode != 0
     [(run_id, status)] = statuses().items()
     assert status == "interrupted"        # nobody resumed it yet: its process is gone, and that is checked
@@ -75,9 +80,9 @@ def test_a_run_whose_process_lives_is_running_until_it_is_killed(make_board, ima
 @pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_a_run_resumed_twice_has_one_status_in_every_view(make_board, image, db, tmp_path):
     board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=20000"])
-    amdflash("-q", "flash", image, "--yes", "--force", "--board", f"sim:{board}")
+    amdflash_killed("-q", "flash", image, "--yes", "--force", "--board", f"sim:{board}")
     amdflash("sim", "fault", board, "kill-after-writes=20000", check=True)     # the first resume dies too
-    amdflash("-q", "resume", "--yes", "--board", f"sim:{board}")
+    amdflash_killed("-q", "resume", "--yes", "--board", f"sim:{board}")
     amdflash("sim", "fault", board, "--clear", check=True)
     amdflash("-q", "resume", "--yes", "--board", f"sim:{board}", check=True)
     first, second, third = statuses()
