@@ -17,6 +17,7 @@ from amdflash.stages.sim import Board
 from amdflash.stages.sim.cost import ASM24, spi_seconds
 from amdflash.stages.sim.romsw import ProtocolViolation
 from tests.stages.sim.test_board import r32, release_pads, w32
+from tests.support import cli
 
 PRESCALE = 8
 READ_256 = spi_seconds(4 + 256, PRESCALE)          # 188.2 µs
@@ -181,12 +182,10 @@ def test_the_chip_hears_only_status_suspend_and_reset_while_busy(make_board):
 def test_strict_is_the_default_and_sim_create_can_make_a_lenient_board(make_board, tmp_path):
     assert Board(make_board()).strict
     path = tmp_path / "lenient"
-    p = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "sim", "create", str(path), "--lenient"],
-                       capture_output=True, text=True)
+    p = cli.run("sim", "create", path, "--lenient")
     assert p.returncode == 0 and "lenient" in p.stdout
     assert not Board(path).strict
-    stats = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "sim", "stats", str(path)],
-                           capture_output=True, text=True).stdout
+    stats = cli.run("sim", "stats", path).stdout
     assert '"protocol_violations": 0' in stats and '"unobserved_completions": 0' in stats
 
 
