@@ -29,15 +29,12 @@ def report(cli, run_id: str) -> dict:
 
 
 @pytest.fixture
-def cli(db, capsys):
+def cli(db):
     """amdflash in this process, as a user runs it (no -q: results are checked on stdout)."""
-    from amdflash.pipeline.cli.main import main
-    from tests.pipeline.engine.conftest import Result
+    from tests.support import cli as command_line
 
-    def run(*args: str) -> Result:
-        code = main(["--no-progress", *map(str, args)])
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
+    def run(*args: object) -> command_line.Result:
+        return command_line.run("--no-progress", *args)
     return run
 
 

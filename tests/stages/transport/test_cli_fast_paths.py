@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.pipeline.cli.main import main
+from tests.support import cli as command_line
 from amdflash.stages.sim.synth import synthetic_ifwi
 from tests.stages.transport.conftest import serial_of
 from tests.stages.transport.test_cli import sim_usb_env
@@ -19,13 +19,12 @@ SIZE = 0x200000
 
 
 @pytest.fixture
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):  # noqa: ANN001, ANN201
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     monkeypatch.setenv("AMDFLASH_DB", str(tmp_path / "audit.sqlite"))
 
     def run(*args: object) -> tuple[int, str, str]:
-        code = main(["-q", *map(str, args)])
-        out = capsys.readouterr()
-        return code, out.out, out.err
+        r = command_line.run("-q", *args)
+        return r.code, r.out, r.err
     return run
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from amdflash.pipeline.cli.main import main
+from tests.support import cli as command_line
 from amdflash.stages.sim import Board
 from amdflash.stages.sim.synth import synthetic_ifwi
 from tests.stages.transport.test_cli import sim_usb_env
@@ -22,14 +22,13 @@ SIZE, UNIT = 0x200000, 0x1000
 
 
 @pytest.fixture
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):  # noqa: ANN001, ANN201
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     monkeypatch.setenv("AMDFLASH_DB", str(tmp_path / "audit.sqlite"))
 
     def run(*args: object) -> int:
-        code = main(["-q", "--no-progress", *map(str, args)])
-        err = capsys.readouterr().err
-        assert code == 0, err
-        return code
+        r = command_line.run("-q", "--no-progress", *args)
+        assert r.code == 0, r.err
+        return r.code
     return run
 
 
