@@ -9,7 +9,7 @@ from amdflash.pipeline.cli.main import main
 from amdflash.store.writer.recorder import NullWriter
 
 commands.auditdb.open_writer = lambda path: NullWriter().open()   # type: ignore[assignment,return-value]
-commands._reports = lambda db, runs: {}                            # nothing recorded, nothing to report
+commands._reports = lambda db, runs: ({}, {})                      # nothing recorded: no reports, no backups
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
