@@ -189,12 +189,11 @@ def run_process(*args: object, env: Mapping[str, str | None] | None = None,
     return Result(p.returncode, p.stdout, p.stderr, argv)
 
 
-def audit_rows(db: Path | str, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-    """Rows of a read-only query on an audit database (opened read-only: a test reading the
-    trail never changes it)."""
+def audit_rows(db: Path | str, sql: str, *params: Any) -> list[Any]:
+    """The rows a query finds in an audit database."""
     import sqlite3
 
-    conn = sqlite3.connect(f"file:{Path(db)}?mode=ro", uri=True)
+    conn = sqlite3.connect(db)
     try:
         return conn.execute(sql, params).fetchall()
     finally:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import sqlite3
 from collections import Counter
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from hypothesis import strategies as st
 from amdflash.stages.confirm import MAJORITY, Noise, confirm, confirm_whole, settle
 from amdflash.stages.sim import Board
 from tests.pipeline.engine.conftest import flash_content
+from tests.support.cli import audit_rows
 
 
 @pytest.fixture
@@ -35,12 +35,7 @@ def as_read(board: Path) -> bytes:
         return bytes(b.chip._array(0, MiB2))
 
 
-def rows(db: Path, sql: str, *args: object) -> list[tuple]:
-    con = sqlite3.connect(db)
-    try:
-        return con.execute(sql, args).fetchall()
-    finally:
-        con.close()
+rows = audit_rows
 
 
 def last_run(cli) -> dict:  # noqa: ANN001

@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ import pytest
 
 from amdflash.stages.sim.synth import synthetic_ifwi
 from tests.pipeline.engine.conftest import ROOT, cli_shown  # noqa: F401 - fixture
+from tests.support.cli import audit_rows
 
 
 @pytest.fixture
@@ -23,12 +23,7 @@ def image(tmp_path):  # noqa: ANN201
     return make
 
 
-def rows(db, sql: str, *args):  # noqa: ANN001, ANN201
-    con = sqlite3.connect(db)
-    try:
-        return con.execute(sql, args).fetchall()
-    finally:
-        con.close()
+rows = audit_rows
 
 
 def last_run(db) -> str:  # noqa: ANN001

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -29,11 +28,7 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
 
 
 def rows(tmp_path: Path, sql: str) -> list[tuple]:
-    con = sqlite3.connect(tmp_path / "audit.sqlite")
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
+    return command_line.audit_rows(tmp_path / "audit.sqlite", sql)
 
 
 def test_a_run_records_each_fast_path_verdict_and_the_boards_diagnostics(cli, make_board, tmp_path):
