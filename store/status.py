@@ -18,12 +18,31 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 PROCESS_STAGE = "process"
 ENDS = ("succeeded", "failed", "interrupted", "refused")
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+# Processes a reader off the host knows are gone, by their "process" row's detail: a run copied
+# out of the central record (fleet report, the line view) is read with what the record shows.
+_GONE: ContextVar[frozenset[str]] = ContextVar("processes_gone", default=frozenset())
+
+
+@contextmanager
+def processes_gone(details: Iterable[str]) -> Iterator[None]:
+    """Within: the processes these "process" rows name are taken as gone (read elsewhere, the
+    record showed it: its host said so, or its machine has booted since)."""
+    token = _GONE.set(_GONE.get() | frozenset(details))
+    try:
+        yield
+    finally:
+        _GONE.reset(token)
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -102,6 +121,8 @@ def run_status(recorded: str | None, resumed: bool, process: str | None = None,
         # Recorded on this machine (same machine-id) but under another boot: the host rebooted.
         if process and run_machine and here and run_machine == here:
             return "interrupted"
+        if process in _GONE.get():
+            return "interrupted"      # the record it was copied from shows its process gone
         booted = boot_of(process)
         if booted and machine_boot and machine_boot != booted:
             return "interrupted"      # its machine has booted since: no process survives a boot

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from amdflash.pipeline.fleet.serve.ends import ENDED_BADLY
 from amdflash.pipeline.fleet.serve.notify import Memory, Notifier
 from amdflash.pipeline.fleet.serve.words import age, duration, mask_urls, run_href, run_word, word
 from amdflash.store.status import ENDS
@@ -20,6 +22,7 @@ FAILED = ("failed", "interrupted", "refused")
 ORDER = {"failed": 0, "interrupted": 1, "refused": 2, "unreadable": 3, "running": 4, "succeeded": 5}
 STATES = ("running", *ENDS, "alive")
 REFRESH = 2.0                       # seconds between reads of signed status and health (and new rows)
+END_WAIT = 10.0                     # seconds a failure's notification waits for its end in the record
 BATCH = 20000                       # progress rows read at once
 
 
@@ -95,6 +98,7 @@ class Board:
     row: dict[str, Any]
     signed: str | None = None   # the signed record's status of its run (None: not pushed yet)
     stale: bool = False         # running, but no word of it for longer than the line's stale_after
+    end: dict[str, Any] | None = None   # a failed or interrupted run's end as its signed record tells it
 
     @property
     def state(self) -> str:
@@ -130,7 +134,8 @@ class Line:
 
     def __init__(self, url: str, window_hours: float = 24.0, notifier: Notifier | None = None,
                  silent_after: float = 600.0, settle: float = 30.0, public_url: str = "",
-                 log: Callable[[str], None] = print, state: Path | None = None, stale_after: float = 1800.0):
+                 log: Callable[[str], None] = print, state: Path | None = None, stale_after: float = 1800.0,
+                 end_wait: float = END_WAIT):
         self.url = url
         self.window_hours = window_hours
         self.notifier = notifier or Notifier([], log)
@@ -150,6 +155,13 @@ class Line:
         self._state_problem: str | None = None
         self.error: str | None = None
         self._thread: threading.Thread | None = None
+        # Failed and interrupted runs' ends, told from the signed record by a thread of its own
+        # (copying a run out of the record takes a while): (host id, run id, signed status) →
+        # its end, or None when the record told nothing (not pushed yet, or not verifying).
+        self.end_wait = end_wait
+        self.ends: dict[tuple[int, str, str | None], dict[str, Any] | None] = {}
+        self._asked: queue.Queue[tuple[int, str, str | None, str] | None] = queue.Queue()
+        self._ends_thread: threading.Thread | None = None
 
     # -- reading the record ----------------------------------------------------------------
 
@@ -205,9 +217,42 @@ class Line:
                 now = signed.get((b.host_id, b.row["run_id"]))
                 if now != b.signed:
                     b.signed, changed = now, True
+                self._ask_end(b)
             if hosts != self.hosts:
                 self.hosts, changed = hosts, True
         return changed
+
+    def _ask_end(self, b: Board) -> None:
+        """Have the end of a board's failed or interrupted run told, once it is in the record
+        (again when its signed status changes: its end pushed, a resume that fixed it)."""
+        key = (b.host_id, str(b.row["run_id"]), b.signed)
+        if b.signed is not None and b.state in ENDED_BADLY and key not in self.ends:
+            self.ends[key] = None
+            self._asked.put((*key, str(b.row["state"])))
+
+    def _tell_ends(self) -> None:
+        from amdflash.pipeline.fleet.serve.ends import run_end
+
+        while (asked := self._asked.get()) is not None:
+            host_id, run_id, signed, said = asked
+            try:
+                told = run_end(self.url, host_id, run_id, said)
+            except Exception as e:       # the record out of reach: the line's thread asks again
+                why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                self.log(f"the end of run {run_word(run_id)} not told: {mask_urls(why)}")
+                told = None
+            with self.lock:
+                if told is None:
+                    self.ends.pop((host_id, run_id, signed), None)
+                    continue
+                self.ends[(host_id, run_id, signed)] = told
+            self._changed()
+
+    def end_of(self, host_id: int, run_id: str) -> dict[str, Any] | None:
+        """The newest end told of the run (of any signed status), if one was."""
+        with self.lock:
+            found = [e for (h, r, _), e in self.ends.items() if h == host_id and r == run_id and e is not None]
+        return found[-1] if found else None
 
     def _poll(self, pg: Any) -> list[dict[str, Any]]:
         """The rows newer than the last read (each applied to its board)."""
@@ -227,7 +272,8 @@ class Line:
     def snapshot(self) -> LineSnapshot:
         now = dt.datetime.now(dt.UTC)
         with self.lock:
-            boards = sorted((Board(b.host_id, b.host, b.key, dict(b.row), b.signed, self._stale(b, now))
+            boards = sorted((Board(b.host_id, b.host, b.key, dict(b.row), b.signed, self._stale(b, now),
+                                   self.ends.get((b.host_id, str(b.row["run_id"]), b.signed)))
                              for b in self.boards.values()), key=Board.sort_key)
             return LineSnapshot(boards, [dict(h) for h in self.hosts], dt.datetime.now(dt.UTC),
                                 self.version)
@@ -243,11 +289,16 @@ class Line:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="amdflash-line", daemon=True)
         self._thread.start()
+        self._ends_thread = threading.Thread(target=self._tell_ends, name="amdflash-line-ends", daemon=True)
+        self._ends_thread.start()
 
     def close(self) -> None:
         self.stop.set()
+        self._asked.put(None)
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._ends_thread is not None:
+            self._ends_thread.join(timeout=30)
         self.memory.save(wait=True)
         self.notifier.close()
 
@@ -325,20 +376,20 @@ class Line:
             key = f"{int(row['host_id'])}/{row['run_id']}"
             end = {"host_id": int(row["host_id"]), "host": word(row["host"], 64), "run": run_word(row["run_id"]),
                    "run_id": row["run_id"], "state": row["state"], "place": word(row.get("place") or row.get("board"),
-                                                                                  100)}
+                                                                                  100),
+                   "resumes": run_word(row["resumes"]) if row.get("resumes") else None}
             m.round[key] = end
-            if row["state"] in ("failed", "interrupted") and key not in m.notified:
-                m.notified[key] = int(row["id"])
-                sent = True
-                self.notifier.send(
-                    f"amdflash: run {end['run']} {row['state']} on {end['host']} ({end['place']})",
-                    f"{word(row.get('command') or 'run', 40)} on board {word(row.get('board'), 200)} of host "
-                    f"{end['host']} {row['state']}: {word(row.get('error'), 500)}\n"
-                    f"report: {self.report_url(end['host_id'], row['run_id'])}", "failure")
+            if row["state"] in ENDED_BADLY and key not in m.notified and key not in m.pending:
+                # Sent once its end is told from the record (the follow service pushes it within
+                # seconds), or after end_wait without it.
+                m.pending[key] = {**end, "id": int(row["id"]), "command": word(row.get("command") or "run", 40),
+                                  "board": word(row.get("board"), 200), "error": word(row.get("error"), 500),
+                                  "due": now + self.end_wait}
+        sent = self._send_failures(now) or sent
         wall = dt.datetime.now(dt.UTC)
         with self.lock:
             running = any(x.state == "running" and not self._stale(x, wall) for x in self.boards.values())
-        if m.round_active and not running and now - m.last_activity >= self.settle:
+        if m.round_active and not running and not m.pending and now - m.last_activity >= self.settle:
             self._line_done()
             sent = True
         sent = self._silent_hosts() or sent
@@ -348,6 +399,26 @@ class Line:
             self._state_problem = m.problem
             self.log(f"notification state not saved: {m.problem} (a restart may repeat or miss a notification)"
                      if m.problem else "notification state saved again")
+
+    def _send_failures(self, now: float) -> bool:
+        """Each failure waiting for its end: sent with the end's words (the flash's state, the
+        backup, the next step on its host, as `fleet report` says them) once the signed record
+        tells them, or without them after end_wait (a host that cannot push)."""
+        m = self.memory
+        sent = False
+        for key, p in list(m.pending.items()):
+            told = self.end_of(int(p["host_id"]), str(p["run_id"]))
+            if told is None and now < float(p["due"]):
+                continue
+            del m.pending[key]
+            m.notified[key] = int(p["id"])
+            sent = True
+            said = "".join(f"\n{word(line, 1000)}" for line in (told or {}).get("lines", []))
+            self.notifier.send(
+                f"amdflash: run {p['run']} {p['state']} on {p['host']} ({p['place']})",
+                f"{p['command']} on board {p['board']} of host {p['host']} {p['state']}: {p['error']}{said}\n"
+                f"report: {self.report_url(int(p['host_id']), p['run_id'])}", "failure")
+        return sent
 
     def _line_done(self) -> None:
         m = self.memory
@@ -359,10 +430,17 @@ class Line:
         for e in ends:
             counts[e["state"]] = counts.get(e["state"], 0) + 1
         failures = [e for e in ends if e["state"] in FAILED]
+        fixed = {(e["host_id"], e["resumes"]): e["run"] for e in ends if e["state"] == "succeeded" and e.get("resumes")}
         lines = [f"{len(ends)} run(s) ended: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))]
         for e in failures:
-            lines.append(f"- {e['state']}: {e['host']} {e['place']} run {e['run']}: "
-                         f"{self.report_url(e['host_id'], e['run_id'])}")
+            fix = fixed.get((e["host_id"], e["run"]))
+            lines.append(f"- {e['state']}{f' (fixed by {fix})' if fix else ''}: {e['host']} {e['place']} run "
+                         f"{e['run']}: {self.report_url(e['host_id'], e['run_id'])}")
+        told = {(e["host_id"], e["run"]) for e in failures}
+        for (host_id, resumed), fix in fixed.items():      # a failure of an earlier round, fixed in this one
+            if (host_id, resumed) not in told:
+                e = next(x for x in ends if x["host_id"] == host_id and x["run"] == fix)
+                lines.append(f"- run {resumed} fixed by {fix}: {e['host']} {e['place']}")
         wall = dt.datetime.now(dt.UTC)
         with self.lock:
             stale = sum(self._stale(b, wall) for b in self.boards.values())

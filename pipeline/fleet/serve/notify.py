@@ -92,6 +92,7 @@ class Memory:
     silent: list[int] = field(default_factory=list)                # hosts notified as silent
     round: dict[str, dict[str, Any]] = field(default_factory=dict)   # the current round's ends
     round_active: bool = False
+    pending: dict[str, dict[str, Any]] = field(default_factory=dict)  # failures waiting for their end's words
     last_activity: float = 0.0                                     # wall clock of the newest row decided
     saved_at: float = 0.0
     dirty: bool = False                                            # decided more than was saved
@@ -102,7 +103,7 @@ class Memory:
 
     FIELDS: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "seen_id": (int, type(None)), "notified": dict, "silent": list, "round": dict, "round_active": bool,
-        "last_activity": (int, float)}
+        "last_activity": (int, float), "pending": dict}
 
     @classmethod
     def load(cls, path: Path | None) -> Memory:

@@ -29,6 +29,7 @@ tr.s-failed td, tr.s-interrupted td { background: #fff6f5; }
 progress { width: 160px; height: 14px; }
 .muted { color: #6b7280; } .mono { font-family: ui-monospace, monospace; font-size: 12px; }
 .summary span { margin-right: 16px; } .error { color: #8e1b13; max-width: 420px; }
+.end { color: #1d2330; margin-top: 4px; font-size: 13px; }
 form.filters label { margin-right: 12px; } .note { color: #6b7280; margin: 8px 0; }
 .banner { padding: 8px 20px; background: #fff7d6; border-bottom: 1px solid #e8d98a; }
 .banner.bad { background: #fde2e1; } .banner.good { background: #e0f4e3; }
@@ -96,6 +97,10 @@ def board_row(b: Board, prefix: str = "") -> str:
     error = escape(str(row.get("error") or "")) if state != "succeeded" else ""
     if state == "unreadable":
         error = escape(f"this row does not read: {row.get('unreadable')}")
+    elif b.end and b.end.get("lines") and state in ("failed", "interrupted"):
+        # What the run left and the way out, as its signed record tells it (fleet report's words).
+        error += "<div class=\"end\" data-field=\"end\">" + "<br>".join(escape(line) for line in b.end["lines"]) \
+            + "</div>"
     job = escape(str(row.get("command") or ""))
     if row.get("resumes"):
         job += " <span class=\"muted\">(resumes " + escape(str(row["resumes"])) + ")</span>"

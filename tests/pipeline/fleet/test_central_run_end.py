@@ -173,3 +173,54 @@ def test_the_follow_service_tells_a_dead_run_s_unsealed_rows_once_as_such(cli, d
         follower.push_once()
     told = [line for line in heard if line.startswith("run 20260101T000000-0000dead ended without sealing")]
     assert len(told) == 1 and "no push will send them" in told[0], heard
+
+
+def test_the_line_tells_a_killed_flash_s_end_and_the_resume_that_fixed_it(cli, db, central, killed, tmp_path,
+                                                                          monkeypatch):
+    """Issue 27 item 1: the line view's notification of a killed flash carries its next step on
+    its host, as fleet report says it (the host's follow service said its process is gone), and
+    once the pasted resume has finished it, the line's summary says which run fixed it."""
+    from amdflash.pipeline.fleet.live import Follower
+    from amdflash.pipeline.fleet.serve.notify import Notifier
+    from amdflash.store import status
+    from tests.pipeline.fleet.lab import wait_for
+    from tests.pipeline.fleet.test_serve import Receiver, _line
+
+    run = killed["run"]
+    enroll(cli, central, tmp_path)
+    assert push(cli, central)[0].code == 0
+    with monkeypatch.context() as m:               # the report as read on another machine
+        m.setattr(status, "machine_id", lambda: "another-machine")
+        (tmp_path / "boot_id").write_text("another-boot\n")
+        m.setattr(status, "BOOT_ID", tmp_path / "boot_id")
+        follower = Follower(str(db), central, log=lambda line: None)
+        receiver = Receiver()
+        line = _line(central, notifier=Notifier([receiver.url], lambda m: None), settle=1.0)
+        try:
+            m.undo()                               # the follow service is on the host: it sees its /proc
+            for _ in range(2):
+                follower.tick()
+            m.setattr(status, "machine_id", lambda: "another-machine")
+            m.setattr(status, "BOOT_ID", tmp_path / "boot_id")
+            wait_for(lambda: any(run in t for t in receiver.titles()), 60, "the killed flash notified")
+            [told] = [x["message"] for x in receiver.got if run in x["title"]]
+            step = next(s for s in told.splitlines() if s.startswith("next: on hosta: "))
+            pasted = step.split("To finish the flash: ")[1].split(" (run there")[0]
+            assert pasted == f"amdflash resume {run} --board sim:{killed['board']} --yes", told
+            m.undo()
+            assert across.run_printed(cli, pasted).code == 0
+            fix = json.loads(cli("runs", "--format", "json").out)[-1]["run_id"]
+            for _ in range(2):
+                follower.tick()
+            follower.push_once()
+            # Said in the line's summary: of the round it ended in, or of the round the resume ran in.
+            wait_for(lambda: [x for x in receiver.got if "line done" in x["title"] and fix in x["message"]], 60,
+                     "the line done with the resume")
+            done = "\n".join(x["message"] for x in receiver.got if "line done" in x["title"])
+            assert f"- interrupted (fixed by {fix}): hosta" in done or f"- run {run} fixed by {fix}: hosta" in done, \
+                done
+        finally:
+            line.close()
+            receiver.close()
+            follower.watch.close()
+            follower.pg.close()

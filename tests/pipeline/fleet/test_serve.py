@@ -324,3 +324,36 @@ def test_serve_checks_its_options_and_its_login_before_listening(cli, central, t
     bad = cli("fleet", "serve", "--from", as_login(central, "hosta"))
     assert bad.code == 2 and "push login" in bad.err
 
+
+
+def test_a_failure_s_notification_and_row_repeat_its_end_as_fleet_report_tells_it(cli, line_record):
+    """Issue 27 item 1: the notification of a failed run, and its row on the line, repeat what the
+    run's report says of its end, from the signed record: the state the flash is in, the backup
+    with the command that puts it back, and the next step on its host."""
+    import html
+
+    from amdflash.pipeline.commands.run_end import backup_words
+    from amdflash.pipeline.fleet.serve.notify import Notifier
+
+    r = line_record
+    url = r["url"]
+    there = json.loads(cli("fleet", "report", f"hostb/{r['bad']}", "--from", url, "--format", "json").out)
+    end = there["outcome"]
+    assert there["status"] == "failed" and end["next_step"].startswith("on hostb: ") and end["state"], there
+    said = [f"state: {end['state']}", f"backup: {backup_words(end)}", f"next: {end['next_step']}"]
+    receiver = Receiver()
+    line = _line(url, notifier=Notifier([receiver.url], lambda m: None), settle=1.0)
+    try:
+        insert(as_login(url, "hostb"), r["b"], run_id=r["bad"], state="failed", board="sim:/b/0", place="hostb-b0",
+               error="verify of unit 0x010000 failed", command="flash")
+        wait_for(lambda: any(r["bad"] in t for t in receiver.titles()), 30, "the failure notified")
+        [message] = [m["message"] for m in receiver.got if r["bad"] in m["title"]]
+        for words in said:
+            assert words in message, message
+        wait_for(lambda: 'data-field="end"' in _client(line, url).get("/").text, 30, "the end on the line")
+        [row] = [tr for tr in _client(line, url).get("/").text.split("<tr ") if f'data-run="{r["bad"]}"' in tr]
+        shown = html.unescape(row.split('data-field="end">')[1].split("</div>")[0]).split("<br>")
+        assert shown == said, shown
+    finally:
+        line.close()
+        receiver.close()
