@@ -203,8 +203,11 @@ FLOORS: dict[str, int] = {
     "amdflash.stages": 2,               # one module per stage, and the one place that opens a board
     "amdflash.stages.sim": 2,           # the emulated board: its own room (see EMULATOR_DOORS)
     "amdflash.stages.drivers": 1,       # ROM_SW, aperture, PSP; the SPI NOR command set and chips
-    "amdflash.stages.image": 1,         # ATOM, IFWI, partitions: pure functions of bytes
     "amdflash.stages.transport": 0,     # BAR5 access: usb, pci, amdgpu, discovery, locks
+    # Pure functions of bytes and constants, which every floor may use (the amdgpu transport reads
+    # the part number out of the VBIOS the kernel exposes as a PCI ROM file, with image.atom):
+    "amdflash.stages.image": 0,         # ATOM, IFWI, partitions
+    "amdflash.stages.drivers.flash.geometry": 0,   # the flash's size, sector, unit and page
 }
 
 # The modules that hand the emulated board to the rest, and why each may. Nothing else imports
@@ -214,6 +217,11 @@ EMULATOR_DOORS: dict[str, str] = {
     "amdflash.pipeline.cli.sim": "the `sim` commands: create, inspect and calibrate emulated boards",
     "amdflash.pipeline.commands.demo": "`demo`: a recovery on an emulated board it makes",
     "amdflash.store.replay": "`replay`: the recorded writes re-applied to an emulated board",
+    # A hardware report is a real board measured against the emulator's model of it: the one
+    # validator of what `sim create --from-report` and an ordinary run's --hardware-report accept
+    # (report_model.check, calibration.loads) and the facts it confirms or contradicts.
+    "amdflash.pipeline.commands.hardware_report": "`hardware-report`: a board's facts against the emulator's model",
+    "amdflash.pipeline.engine.board_report": "--hardware-report: a report checked by the model's one validator",
 }
 
 
