@@ -371,7 +371,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from amdflash.pipeline.commands.checks import writable_output
     from amdflash.pipeline.commands.run_end import on_host
     from amdflash.pipeline.cli.trail import render_text
+    from amdflash.pipeline.fleet.serve.ends import gone_processes
     from amdflash.store.central import AmbiguousRun, materialize
+    from amdflash.store.status import processes_gone
 
     url = _url(args.source, "--from")
     if args.output is not None:
@@ -382,7 +384,9 @@ def cmd_report(args: argparse.Namespace) -> int:
             run_id = materialize(url, args.run_id, path, args.host)
         except AmbiguousRun as e:
             raise Refusal(str(e)) from None
-        with on_host(_host_name(path)):       # its next step runs on its host, not here
+        host = _host_name(path)
+        # its next step runs on its host, not here; a process the record shows gone is so here too
+        with on_host(host), processes_gone(gone_processes(url, host, path)):
             rep, page = commands.report(run_id, str(path), html=args.format == "html", keys=args.key)
     if args.format == "json":
         text = json.dumps(rep, indent=2, default=str)

@@ -44,7 +44,9 @@ def run_end(url: str, host_id: int, run_id: str, host_said: str | None = None) -
             central.materialize(url, f"{name}/{run_id}", copy)
         except central.CentralError:
             return None                       # not pushed yet
-        gone = _process_rows(copy, run_id, PROCESS_STAGE) if host_said == "interrupted" else []
+        gone = gone_processes(url, name, copy)
+        if host_said == "interrupted":   # the host's word as this view read it (the record may lag)
+            gone += _process_rows(copy, run_id, PROCESS_STAGE)
         try:
             with on_host(name), processes_gone(gone):
                 rep, _ = commands.report(run_id, str(copy), keys=[key])
@@ -68,6 +70,23 @@ def end_lines(end: dict[str, Any] | None) -> list[str]:
              f"next: {end['next_step']}" if end.get("next_step") else None,
              f"fixed by {end['fixed_by']}" if end.get("fixed_by") else None]
     return [line for line in lines if line]
+
+
+def gone_processes(url: str, host: str, copy: Path) -> list[str]:
+    """The "process" rows of the runs copied out of the record into `copy` whose process the
+    record shows gone (fleet runs' status for them is interrupted: store.central.select_runs),
+    for reading the copy as the record reads them (store.status.processes_gone)."""
+    from amdflash.store import central
+    from amdflash.store.status import PROCESS_STAGE
+
+    conn = sqlite3.connect(f"file:{copy}?mode=ro", uri=True)
+    try:
+        ids = [str(r) for (r,) in conn.execute("SELECT run_id FROM runs")]
+    finally:
+        conn.close()
+    with central.connect(url) as pg:
+        over = [r["run_id"] for r in central.select_runs(pg, host=host, run_ids=ids) if r["status"] == "interrupted"]
+    return [d for run_id in over for d in _process_rows(copy, run_id, PROCESS_STAGE)]
 
 
 def _process_rows(copy: Path, run_id: str, stage: str) -> list[str]:

@@ -96,21 +96,27 @@ def test_a_killed_never_resumed_flash_reads_as_its_host_says_from_another_machin
     [local] = [r for r in json.loads(cli("runs", "--format", "json").out) if r["run_id"] == run]
     assert local["status"] == "interrupted"
 
-    def elsewhere() -> str:        # fleet runs as read from another machine (another machine-id and boot)
+    def elsewhere() -> tuple[str, dict]:    # fleet runs and fleet report as read on another machine
         with monkeypatch.context() as m:
             m.setattr(status, "machine_id", lambda: "another-machine")
             (tmp_path / "boot_id").write_text("another-boot\n")
             m.setattr(status, "BOOT_ID", tmp_path / "boot_id")
             [row] = [r for r in record.runs(central) if r["run_id"] == run]
-            return str(row["status"])
+            there = json.loads(cli("fleet", "report", f"hosta/{run}", "--from", central, "--format", "json").out)
+            return str(row["status"]), there
 
-    assert elsewhere() == "running"              # nothing in the record says its process is gone: it may run
+    listed, there = elsewhere()
+    assert listed == there["status"] == "running"   # nothing in the record says its process is gone: it may run
     follower = Follower(str(db), central, push=False, log=lambda line: None)
     for _ in range(2):                             # the first tick finds the trail, the next sends what it saw
         follower.tick()
     follower.watch.close()
     follower.pg.close()
-    assert elsewhere() == "interrupted" == local["status"]
+    listed, there = elsewhere()
+    assert listed == there["status"] == "interrupted" == local["status"]
+    here = json.loads(cli("report", run, "--format", "json").out)
+    assert there["outcome"]["state"] == here["outcome"]["state"]
+    assert there["outcome"]["next_step"].startswith("on hosta")
 
 
 def test_read_elsewhere_a_run_whose_machine_booted_since_is_interrupted(tmp_path, monkeypatch):
