@@ -35,6 +35,7 @@ serve's state directory, so a restart, an outage or a reconnect neither loses no
 they carry the record's own fields only, checked and made printable, as plain text.
 
 The rooms: words (what a host wrote, made safe to show), line (the record read into the
-line's state, kept current; notifications decided), notify (Apprise and what was notified),
-pages (HTML), app (the Starlette application, the live stream, `serve`).
+line's state, kept current; notifications decided), ends (a failed or interrupted run's end
+as `fleet report` tells it), notify (Apprise and what was notified), pages (HTML), app (the
+Starlette application, the live stream, `serve`).
 """
