@@ -7,6 +7,7 @@ must not call what it then finds "the original", nor quietly overwrite a flash t
 could resume."""
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -52,17 +53,29 @@ def printed(text: str, after: str) -> str:
     return found.group(1).strip()
 
 
+_REFERENCE_WRITES: dict[tuple[bytes, bytes], int] = {}
+
+
+def reference_writes(tmp_path: Path, image: Path, first: bytes) -> int:
+    """Register writes of an undisturbed flash of `image` over `first` on a board like the
+    killed one (the same for every test that asks: one reference flash per process)."""
+    key = (hashlib.sha256(image.read_bytes()).digest(), hashlib.sha256(first).digest())
+    if key not in _REFERENCE_WRITES:
+        ref = create_board(tmp_path / "reference", content=first, transport="ideal", seed=SEED)
+        refdb = tmp_path / "reference.sqlite"
+        assert cli.run("--no-progress", "--db", refdb, "-q", "flash", image, "--yes", "--expect-part", PART_KEY,
+                       "--board", f"sim:{ref}").returncode == 0
+        with Board(ref) as b:
+            _REFERENCE_WRITES[key] = int(b.stats()["reg_writes"])
+    return _REFERENCE_WRITES[key]
+
+
 @pytest.fixture
 def killed(tmp_path: Path, image: Path) -> dict:
     """A board whose flash was killed while writing units: the board, its first content, the
     killed run and the backup it made."""
     first = content(image.read_bytes())
-    ref = create_board(tmp_path / "reference", content=first, transport="ideal", seed=SEED)
-    refdb = tmp_path / "reference.sqlite"
-    assert cli.run("--no-progress", "--db", refdb, "-q", "flash", image, "--yes", "--expect-part", PART_KEY,
-                   "--board", f"sim:{ref}").returncode == 0
-    with Board(ref) as b:
-        total = int(b.stats()["reg_writes"])
+    total = reference_writes(tmp_path, image, first)
     # Just before the end: units are being written (the backup, which reads all 512, is long over).
     board = create_board(tmp_path / "board", content=first, transport="ideal", seed=SEED,
                          faults=[f"kill-after-writes={total * 99 // 100}"])
