@@ -22,7 +22,8 @@ FAILED = ("failed", "interrupted", "refused")
 ORDER = {"failed": 0, "interrupted": 1, "refused": 2, "unreadable": 3, "running": 4, "succeeded": 5}
 STATES = ("running", *ENDS, "alive")
 REFRESH = 2.0                       # seconds between reads of signed status and health (and new rows)
-END_WAIT = 10.0                     # seconds a failure's notification waits for its end in the record
+END_WAIT = 10.0                     # seconds a failure's notification waits for its end in the record,
+END_WAIT_LONGEST = 60.0             # and at most this while its host's push or its end's telling is under way
 BATCH = 20000                       # progress rows read at once
 
 
@@ -389,7 +390,7 @@ class Line:
         wall = dt.datetime.now(dt.UTC)
         with self.lock:
             running = any(x.state == "running" and not self._stale(x, wall) for x in self.boards.values())
-        if m.round_active and not running and not m.pending and now - m.last_activity >= self.settle:
+        if m.round_active and not running and now - m.last_activity >= self.settle:
             self._line_done()
             sent = True
         sent = self._silent_hosts() or sent
@@ -408,7 +409,9 @@ class Line:
         sent = False
         for key, p in list(m.pending.items()):
             told = self.end_of(int(p["host_id"]), str(p["run_id"]))
-            if told is None and now < float(p["due"]):
+            waited = now - float(p["due"]) + self.end_wait
+            if told is None and (waited < self.end_wait or waited < END_WAIT_LONGEST
+                                 and self._coming(int(p["host_id"]), str(p["run_id"]))):
                 continue
             del m.pending[key]
             m.notified[key] = int(p["id"])
@@ -419,6 +422,14 @@ class Line:
                 f"{p['command']} on board {p['board']} of host {p['host']} {p['state']}: {p['error']}{said}\n"
                 f"report: {self.report_url(int(p['host_id']), p['run_id'])}", "failure")
         return sent
+
+    def _coming(self, host_id: int, run_id: str) -> bool:
+        """Whether the run's end is on its way: its host said it has checkpoints the record has
+        not yet (its push is under way), or the end is being told from the record now."""
+        with self.lock:
+            telling = any(h == host_id and r == run_id and e is None for (h, r, _), e in self.ends.items())
+            lag = [(h.get("host_checkpoint"), h.get("checkpoint")) for h in self.hosts if h.get("id") == host_id]
+        return telling or any(mine is not None and (held is None or mine > held) for mine, held in lag)
 
     def _line_done(self) -> None:
         m = self.memory

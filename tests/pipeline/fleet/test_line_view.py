@@ -132,6 +132,7 @@ def test_the_line_view_shows_every_board_live_a_failure_within_5_s_a_kill_and_it
             report = base + row["href"]
             wait_for(lambda: page.goto(report).status == 200, 60, "the failed run's report", interval=1.0)
             assert page.inner_text("[data-field=status-badge]") == "failed"
+            assert page.inner_text("[data-field=host]") == "hostb"      # the line's name for it, not the OS's
             assert "verified here" in page.inner_text("[data-field=verification]")
             assert f"{stuck:#08x}" in page.inner_text("body") or f"{stuck:#x}" in page.inner_text("body")
 
@@ -156,6 +157,11 @@ def test_the_line_view_shows_every_board_live_a_failure_within_5_s_a_kill_and_it
         failure = [m for m in receiver.got if failed_run in m["title"]]
         assert len(failure) == 1 and "failed on hostb" in failure[0]["title"]
         assert "https://view.example/runs/" in failure[0]["message"] and f"{failed_run}.html" in failure[0]["message"]
+        # ... saying what its report says of its end: the flash's state, the backup, the next step there
+        assert "\nstate: " in failure[0]["message"] and "\nnext: on hostb: " in failure[0]["message"], failure
+        for place in killed:
+            [told] = [m["message"] for m in receiver.got if first.boards[place]["run_id"] in m["title"]]
+            assert "\nnext: on hosta: " in told and "amdflash resume " in told, told
         done = next(m for m in receiver.got if "line done" in m["title"])
         assert "8 run(s) ended" in done["message"] and "1 failed" in done["message"] \
             and "4 interrupted" in done["message"] and failed_run in done["message"]
