@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import structlog
 
 # The signals amdflash (or a library it starts) may take over for a command line.
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGQUIT, signal.SIGUSR1)
@@ -109,9 +108,12 @@ def _no_host_deaths() -> Iterator[list[bool]]:
 @contextmanager
 def _process_state() -> Iterator[None]:
     """What a command line may change of the process, put back after it."""
-    handlers = {s: signal.getsignal(s) for s in _SIGNALS}
-    structlog_config = structlog.get_config()
     from amdflash.pipeline import logsetup
+
+    handlers = {s: signal.getsignal(s) for s in _SIGNALS}
+    # structlog only if already imported: a command that logs nothing never imports it.
+    structlog = sys.modules.get("structlog")
+    structlog_config = structlog.get_config() if structlog else None
 
     settings = logsetup.settings()
     root = logging.getLogger()
@@ -125,7 +127,10 @@ def _process_state() -> Iterator[None]:
         for s, handler in handlers.items():
             if handler is not None:
                 signal.signal(s, handler)
-        structlog.configure(**structlog_config)
+        if structlog_config is not None:
+            structlog.configure(**structlog_config)  # type: ignore[union-attr]
+        elif "structlog" in sys.modules:
+            sys.modules["structlog"].reset_defaults()
         logsetup._settings = settings
         root.handlers[:] = root_handlers
         root.setLevel(root_level)
