@@ -11,6 +11,7 @@ import pytest
 
 from amdflash.pipeline.cli.main import build_parser
 from tests.pipeline.cli.conftest import flash_content
+from tests.support import cli
 
 
 def test_quiet_flash_prints_nothing_on_success(amdflash, make_board, image):
@@ -122,8 +123,7 @@ def test_typos_get_a_suggestion(amdflash, typed, suggestion):
 def test_a_closed_pipe_ends_output_quietly(make_board, tmp_path):
     board = make_board(transport="ideal")
     for _ in range(3):
-        subprocess.run([sys.executable, "-m", "amdflash", "info", "--board", f"sim:{board}", "-q"], check=True,
-                       capture_output=True)
+        cli.run("info", "--board", f"sim:{board}", "-q").check_returncode()
     reader = subprocess.Popen([sys.executable, "-m", "amdflash", "read", "0", "0x200000", "--board", f"sim:{board}",
                                "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert reader.stdout is not None and reader.stderr is not None
