@@ -15,6 +15,7 @@ import pytest
 
 from amdflash.stages.sim.synth import synthetic_ifwi
 from tests.pipeline.cli.conftest import flash_content
+from tests.support import cli
 
 SCRIPT = str(Path(sys.executable).with_name("amdflash"))   # the console script, as a shell runs it
 
@@ -87,15 +88,15 @@ def _interrupt_then_finish(tmp_path: Path, make_board, delay: float) -> None:  #
             assert "To finish the flash: amdflash resume " in lines[-1] and lines[-2].startswith("error: "), r.stderr
         else:
             assert lines[-1].startswith("error: "), r.stderr
-        listed = subprocess.run([SCRIPT, "runs", "--json"], capture_output=True, text=True, cwd=tmp_path)
+        # What follows the Ctrl-C is no signal's business: this process runs it.
+        listed = cli.run("runs", "--json", cwd=tmp_path)
         runs = json.loads(listed.stdout) if listed.returncode == 0 else []     # 2: no audit database yet
         if runs:                                    # stopped once the run had begun: resume it
             assert runs[-1]["status"] == "interrupted"
             assert f"To finish the flash: amdflash resume {runs[-1]['run_id']} --board sim:{board} --yes" in r.stderr
-            done = subprocess.run([SCRIPT, "resume", "--yes", "--board", f"sim:{board}", "-q"], capture_output=True,
-                                  text=True, cwd=tmp_path)
+            done = cli.run("resume", "--yes", "--board", f"sim:{board}", "-q", cwd=tmp_path)
         else:                                       # stopped before: flash again
-            done = subprocess.run([SCRIPT, *argv, "-q"], capture_output=True, text=True, cwd=tmp_path)
+            done = cli.run(*argv, "-q", cwd=tmp_path)
         assert done.returncode == 0, done.stderr
     assert flash_content(board)[:48 * 0x1000] == image.read_bytes()[:48 * 0x1000]
 
