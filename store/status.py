@@ -45,15 +45,17 @@ def processes_gone(details: Iterable[str]) -> Iterator[None]:
         _GONE.reset(token)
 
 
-def _start_ticks(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot."""
+def _start_ticks(pid: int, living: bool = False) -> int | None:
+    """Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot (`living`:
+    None for a process that has died but is not yet reaped — a zombie runs nothing)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: fields follow the last ')'.
     try:
-        return int(stat[stat.rindex(")") + 2:].split()[19])
+        fields = stat[stat.rindex(")") + 2:].split()
+        return None if living and fields[0] in ("Z", "X") else int(fields[19])
     except (ValueError, IndexError):
         return None
 
@@ -82,7 +84,7 @@ def process_alive(detail: str | None) -> bool | None:
         return None
     if boot is None or boot != _boot_id():
         return None
-    return ticks is not None and _start_ticks(pid) == ticks
+    return ticks is not None and _start_ticks(pid, living=True) == ticks
 
 
 def machine_id() -> str | None:

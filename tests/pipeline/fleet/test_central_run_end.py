@@ -230,3 +230,27 @@ def test_the_line_tells_a_killed_flash_s_end_and_the_resume_that_fixed_it(cli, d
             receiver.close()
             follower.watch.close()
             follower.pg.close()
+
+
+def test_a_run_whose_process_died_unreaped_is_not_running():
+    """A killed job's process can linger as a zombie until its parent reaps it; it runs nothing,
+    so its run is interrupted, not running (the killed host job's runs read on their host)."""
+    import os
+    import time
+
+    from amdflash.store import status
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        stat = f"/proc/{pid}/stat"
+        deadline = time.monotonic() + 10
+        while open(stat).read().rsplit(")", 1)[1].split()[0] != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        detail = json.dumps({"pid": pid, "start_ticks": status._start_ticks(pid), "boot_id": status._boot_id()})
+        assert status.process_alive(detail) is False
+        assert status.run_status(None, False, detail, status.machine_id()) == "interrupted"
+    finally:
+        os.waitpid(pid, 0)
+    assert status.process_alive(status.this_process()) is True
