@@ -1,4 +1,4 @@
-"""The flash's geometry, one definition for every module (HARDWARE.md §7).
+"""The flash's geometry, one definition for every module (docs/flash-chip.md).
 
 Every Navi31 board this tool serves keeps its IFWI in a 2 MiB SPI NOR part programmed in
 256-byte pages and erased, at the finest, in 4 KiB sectors. The pipeline works in sectors:
