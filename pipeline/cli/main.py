@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import re
 import signal
+import os
 import sys
 from typing import Any, NoReturn
 from collections.abc import Collection, Sequence
@@ -338,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:          # --help, --version: argparse has printed what was asked
         return e.code if isinstance(e.code, int) else EXIT_OK
     except KeyboardInterrupt:
-        output.error("interrupted")
+        _say_interrupted(json_lines)
         return EXIT_INTERRUPTED
     except BrokenPipeError:          # stdout closed by its reader: nothing more to say
         output._stdout_gone()
@@ -355,6 +356,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             next_step.restore_globals(outer_globals)
 
 
+def _say_interrupted(json_lines: bool) -> None:
+    """'interrupted', however far the imports got. A Ctrl-C that lands while a module is being
+    imported (structlog is imported lazily, at the first message) can leave that module half
+    made, so that importing it again to say so fails; then the line is written as the console
+    script writes it before anything is imported."""
+    from amdflash.pipeline.cli import output
+
+    try:
+        output.error("interrupted")
+    except Exception:
+        os.write(2, b'{"event": "interrupted", "level": "error"}\n' if json_lines else b"error: interrupted\n")
+
+
 def _report(raised: BaseException) -> int:
     from amdflash.pipeline.cli import output
     from amdflash.pipeline.errors import leaves, one_line
@@ -364,7 +378,7 @@ def _report(raised: BaseException) -> int:
     if any(isinstance(e, KeyboardInterrupt) for leaf in causes for e in _chain(leaf)):
         # Also a Ctrl-C that Python wrapped while it ran (an import building a class wraps it
         # in "Error calling __set_name__"): the user interrupted, nothing failed.
-        output.error("interrupted")
+        _say_interrupted("--log-json" in sys.argv)
         return EXIT_INTERRUPTED
     refusals = [e for e in causes if isinstance(e, Refusal)]
     if refusals:
