@@ -71,6 +71,13 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)   # a flashing tool does not guess what --f meant
         super().__init__(*args, **kwargs)
 
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        # argparse asks for a formatter on every add_argument; its default width comes from
+        # shutil, whose import brings zlib, bz2 and lzma to `amdflash --version`. The same
+        # width, asked of os directly (shutil.get_terminal_size's rule: $COLUMNS, the
+        # terminal, else 80).
+        return self.formatter_class(prog=self.prog, width=_columns() - 2)
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self._suggest(message)} (see '{self.prog} --help')")
 
@@ -93,6 +100,19 @@ class Parser(argparse.ArgumentParser):
                 if token.startswith("-") and near:
                     return f"unknown option '{token}'; did you mean '{near[0]}'?"
         return message
+
+
+def _columns() -> int:
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns if columns > 0 else 80
 
 
 class _Count(argparse.Action):

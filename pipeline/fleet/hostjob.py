@@ -193,10 +193,13 @@ class ForkedCli:
 
 
 def _watch_stdin(procs: list[ForkedCli]) -> None:
-    for line in sys.stdin:
-        if line.strip() == "stop":
-            for proc in procs:
-                proc.send_signal(signal.SIGTERM)
+    try:
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                for proc in procs:
+                    proc.send_signal(signal.SIGTERM)
+    except (OSError, ValueError):   # no readable stdin (closed, or not a stream): nobody to say stop
+        pass
 
 
 def _spec_as_recorded(spec: str) -> str:

@@ -83,8 +83,11 @@ def app(line: Line, url: str, allowed_hosts: list[str] | None = None) -> Any:
 
     def wake() -> None:   # from the line's thread
         loop = loop_box.get("loop")
-        if loop is not None:
-            loop.call_soon_threadsafe(_broadcast)
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(_broadcast)
+            except RuntimeError:   # closed between the check and the call: the server has stopped
+                pass
 
     def _broadcast() -> None:
         for q in list(clients):
