@@ -17,7 +17,7 @@ import signal
 import os
 import sys
 from typing import Any, NoReturn
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, Refusal, UsageError
 from amdflash.pipeline.cli.parsing import subparsers
@@ -76,7 +76,10 @@ class Parser(argparse.ArgumentParser):
         # shutil, whose import brings zlib, bz2 and lzma to `amdflash --version`. The same
         # width, asked of os directly (shutil.get_terminal_size's rule: $COLUMNS, the
         # terminal, else 80).
-        return self.formatter_class(prog=self.prog, width=_columns() - 2)
+        # Every formatter class used here is a HelpFormatter, which takes width (typeshed's
+        # _FormatterClass protocol names only prog).
+        formatter: Callable[..., argparse.HelpFormatter] = self.formatter_class
+        return formatter(prog=self.prog, width=_columns() - 2)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self._suggest(message)} (see '{self.prog} --help')")
@@ -108,9 +111,10 @@ def _columns() -> int:
     except ValueError:
         columns = 0
     if columns <= 0:
+        stdout = sys.__stdout__   # None when Python started without one
         try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
-        except (AttributeError, ValueError, OSError):
+            columns = os.get_terminal_size(stdout.fileno()).columns if stdout else 0
+        except (ValueError, OSError):
             columns = 0
     return columns if columns > 0 else 80
 

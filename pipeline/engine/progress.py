@@ -168,7 +168,9 @@ class ProgressBoard:
             self.mode = "live"
         else:
             self.mode = "lines"
-        self.interval = interval
+        # --log-json feeds a live view (fleet flash redraws 4 times a second): an event every 5 s
+        # would leave a stage shorter than that seen only at its end, with no rate or ETA on the way.
+        self.interval = min(interval, 1.0) if self.mode == "json" else interval
         self.boards: dict[str, BoardProgress] = {}
         self._lock = threading.Lock()
         self._live: Live | None = None

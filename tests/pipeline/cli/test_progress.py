@@ -70,3 +70,24 @@ def test_the_terminal_table_has_a_column_per_stage_with_bytes_rate_and_eta(monke
     assert "1.00 MiB/2.00 MiB" in row_a and "512 KiB/2.00 MiB" in row_a         # backup and erase of board a
     assert "KiB/s ETA 0:" in text                                               # rate and ETA while running
     assert "failed at 0x01f000" in text and "done" in text and "running" in text
+
+
+def test_json_progress_tells_a_live_view_a_stage_s_rate_and_eta_before_it_ends(monkeypatch, capsys):
+    """A fleet's live view draws --log-json events: a stage of a few seconds must show its rate
+    and ETA while it runs, not only its end (issue 27 item 9: rate and ETA were mostly blank)."""
+    from amdflash.store.writer.recorder import NullWriter, Recorder
+
+    configure(json_lines=True)
+    ui = ProgressBoard(enabled=True)
+    assert ui.mode == "json"
+    ui.observe(Recorder(NullWriter(), "run"), "sim:/a", "run")   # the run starts now
+    start = ui.boards["sim:/a"].started
+    now = [start]
+    monkeypatch.setattr("amdflash.pipeline.engine.progress.time.monotonic", lambda: now[0])
+    report = ui.reporter("sim:/a", "run")
+    for tick in range(1, 9):              # a 4-second program stage, reported every half second
+        now[0] = start + tick / 2
+        report("program", tick * 64, 512)      # units of 4 KiB: 2 MiB in all
+    events = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    during = [e for e in events if e.get("event") == "progress" and e.get("done", 0) < e.get("total", 0)]
+    assert during and all(e["rate"] > 0 and e["eta"] > 0 for e in during), events
