@@ -93,7 +93,7 @@ def apply(lazily: bool = False) -> None:
     """Set logging up as `configure` said, now: the standard logging module's handler (other
     libraries' logging and Python warnings) and structlog. `lazily`: structlog at the first
     message instead, unless a module already imported it (and may log through it directly,
-    as stages/identify.py does): a command that logs nothing never imports it, nor rich."""
+    as a library may): a command that logs nothing never imports it, nor rich."""
     global _settings
     if not _settings.configured or _settings.applied:
         return
@@ -135,7 +135,9 @@ def _emit(record: logging.LogRecord) -> None:
     import structlog
 
     apply()
-    structlog.get_logger(record.name).log(record.levelno, record.getMessage(), logger=record.name)
+    fields = getattr(record, "fields", None)    # a stage's key-value fields (logging's extra=)
+    structlog.get_logger(record.name).log(record.levelno, record.getMessage(), logger=record.name,
+                                          **(fields if isinstance(fields, dict) else {}))
 
 
 def settings() -> Settings:

@@ -11,8 +11,7 @@ whose detail is JSON.
 from __future__ import annotations
 
 import json
-
-import structlog
+import logging
 
 from amdflash.stages.device import Device
 from amdflash.stages.drivers.flash import chips
@@ -39,8 +38,10 @@ def record_finding(dev: Device, finding: Finding) -> None:
     dev.recorder.add("stages", stage="rom_sw", event="fast path",
                      detail=f"{finding.name}: {verdict}: {finding.detail}", at=_now())
     if not finding.ok:
-        structlog.get_logger("amdflash").warning(f"{finding.name} off for this board: {finding.detail}",
-                                                 board=dev.identity.spec)
+        # Through the standard logging module: the command line routes it to its own log (with
+        # the board as a field) without this stage importing structlog for a board that never warns.
+        logging.getLogger("amdflash").warning(f"{finding.name} off for this board: {finding.detail}",
+                                              extra={"fields": {"board": dev.identity.spec}})
 
 
 def record_chip_facts(dev: Device, ident: FlashIdentity) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Callable
 
@@ -13,6 +14,12 @@ from amdflash.stages.sim import Board, create_board
 # compiles the whole program again (a third of its start-up). An environment that turns the
 # cache off (PYTHONDONTWRITEBYTECODE) would make every one of them pay it.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+# The tests press Ctrl-C as at a terminal. A pytest started in the background (`pytest &`, a
+# script's job) ignores SIGINT, as POSIX has it, and so would every amdflash it starts, which
+# rightly keeps ignoring it then (pipeline/launch.py): Ctrl-C as a shell at a terminal gives it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -18,19 +18,17 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
-
-from rich.console import Console
-from rich.live import Live
-from rich.progress_bar import ProgressBar
-from rich.table import Table
-from rich.text import Text
 
 from amdflash.pipeline.engine.events import RowTap, TappedRecorder, debug_tap, wants_trace
 from amdflash.pipeline.logsetup import QUIET, logger, settings
 from amdflash.pipeline.terminal import printable
 from amdflash.stages.drivers.flash.geometry import UNIT
+
+if TYPE_CHECKING:      # rich (a hundred modules) is imported only for the live table on a terminal
+    from rich.live import Live
+    from rich.table import Table
 
 # Bytes per unit each stage counts in; stages not listed count items (ifwi-all).
 BYTES_PER = {"backup": UNIT, "erase": UNIT, "program": UNIT, "verify": UNIT, "dump": UNIT, "read": 1,
@@ -178,6 +176,9 @@ class ProgressBoard:
 
     def __enter__(self) -> ProgressBoard:
         if self.mode == "live":
+            from rich.console import Console
+            from rich.live import Live
+
             self._live = Live(get_renderable=self._render, console=Console(stderr=True),
                               refresh_per_second=4, transient=False, redirect_stdout=False)
             self._live.start()
@@ -245,6 +246,9 @@ class ProgressBoard:
             log.info("progress", state=progress.final, seconds=round((progress.ended or now) - progress.started, 3))
 
     def _render(self) -> Table:
+        from rich.table import Table
+        from rich.text import Text
+
         with self._lock:
             boards = list(self.boards.values())
         names = [s for s in FLASH_STAGES if any(s in b.stages for b in boards)]
@@ -275,6 +279,10 @@ class ProgressBoard:
             speed = f"{_amount(int(rate), stage.in_bytes)}/s ETA {_duration((total - done) / rate)}"
         else:
             speed = ""
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
         cell = Table.grid()
         cell.add_row(ProgressBar(total=max(total, 1), completed=done, width=14))
         cell.add_row(Text(amounts))

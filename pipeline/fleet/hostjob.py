@@ -400,8 +400,8 @@ def _run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: s
         for proc in procs:
             proc.send_signal(signum)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    # A stop is passed on to the jobs until their results are read; the caller's handlers after.
+    before = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
     outputs: list[tuple[bytes, bytes]] = [(b"", b"")] * len(procs)
 
     def wait(i: int) -> None:
@@ -462,6 +462,8 @@ def _run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: s
             with contextlib.suppress(OSError):
                 os.unlink(results[spec]["output"])
             results[spec]["output"] = None
+    for signum, handler in before.items():
+        signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
     return [results[spec] for spec in specs]
 
 

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -337,11 +338,14 @@ def test_a_dump_waiting_on_the_host_for_the_client_is_the_user_s_alone(tmp_path:
     monkeypatch.setenv("AMDFLASH_LOCK_DIR", str(tmp_path / "locks"))
     board = create_board(tmp_path / "board", seed=9, transport="ideal")
     old = os.umask(0o022)                        # a usual umask: the command line's outputs are 0644
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         [result] = run(main, [f"sim:{board}"], str(tmp_path / "audit.sqlite"), "dump", None)
     finally:
         os.umask(old)
     assert result["status"] == "succeeded", result
+    # Ctrl-C and SIGTERM went to the job while it ran; the caller's handlers are back after.
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
     output = Path(result["output"])
     try:
         st = os.lstat(output)
