@@ -481,17 +481,21 @@ def main(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: s
             os.setpgid(0, 0)
     # First line: the job has begun here (so a client that hears nothing more knows that
     # something may have run, and one that hears not even this knows that nothing did).
+    # The client's stream, held here: the queries this job makes of its own command line
+    # (cli_json) swap sys.stdout for the whole process while they run, and a progress line that
+    # a reader thread printed then would end up inside a query's JSON instead of with the client.
+    client = sys.stdout
     with contextlib.suppress(BrokenPipeError, OSError):
-        print(json.dumps({"started": True, "pid": os.getpid()}), flush=True)
+        print(json.dumps({"started": True, "pid": os.getpid()}), file=client, flush=True)
     lock = threading.Lock()   # progress comes from the jobs' reader threads: one line at a time
 
     def say(spec: str, run_id: str) -> None:
         with lock, contextlib.suppress(BrokenPipeError, OSError):
-            print(json.dumps({"board": spec, "run_id": run_id}), flush=True)
+            print(json.dumps({"board": spec, "run_id": run_id}), file=client, flush=True)
 
     def progress(spec: str, stage: dict[str, Any]) -> None:
         with lock, contextlib.suppress(BrokenPipeError, OSError):
-            print(json.dumps({"board": spec, "progress": stage}), flush=True)
+            print(json.dumps({"board": spec, "progress": stage}), file=client, flush=True)
 
     try:
         results = run(cli_main, specs, db, job, image, flash_args, line_name, on_run=say, on_progress=progress)
@@ -502,7 +506,7 @@ def main(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: s
                    for spec in specs]
     with contextlib.suppress(BrokenPipeError, OSError):
         for result in results:
-            print(json.dumps(result, sort_keys=True), flush=True)
+            print(json.dumps(result, sort_keys=True), file=client, flush=True)
     codes = {r["exit_code"] for r in results}
     for code in (130, 1, 2):
         if code in codes:

@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -403,3 +404,32 @@ def test_a_host_job_s_runs_name_the_host_as_the_line_does(tmp_path: Path, monkey
         con.close()
     assert [hosts[r["run_id"]] for r in (*named, *plain)] == [other, socket.gethostname()], hosts
     assert LINE_NAME not in os.environ           # the job's name for its host stays the job's
+
+
+def test_progress_said_while_the_job_queries_its_own_command_line_reaches_the_client(monkeypatch, capsys) -> None:
+    """The host job asks its own command line for JSON (cli_json swaps sys.stdout for the whole
+    process meanwhile) while its reader threads say each board's progress: a line said then goes
+    to the client, not into the query's JSON (a fleet job on a busy host failed with
+    'JSONDecodeError: Extra data' once progress came every second)."""
+    from amdflash.pipeline.fleet import hostjob
+
+    def jobs(cli_main, specs, db, job, image, flash_args, line_name, on_run, on_progress):  # noqa: ANN001, ANN202
+        def query(argv: list[str]) -> int:          # the query's moment: a reader thread says progress
+            said = threading.Thread(target=on_progress, args=(specs[0], {"stage": "program", "done": 4096}))
+            said.start()
+            said.join()
+            print("[]")
+            return 0
+        assert hostjob.cli_json(query, [], "runs", "--format", "json") == []
+        return [{"board": specs[0], "status": "succeeded", "exit_code": 0}]
+
+    monkeypatch.setattr(hostjob, "run", jobs)
+    monkeypatch.setattr(hostjob.os, "setpgid", lambda pid, pgrp: None)   # this test process keeps its group
+    hangup = signal.getsignal(signal.SIGHUP)
+    try:
+        assert hostjob.main(lambda argv: 0, ["sim:/b"], None, "flash", "image.bin") == 0
+    finally:
+        signal.signal(signal.SIGHUP, hangup if hangup is not None else signal.SIG_DFL)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {"board": "sim:/b", "progress": {"stage": "program", "done": 4096}} in lines, lines
+    assert lines[-1] == {"board": "sim:/b", "status": "succeeded", "exit_code": 0}, lines
