@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import MutableMapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from amdflash.pipeline.terminal import printable
@@ -113,8 +114,7 @@ def apply(lazily: bool = False) -> None:
     if lazily and "structlog" not in sys.modules:
         return
 
-    import structlog
-
+    structlog = load_structlog()
     _settings = _settings._replace(applied=True)
     renderer = _json if _settings.json_lines else _human
     structlog.configure(
@@ -132,8 +132,7 @@ def apply(lazily: bool = False) -> None:
 
 
 def _emit(record: logging.LogRecord) -> None:
-    import structlog
-
+    structlog = load_structlog()
     apply()
     fields = getattr(record, "fields", None)    # a stage's key-value fields (logging's extra=)
     structlog.get_logger(record.name).log(record.levelno, record.getMessage(), logger=record.name,
@@ -144,8 +143,25 @@ def settings() -> Settings:
     return _settings
 
 
-def logger(**bound: object) -> structlog.typing.FilteringBoundLogger:
-    import structlog
+def load_structlog() -> ModuleType:
+    """structlog, imported without rich when rich is not loaded yet. structlog takes rich, where
+    installed, for its own console renderer and tracebacks, which amdflash never uses (every
+    line is rendered by _human or _json): 90 modules, a sixth of a command's start-up. rich is
+    imported as usual afterwards by what draws with it (the live progress table, which loads
+    structlog first: see engine/progress.py)."""
+    hidden = "structlog" not in sys.modules and "rich" not in sys.modules
+    # (Where another thread is importing structlog, the import below waits for it to finish.)
+    if hidden:
+        sys.modules["rich"] = None      # type: ignore[assignment]  # `import rich` fails: structlog goes without
+    try:
+        import structlog
+    finally:
+        if hidden and sys.modules.get("rich", 0) is None:
+            del sys.modules["rich"]
+    return structlog
 
+
+def logger(**bound: object) -> structlog.typing.FilteringBoundLogger:
+    structlog = load_structlog()
     apply()
     return structlog.get_logger("amdflash").bind(**bound)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 from amdflash.pipeline.engine.events import RowTap, TappedRecorder, debug_tap, wants_trace
-from amdflash.pipeline.logsetup import QUIET, logger, settings
+from amdflash.pipeline.logsetup import QUIET, load_structlog, logger, settings
 from amdflash.pipeline.terminal import printable
 from amdflash.stages.drivers.flash.geometry import UNIT
 
@@ -176,6 +176,9 @@ class ProgressBoard:
 
     def __enter__(self) -> ProgressBoard:
         if self.mode == "live":
+            # structlog first: while it is being imported without rich (logsetup.load_structlog),
+            # an import of rich here would fail; importing structlog waits for that to end.
+            load_structlog()
             from rich.console import Console
             from rich.live import Live
 

@@ -151,3 +151,15 @@ def test_version_and_help_start_within_their_multiple_of_a_bare_interpreter():
     bare = statistics.median(times["pass"])
     assert statistics.median(times["--version"]) <= 5 * bare, times
     assert statistics.median(times["--help"]) <= 10 * bare, times
+
+
+def test_a_command_off_a_terminal_logs_without_rich(tmp_path):
+    """rich draws the live progress table on a terminal; structlog would take it too for renderers
+    amdflash never uses (logsetup.load_structlog): `info` off a terminal logs, and loads no rich."""
+    from amdflash.stages.sim import create_board
+
+    board = create_board(tmp_path / "board", seed=3)
+    p, modules = _imported("info", "--board", f"sim:{board}", "--db", str(tmp_path / "audit.sqlite"))
+    assert p.returncode == 0, p.stderr
+    assert "structlog" in modules and "succeeded" in p.stderr        # it logged, through structlog
+    assert not [m for m in modules if m.split(".")[0] == "rich"]
