@@ -146,7 +146,7 @@ def settings() -> Settings:
 def load_structlog() -> ModuleType:
     """structlog, imported without rich when rich is not loaded yet. structlog takes rich, where
     installed, for its own console renderer and tracebacks, which amdflash never uses (every
-    line is rendered by _human or _json): 90 modules, a sixth of a command's start-up. rich is
+    line is rendered by _human or _json): 85 modules of every command that logs. rich is
     imported as usual afterwards by what draws with it (the live progress table, which loads
     structlog first: see engine/progress.py)."""
     hidden = "structlog" not in sys.modules and "rich" not in sys.modules
