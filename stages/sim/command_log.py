@@ -51,11 +51,15 @@ def record(board_dir: Path, out: bytes) -> None:
 
 
 def read(board_dir: Path) -> list[Command]:
+    """The commands the chip has received so far. A reader beside a running board may see
+    the last line half-written (a read does not wait for a write to a regular file to
+    finish), so only lines ended by their newline are commands yet."""
     path = Path(board_dir) / LOG_NAME
     if not path.exists():
         return []
     out = []
-    for line in path.read_text().splitlines():
+    text = path.read_text()
+    for line in text[:text.rfind("\n") + 1].splitlines():
         op, address, *data = line.split(" ")
         out.append(Command(int(op, 16), int(address, 16), bytes.fromhex(data[0] if data else "")))
     return out
