@@ -5,12 +5,16 @@ trail shows the unit as begun but not verified, and `resume` redoes it.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import anyio
-from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 from amdflash.stages.device import Device
 from amdflash.stages.drivers.flash.planning import Erase, UnitPlan
 from amdflash.stages.plan import WorkItem
+
+if TYPE_CHECKING:      # annotations only: the stream classes are anyio's (anyio.abc loads ~10 modules)
+    from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 
 def record_intent(dev: Device, units: list[UnitPlan], erase: Erase | None, detail: str = "",

@@ -9,12 +9,14 @@ unit needed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from anyio.abc import ObjectReceiveStream, ObjectSendStream
+from typing import TYPE_CHECKING
 
 from amdflash.stages.device import Device
 from amdflash.stages.drivers.flash.planning import Erase, PlanCosts, UnitPlan, apply_cover, cover, plan_unit
 from amdflash.stages.snapshot import UnitRead
+
+if TYPE_CHECKING:      # annotations only: the stream classes are anyio's (anyio.abc loads ~10 modules)
+    from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 
 @dataclass

@@ -1,10 +1,13 @@
 """Stage: program the pages each unit needs (all-0xFF pages after an erase are skipped)."""
 from __future__ import annotations
 
-from anyio.abc import ObjectReceiveStream, ObjectSendStream
+from typing import TYPE_CHECKING
 
 from amdflash.stages.device import Device
 from amdflash.stages.drivers.flash.planning import UnitPlan
+
+if TYPE_CHECKING:      # annotations only: the stream classes are anyio's (anyio.abc loads ~10 modules)
+    from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 
 def program_unit(dev: Device, unit: UnitPlan, pages: tuple[int, ...] | None = None) -> int:

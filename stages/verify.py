@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-
-from anyio.abc import ObjectReceiveStream
+from typing import TYPE_CHECKING
 
 from amdflash.stages.confirm import Expectation
 from amdflash.stages.device import Device
@@ -21,6 +20,9 @@ from amdflash.stages.erase import record_intent
 from amdflash.stages.drivers.flash.planning import Erase, UnitPlan, plan_unit
 from amdflash.stages.program import program_unit
 from amdflash.stages.snapshot import confirmation_note, read_checks, read_unit
+
+if TYPE_CHECKING:      # annotations only: the stream classes are anyio's (anyio.abc loads ~10 modules)
+    from anyio.abc import ObjectReceiveStream
 
 
 class VerifyError(RuntimeError):

@@ -17,7 +17,6 @@ import anyio
 from amdflash.pipeline.engine import board_report, next_step, output_files as outputs
 from amdflash.pipeline.engine.board_report import BoardReport
 from amdflash.pipeline.errors import Refusal
-from amdflash.pipeline.engine.flash_graph import run_flash_graph
 from amdflash.pipeline.engine.runner import RunInfo, stage
 from amdflash.stages.image import part_check
 from amdflash.stages.confirm import Expectation, confirm_whole
@@ -322,7 +321,10 @@ class FlashJob:
             info.output.append(await self._store_backup(dev, units, history, str(info.spec)))
         stage(dev.recorder, "backup", "end")
 
-        # Backup -> plan -> erase -> program -> verify, through bounded queues: pipeline/engine/flash_graph.py.
+        # Backup -> plan -> erase -> program -> verify, through bounded queues: pipeline/engine/flash_graph.py
+        # (imported by the flash that runs it: `info`, `dump` and `verify` never load the write stages).
+        from amdflash.pipeline.engine.flash_graph import run_flash_graph
+
         outcome = await run_flash_graph(dev, self.image, units, chip, summary, self.retries, self.engine.reads,
                                         expected.labelled("the data written"))
         if outcome.stopped:

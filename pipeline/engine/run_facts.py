@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import os
 import pwd
@@ -21,7 +20,6 @@ import socket
 import struct
 import subprocess
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 from amdflash.store.writer.sealer import machine_id
@@ -52,10 +50,10 @@ def operator() -> str:
 
 @functools.cache
 def tool_version() -> str:
-    try:
-        return metadata.version("amdflash")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
+    import amdflash     # its version is read from the installed metadata without importlib.metadata
+
+    version = str(amdflash.__version__)
+    return "unknown (not installed)" if version == "0+unknown" else version
 
 
 @functools.cache
@@ -76,11 +74,10 @@ def tool_revision() -> str | None:
 
 def clock_sync() -> str:
     """What the kernel says of the system clock's synchronisation (Linux adjtimex)."""
-    path = ctypes.util.find_library("c")
-    if not path:
-        return "unknown"
     try:
-        adjtimex = ctypes.CDLL(path, use_errno=True).adjtimex
+        # The C library is already loaded in this process: its symbols are found through the
+        # process itself (dlopen(NULL)), where ctypes.util.find_library would run `ldconfig -p`.
+        adjtimex = ctypes.CDLL(None, use_errno=True).adjtimex
     except (OSError, AttributeError):
         return "unknown"
     buf = ctypes.create_string_buffer(512)   # larger than struct timex; modes = 0: read only

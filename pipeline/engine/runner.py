@@ -27,7 +27,7 @@ from amdflash.pipeline.engine.run_facts import host_facts
 from amdflash.stages.device import AuditSink, Device, Interrupted, StopFlag
 from amdflash.stages.open_transport import AuditedBar, AuditFailureError, BoardSpec, BoardSpecError, open_transport
 from amdflash.stages.restore import restore_registers
-from amdflash.stages.transport.discovery import NoBoardFound
+from amdflash.stages.transport.base import NoBoardFound
 from amdflash.stages.transport.lock import BoardBusy
 from amdflash.store.status import PROCESS_STAGE, this_process
 from amdflash.store.writer.process import AuditFailure

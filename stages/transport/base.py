@@ -30,6 +30,12 @@ class TransportError(RuntimeError):
     """A failure of the path to the board (USB, PCIe, mapping), naming the operation."""
 
 
+class NoBoardFound(TransportError):
+    """The spec names no board that is there: nothing was sent to any board (a refusal).
+    (Here rather than in discovery.py, so that the runner knows it without importing every
+    transport: pyusb, PCI, amdgpu.)"""
+
+
 class Clock(Protocol):
     def now(self) -> float:
         """Seconds on this transport's clock (monotonic)."""

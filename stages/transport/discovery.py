@@ -27,7 +27,7 @@ from collections.abc import Callable
 import usb.core
 
 from amdflash.stages.transport.amdgpu import AmdgpuBoard, AmdgpuDevice, attribute_io, find_amdgpu
-from amdflash.stages.transport.base import Bar5, OpenBoard, ThroughAmdgpu, ThroughBar5, TransportError
+from amdflash.stages.transport.base import Bar5, NoBoardFound, OpenBoard, ThroughAmdgpu, ThroughBar5, TransportError
 from amdflash.stages.transport.emulated import ENV_SIM_USB, Emulators
 from amdflash.stages.transport.lock import BoardBusy, BoardLock
 from amdflash.stages.transport.pci import SYSFS_PCI_DEVICES, PciBar5, PciDevice, find_devices, normalise_address
@@ -50,10 +50,6 @@ class Spec(Protocol):
 
     @property
     def unbind_driver(self) -> bool: ...
-
-
-class NoBoardFound(TransportError):
-    """The spec names no board that is there: nothing was sent to any board (a refusal)."""
 
 
 Probe = Callable[[Bar5], dict[str, Any]]
