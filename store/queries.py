@@ -39,7 +39,11 @@ def open_readonly(path: str) -> sqlite_utils.Database:
             raise schema.SchemaError(f"{path} is not an amdflash audit database")
         raise schema.SchemaError(f"audit database {path} has schema version {found}; this amdflash reads "
                                  f"{schema.SCHEMA_VERSION}")
-    return sqlite_utils.Database(conn)
+    # No sqlite-utils plugins: any installed package may declare one, and it would be handed
+    # every connection to the trail (prepare_connection: SQL functions of its own, inside a
+    # process that often runs as root); looking for them also imports importlib.metadata and
+    # reads every installed package's entry points, on each command that reads the trail.
+    return sqlite_utils.Database(conn, execute_plugins=False)
 
 
 def _last_status(db: sqlite_utils.Database, rows: RunRows) -> dict[str, Any]:
