@@ -72,8 +72,6 @@ def data_dir() -> Path:
 
 def load(path: Path | None = None) -> dict[str, Any]:
     """The config file's settings ({} when there is none); UsageError if it is malformed."""
-    import tomllib
-
     path = path or config_path()
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):   # a FIFO would block and /dev/zero never ends
@@ -81,16 +79,21 @@ def load(path: Path | None = None) -> dict[str, Any]:
         with open(path, "rb") as f:
             text = f.read(MAX_CONFIG_BYTES + 1)
             st = os.fstat(f.fileno())       # the file read, whatever is at the name by now
-        if len(text) > MAX_CONFIG_BYTES:
-            raise UsageError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes; is it the right file?")
-        data = tomllib.loads(text.decode("utf-8"))
     except FileNotFoundError:
         if (_chosen or os.environ.get(ENV_CONFIG)) and path == config_path():   # named, so it must exist
             raise UsageError(f"config file {path} does not exist") from None
         return {}
+    except OSError as e:
+        raise UsageError(f"config file {path}: {e}") from None
+    if len(text) > MAX_CONFIG_BYTES:
+        raise UsageError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes; is it the right file?")
+    import tomllib      # only when there is a file to parse (most command lines have none)
+
+    try:
+        data = tomllib.loads(text.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise UsageError(f"config file {path} is not UTF-8 text (byte {e.start}); is it the right file?") from None
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except tomllib.TOMLDecodeError as e:
         raise UsageError(f"config file {path}: {e}") from None
     for key, value in data.items():
         if key not in KEYS:

@@ -22,6 +22,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from amdflash.pipeline.version import installed_version
 from amdflash.store.writer.sealer import machine_id
 
 LINE_NAME = "AMDFLASH_HOST_NAME"   # the line's name for this host (its exporter's), when it has one
@@ -50,9 +51,7 @@ def operator() -> str:
 
 @functools.cache
 def tool_version() -> str:
-    import amdflash     # its version is read from the installed metadata without importlib.metadata
-
-    version = str(amdflash.__version__)
+    version = installed_version()
     return "unknown (not installed)" if version == "0+unknown" else version
 
 
