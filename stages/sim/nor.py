@@ -109,7 +109,6 @@ Modelling decisions (the datasheets leave them open, or the model has to pick on
 from __future__ import annotations
 
 import hashlib
-import statistics
 import struct
 from typing import TYPE_CHECKING
 from collections.abc import Callable
@@ -176,6 +175,8 @@ def varying_busy(typical: float, spread: tuple[float, float, float], seed: int, 
         return typical
     digest = hashlib.blake2b(struct.pack("<QIId", seed & (1 << 64) - 1, kind, address, now), digest_size=8).digest()
     u = (int.from_bytes(digest, "little") + 0.5) / 2.0 ** 64
+    import statistics     # here: it loads fractions and decimal; only a calibrated part's busy times need it
+
     return min(most, max(least, statistics.NormalDist(typical, stdev).inv_cdf(u)))
 
 
