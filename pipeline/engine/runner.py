@@ -13,7 +13,7 @@ import json
 import os
 import signal
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -32,6 +32,9 @@ from amdflash.stages.transport.lock import BoardBusy
 from amdflash.store.status import PROCESS_STAGE, this_process
 from amdflash.store.writer.process import AuditFailure
 from amdflash.store.writer.recorder import Recorder
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskStatus
 
 JobBody = Callable[[Device, "RunInfo"], Awaitable[dict[str, Any]]]
 
@@ -200,7 +203,11 @@ async def run_boards(make_body: Callable[[BoardSpec], tuple[JobBody, RunInfo]], 
     started: dict[str, str] = {}      # spec -> run id, for runs a second signal cancels mid-way
     with ProgressBoard(enabled=show_progress) as ui:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch_signals, stop, tg.cancel_scope)
+            # No board's run begins before Ctrl-C is this watcher's: until then the event loop's
+            # own handler (asyncio.Runner) takes it, cancelling this task, and a board task already
+            # scheduled would still record its run before the cancellation reached it, leaving a
+            # run on record that nothing reports (no resume advice, only "interrupted").
+            await tg.start(_watch_signals, stop, tg.cancel_scope)
 
             async def one(spec: BoardSpec) -> None:
                 body, info = make_body(spec)
@@ -221,8 +228,10 @@ async def run_boards(make_body: Callable[[BoardSpec], tuple[JobBody, RunInfo]], 
     return sorted(results, key=lambda r: order.get(r.spec, 0))
 
 
-async def _watch_signals(stop: StopFlag, scope: anyio.CancelScope) -> None:
+async def _watch_signals(stop: StopFlag, scope: anyio.CancelScope,
+                         *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
         async for signum in signals:
             name = signal.Signals(signum).name
             if stop:
