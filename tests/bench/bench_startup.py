@@ -63,7 +63,10 @@ def main() -> None:
     ap.add_argument("--before", metavar="DIR", help="also measure the amdflash importable from DIR (PYTHONPATH)")
     opts = ap.parse_args()
     trees = {"": None, **({" (before)": opts.before} if opts.before else {})}
-    bare = sys.executable
+    # The floor is `python -c pass` of the environment that runs amdflash: an editable install's
+    # path hook (a .pth importing a finder at every start) is that environment's cost, not
+    # amdflash's, and the bench's own interpreter may be another environment altogether.
+    bare = opts.python
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         board = Path(tmp) / "board"
         subprocess.run([opts.python, "-m", "amdflash", "sim", "create", str(board)], check=True,
