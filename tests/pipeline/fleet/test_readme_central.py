@@ -1,0 +1,182 @@
+"""The README's "One record" set-up, run as written (issue 27 item 11): every line of its `sh`
+block, in its order, against a PostgreSQL cluster of this test's own whose pg_hba.conf gets the
+README's line, so logins other than the administrator need the password the README puts in
+`~amdflash/.pgpass`. A line this test does not know fails it: the README cannot gain a step
+that nobody has run.
+
+What cannot run here is said per line (`SKIPPED`): the service manager (the cluster is the
+test's own, started by it), TCP (the cluster listens on its socket only: the README's
+`host … 10.0.0.0/24` line becomes the same line for `local` connections) and the push timer's
+unit (tests/pipeline/fleet/test_units.py checks it). The names stay the README's: the database
+`amdflash`, the host `hosta`, its login `hosta`; `central` is the cluster's socket directory;
+`sudo -u ACCOUNT` is a HOME of that account's own (where libpq looks for .pgpass).
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.pipeline.fleet.central_trail import psql
+from tests.pipeline.fleet.pgcluster import PORT, SUPERUSER, PostgresCluster
+from tests.support import cli as command_line
+
+pytest.importorskip("psycopg", reason="psycopg is not installed (pip install '.[test]' brings it)")
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+PASSWORD = "pw-of-hosta"
+HBA_LINE = r"echo '(host\s+.*)' \| sudo tee -a \"\$\(sudo -u postgres psql -tAc 'SHOW hba_file'\)\""
+SKIPPED = {
+    "sudo systemctl ": "the service manager: this cluster is the test's own, started by it",
+    "ALTER SYSTEM SET listen_addresses": "TCP: this cluster listens on its unix socket only",
+    "systemctl enable --now amdflash-push.timer": "a systemd unit (test_units.py checks its command)",
+}
+
+
+def readme_block() -> list[str]:
+    """The command lines of the README's `sh` block that sets up the central record."""
+    blocks = [b for b in re.findall(r"```sh\n(.*?)```", README.read_text(), re.S) if "fleet central-setup" in b]
+    assert len(blocks) == 1, "the README's central set-up block"
+    return [line.strip() for line in blocks[0].splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def without_options(line: str) -> str:
+    """A line with its optional parts ([--blob-quota 64G], [HOST/]) dropped and its trailing
+    comment cut; of alternatives (text|json|html) the first."""
+    line = re.sub(r"\s+#\s.*$", "", line)
+    while re.search(r"\[[^\[\]]*\]", line):
+        line = re.sub(r"\s*\[[^\[\]]*\](?=\S)", " ", line)
+        line = re.sub(r"\s*\[[^\[\]]*\]", "", line)
+    return re.sub(r"\b(\w+)(\|\w+)+\b", r"\1", line)
+
+
+class Line:
+    """The README's line, and the accounts, files and cluster it speaks of, here."""
+
+    def __init__(self, tmp_path: Path, cluster: PostgresCluster, db: Path):
+        self.cluster, self.db, self.work = cluster, db, tmp_path / "work"
+        self.work.mkdir()
+        self.homes = {name: tmp_path / "home" / name for name in ("postgres", "amdflash", "reviewer")}
+        for home in self.homes.values():
+            home.mkdir(parents=True)
+        self.socket = str(cluster.socket_dir)
+        self.run_id = ""
+        self.reviewer = False
+        self.outputs: list[tuple[str, command_line.Result]] = []
+
+    def url(self, text: str) -> str:
+        """`postgresql:///amdflash` (the administrator, by the socket) and
+        `postgresql://LOGIN@central/amdflash` (over the network) to this cluster's socket."""
+        text = text.replace("postgresql:///amdflash", f"postgresql://{SUPERUSER}@/amdflash?host={self.socket}&port={PORT}")
+        return re.sub(r"postgresql://(\w+)@central/amdflash",
+                      rf"postgresql://\1@/amdflash?host={self.socket}&port={PORT}", text)
+
+    def amdflash(self, account: str, words: list[str]) -> command_line.Result:
+        words = [self.url(w).replace("/var/lib/amdflash/audit.sqlite", str(self.db)) for w in words]
+        words = [self.run_id if w == "RUN" else w for w in words]
+        env = {"HOME": str(self.homes[account]), "PGPASSFILE": None, "PGPASSWORD": None, "AMDFLASH_CENTRAL": None}
+        done = command_line.run("-q", *words, env=env, cwd=self.work)
+        self.outputs.append((" ".join(words), done))
+        assert done.code == 0, f"amdflash {' '.join(words)}: exit {done.code}\n{done.err}"
+        return done
+
+    def step(self, line: str) -> str:
+        """Run one README line; what was done, for the failure message of a later step."""
+        for marker, reason in SKIPPED.items():
+            if marker in line:
+                return f"skipped ({reason})"
+        line = without_options(line)
+        if re.fullmatch(HBA_LINE, line):
+            _kind, database, user, _network, method = re.search(r"'(.*?)'", line).group(1).split()
+            self.allow_local(database, user, method)
+            return "pg_hba.conf: the same line for the socket"
+        if m := re.fullmatch(r"sudo -u postgres createdb (\w+)", line):
+            self.cluster.psql(f"CREATE DATABASE {m.group(1)}")
+            return "createdb"
+        if m := re.fullmatch(r"sudo -u postgres psql (\w+) -c \"(.*)\"", line):
+            sql = m.group(2).replace("'…'", f"'{PASSWORD}'")
+            psql(self.cluster.dsn.replace("/postgres?", f"/{m.group(1)}?"), sql)
+            return "psql"
+        if m := re.fullmatch(r"echo '([^']*)' \| sudo -u (\w+) tee ~(\w+)/\.pgpass >/dev/null", line):
+            entry = m.group(1).replace("central", self.socket.replace(":", r"\:"), 1).replace("…", PASSWORD)
+            path = self.homes[m.group(3)] / ".pgpass"
+            path.write_text(entry + "\n")
+            path.chmod(0o644)              # as tee makes it: the next line of the README makes it 0600
+            return ".pgpass written"
+        if m := re.fullmatch(r"sudo chmod 0600 ~(\w+)/\.pgpass", line):
+            (self.homes[m.group(1)] / ".pgpass").chmod(0o600)
+            return "chmod"
+        words = shlex.split(line)
+        account = "reviewer"
+        if words[:2] == ["sudo", "-u"]:
+            account, words = words[2], words[3:]
+        if words[:1] == ["amdflash"]:
+            self.amdflash(account, words[1:])
+            return "amdflash"
+        raise AssertionError(f"the README's central set-up has a line this test does not know: {line!r}")
+
+    def add_reviewer(self) -> None:
+        self.cluster.psql(f"CREATE ROLE reviewer LOGIN PASSWORD '{PASSWORD}-r' IN ROLE amdflash_read")
+        pgpass = self.homes["reviewer"] / ".pgpass"
+        pgpass.write_text(f"{self.socket}:{PORT}:amdflash:reviewer:{PASSWORD}-r\n")
+        pgpass.chmod(0o600)
+        self.reviewer = True
+
+    def allow_local(self, database: str, user: str, method: str) -> None:
+        """pg_hba.conf: the administrator by trust (as `sudo -u postgres` is by peer on Debian),
+        then the README's rule for everyone else, and nothing after it."""
+        hba = self.cluster.data / "pg_hba.conf"
+        hba.write_text(f"local all {SUPERUSER} trust\nlocal {database} {user} {method}\n")
+        self.cluster.psql("SELECT pg_reload_conf()")
+
+
+@pytest.fixture
+def cluster(postgres_binaries: Path):
+    cluster = PostgresCluster(postgres_binaries).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.slow
+def test_the_readme_sets_up_the_central_record_as_written(tmp_path, cluster, db, make_board, image, cli) -> None:
+    if psql(cluster.dsn, "SELECT count(*) FROM pg_available_extensions WHERE name = 'plpython3u'") == "0":
+        pytest.skip("the PostgreSQL server has no PL/Python (Debian: apt-get install postgresql-plpython3-NN "
+                    "python3-cryptography; .ci/run does)")
+    line = Line(tmp_path, cluster, db)
+    # The host's line work before the block: a flash recorded in its trail by its account.
+    board = make_board(transport="ideal")
+    home = {"HOME": str(line.homes["amdflash"])}
+    assert cli("flash", image, "--yes", "--sector-count", "16", "--board", f"sim:{board}", env=home).code == 0
+    line.run_id = json.loads(cli("runs", "--format", "json", env=home).out)[-1]["run_id"]
+    done = []
+    for step in readme_block():
+        if "reviewer@" in step and not line.reviewer:
+            line.add_reviewer()     # the README's comment: "a role IN ROLE amdflash_read"
+        try:
+            done.append(f"{line.step(step)}: {step}")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\nafter:\n" + "\n".join(done)) from None
+
+    # Every step ran, and the way it says: passwords were asked for and found where the README
+    # put them (the administrator alone is trusted), the run is in the central record, and the
+    # trail still holds what central holds.
+    assert sum(d.startswith("amdflash") for d in done) == 7, done
+    central = cluster.dsn.replace("/postgres?", "/amdflash?")
+    assert psql(central, "SELECT name || ' ' || login FROM amdflash.hosts") == "hosta hosta"
+    assert psql(central, f"SELECT count(*) FROM amdflash.run_owners WHERE run_id = '{line.run_id}'") == "1"
+    said = {name: next(r for c, r in line.outputs if f" {name} " in f" {c} ")
+            for name in ("fleet runs", "fleet report", "audit push", "audit verify")}
+    assert line.run_id in said["fleet runs"].out and "hosta" in said["fleet runs"].out
+    assert line.run_id in said["fleet report"].out
+    assert said["audit push"].code == said["audit verify"].code == 0
+    # Without the password file the README writes, the host's login is refused: the file did it.
+    (line.homes["amdflash"] / ".pgpass").unlink()
+    refused = command_line.run("-q", "--db", db, "audit", "push", "--to",
+                               line.url("postgresql://hosta@central/amdflash"),
+                               env={"HOME": str(line.homes["amdflash"]), "PGPASSFILE": None, "PGPASSWORD": None})
+    assert refused.code != 0 and "password" in refused.err, refused
