@@ -30,6 +30,7 @@ import asyncio
 import itertools
 import json
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -189,6 +190,17 @@ def batches(jobs: list[_Job], parallel: int) -> list[_Batch]:
     return [batch for turn in itertools.zip_longest(*cut) for batch in turn if batch is not None]
 
 
+NOT_INSTALLED = "is not installed on this machine"
+
+
+def _missing_program(e: BaseException) -> str | None:
+    """The program this machine lacks, when `e` is starting one that is not on PATH."""
+    name = getattr(e, "filename", None) if isinstance(e, FileNotFoundError) else None
+    if isinstance(name, str) and name and "/" not in name and shutil.which(name) is None:
+        return name
+    return None
+
+
 class FleetRun:
     def __init__(self, address: str, where: dict[str, str], job: str, image: Path | None = None,
                  output_dir: Path | None = None, parallel: int = 8, exporter_grace: float = 30.0,
@@ -285,6 +297,10 @@ class FleetRun:
             return f"on {host}: {row.advice}"
         if row.status in ("failed", "lost") and row.run_id:
             return f"{on_host} report {shlex.quote(row.run_id)} (the run as {host} recorded it)"
+        if row.status == "refused" and NOT_INSTALLED in (row.error or ""):
+            program = (row.error or "").split(NOT_INSTALLED)[0].split()[-1]
+            again = self._fleet_again(row.board)
+            return f"install {program} on this machine (Debian: apt-get install {program}), then {again}"
         if row.status == "unreachable":
             again = self._fleet_again(row.board)
             return f"check that {host} answers: {shlex.join(['ssh', host, 'true'])}; then {again}"
@@ -396,8 +412,14 @@ class FleetRun:
             async with self._prepare:   # labgrid's SSH connection manager is not thread-safe
                 argv = await asyncio.to_thread(self._command, batch)
         except Exception as e:
+            program = _missing_program(e)
             for job in batch.jobs:
                 job.row.status, job.row.error = "unreachable", f"{batch.host}: {e}"
+                if program:
+                    # Not the host's doing: it was never asked (labgrid copies images with rsync).
+                    job.row.status = "refused"
+                    job.row.error = (f"nothing ran on {batch.host}: {program} {NOT_INSTALLED} (labgrid copies the "
+                                     "image to the host with it; hosts and clients need rsync: README, 'SSH keys')")
             return
         wall0 = time.monotonic()
         for attempt in (1, 2):

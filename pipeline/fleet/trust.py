@@ -100,7 +100,10 @@ def board_problem(cls: str, args: Mapping[str, Any], extra: Mapping[str, Any], a
         return (f"exporter {shown(exporter)} publishes it for host {host}: an exporter publishes only its own "
                 "host's boards")
     if host not in allow.hosts:
-        return f"host {host} is not in the operator's allowlist ({allow.describe()}; --hosts or fleet_hosts)"
+        # The usual cause on a new line: the exporter publishes under its machine's OS name.
+        return (f"host {host} is not in the operator's allowlist ({allow.describe()}; --hosts or fleet_hosts); if "
+                f"{host} is the OS name of a machine the line calls otherwise, give its exporter the line's name "
+                "(--name NAME --hostname NAME: README, 'Running a line', each host, step 5)")
     if extra.get("proxy_required"):
         return f"it asks to be reached through the SSH proxy {extra.get('proxy')!r}, which the fleet does not use"
     unexpected = sorted(set(args) - {"host", *BOARD_ATTRIBUTES})

@@ -64,7 +64,6 @@ class Line:
             home.mkdir(parents=True)
         self.socket = str(cluster.socket_dir)
         self.run_id = ""
-        self.reviewer = False
         self.outputs: list[tuple[str, command_line.Result]] = []
 
     def url(self, text: str) -> str:
@@ -106,6 +105,12 @@ class Line:
             path.write_text(entry + "\n")
             path.chmod(0o644)              # as tee makes it: the next line of the README makes it 0600
             return ".pgpass written"
+        if m := re.fullmatch(r"echo '([^']*)' >> ~/\.pgpass && chmod 0600 ~/\.pgpass", line):
+            entry = m.group(1).replace("central", self.socket.replace(":", r"\:"), 1).replace("…", PASSWORD)
+            with open(self.homes["reviewer"] / ".pgpass", "a") as f:      # a reviewer's own (no sudo)
+                f.write(entry + "\n")
+            (self.homes["reviewer"] / ".pgpass").chmod(0o600)
+            return "the reviewer's .pgpass"
         if m := re.fullmatch(r"sudo chmod 0600 ~(\w+)/\.pgpass", line):
             (self.homes[m.group(1)] / ".pgpass").chmod(0o600)
             return "chmod"
@@ -117,13 +122,6 @@ class Line:
             self.amdflash(account, words[1:])
             return "amdflash"
         raise AssertionError(f"the README's central set-up has a line this test does not know: {line!r}")
-
-    def add_reviewer(self) -> None:
-        self.cluster.psql(f"CREATE ROLE reviewer LOGIN PASSWORD '{PASSWORD}-r' IN ROLE amdflash_read")
-        pgpass = self.homes["reviewer"] / ".pgpass"
-        pgpass.write_text(f"{self.socket}:{PORT}:amdflash:reviewer:{PASSWORD}-r\n")
-        pgpass.chmod(0o600)
-        self.reviewer = True
 
     def allow_local(self, database: str, user: str, method: str) -> None:
         """pg_hba.conf: the administrator by trust (as `sudo -u postgres` is by peer on Debian),
@@ -155,8 +153,6 @@ def test_the_readme_sets_up_the_central_record_as_written(tmp_path, cluster, db,
     line.run_id = json.loads(cli("runs", "--format", "json", env=home).out)[-1]["run_id"]
     done = []
     for step in readme_block():
-        if "reviewer@" in step and not line.reviewer:
-            line.add_reviewer()     # the README's comment: "a role IN ROLE amdflash_read"
         try:
             done.append(f"{line.step(step)}: {step}")
         except AssertionError as e:

@@ -95,3 +95,12 @@ def test_the_driver_runs_its_own_command_over_strict_ssh_of_its_own() -> None:
 def test_ssh_quotes_every_argument_for_the_remote_shell() -> None:
     argv = ssh_argv("hosta", ["amdflash", "fleet", "job", "--board", "sim:/b o;ard", "dump"])
     assert argv[-1] == "amdflash fleet job --board 'sim:/b o;ard' dump"
+
+
+def test_a_host_not_allowed_names_the_exporter_s_line_name_as_a_cause() -> None:
+    """A machine called `vm` that is `hosta` on the line publishes as `vm` until its exporter is
+    given the line's name: the refusal says so, beside the allowlist (issue 27, a line brought
+    up from the README)."""
+    why = problem(host="vm")
+    assert "host vm is not in the operator's allowlist (hosta, hostb" in why
+    assert "--name NAME --hostname NAME" in why and "step 5" in why
