@@ -32,6 +32,14 @@ def _need_labgrid(args: argparse.Namespace) -> None:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     else:
         logging.getLogger().addHandler(logging.NullHandler())
+        # labgrid prints what the programs it runs say (rsync's transfer lines, as it copies an
+        # image to a host) with print(), on stdout, whenever its "Process" logger would not show
+        # them: they would land in the fleet's table or its JSON. With that logger showing them,
+        # to no one, it prints nothing.
+        process = logging.getLogger("Process")
+        process.setLevel(logging.INFO)
+        process.propagate = False
+        process.addHandler(logging.NullHandler())
 
 
 def _coordinator_option(p: argparse.ArgumentParser) -> None:

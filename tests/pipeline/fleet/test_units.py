@@ -111,3 +111,23 @@ def test_serve_unit_listens_on_loopback_read_only_with_its_secrets_as_credential
     text = (UNITS / "amdflash-serve.service").read_text()
     assert "amdflash_read" in text and "DynamicUser=yes" in text
     assert "PGPASSFILE=%d/pgpass" in text and "AMDFLASH_CONFIG=%d/config" in text
+
+
+def test_the_readme_s_exporter_override_changes_only_what_it_says() -> None:
+    """The README's override for a host whose OS name is not its line name, with emulated
+    boards: the unit's own commands with `--sim DIR` added and `--name/--hostname` given, and
+    each line cleared before it is set (systemd appends ExecStartPre= lines otherwise)."""
+    readme = (UNITS.parents[2] / "README.md").read_text()
+    block = re.search(r"```ini\n(\s*\[Service\]\n.*?)```", readme, re.S).group(1)
+    lines = [line.strip() for line in block.splitlines() if line.strip()]
+    assert lines[:2] == ["[Service]", "ExecStartPre="] and lines[3] == "ExecStart=", lines
+    service = unit("amdflash-exporter.service")["Service"]
+    pre = shlex.split(lines[2].removeprefix("ExecStartPre="))
+    assert pre[:len(shlex.split(service["ExecStartPre"]))] == shlex.split(service["ExecStartPre"])
+    extra = pre[len(shlex.split(service["ExecStartPre"])):]
+    assert extra and extra[::2] == ["--sim"] * (len(extra) // 2) and len(extra) % 2 == 0
+    assert [str(d) for d in build_parser().parse_args(pre[1:]).sim] == extra[1::2]
+    start = shlex.split(lines[4].removeprefix("ExecStart="))
+    unit_start = shlex.split(service["ExecStart"])
+    assert start[0] == unit_start[0] and start[-1] == unit_start[-1]
+    assert start[1:-1] == ["--name", "hosta", "--hostname", "hosta"]
