@@ -1,21 +1,29 @@
-"""The README's "One record" set-up, run as written (issue 27 item 11): every line of its `sh`
-block, in its order, against a PostgreSQL cluster of this test's own whose pg_hba.conf gets the
-README's line, so logins other than the administrator need the password the README puts in
-`~amdflash/.pgpass`. A line this test does not know fails it: the README cannot gain a step
-that nobody has run.
+"""The README's "One record" set-up and its line view's, run as written (issue 27 item 11): every
+line of the two `sh` blocks, in their order, against a PostgreSQL cluster of this test's own
+whose pg_hba.conf gets the README's line, so every login but the administrator needs the
+password the README puts in a `.pgpass`. A line this test does not know fails it: the README
+cannot gain a step that nobody has run.
 
 What cannot run here is said per line (`SKIPPED`): the service manager (the cluster is the
 test's own, started by it), TCP (the cluster listens on its socket only: the README's
-`host … 10.0.0.0/24` line becomes the same line for `local` connections) and the push timer's
-unit (tests/pipeline/fleet/test_units.py checks it). The names stay the README's: the database
-`amdflash`, the host `hosta`, its login `hosta`; `central` is the cluster's socket directory;
-`sudo -u ACCOUNT` is a HOME of that account's own (where libpq looks for .pgpass).
+`host … 10.0.0.0/24` line becomes the same line for `local` connections) and the units
+(tests/pipeline/fleet/test_units.py checks their commands). `fleet serve` listens on a free
+port rather than its default (tests run side by side). The names stay the README's: the
+database `amdflash`, the host `hosta`, its login `hosta`, `reviewer`, `line_viewer`; `central`
+is the cluster's socket directory; `sudo -u ACCOUNT` is a HOME of that account's own (where
+libpq looks for .pgpass), and a line without sudo is the reviewer's.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -33,13 +41,14 @@ SKIPPED = {
     "sudo systemctl ": "the service manager: this cluster is the test's own, started by it",
     "ALTER SYSTEM SET listen_addresses": "TCP: this cluster listens on its unix socket only",
     "systemctl enable --now amdflash-push.timer": "a systemd unit (test_units.py checks its command)",
+    "systemctl enable --now amdflash-follow": "a systemd unit (test_units.py checks its command)",
 }
 
 
-def readme_block() -> list[str]:
-    """The command lines of the README's `sh` block that sets up the central record."""
-    blocks = [b for b in re.findall(r"```sh\n(.*?)```", README.read_text(), re.S) if "fleet central-setup" in b]
-    assert len(blocks) == 1, "the README's central set-up block"
+def readme_block(marker: str) -> list[str]:
+    """The command lines of the README's `sh` block that holds `marker`."""
+    blocks = [b for b in re.findall(r"```sh\n(.*?)```", README.read_text(), re.S) if marker in b]
+    assert len(blocks) == 1, f"the README's block with {marker!r}"
     return [line.strip() for line in blocks[0].splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
@@ -64,6 +73,7 @@ class Line:
             home.mkdir(parents=True)
         self.socket = str(cluster.socket_dir)
         self.run_id = ""
+        self.serving: list[tuple[subprocess.Popen, int]] = []
         self.outputs: list[tuple[str, command_line.Result]] = []
 
     def url(self, text: str) -> str:
@@ -114,14 +124,55 @@ class Line:
         if m := re.fullmatch(r"sudo chmod 0600 ~(\w+)/\.pgpass", line):
             (self.homes[m.group(1)] / ".pgpass").chmod(0o600)
             return "chmod"
+        if m := re.fullmatch(r"install -D -m 0600 /dev/null ~/(\S+)", line):
+            path = self.homes["reviewer"] / m.group(1)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch(mode=0o600)
+            return "made, 0600"
         words = shlex.split(line)
         account = "reviewer"
         if words[:2] == ["sudo", "-u"]:
             account, words = words[2], words[3:]
+        words = [str(self.homes[account]) + w[1:] if w.startswith("~/") else w for w in words]   # the shell's ~
+        if words[:3] == ["amdflash", "fleet", "serve"]:
+            self.serve(account, words[1:])
+            return "serving"
         if words[:1] == ["amdflash"]:
             self.amdflash(account, words[1:])
             return "amdflash"
         raise AssertionError(f"the README's central set-up has a line this test does not know: {line!r}")
+
+    def serve(self, account: str, words: list[str]) -> None:
+        """`fleet serve` as a process of its own, on a free port (tests run side by side: the
+        README's default 8470 could be taken), until the test ends."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        argv = [sys.executable, "-m", "amdflash", *[self.url(w) for w in words], "--listen", f"127.0.0.1:{port}"]
+        env = {k: v for k, v in os.environ.items() if k not in ("PGPASSFILE", "PGPASSWORD", "AMDFLASH_CENTRAL")}
+        env["HOME"] = str(self.homes[account])
+        log = open(self.work / "serve.log", "wb")
+        self.serving.append((subprocess.Popen(argv, env=env, cwd=self.work, stdout=log, stderr=log), port))
+        log.close()
+
+    def page(self, path: str, timeout: float = 60) -> str:
+        """A page of the running `fleet serve`, once it answers."""
+        proc, port = self.serving[-1]
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+                    return response.read().decode()
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"fleet serve (exit {proc.poll()}): "
+                                         f"{(self.work / 'serve.log').read_text()}") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        for proc, _ in self.serving:
+            proc.terminate()
+            proc.wait(timeout=30)
 
     def allow_local(self, database: str, user: str, method: str) -> None:
         """pg_hba.conf: the administrator by trust (as `sudo -u postgres` is by peer on Debian),
@@ -152,7 +203,7 @@ def test_the_readme_sets_up_the_central_record_as_written(tmp_path, cluster, db,
     assert cli("flash", image, "--yes", "--sector-count", "16", "--board", f"sim:{board}", env=home).code == 0
     line.run_id = json.loads(cli("runs", "--format", "json", env=home).out)[-1]["run_id"]
     done = []
-    for step in readme_block():
+    for step in readme_block("fleet central-setup"):
         try:
             done.append(f"{line.step(step)}: {step}")
         except AssertionError as e:
@@ -176,3 +227,14 @@ def test_the_readme_sets_up_the_central_record_as_written(tmp_path, cluster, db,
                                line.url("postgresql://hosta@central/amdflash"),
                                env={"HOME": str(line.homes["amdflash"]), "PGPASSFILE": None, "PGPASSWORD": None})
     assert refused.code != 0 and "password" in refused.err, refused
+
+    # The line view's block: its login, its password where libpq looks, an empty notification
+    # list made private first, and the view itself, which shows the run from the record.
+    try:
+        for step in readme_block("fleet serve --from"):
+            done.append(f"{line.step(step)}: {step}")
+        assert sum(d.startswith("serving") for d in done) == 1, done
+        assert line.run_id in line.page("/history")
+        assert "amdflash_runs" in line.page("/metrics")
+    finally:
+        line.stop()
