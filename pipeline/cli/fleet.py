@@ -260,6 +260,21 @@ async def _places(args: argparse.Namespace, tags: dict[str, str], allow: Any) ->
     return 0
 
 
+def _operator(args: argparse.Namespace) -> str:
+    """Who runs a fleet job, for its runs on the hosts (which record their own account, the
+    same for everyone): `--operator`, else this machine's account and name, as claimed."""
+    import getpass
+    import socket
+
+    if getattr(args, "operator", None):
+        return str(args.operator)
+    try:
+        account = getpass.getuser()
+    except (KeyError, OSError):       # no name for this uid (a container's bare uid)
+        account = f"uid {os.getuid()}"
+    return f"{account}@{socket.gethostname()}"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     _need_labgrid(args)
     from amdflash.pipeline.fleet.coordinator import CoordinatorError
@@ -293,7 +308,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except Untrusted as e:
         raise Refusal(str(e)) from None
     fleet = FleetRun(args.coordinator, where, args.job, image.resolve() if image else None, output_dir,
-                     args.parallel, args.exporter_grace, _flash_args(args), allow, command)
+                     args.parallel, args.exporter_grace, _flash_args(args), allow, command, _operator(args))
     try:
         with FleetView(fleet, enabled=not args.quiet):
             result = asyncio.run(fleet.run())
@@ -412,4 +427,4 @@ def cmd_job(args: argparse.Namespace) -> int:
     if _flash_args(args) and args.job != "flash":
         raise Refusal("--force, --expect-part and --start-over are for flash jobs only")
     return hostjob.main(args.main, args.job_boards, args.db, args.job, args.image, _flash_args(args),
-                        args.host_name)
+                        args.host_name, getattr(args, "operator", None))

@@ -356,18 +356,21 @@ def _named(line_name: str | None) -> Any:
 def run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: str | None,
         flash_args: Sequence[str] = (), line_name: str | None = None,
         on_run: Callable[[str, str], None] | None = None,
-        on_progress: Callable[[str, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        on_progress: Callable[[str, dict[str, Any]], None] | None = None,
+        operator: str | None = None) -> list[dict[str, Any]]:
     """Run the job; `on_run(spec, run_id)` is called as each board's run appears in the trail,
     `on_progress(spec, {stage, done, total, unit, rate, eta})` as its stages progress. Its runs
-    record the host by `line_name` when given (the line's name for it), as its results do."""
+    record the host by `line_name` when given (the line's name for it), as its results do, and
+    `operator` as who claims to run them (the fleet client's --operator, or its account)."""
     with _named(line_name):
-        return _run(cli_main, specs, db, job, image, flash_args, line_name, on_run, on_progress)
+        return _run(cli_main, specs, db, job, image, flash_args, line_name, on_run, on_progress, operator)
 
 
 def _run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: str | None,
          flash_args: Sequence[str], line_name: str | None, on_run: Callable[[str, str], None] | None,
-         on_progress: Callable[[str, dict[str, Any]], None] | None) -> list[dict[str, Any]]:
+         on_progress: Callable[[str, dict[str, Any]], None] | None, operator: str | None) -> list[dict[str, Any]]:
     global_args = ["--db", db] if db else []
+    claimed = [f"--operator={operator}"] if operator else []
     specs = [_spec_as_recorded(s) for s in specs]
     host, said = host_name(line_name)
     before = cli_json(cli_main, global_args, "runs", "--format", "json") or []
@@ -391,7 +394,8 @@ def _run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: s
 
     # --log-json: the jobs' progress (numeric done/total/rate/eta) and errors (with the next step
     # the CLI advises) come as JSON events on their stderr, read as they come.
-    procs = [ForkedCli(cli_main, [*global_args, "--log-json", *argv, *[a for s in boards for a in ("--board", s)]],
+    procs = [ForkedCli(cli_main, [*global_args, *claimed, "--log-json", *argv,
+                                  *[a for s in boards for a in ("--board", s)]],
                        listener(boards))
              for boards, argv in groups]
     threading.Thread(target=_watch_stdin, args=(procs,), daemon=True).start()
@@ -468,7 +472,7 @@ def _run(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: s
 
 
 def main(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: str | None,
-         flash_args: Sequence[str] = (), line_name: str | None = None) -> int:
+         flash_args: Sequence[str] = (), line_name: str | None = None, operator: str | None = None) -> int:
     """The host side of a fleet job. `cli_main` is amdflash's command line (`pipeline.cli.main`),
     handed down by it so that this module never imports back up to it."""
     # The client's connection may drop; the jobs go on (their trail is here) and a write to
@@ -498,7 +502,8 @@ def main(cli_main: CliMain, specs: list[str], db: str | None, job: str, image: s
             print(json.dumps({"board": spec, "progress": stage}), file=client, flush=True)
 
     try:
-        results = run(cli_main, specs, db, job, image, flash_args, line_name, on_run=say, on_progress=progress)
+        results = run(cli_main, specs, db, job, image, flash_args, line_name, on_run=say, on_progress=progress,
+                      operator=operator)
     except Exception as e:
         host, said = host_name(line_name)
         results = [{"board": spec, "host": host, "job": job, "status": "failed", "exit_code": 1,

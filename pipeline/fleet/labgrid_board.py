@@ -77,10 +77,14 @@ class JobError(RuntimeError):
     """The job on the board's host could not be started or said nothing we understand."""
 
 
-def host_job_argv(command: Sequence[str], board: Any, job: str, *args: str, also: Sequence[str] = ()) -> list[str]:
+def host_job_argv(command: Sequence[str], board: Any, job: str, *args: str, also: Sequence[str] = (),
+                  operator: str | None = None) -> list[str]:
     """The `amdflash fleet job` command line as run on the board's host (`command`: amdflash
-    there; `also`: specs of more boards of that host, in the same database, run in the same process)."""
+    there; `also`: specs of more boards of that host, in the same database, run in the same
+    process; `operator`: who says they run it, recorded as claimed beside the host's account)."""
     argv = [*command, "fleet", "job"]
+    if operator:
+        argv.append(f"--operator={operator}")     # one word: a name that begins with - stays a value
     if getattr(board, "host", None):
         argv += ["--host-name", board.host]     # the line's name for the host, for its messages
     for spec in (board.spec, *also):
@@ -149,15 +153,17 @@ class AmdflashDriver(Driver, BootstrapProtocol):
 
         return host_command()
 
-    def command(self, job: str, *args: str, also: Sequence[str] = ()) -> list[str]:
+    def command(self, job: str, *args: str, also: Sequence[str] = (), operator: str | None = None) -> list[str]:
         """argv that runs `job` for this board (and the boards `also` names, of the same host and
         database) on its host: over strict SSH of its own for a network board."""
         if not self.network:
-            return host_job_argv(shlex.split(self.board.command), self.board, job, *args, also=also)
+            return host_job_argv(shlex.split(self.board.command), self.board, job, *args, also=also,
+                                 operator=operator)
         self._checked()
         from amdflash.pipeline.fleet.trust import ssh_argv
 
-        return ssh_argv(self.board.host, host_job_argv(self._host_command(), self.board, job, *args, also=also))
+        return ssh_argv(self.board.host, host_job_argv(self._host_command(), self.board, job, *args, also=also,
+                                                       operator=operator))
 
     def _on_host(self, argv: list[str]) -> list[str]:
         """A plain command (cat, rm) on the board's host."""

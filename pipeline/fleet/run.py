@@ -205,9 +205,11 @@ class FleetRun:
     def __init__(self, address: str, where: dict[str, str], job: str, image: Path | None = None,
                  output_dir: Path | None = None, parallel: int = 8, exporter_grace: float = 30.0,
                  flash_args: Sequence[str] = (), allow: Allowlist | None = None,
-                 host_command: Sequence[str] = ("amdflash",)):
+                 host_command: Sequence[str] = ("amdflash",), operator: str | None = None):
         self.allow = allow or Allowlist({})       # the hosts the operator allows (none: nothing runs)
         self.host_command = list(host_command)   # amdflash on those hosts: the operator's, never a resource's
+        # Who runs the job, as the hosts' runs record it (claimed: a host's account is its own).
+        self.operator = operator
         self.address = address
         self.where = where
         self.job = job
@@ -480,7 +482,7 @@ class FleetRun:
             args.append(self._staged[first.host])
         if self.job == "flash":
             args += self.flash_args
-        return first.command(self.job, *args, also=[job.spec for job in batch.jobs[1:]])
+        return first.command(self.job, *args, also=[job.spec for job in batch.jobs[1:]], operator=self.operator)
 
     @staticmethod
     def _job_gone(batch: _Batch, stdout: str) -> bool | None:

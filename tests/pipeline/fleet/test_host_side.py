@@ -413,7 +413,7 @@ def test_progress_said_while_the_job_queries_its_own_command_line_reaches_the_cl
     'JSONDecodeError: Extra data' once progress came every second)."""
     from amdflash.pipeline.fleet import hostjob
 
-    def jobs(cli_main, specs, db, job, image, flash_args, line_name, on_run, on_progress):  # noqa: ANN001, ANN202
+    def jobs(cli_main, specs, db, job, image, flash_args, line_name, on_run, on_progress, operator=None):  # noqa: ANN001, ANN202
         def query(argv: list[str]) -> int:          # the query's moment: a reader thread says progress
             said = threading.Thread(target=on_progress, args=(specs[0], {"stage": "program", "done": 4096}))
             said.start()
@@ -433,3 +433,42 @@ def test_progress_said_while_the_job_queries_its_own_command_line_reaches_the_cl
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {"board": "sim:/b", "progress": {"stage": "program", "done": 4096}} in lines, lines
     assert lines[-1] == {"board": "sim:/b", "status": "succeeded", "exit_code": 0}, lines
+
+
+def test_a_host_job_s_runs_record_who_the_fleet_client_says_runs_them(tmp_path: Path, monkeypatch, capsys) -> None:
+    """On a host every fleet job runs as the host's own account (`amdflash`), the same for
+    everyone: the client's --operator (else its account@machine) is passed to the job and
+    recorded as claimed beside it, also a name that begins with '-' (a line brought up from the
+    README: the report said only 'OS account amdflash')."""
+    from amdflash.pipeline.cli.main import build_parser, main
+    from amdflash.pipeline.fleet.hostjob import run
+    from amdflash.pipeline.fleet.labgrid_board import host_job_argv
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("AMDFLASH_LOCK_DIR", str(tmp_path / "locks"))
+    spec = f"sim:{create_board(tmp_path / 'b', seed=5, transport='ideal')}"
+    db = tmp_path / "audit.sqlite"
+    argv = host_job_argv(["amdflash"], SimpleNamespace(host="hosta", spec=spec, db=str(db)), "info",
+                         operator="-lineop@bench3")
+    args = build_parser().parse_args(argv[1:])              # as the host's command line reads it
+    assert (args.job, args.operator, args.host_name) == ("info", "-lineop@bench3", "hosta")
+    with capsys.disabled():
+        claimed = run(main, [spec], str(db), "info", None, operator=args.operator)
+        unnamed = run(main, [spec], str(db), "info", None)
+    con = sqlite3.connect(db)
+    try:
+        recorded = dict(con.execute("SELECT run_id, operator_claimed FROM runs").fetchall())
+    finally:
+        con.close()
+    assert [recorded[r["run_id"]] for r in (*claimed, *unnamed)] == ["-lineop@bench3", None]
+
+
+def test_the_fleet_client_claims_its_account_when_no_operator_is_given(monkeypatch) -> None:
+    import argparse
+    import getpass
+    import socket
+
+    from amdflash.pipeline.cli.fleet import _operator
+
+    assert _operator(argparse.Namespace(operator="alice")) == "alice"
+    assert _operator(argparse.Namespace(operator=None)) == f"{getpass.getuser()}@{socket.gethostname()}"

@@ -2,9 +2,13 @@
 own boards and audit trail, reached over SSH on loopback) and `amdflash fleet`."""
 from __future__ import annotations
 
+import contextlib
+import getpass
 import json
 import os
 import signal
+import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -67,10 +71,17 @@ def test_one_fleet_flash_writes_four_boards_on_each_of_two_hosts(lab: Lab, fleet
         assert row["modelled_seconds"] > 0 and row["wall_seconds"] > 0 and row["job"] == "flash"
     assert not any(name in holders(lab) for name in places)   # every place given back
 
-    verified = lab.fleet("verify", str(fleet_image), "--where", "host=hostb")
+    verified = lab.fleet("verify", str(fleet_image), "--where", "host=hostb", "--operator", "QA bench 3")
     assert verified.code == 0 and sorted(verified.boards) == sorted(n for n, p in places.items()
                                                                      if p["tags"]["host"] == "hostb")
     assert set(verified.statuses().values()) == {"succeeded"}
+    # Who ran each job, as the client said (its --operator, else its account@machine), beside
+    # the host's own account, which is the same for every job.
+    with contextlib.closing(sqlite3.connect(lab.hosts["hostb"].db)) as con:
+        claims = dict(con.execute("SELECT run_id, operator_claimed FROM runs").fetchall())
+    assert {claims[r["run_id"]] for r in verified.boards.values()} == {"QA bench 3"}
+    assert {claims[r["run_id"]] for r in result.boards.values() if r["host"] == "hostb"} == {
+        f"{getpass.getuser()}@{socket.gethostname()}"}
 
 
 def test_blank_boards_are_flashed_only_with_expect_part_passed_to_their_hosts(lab: Lab, fleet_image: Path) -> None:
