@@ -420,8 +420,8 @@ class FleetRun:
                 if program:
                     # Not the host's doing: it was never asked (labgrid copies images with rsync).
                     job.row.status = "refused"
-                    job.row.error = (f"nothing ran on {batch.host}: {program} {NOT_INSTALLED} (labgrid copies the "
-                                     "image to the host with it; hosts and clients need rsync: README, 'SSH keys')")
+                    job.row.error = (f"nothing ran on {batch.host}: {program} {NOT_INSTALLED} (this machine runs "
+                                     "each job over ssh and copies its image with rsync: README, 'SSH keys')")
             return
         wall0 = time.monotonic()
         for attempt in (1, 2):
