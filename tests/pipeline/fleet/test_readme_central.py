@@ -37,11 +37,11 @@ pytest.importorskip("psycopg", reason="psycopg is not installed (pip install '.[
 README = Path(__file__).resolve().parents[3] / "README.md"
 PASSWORD = "pw-of-hosta"
 HBA_LINE = r"echo '(host\s+.*)' \| sudo tee -a \"\$\(sudo -u postgres psql -tAc 'SHOW hba_file'\)\""
-SKIPPED = {
+SKIPPED = {      # the first marker a line holds says why it is not run here
+    "sudo cp pipeline/fleet/units/": "a systemd unit (test_units.py checks its command)",
+    "systemctl enable --now amdflash-push.timer": "a systemd unit (test_units.py checks its command)",
     "sudo systemctl ": "the service manager: this cluster is the test's own, started by it",
     "ALTER SYSTEM SET listen_addresses": "TCP: this cluster listens on its unix socket only",
-    "systemctl enable --now amdflash-push.timer": "a systemd unit (test_units.py checks its command)",
-    "systemctl enable --now amdflash-follow": "a systemd unit (test_units.py checks its command)",
 }
 
 
@@ -85,7 +85,7 @@ class Line:
 
     def amdflash(self, account: str, words: list[str]) -> command_line.Result:
         words = [self.url(w).replace("/var/lib/amdflash/audit.sqlite", str(self.db)) for w in words]
-        words = [self.run_id if w == "RUN" else w for w in words]
+        words = [re.sub(r"(^|/)RUN$", rf"\g<1>{self.run_id}", w) for w in words]
         env = {"HOME": str(self.homes[account]), "PGPASSFILE": None, "PGPASSWORD": None, "AMDFLASH_CENTRAL": None}
         done = command_line.run("-q", *words, env=env, cwd=self.work)
         self.outputs.append((" ".join(words), done))
@@ -133,7 +133,8 @@ class Line:
         account = "reviewer"
         if words[:2] == ["sudo", "-u"]:
             account, words = words[2], words[3:]
-        words = [str(self.homes[account]) + w[1:] if w.startswith("~/") else w for w in words]   # the shell's ~
+        # The shell's ~ and ~ACCOUNT.
+        words = [re.sub(r"^~(\w*)/", lambda m: f"{self.homes[m.group(1) or account]}/", w) for w in words]
         if words[:3] == ["amdflash", "fleet", "serve"]:
             self.serve(account, words[1:])
             return "serving"

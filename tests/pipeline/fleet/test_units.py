@@ -131,3 +131,14 @@ def test_the_readme_s_exporter_override_changes_only_what_it_says() -> None:
     unit_start = shlex.split(service["ExecStart"])
     assert start[0] == unit_start[0] and start[-1] == unit_start[-1]
     assert start[1:-1] == ["--name", "hosta", "--hostname", "hosta"]
+
+
+def test_the_readme_s_follow_override_names_the_host_as_the_line_does() -> None:
+    readme = (UNITS.parents[2] / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```ini\n(.*?)```", readme, re.S) if "audit push --follow" in b]
+    assert len(blocks) == 1
+    lines = [line.strip() for line in blocks[0].splitlines() if line.strip()]
+    assert lines[:2] == ["[Service]", "ExecStart="], lines
+    start = shlex.split(lines[2].removeprefix("ExecStart="))
+    unit_start = shlex.split(unit("amdflash-follow.service")["Service"]["ExecStart"])
+    assert unit_start[-2:] == ["--host-name", "%H"] and start == [*unit_start[:-1], "hosta"]
