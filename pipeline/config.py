@@ -129,6 +129,10 @@ def _only_its_owner_writes(path: Path, st: os.stat_result) -> None:
                          f"chmod go-w {path}")
 
 
+#: Where a line host's units and jobs write its trail (pipeline/fleet/units: StateDirectory).
+LINE_DB = "/var/lib/amdflash/audit.sqlite"
+
+
 def default_db(settings: dict[str, Any] | None = None) -> str:
     """The audit database when --db is not given."""
     if os.environ.get(ENV_DB):

@@ -202,7 +202,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from amdflash.pipeline.engine.auditdb import legacy_version
+    from amdflash.pipeline.engine.auditdb import legacy_version, no_database
     from amdflash.pipeline.commands.board import db_path
     from amdflash.store import keys, migrate
     from amdflash.store.schema import SchemaError
@@ -210,7 +210,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
     path = db_path(args)
     if not Path(path).is_file():
-        raise Refusal(f"no audit database at {path}")
+        raise no_database(path)
     me = os.geteuid()
     for what, place in (("audit database", Path(path)), ("directory", Path(os.path.abspath(path)).parent)):
         owner = place.stat().st_uid

@@ -129,6 +129,16 @@ def open_writer(path_text: str) -> AuditWriter:
     return writer
 
 
+def no_database(path: Path | str) -> Refusal:
+    """'No audit database at PATH', naming the line's trail when this machine has one: on a
+    line host, a command run without --db looks in the account's own data directory."""
+    hint = ""
+    line_db = config.LINE_DB
+    if Path(path) != Path(line_db) and os.path.isfile(line_db):
+        hint = f"; this machine's line services write theirs at {line_db} (--db {line_db})"
+    return Refusal(f"no audit database at {path}{hint}")
+
+
 def open_reader(path_text: str) -> sqlite_utils.Database:
     """The audit database, read-only, for runs, report and audit commands."""
     path = Path(path_text)
@@ -136,7 +146,7 @@ def open_reader(path_text: str) -> sqlite_utils.Database:
     if why:
         raise Refusal(f"audit database {path} is not usable: {why}")
     if not path.exists():
-        raise Refusal(f"no audit database at {path}")
+        raise no_database(path)
     if not _check_existing(path):
         # An empty file: the first run on this host is creating the schema right now (it does so
         # in one transaction, so a reader sees nothing or everything), or it never got that far.
@@ -161,7 +171,7 @@ def open_for_reading(path: str):
     from amdflash.store.queries import open_readonly
 
     if not Path(path).exists():
-        raise Refusal(f"no audit database at {path}")
+        raise no_database(path)
     try:
         conn = connect_reader(path)
         try:

@@ -27,10 +27,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from amdflash.pipeline.config import LINE_DB
 from amdflash.pipeline.fleet.attributes import BOARD_ATTRIBUTES, RESOURCE_CLASS
 
 #: Where a line host's jobs write their trail (the units' StateDirectory), unless pinned otherwise.
-DEFAULT_DB = "/var/lib/amdflash/audit.sqlite"
+DEFAULT_DB = LINE_DB
 
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}")   # a host name, as the exporter publishes it
 _HEX8 = r"[0-9A-Fa-f]{8}"

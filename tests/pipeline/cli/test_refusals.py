@@ -367,3 +367,21 @@ def test_an_audit_database_on_a_read_only_mount_is_called_that(amdflash, make_bo
     r = amdflash("--db", where / "audit.sqlite", "info", "--board", f"sim:{board}")
     refused(r, f"audit database {where / 'audit.sqlite'} is not writable: {where} is on a read-only file system "
                "(mounted ro)")
+
+
+@pytest.mark.parametrize("command", [["runs"], ["report", "20261204T000000-00000000"], ["audit", "verify"]])
+def test_no_database_names_the_line_s_trail_where_this_machine_has_one(amdflash, tmp_path, monkeypatch, command):
+    """On a line host the units write /var/lib/amdflash/audit.sqlite; the host's account running
+    `amdflash runs` without --db looks in its own data directory, and is told where the trail is
+    (a line brought up from the README)."""
+    from amdflash.pipeline import config
+
+    missing = tmp_path / "nowhere" / "audit.sqlite"
+    line_db = tmp_path / "var-lib-amdflash" / "audit.sqlite"
+    monkeypatch.setattr(config, "LINE_DB", str(line_db))
+    said = amdflash("--db", str(missing), *command)
+    assert said.code == 2 and f"no audit database at {missing}" in said.err and str(line_db) not in said.err
+    line_db.parent.mkdir()
+    line_db.write_bytes(b"")
+    said = amdflash("--db", str(missing), *command)
+    assert said.code == 2 and f"line services write theirs at {line_db} (--db {line_db})" in said.err, said.err

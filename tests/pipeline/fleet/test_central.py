@@ -330,14 +330,14 @@ def test_fleet_flash_passes_expect_part_and_force_to_each_host() -> None:
         def stage_image(self, image: Path) -> str:
             return "/staged/image.bin"
 
-        def command(self, job: str, *args: str, also=()) -> list[str]:
-            calls.append((job, args, list(also)))
+        def command(self, job: str, *args: str, also=(), operator=None) -> list[str]:
+            calls.append((job, args, list(also), operator))
             return ["true"]
 
     for job, extra, expected in (("flash", ["--expect-part", PART_KEY, "--force"],
                                   ("/staged/image.bin", "--expect-part", PART_KEY, "--force")),
                                  ("verify", ["--force"], ("/staged/image.bin",))):
-        fleet = fleet_run.FleetRun("127.0.0.1:9", {}, job, Path("/img.bin"), flash_args=extra)
+        fleet = fleet_run.FleetRun("127.0.0.1:9", {}, job, Path("/img.bin"), flash_args=extra, operator="QA")
         jobs = [SimpleNamespace(board=SimpleNamespace(host="hosta"), spec=f"sim:/b{i}", driver=None) for i in range(2)]
         original = fleet_run._driver
         fleet_run._driver = lambda board, *settings: Driver()
@@ -345,7 +345,7 @@ def test_fleet_flash_passes_expect_part_and_force_to_each_host() -> None:
             fleet._command(SimpleNamespace(jobs=jobs))
         finally:
             fleet_run._driver = original
-        assert calls[-1] == (job, expected, ["sim:/b1"])
+        assert calls[-1] == (job, expected, ["sim:/b1"], "QA")
 
 
 @pytest.mark.slow
