@@ -266,13 +266,17 @@ def _operator(args: argparse.Namespace) -> str:
     import getpass
     import socket
 
+    from amdflash.pipeline.commands.checks import OPERATOR_MAX, operator_name
+    from amdflash.pipeline.terminal import printable
+
     if getattr(args, "operator", None):
-        return str(args.operator)
+        return str(operator_name(args.operator))
     try:
         account = getpass.getuser()
     except (KeyError, OSError):       # no name for this uid (a container's bare uid)
         account = f"uid {os.getuid()}"
-    return f"{account}@{socket.gethostname()}"
+    claimed = printable(f"{account}@{socket.gethostname()}")
+    return claimed[:OPERATOR_MAX]
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 
 from amdflash.pipeline.commands import board as commands
 from amdflash.pipeline.cli import output
+from amdflash.pipeline.terminal import printable
 from amdflash.pipeline.engine.auditdb import legacy_version
 from amdflash.pipeline.commands.checks import output_option, writable_output, write_output
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
@@ -154,7 +155,8 @@ def render_text(rep: dict[str, Any]) -> str:
         key = f"{u['action']}/{u['state']}"
         counts[key] = counts.get(key, 0) + 1
     badge = "  [EMULATED BOARD]" if rep.get("emulated") else ""
-    claimed = f" (claims to be {rep['operator_claimed']})" if rep.get("operator_claimed") else ""
+    # A claim recorded by an older amdflash, or pushed by another host, was never checked: one line.
+    claimed = f" (claims to be {printable(rep['operator_claimed'])})" if rep.get("operator_claimed") else ""
     lines = [
         f"run        {rep['run_id']}  ({rep['command']}, {rep['status']}){badge}",
         f"started    {rep['started']}   ended {rep['ended'] or '-'}",

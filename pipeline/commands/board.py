@@ -52,6 +52,9 @@ class Session:
     progress: bool = False           # show progress on stderr (the CLI's default; off for the API)
     operator: str | None = None      # who says they run this (recorded as claimed, beside the OS account)
 
+    def __post_init__(self) -> None:
+        checks.operator_name(self.operator)      # before any run: the trail keeps it
+
     @property
     def db_path(self) -> str:
         return self.db or default_db()

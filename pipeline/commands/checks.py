@@ -171,6 +171,21 @@ def board_specs(texts: list[str] | None, unbind_driver: bool = False) -> list[Bo
     return specs
 
 
+OPERATOR_MAX = 256   # characters: a name, a team, a ticket; not a document
+
+
+def operator_name(value: str | None) -> str | None:
+    """--operator as the trail may keep it: one line of printable text. It is shown in every
+    report of the run (a newline there would forge a line of the report, an escape sequence
+    repaint the reader's terminal), and a fleet job carries it to each host's command line."""
+    if value is None:
+        return None
+    if not value or len(value) > OPERATOR_MAX or not value.isprintable():
+        raise Refusal(f"--operator {printable(value[:60])}{'…' if len(value) > 60 else ''}: one line of printable "
+                      f"text, 1 to {OPERATOR_MAX} characters")
+    return value
+
+
 def prescale(value: int) -> int:
     if not 0 <= value <= PRESCALE_MAX:
         raise Refusal(f"--prescale {value}: must be 0..{PRESCALE_MAX} (SPI clock 100 MHz/(N+1))")

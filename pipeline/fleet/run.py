@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 import shlex
 import shutil
 import signal
@@ -42,6 +43,7 @@ from collections.abc import Sequence
 from amdflash.pipeline.fleet.coordinator import BoardPlace, Coordinator
 from amdflash.pipeline.fleet.labgrid_board import JobError, parse_results, started
 from amdflash.pipeline.fleet.trust import HOST_KEY_FAILED, Allowlist, board_problem, shown
+from amdflash.pipeline.terminal import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
 #: Row status → exit status (the worst row decides, as for multi-board runs).
@@ -196,7 +198,7 @@ NOT_INSTALLED = "is not installed on this machine"
 def _missing_program(e: BaseException) -> str | None:
     """The program this machine lacks, when `e` is starting one that is not on PATH."""
     name = getattr(e, "filename", None) if isinstance(e, FileNotFoundError) else None
-    if isinstance(name, str) and name and "/" not in name and shutil.which(name) is None:
+    if isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", name) and shutil.which(name) is None:
         return name
     return None
 
@@ -225,6 +227,7 @@ class FleetRun:
         self._slots = asyncio.Condition()
         self._prepare = asyncio.Lock()
         self._staged: dict[str, str] = {}   # host → the image's path there
+        self._missing: dict[str, str] = {}  # place → the program this machine lacked to run its job
         self._batches: list[_Batch] = []
 
     async def run(self) -> FleetResult:
@@ -299,10 +302,11 @@ class FleetRun:
             return f"on {host}: {row.advice}"
         if row.status in ("failed", "lost") and row.run_id:
             return f"{on_host} report {shlex.quote(row.run_id)} (the run as {host} recorded it)"
-        if row.status == "refused" and NOT_INSTALLED in (row.error or ""):
-            program = (row.error or "").split(NOT_INSTALLED)[0].split()[-1]
+        program = self._missing.get(row.board) if row.status == "refused" else None
+        if program:     # a name from PATH that was not found here (never a host's words)
             again = self._fleet_again(row.board)
-            return f"install {program} on this machine (Debian: apt-get install {program}), then {again}"
+            return (f"install {shlex.quote(program)} on this machine (Debian: apt-get install "
+                    f"{shlex.quote(program)}), then {again}")
         if row.status == "unreachable":
             again = self._fleet_again(row.board)
             return f"check that {host} answers: {shlex.join(['ssh', host, 'true'])}; then {again}"
@@ -414,18 +418,15 @@ class FleetRun:
             async with self._prepare:   # labgrid's SSH connection manager is not thread-safe
                 argv = await asyncio.to_thread(self._command, batch)
         except Exception as e:
-            program = _missing_program(e)
-            for job in batch.jobs:
-                job.row.status, job.row.error = "unreachable", f"{batch.host}: {e}"
-                if program:
-                    # Not the host's doing: it was never asked (labgrid copies images with rsync).
-                    job.row.status = "refused"
-                    job.row.error = (f"nothing ran on {batch.host}: {program} {NOT_INSTALLED} (this machine runs "
-                                     "each job over ssh and copies its image with rsync: README, 'SSH keys')")
+            self._not_started(batch, e)
             return
         wall0 = time.monotonic()
         for attempt in (1, 2):
-            stdout, stderr = await self._start(batch, argv)
+            try:
+                stdout, stderr = await self._start(batch, argv)
+            except OSError as e:     # ssh itself could not be started (missing; a command line too long)
+                self._not_started(batch, e)
+                return
             if started(stdout) or self.stopping or attempt == 2 or HOST_KEY_FAILED in stderr:
                 break
             # The session never began (nothing ran on the boards): once more, after a pause.
@@ -449,6 +450,25 @@ class FleetRun:
         if self.job == "dump":
             for job in batch.jobs:
                 await self._fetch(job)
+
+    def _not_started(self, batch: _Batch, e: Exception) -> None:
+        """A batch whose job could not be started from here: the host was never asked."""
+        program = _missing_program(e)
+        said = str(e)
+        if isinstance(e, subprocess.CalledProcessError) and e.output:
+            # A program labgrid ran (rsync) failed: its own last words say why (the exception's
+            # text does not carry them, and they are no longer printed on stdout).
+            output = e.output.decode(errors="replace") if isinstance(e.output, bytes) else str(e.output)
+            last = [line.strip() for line in output.replace("\r", "\n").splitlines() if line.strip()]
+            said = f"{said}: {printable(last[-1])}" if last else said
+        for job in batch.jobs:
+            job.row.status, job.row.error = "unreachable", f"{batch.host}: {said}"
+            if program:
+                # Not the host's doing: it was never asked (labgrid copies images with rsync).
+                self._missing[job.row.board] = program
+                job.row.status = "refused"
+                job.row.error = (f"nothing ran on {batch.host}: {program} {NOT_INSTALLED} (this machine runs "
+                                 "each job over ssh and copies its image with rsync: README, 'SSH keys')")
 
     async def _start(self, batch: _Batch, argv: list[str]) -> tuple[str, str]:
         # Its own session: a Ctrl-C at the terminal reaches this client only, which then asks

@@ -226,15 +226,18 @@ def test_a_bridge_whose_serial_is_not_the_firmware_s_is_not_used(make_board, tmp
 
 def test_escape_sequences_from_names_and_the_trail_never_reach_the_terminal(amdflash, make_board, tmp_path):
     board = make_board(HOSTILE, transport="ideal")
-    runs = [amdflash("info", "--board", f"sim:{board}", "--operator", HOSTILE),
+    runs = [amdflash("info", "--board", f"sim:{board}"),
             amdflash("verify", tmp_path / f"image{HOSTILE}.bin", "--board", f"sim:{board}"),
-            amdflash("dump", tmp_path / f"no-such-dir{HOSTILE}" / "d.bin", "--board", f"sim:{board}")]
+            amdflash("dump", tmp_path / f"no-such-dir{HOSTILE}" / "d.bin", "--board", f"sim:{board}"),
+            # an operator name is refused, not kept (it would be shown in every report), and said escaped
+            amdflash("info", "--board", f"sim:{board}", "--operator", HOSTILE)]
     listed = amdflash("runs")
     for r in [*runs, listed]:
         for text in (r.out, r.err):
             assert ESC not in text and "\x07" not in text and "\u202e" not in text, text
     assert runs[0].code == 0 and "\\x1b]0;pwned" in runs[0].out
     assert runs[1].code == 2 and "\\x1b[2J" in runs[1].err
+    assert runs[3].code == 2 and "--operator x\\x1b]0;pwned" in runs[3].err
     run_id = json.loads(amdflash("runs", "--format", "json").out)[0]["run_id"]
     report = amdflash("report", run_id)
     assert report.code == 0 and ESC not in report.out and "\\x1b" in report.out

