@@ -25,11 +25,14 @@ def _rsync_like() -> None:
 def test_labgrid_s_program_output_stays_off_the_fleet_s_stdout(monkeypatch, capsys) -> None:
     from amdflash.pipeline.cli.fleet import _need_labgrid
 
-    for name in ("Process", ""):                  # put back after the test: the loggers are global
-        logger = logging.getLogger(name or None)
-        monkeypatch.setattr(logger, "handlers", list(logger.handlers))
-        monkeypatch.setattr(logger, "level", logger.level)
-        monkeypatch.setattr(logger, "propagate", logger.propagate)
+    # The loggers are the process's: a fleet command run in this process earlier (another test,
+    # same xdist worker) has set them already. Start from a fresh process's state; put back after.
+    process, root = logging.getLogger("Process"), logging.getLogger()
+    monkeypatch.setattr(process, "handlers", [])
+    monkeypatch.setattr(process, "level", logging.NOTSET)
+    monkeypatch.setattr(process, "propagate", True)
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", logging.WARNING)
     _rsync_like()
     assert RSYNC_SAYS in capsys.readouterr().out        # labgrid's own way: printed on stdout
     _need_labgrid(argparse.Namespace(verbose=0))           # as every fleet command that runs jobs does
