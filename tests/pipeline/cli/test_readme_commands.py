@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 
 from amdflash.pipeline.cli.main import build_parser
-
-README = Path(__file__).resolve().parents[3] / "README.md"
+from tests.support.readme import README, drop_optional
 
 
 def _is_amdflash(word: str) -> bool:
@@ -28,9 +26,7 @@ def _command_lines() -> list[str]:
         for line in block.splitlines():
             if "│" in line or line.lstrip().startswith(("#", "from ")):
                 continue        # the line's drawing, a comment, Python
-            while re.search(r"\[[^\[\]]*\]", line):     # optional parts, innermost first
-                line = re.sub(r"\s*\[[^\[\]]*\](?=\S)", " ", line)     # [HOST/]RUN: RUN
-                line = re.sub(r"\s*\[[^\[\]]*\]", "", line)
+            line = drop_optional(line)
             for segment in re.split(r"\s+#.*$|\s\|\s|&&|;|\s{3,}", line):
                 words = (segment or "").split(">")[0].split()
                 if words[:1] == ["sudo"]:

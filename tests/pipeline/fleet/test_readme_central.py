@@ -31,10 +31,10 @@ import pytest
 from tests.pipeline.fleet.central_trail import psql
 from tests.pipeline.fleet.pgcluster import PORT, SUPERUSER, PostgresCluster
 from tests.support import cli as command_line
+from tests.support.readme import README, drop_optional
 
 pytest.importorskip("psycopg", reason="psycopg is not installed (pip install '.[test]' brings it)")
 
-README = Path(__file__).resolve().parents[3] / "README.md"
 PASSWORD = "pw-of-hosta"
 HBA_LINE = r"echo '(host\s+.*)' \| sudo tee -a \"\$\(sudo -u postgres psql -tAc 'SHOW hba_file'\)\""
 SKIPPED = {      # the first marker a line holds says why it is not run here
@@ -55,10 +55,7 @@ def readme_block(marker: str) -> list[str]:
 def without_options(line: str) -> str:
     """A line with its optional parts ([--blob-quota 64G], [HOST/]) dropped and its trailing
     comment cut; of alternatives (text|json|html) the first."""
-    line = re.sub(r"\s+#\s.*$", "", line)
-    while re.search(r"\[[^\[\]]*\]", line):
-        line = re.sub(r"\s*\[[^\[\]]*\](?=\S)", " ", line)
-        line = re.sub(r"\s*\[[^\[\]]*\]", "", line)
+    line = drop_optional(re.sub(r"\s+#\s.*$", "", line))
     return re.sub(r"\b(\w+)(\|\w+)+\b", r"\1", line)
 
 
@@ -110,13 +107,13 @@ class Line:
             psql(self.cluster.dsn.replace("/postgres?", f"/{m.group(1)}?"), sql)
             return "psql"
         if m := re.fullmatch(r"echo '([^']*)' \| sudo -u (\w+) tee ~(\w+)/\.pgpass >/dev/null", line):
-            entry = m.group(1).replace("central", self.socket.replace(":", r"\:"), 1).replace("…", PASSWORD)
+            entry = self.pgpass_entry(m.group(1))
             path = self.homes[m.group(3)] / ".pgpass"
             path.write_text(entry + "\n")
             path.chmod(0o644)              # as tee makes it: the next line of the README makes it 0600
             return ".pgpass written"
         if m := re.fullmatch(r"echo '([^']*)' >> ~/\.pgpass && chmod 0600 ~/\.pgpass", line):
-            entry = m.group(1).replace("central", self.socket.replace(":", r"\:"), 1).replace("…", PASSWORD)
+            entry = self.pgpass_entry(m.group(1))
             with open(self.homes["reviewer"] / ".pgpass", "a") as f:      # a reviewer's own (no sudo)
                 f.write(entry + "\n")
             (self.homes["reviewer"] / ".pgpass").chmod(0o600)
@@ -142,6 +139,10 @@ class Line:
             self.amdflash(account, words[1:])
             return "amdflash"
         raise AssertionError(f"the README's central set-up has a line this test does not know: {line!r}")
+
+    def pgpass_entry(self, written: str) -> str:
+        """The README's .pgpass line for this cluster: `central` is its socket directory."""
+        return written.replace("central", self.socket.replace(":", r"\:"), 1).replace("…", PASSWORD)
 
     def serve(self, account: str, words: list[str]) -> None:
         """`fleet serve` as a process of its own, on a free port (tests run side by side: the
