@@ -18,7 +18,7 @@ from collections.abc import MutableMapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from amdflash.pipeline.terminal import printable
+from amdflash.stages.terminal import printable
 
 if TYPE_CHECKING:
     import logging

@@ -3,7 +3,9 @@
 The page carries everything inline — CSS in a <style> element, graphics as plain HTML
 blocks — and fetches nothing (no scripts, fonts, images or links out), so it can be
 archived with a compliance record and opened years later on an offline machine. Every
-recorded value is escaped: board strings, paths and error texts come from the field.
+recorded value is escaped: board strings, paths and error texts come from the field. Beyond
+markup, a browser would obey a bidi override (U+202E shows the rest of a name reversed) or hide
+a zero-width or control character: those are shown as escapes (`\\u202e`), as on a terminal.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from html import escape
+from html import escape as _html_escape
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,14 @@ from amdflash.store.queries import RunNotFound, RunReport, run_chain, transactio
 from amdflash.store.run_rows import RunRows, RunUnverified
 from amdflash.store.status import PROCESS_STAGE
 from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, UNIT
+from amdflash.stages.terminal import printable
+
+
+def escape(text: str) -> str:
+    """`text` for the page: control and format characters as escapes (stages/terminal.py),
+    then markup escaped. Newlines and tabs stay (a multi-line error reads as it was written)."""
+    return _html_escape(printable(text, multiline=True))
+
 
 CELLS_PER_ROW = 32            # two 64 KiB blocks per row: 16 rows for the 2 MiB
 BLOCK_CELLS = 16

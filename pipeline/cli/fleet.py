@@ -267,7 +267,7 @@ def _operator(args: argparse.Namespace) -> str:
     import socket
 
     from amdflash.pipeline.commands.checks import OPERATOR_MAX, operator_name
-    from amdflash.pipeline.terminal import printable
+    from amdflash.stages.terminal import printable
 
     if getattr(args, "operator", None):
         return str(operator_name(args.operator))
@@ -369,7 +369,7 @@ class FleetView:
     def cells(live: Any) -> list[str]:
         """place, host, stage, bytes, rate, ETA, status: as words."""
         from amdflash.pipeline.engine.progress import _amount, _duration
-        from amdflash.pipeline.terminal import printable
+        from amdflash.stages.terminal import printable
 
         in_bytes = live.unit == "bytes"
         amounts = (f"{_amount(live.done, in_bytes)}/{_amount(live.total, in_bytes)}"

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from amdflash.pipeline.logsetup import logger
-from amdflash.pipeline.terminal import printable
+from amdflash.stages.terminal import printable
 
 _closed = False
 

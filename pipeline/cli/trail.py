@@ -9,7 +9,7 @@ from typing import Any
 
 from amdflash.pipeline.commands import board as commands
 from amdflash.pipeline.cli import output
-from amdflash.pipeline.terminal import printable
+from amdflash.stages.terminal import printable
 from amdflash.pipeline.engine.auditdb import legacy_version
 from amdflash.pipeline.commands.checks import output_option, writable_output, write_output
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal

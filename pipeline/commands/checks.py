@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 
 from amdflash.pipeline.errors import Refusal
-from amdflash.pipeline.terminal import printable
+from amdflash.stages.terminal import printable
 from amdflash.stages.image import ifwi
 from amdflash.stages.drivers.navi31 import aperture
 from amdflash.stages.files import room_problem, write_new

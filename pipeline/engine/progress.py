@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from amdflash.pipeline.engine.events import RowTap, TappedRecorder, debug_tap, wants_trace
 from amdflash.pipeline.logsetup import QUIET, load_structlog, logger, settings
-from amdflash.pipeline.terminal import printable
+from amdflash.stages.terminal import printable
 from amdflash.stages.drivers.flash.geometry import UNIT
 
 if TYPE_CHECKING:      # rich (a hundred modules) is imported only for the live table on a terminal

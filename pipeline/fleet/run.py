@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from amdflash.pipeline.fleet.coordinator import BoardPlace, Coordinator
 from amdflash.pipeline.fleet.labgrid_board import JobError, parse_results, started
 from amdflash.pipeline.fleet.trust import HOST_KEY_FAILED, Allowlist, board_problem, shown
-from amdflash.pipeline.terminal import printable
+from amdflash.stages.terminal import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
 #: Row status → exit status (the worst row decides, as for multi-board runs).

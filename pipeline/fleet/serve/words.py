@@ -13,7 +13,7 @@ from typing import Any
 def escape(text: str) -> str:
     """Text for HTML: markup characters escaped, and controls and format characters (a bidi
     override from a board's name) shown as escapes, as the terminal shows them."""
-    from amdflash.pipeline.terminal import printable
+    from amdflash.stages.terminal import printable
 
     return _html_escape(printable(str(text), multiline=True))
 
@@ -25,7 +25,7 @@ RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}-[0-9a-f]{8}")     # what amdflash's run 
 def word(value: Any, limit: int = 200) -> str:
     """A recorded value for a notification: one printable line (controls, bidi overrides and
     newlines shown as escapes, as the terminal shows them), at most `limit` characters."""
-    from amdflash.pipeline.terminal import printable
+    from amdflash.stages.terminal import printable
 
     text = printable("" if value is None else str(value))
     return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -198,7 +198,7 @@ FLOORS: dict[str, int] = {
     "amdflash.pipeline.commands": 6,    # plain functions with typed results
     "amdflash.pipeline.engine": 5,      # runner, jobs, the stage graph, events, progress
     "amdflash.pipeline.fleet": 5,       # a line of hosts: labgrid, jobs on hosts, push, follow
-    "amdflash.pipeline": 4,             # errors, config, terminal, logsetup: the pipeline's common ground
+    "amdflash.pipeline": 4,             # errors, config, logsetup: the pipeline's common ground
     "amdflash.store": 3,                # the audit trail
     "amdflash.stages": 2,               # one module per stage, and the one place that opens a board
     "amdflash.stages.sim": 2,           # the emulated board: its own room (see EMULATOR_DOORS)

@@ -243,6 +243,19 @@ def test_escape_sequences_from_names_and_the_trail_never_reach_the_terminal(amdf
     assert report.code == 0 and ESC not in report.out and "\\x1b" in report.out
 
 
+def test_the_html_report_shows_names_from_the_field_escaped(amdflash, make_board, tmp_path):
+    """A browser obeys no markup from the trail (test_html.py), and neither a bidi override
+    (U+202E shows the rest of a name reversed) nor a control character: shown as escapes."""
+    board = make_board(HOSTILE, transport="ideal")
+    assert amdflash("info", "--board", f"sim:{board}").code == 0
+    run_id = json.loads(amdflash("runs", "--format", "json").out)[0]["run_id"]
+    page = tmp_path / "report.html"
+    assert amdflash("report", run_id, "--format", "html", "-o", page).code == 0
+    text = page.read_text()
+    assert [text.count(c) for c in (ESC, "\x07", "\u202e")] == [0, 0, 0]
+    assert "x\\x1b]0;pwned\\x1b\\\\x1b[2J\\x07\\u202e" in text     # the board's path, escaped
+
+
 def test_a_database_name_with_uri_characters_opens_that_file(amdflash, make_board, tmp_path):
     """`--db 'audit#1.sqlite'` used to open 'audit' for reading (the URI fragment was dropped)."""
     board = make_board(transport="ideal")
