@@ -1,4 +1,5 @@
-"""Text from boards, images, file names and the trail, made safe to show on a terminal.
+"""Text from boards, images, file names and the trail, made safe to show on a terminal (or
+in an HTML page: `for_html`).
 
 A USB string, a part number, a file name or a row of a forged trail may hold escape
 sequences (ESC, BEL, CSI …) that a terminal would obey: move the cursor, rewrite earlier
@@ -35,3 +36,12 @@ def printable(text: str, multiline: bool = False) -> str:
         return text
     keep = _KEEP_MULTILINE if multiline else frozenset()
     return "".join(_escape(c) if c not in keep and _unsafe(c) else c for c in text)
+
+
+def for_html(text: str) -> str:
+    """`text` for an HTML page (the report, the line view): the same escapes as on a terminal
+    (a browser obeys a bidi override too, and hides controls), newlines kept, then markup
+    escaped."""
+    from html import escape     # here, not at the top: --version loads this module
+
+    return escape(printable(text, multiline=True))

@@ -14,7 +14,6 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from html import escape as _html_escape
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +24,7 @@ from amdflash.store.queries import RunNotFound, RunReport, run_chain, transactio
 from amdflash.store.run_rows import RunRows, RunUnverified
 from amdflash.store.status import PROCESS_STAGE
 from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, UNIT
-from amdflash.stages.terminal import printable
-
-
-def escape(text: str) -> str:
-    """`text` for the page: control and format characters as escapes (stages/terminal.py),
-    then markup escaped. Newlines and tabs stay (a multi-line error reads as it was written)."""
-    return _html_escape(printable(text, multiline=True))
+from amdflash.stages.terminal import for_html as escape
 
 
 CELLS_PER_ROW = 32            # two 64 KiB blocks per row: 16 rows for the 2 MiB

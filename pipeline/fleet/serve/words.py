@@ -6,16 +6,15 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from html import escape as _html_escape
 from typing import Any
 
 
 def escape(text: str) -> str:
     """Text for HTML: markup characters escaped, and controls and format characters (a bidi
     override from a board's name) shown as escapes, as the terminal shows them."""
-    from amdflash.stages.terminal import printable
+    from amdflash.stages.terminal import for_html
 
-    return _html_escape(printable(str(text), multiline=True))
+    return for_html(str(text))
 
 
 RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}-[0-9a-f]{8}")     # what amdflash's run ids look like (store/html.py)
