@@ -265,15 +265,16 @@ def _value(value: Any) -> str:
 RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}-[0-9a-f]{8}")
 
 
-def _run_link(run_id: str | None, beside: Path | None) -> _Html | str | None:
+def _run_link(run_id: str | None, beside: Path | None) -> _Html | None:
     """Another run, linked to its report file by the name that
     `amdflash report RUN_ID --format html -o RUN_ID.html` gives — when the page is written
     into `beside`, only if that file is there (a link must lead somewhere), else its run id as
-    text; a value that is not a run id is shown as text, never linked."""
+    text; a value that is not a run id is shown as escaped text, never linked (it is markup
+    here: callers join it into other markup)."""
     if not run_id:
         return None
     if not RUN_ID.fullmatch(run_id):
-        return run_id
+        return _Html(escape(str(run_id)))
     if beside is not None and not (beside / f"{run_id}.html").is_file():
         return _Html(f"<span class=\"mono\">{run_id}</span>")
     return _Html(f"<a class=\"mono\" href=\"{run_id}.html\">{run_id}</a>")

@@ -83,14 +83,17 @@ def runs(db: sqlite_utils.Database) -> list[dict[str, Any]]:
             LEFT JOIN run_status s ON s.seq = (SELECT max(x.seq) FROM run_status x WHERE x.run_id = r.run_id)
             LEFT JOIN boards b ON b.seq = (SELECT min(y.seq) FROM boards y WHERE y.run_id = r.run_id)
             ORDER BY r.seq""", [*ENDS, PROCESS_STAGE])]
-        resumed = {r["resumes_run_id"] for r in rows if r["resumes_run_id"]}
+        # A run no checkpoint seals any of (rows INSERTed without the key) vouches for no other:
+        # it neither resumes nor fixes one here, as a report's related runs never do (_Related).
+        sealed = {r for (r,) in db.conn.execute("SELECT DISTINCT run_id FROM checkpoints")}
+        resumed = {r["resumes_run_id"] for r in rows if r["resumes_run_id"] and r["run_id"] in sealed}
         legacy = {r for (r,) in db.conn.execute("SELECT DISTINCT run_id FROM checkpoints WHERE kind = ?", (LEGACY,))}
         for r in rows:
             r["legacy"] = r["run_id"] in legacy      # an older amdflash recorded it, unsigned
             process = r.pop("process")
             r["status"] = run_status(r["status"], r["run_id"] in resumed, process, r.pop("machine_id"))
             r["reason"] = r["reason"] if r["status"] != "succeeded" else None
-        fixed = fixed_by(rows)
+        fixed = fixed_by([r for r in rows if r["run_id"] in sealed])
         for r in rows:
             r["fixed_by"] = fixed.get(r["run_id"])
     return rows

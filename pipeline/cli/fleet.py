@@ -238,8 +238,9 @@ async def _places(args: argparse.Namespace, tags: dict[str, str], allow: Any) ->
                 continue
             refused = board_problem(entry.cls, entry.args, entry.extra, allow, exporter)
             if refused:   # no place for it: the coordinator's word is not the operator's
-                print(f"note: refused the board resource {shown(f'{exporter}/{group}/{name}')}: {refused}",
-                      file=sys.stderr)
+                # A word as the others are (one line, escaped; an event with --log-json): the
+                # reason quotes the coordinator's names and values.
+                output.note(f"note: refused the board resource {shown(f'{exporter}/{group}/{name}')}: {refused}")
                 continue
             path = (exporter, group, entry.cls, name)
             existing = [p for p, place in coordinator.places.items() if place.hasmatch(path)]
@@ -380,12 +381,15 @@ class FleetView:
 
     def _table(self) -> Any:
         from rich.table import Table
+        from rich.text import Text
 
         table = Table(box=None, show_edge=False, pad_edge=False)
         for name in ("board", "host", "stage", "bytes", "rate", "ETA", "status"):
             table.add_column(name, overflow="fold")
         for live in list(self.fleet.live.values()):
-            table.add_row(*self.cells(live))
+            # Text, not str: rich reads a str as console markup, and a place named
+            # `[link=https://…]a[/link]` would become a hyperlink (`a[/]` an exception).
+            table.add_row(*(Text(cell) for cell in self.cells(live)))
         return table
 
     def _lines(self) -> None:

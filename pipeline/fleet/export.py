@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from amdflash.pipeline.fleet.attributes import BOARD_ATTRIBUTES, RESOURCE_CLASS
+from amdflash.stages.terminal import printable
 
 
 def amdflash_command() -> str:
@@ -148,19 +149,31 @@ def host_boards(sim_dirs: list[str], hardware: bool, db: str,
     return groups, notes
 
 
+# labgrid renders the file with Jinja2 before reading the YAML: `{{`, `{%`, `{#` would start an
+# expression (one that can run code), and `##` after any text a comment that cuts the line. In a
+# value they are written as escapes, which YAML's double-quoted strings read back as themselves.
+_TEMPLATE_CHARACTERS = str.maketrans({c: f"\\u{ord(c):04x}" for c in "{}%#"})
+
+
 def _scalar(value: Any) -> str:
     # JSON scalars are YAML scalars; strings stay quoted so no value is read as a number or date.
-    return json.dumps(value)
+    return json.dumps(value).translate(_TEMPLATE_CHARACTERS)
+
+
+def _comment(text: str) -> str:
+    # One line: `##` starts a comment that ends with the line, so text from a board or a path
+    # (a newline, then YAML or a Jinja expression) must never begin another.
+    return "## " + printable(text)
 
 
 def render(groups: dict[str, dict[str, Any]], notes: list[str]) -> str:
     lines = [
-        f"## labgrid exporter configuration for {socket.gethostname()}, written by "
-        f"'amdflash fleet exporter-config' at {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}.",
+        _comment(f"labgrid exporter configuration for {socket.gethostname()}, written by "
+                 f"'amdflash fleet exporter-config' at {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}."),
         "## Regenerate it when boards are plugged or unplugged, then restart the exporter",
         "## (README, 'Running a line'). host is the exporter's --hostname: clients SSH there.",
     ]
-    lines += [f"## note: {n}" for n in notes]
+    lines += [_comment(f"note: {n}") for n in notes]
     if not groups:
         lines.append("## no boards found on this host")
         return "\n".join(lines) + "\n{}\n"

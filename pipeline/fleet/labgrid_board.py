@@ -182,12 +182,16 @@ class AmdflashDriver(Driver, BootstrapProtocol):
 
     def fetch(self, remote_path: str, local_path: str | Path) -> None:
         """Copy a file the job left on the board's host (a dump) here, then remove it there."""
-        with open(local_path, "wb") as out:
+        from amdflash.stages.files import new_file
+
+        # Written as every output is (stages/files.py): a fresh file renamed into place, so a link
+        # planted at the name is replaced, never followed, and a failed copy leaves nothing.
+        with new_file(Path(local_path)) as out:
             done = subprocess.run(self._on_host(["cat", "--", remote_path]), stdout=out,
                                   stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, check=False)
-        if done.returncode != 0:
-            raise JobError(f"cannot copy {remote_path} from {self.host}: "
-                           f"{done.stderr.decode(errors='replace').strip()}")
+            if done.returncode != 0:
+                raise JobError(f"cannot copy {remote_path} from {self.host}: "
+                               f"{done.stderr.decode(errors='replace').strip()}")
         subprocess.run(self._on_host(["rm", "-f", "--", remote_path]), stdin=subprocess.DEVNULL,
                        capture_output=True, check=False)
 

@@ -203,6 +203,10 @@ def _missing_program(e: BaseException) -> str | None:
     return None
 
 
+# A place's dump is written here as PLACE.bin: one file name, never a path.
+DUMP_NAME = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,199}")
+
+
 class FleetRun:
     def __init__(self, address: str, where: dict[str, str], job: str, image: Path | None = None,
                  output_dir: Path | None = None, parallel: int = 8, exporter_grace: float = 30.0,
@@ -250,6 +254,13 @@ class FleetRun:
                     self.notes.append(f"refused the board resource "
                                       f"{shown(f'{board.exporter}/{board.group}/{board.resource}')} of place "
                                       f"{shown(board.place)}: {refused}")
+                    continue
+                if self.job == "dump" and not DUMP_NAME.fullmatch(board.place):
+                    # Its dump would be DIR/PLACE.bin: a place named `../x` or `/etc/x` would put it
+                    # elsewhere. Place names are the coordinator's; `fleet places` makes `HOST-GROUP`.
+                    row.status, row.error = "refused", (f"place {shown(board.place)} cannot name a dump file in "
+                                                        f"{self.output_dir or '.'} (letters, digits, . _ + - only, "
+                                                        "not starting with .): nothing run")
                     continue
                 if self.stopping:
                     row.status, row.error = "not started", "stopped by the operator before it started"
@@ -562,6 +573,10 @@ class FleetRun:
     async def _fetch(self, job: _Job) -> None:
         row = job.row
         if row.status != "succeeded" or not row.output:
+            return
+        if not DUMP_NAME.fullmatch(job.board.place):      # refused before its job; never a path here
+            row.status, row.error = "failed", f"dump made on {job.board.host} but not copied here: place " \
+                                              f"{shown(job.board.place)} cannot name a file"
             return
         local = Path(self.output_dir or ".") / f"{job.board.place}.bin"
         try:

@@ -109,7 +109,7 @@ def board_problem(cls: str, args: Mapping[str, Any], extra: Mapping[str, Any], a
         return f"it asks to be reached through the SSH proxy {extra.get('proxy')!r}, which the fleet does not use"
     unexpected = sorted(set(args) - {"host", *BOARD_ATTRIBUTES})
     if unexpected:
-        named = ", ".join(f"{k}={_short(args[k])}" for k in unexpected)
+        named = ", ".join(f"{shown(str(k))}={_short(args[k])}" for k in unexpected)
         return f"it carries attributes a board does not have ({named}): the fleet runs only its own command"
     kind, spec = args.get("kind"), args.get("spec")
     for key, (types, form) in _FORMS.items():

@@ -48,6 +48,12 @@ UDEV_RULES = (
     'SUBSYSTEMS=="usb", ATTRS{idVendor}=="3801", ATTRS{idProduct}=="0001", TAG+="uaccess"'
 )
 
+
+def _shown(text: str) -> str:
+    """A device's string as ASCII escapes (a newline, ESC or bidi override is shown, not obeyed), cut short."""
+    return text.encode("unicode_escape", "backslashreplace").decode("ascii")[:64]
+
+
 VENDOR_OUT, VENDOR_IN = 0x40, 0xC0
 REQ_XDATA_READ, REQ_TLP, REQ_PCIE_POWER = 0xE4, 0xF0, 0xF3
 EP_OUT, EP_IN = 0x02, 0x81
@@ -216,16 +222,20 @@ def _describe(device: usb.core.Device) -> BridgeInfo:
         except usb.core.USBError:
             pass
     bridge = BridgeInfo(**info)
-    if bridge.serial is not None and not bridge.foreign_firmware and not SERIAL_FORMAT.fullmatch(bridge.serial):
-        # The firmware reports 8 lowercase hex digits; anything else is not our bridge speaking,
-        # and the string would go on to name files and fill terminals: it is shown escaped, not used.
-        shown = bridge.serial.encode("unicode_escape", "backslashreplace").decode("ascii")[:64]
-        return BridgeInfo(**{**info, "serial": None,
-                             "error": f"serial string '{shown}' is not the 8 lowercase hex digits the custom "
-                                      "ASM24 firmware reports: bridge not used"})
+    # The firmware reports 8 lowercase hex digits; anything else is not our bridge speaking, and
+    # the string (up to 126 characters of anyone's device) would go on to name files, fill
+    # terminals and the exporter configuration: it is shown escaped, never used.
+    odd_serial = bridge.serial is not None and not SERIAL_FORMAT.fullmatch(bridge.serial)
+    said = f"serial string '{_shown(bridge.serial)}'" if odd_serial and bridge.serial is not None else ""
     if bridge.foreign_firmware:
-        return BridgeInfo(**{**info, "error": f"product {bridge.product!r} is not the custom ASM24 firmware "
-                                               f"(expected a name starting {' or '.join(PRODUCT_PREFIXES)})"})
+        product = _shown(bridge.product or "")
+        return BridgeInfo(**{**info, "product": product, "serial": None if odd_serial else bridge.serial,
+                             "error": f"product '{product}' is not the custom ASM24 firmware (expected a name "
+                                      f"starting {' or '.join(PRODUCT_PREFIXES)}){'; ' + said if said else ''}"})
+    if odd_serial:
+        return BridgeInfo(**{**info, "serial": None,
+                             "error": f"{said} is not the 8 lowercase hex digits the custom "
+                                      "ASM24 firmware reports: bridge not used"})
     return bridge
 
 

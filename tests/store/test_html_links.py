@@ -14,7 +14,7 @@ from amdflash.store import schema
 from amdflash.store.writer.sealer import ChainWriter, Signer
 
 HOSTILE = 'javascript:alert(document.domain)//"><b>x</b>'
-HOSTILE_CHILD = "javascript:fetch('//evil')//"
+HOSTILE_CHILD = "javascript:fetch('//evil')//<img src=x onerror=alert(1)>"   # listed under "resumed by"
 GOOD = "20260101T000000-0123abcd"
 
 
@@ -56,6 +56,7 @@ def test_only_run_ids_become_links_and_never_a_scheme_from_the_trail(tmp_path, c
     links = Links(text)
     assert links.hrefs == [], links.hrefs          # neither the resumed nor the resuming run is a run id
     assert "javascript:" in text and "<b>x</b>" not in text     # shown, escaped, as text
+    assert "img" not in links.tags and "&lt;img src=x onerror=alert(1)&gt;" in text   # the resuming run's too
 
 
 def test_a_run_id_is_linked_to_its_page(tmp_path, capsys, host_key):  # noqa: ANN001

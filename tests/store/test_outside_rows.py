@@ -180,3 +180,24 @@ def test_an_unsealed_tail_is_still_shown_as_not_verified(cli, failed, db):  # no
     assert r.code == 0 and "unsealed" in r.out, r.out
     rep = json.loads(cli("report", run_id, "--json").out)
     assert rep["chain"]["unsealed_rows"] > 0 and "not sealed" in rep["chain"]["signature"]
+
+
+def test_a_run_nothing_of_which_is_sealed_never_resumes_or_fixes_another(cli, failed, db):  # noqa: F811
+    """A `runs` row and a `succeeded` status INSERTed with no checkpoint (no key needed) claimed
+    to resume the failed flash: it was counted as a verified resume, so the flash read as
+    fixed by it and `info` no longer named it unfinished. A run none of whose rows a checkpoint
+    seals vouches for nothing: it is listed as not verified and changes no other run's status."""
+    run_id, board, pub = failed
+    forged = "20991231T235959-0badc0de"
+    at = "2099-12-31T23:59:59+00:00"
+    _insert(db, "INSERT INTO runs (run_id, command, arguments, operator, host, board_spec, resumes_run_id, at) "
+                "VALUES (?, 'resume', '{}', 'root', 'hosta', ?, ?, ?)", forged, f"sim:{board}", run_id, at)
+    _insert(db, "INSERT INTO run_status (run_id, status, detail, summary, at) VALUES (?, 'succeeded', '', '{}', ?)",
+            forged, at)
+    report = json.loads(cli("report", run_id, "--format", "json").out)
+    assert report["status"] == "failed" and report.get("finished_by") is None, report
+    assert [(r["run_id"], r["verified"]) for r in report["resumed_by"]] == [(forged, False)]
+    listed = {r["run_id"]: r for r in json.loads(cli("runs", "--format", "json").out)}
+    assert listed[run_id]["status"] == "failed" and not listed[run_id].get("fixed_by")
+    info = cli("info", "--board", f"sim:{board}")
+    assert info.code == 0 and f"unfinished flash {run_id}" in info.out, info.out

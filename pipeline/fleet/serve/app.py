@@ -189,6 +189,17 @@ def state_file(state_dir: Path, url: str) -> Path:
     return state_dir / f"notified-{hashlib.sha256(no_password(shown_url(url)).encode()).hexdigest()[:16]}.json"
 
 
+def server_config(asgi: Any, host: str, port: int) -> Any:
+    """uvicorn's configuration for the view. Its own lines (a malformed request, an exception)
+    go to the root logger amdflash configured (log_config=None), so they are words like any
+    other: one JSON object per line with --log-json, escaped otherwise; uvicorn's default
+    handlers would print its own plain-text format beside them."""
+    import uvicorn
+
+    return uvicorn.Config(asgi, host=host, port=port, log_level="warning", lifespan="on",
+                          timeout_graceful_shutdown=2, log_config=None)
+
+
 def serve(url: str, listen: str, notify: list[str], window_hours: float, silent_after: float, settle: float,
           public_url: str, log: Callable[[str], None], state_dir: Path | None = None,
           allowed_hosts: list[str] | None = None, stale_after: float = 1800.0) -> int:
@@ -199,9 +210,7 @@ def serve(url: str, listen: str, notify: list[str], window_hours: float, silent_
     line = Line(url, window_hours, notifier, silent_after, settle, public_url or f"http://{listen}/", log,
                 state_file(state_dir, url) if state_dir else None, stale_after)
     line.start()
-    config = uvicorn.Config(app(line, url, allowed(host, allowed_hosts or [])), host=host, port=port,
-                            log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(server_config(app(line, url, allowed(host, allowed_hosts or [])), host, port))
 
     from amdflash.store.central import shown_url
 

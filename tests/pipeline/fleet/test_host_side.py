@@ -62,6 +62,34 @@ def test_exporter_config_publishes_each_board_with_its_identity(tmp_path: Path) 
         assert set(attributes) - {"host"} <= set(BOARD_ATTRIBUTES)
 
 
+def test_exporter_config_is_inert_whatever_a_bridge_or_a_path_says(tmp_path: Path, monkeypatch) -> None:
+    """labgrid renders the file with Jinja2 (unsandboxed) before reading it as YAML. A device
+    that is not our bridge sent a serial string with a newline, YAML and a Jinja expression
+    that runs a command (an attack review: the udev rule restarts the exporter, which
+    regenerates and renders the file as its account); paths hold `{{`, `{%` and `##`."""
+    from labgrid.remote.config import ResourceConfig
+
+    marker = tmp_path / "ran"
+    rogue = create_board(tmp_path / "rogue", seed=50)
+    config = board_json(rogue)
+    config["bridge"] = {"product": "Generic Storage", "serial_string": (
+        'x\nevil:\n NetworkAmdflashBoard:\n  chip: "{{lipsum.__globals__.os.popen(\'touch ran\').read()}}"\n##')}
+    (rogue / "board.json").write_text(json.dumps(config))
+    good = create_board(tmp_path / "b{{7*7}} ## {% if 1 %}x{% endif %}", seed=51)
+    db = tmp_path / "{# c #}" / "audit.sqlite"
+    out = tmp_path / "exporter.yaml"
+    done = amdflash("--db", str(db), "fleet", "exporter-config", "--no-hardware", "--sim", str(good),
+                    "--sim", str(rogue), "-o", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "left out" in done.stderr and "Generic Storage" in done.stderr
+    monkeypatch.chdir(tmp_path)           # where the expression would `touch ran`
+    data = ResourceConfig(str(out), {"hostname": "hosta", "name": "hosta", "isolated": False, "env": {}}).data
+    assert not marker.exists()
+    assert list(data) == [f"sim-{board_json(good)['unique_id'][:12]}"]           # no group `evil`
+    attributes = data[next(iter(data))][RESOURCE_CLASS]
+    assert attributes["spec"] == f"sim:{good}" and attributes["db"] == str(db)   # read back as written
+
+
 @pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_a_board_busy_with_a_job_keeps_its_identity_when_the_configuration_is_rewritten(
         tmp_path: Path, monkeypatch) -> None:
