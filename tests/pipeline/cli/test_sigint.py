@@ -24,14 +24,17 @@ def _ctrl_c(argv: list[str], delay: float | None, cwd: Path) -> subprocess.Compl
     """Run amdflash in its own process group and press Ctrl-C (SIGINT to the group) after `delay`
     seconds; delay None: the key was pressed while the interpreter was still starting (the signal
     is pending, held back by the signal mask, when amdflash's first line runs)."""
-    def hold_back() -> None:
+    def pressed_while_starting() -> None:
+        # In the child before exec: blocked, then sent, the signal is pending when the interpreter
+        # starts, whatever the machine's load. (Sent from here after Popen returned, a busy
+        # machine let the child pass amdflash's first lines first: then the Ctrl-C landed in
+        # `main`, whose line carries a timestamp, and the quick run under load failed.)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        os.kill(os.getpid(), signal.SIGINT)
 
     p = subprocess.Popen([SCRIPT, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                         start_new_session=True, preexec_fn=hold_back if delay is None else None)
-    if delay is None:
-        os.killpg(p.pid, signal.SIGINT)
-    else:
+                         start_new_session=True, preexec_fn=pressed_while_starting if delay is None else None)
+    if delay is not None:
         time.sleep(delay)
         try:
             os.killpg(p.pid, signal.SIGINT)
