@@ -273,7 +273,7 @@ def _run_link(run_id: str | None, beside: Path | None) -> _Html | None:
     here: callers join it into other markup)."""
     if not run_id:
         return None
-    if not RUN_ID.fullmatch(run_id):
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):     # a forged row may hold a BLOB
         return _Html(escape(str(run_id)))
     if beside is not None and not (beside / f"{run_id}.html").is_file():
         return _Html(f"<span class=\"mono\">{run_id}</span>")

@@ -19,7 +19,8 @@ from typing import Any
 
 import sqlite_utils
 
-from amdflash.store.queries import RunNotFound, open_readonly, run_chain, runs, unit_states
+from amdflash.store.queries import (RunNotFound, first_board, newest_verified, open_readonly, run_chain, runs,
+                                    unit_states)
 from amdflash.store.run_rows import RunRows, RunUnverified, open_run
 from amdflash.store.verify import snapshot
 from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, UNIT
@@ -172,8 +173,21 @@ def _history(db: sqlite_utils.Database, key: BoardKey, exclude: str | None) -> B
     since = original[0].run_id if original else None
     ids = [r["run_id"] for r in writes]
     changed = tuple(ids[ids.index(since):]) if since else ()
-    acted = [r for r in writes if r["status"] != "refused"]      # a refused run wrote nothing
-    return BoardHistory(tuple(original), _unfinished(db, acted[-1]) if acted else None, changed)
+    # The newest run that wrote (a refused one wrote nothing), as its own verified rows say: a
+    # run that does not verify or that no checkpoint seals (INSERTed without the key, even
+    # with a real run's id) neither hides an unfinished flash nor stands in for one.
+
+    def wrote_this_board(own: dict[str, Any], rows: RunRows | None) -> bool:
+        if own["command"] not in WRITES:
+            return False
+        if not key.by_uid or rows is None:      # one that does not verify is named, whatever it claims
+            return rows is None or bool(own["board_spec"] == key.spec)
+        board = first_board(db, rows, ("unique_id", "chip"))
+        return board is not None and (board["unique_id"], board["chip"]) == (key.unique_id, key.chip)
+
+    newest = newest_verified(db, [r["run_id"] for r in writes], wrote_this_board, skip=("refused",))
+    unfinished = _unfinished(db, {"run_id": newest[0], "status": newest[1] or "not verified"}) if newest else None
+    return BoardHistory(tuple(original), unfinished, changed)
 
 
 def _unfinished(db: sqlite_utils.Database, newest: dict[str, Any]) -> Unfinished | None:

@@ -8,16 +8,16 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import sqlite_utils
 from amdflash.store import schema
-from amdflash.store.chain import LEGACY
+from amdflash.store.chain import LEGACY, Broken
 from amdflash.store.run_rows import RunRows, RunUnverified, open_run
 from amdflash.store.status import ENDS, PROCESS_STAGE, run_status
-from amdflash.store.verify import VerifyReport, connect_reader, snapshot
+from amdflash.store.verify import VerifyReport, connect_reader, run_key, snapshot
 
 
 LEGACY_RUN = ("recorded by an older amdflash, unsigned: its rows are verified only by their version-1 chain, "
@@ -74,7 +74,7 @@ def runs(db: sqlite_utils.Database) -> list[dict[str, Any]]:
     that finished its work (`fixed_by`). One query: a trail of many runs is listed in one pass."""
     with snapshot(db.conn):
         rows = [dict(r) for r in db.query("""
-            SELECT r.run_id, r.command, r.board_spec, r.at AS started, r.image_sha256, r.resumes_run_id,
+            SELECT r.seq, r.run_id, r.command, r.board_spec, r.at AS started, r.image_sha256, r.resumes_run_id,
                    r.machine_id, s.status, s.at AS updated, s.detail AS reason, b.unique_id, b.emulated,
                    CASE WHEN s.status IN (?, ?, ?, ?) THEN NULL ELSE
                      (SELECT p.detail FROM stages p WHERE p.run_id = r.run_id AND p.stage = ? ORDER BY p.seq
@@ -83,19 +83,23 @@ def runs(db: sqlite_utils.Database) -> list[dict[str, Any]]:
             LEFT JOIN run_status s ON s.seq = (SELECT max(x.seq) FROM run_status x WHERE x.run_id = r.run_id)
             LEFT JOIN boards b ON b.seq = (SELECT min(y.seq) FROM boards y WHERE y.run_id = r.run_id)
             ORDER BY r.seq""", [*ENDS, PROCESS_STAGE])]
-        # A run no checkpoint seals any of (rows INSERTed without the key) vouches for no other:
-        # it neither resumes nor fixes one here, as a report's related runs never do (_Related).
-        sealed = {r for (r,) in db.conn.execute("SELECT DISTINCT run_id FROM checkpoints")}
-        resumed = {r["resumes_run_id"] for r in rows if r["resumes_run_id"] and r["run_id"] in sealed}
+        # A resume speaks for the run it resumes (makes it "resumed", "fixed by" it) only as a
+        # report's related runs do (_Related): verified, through its own runs row, with its
+        # status from its own sealed rows. Rows INSERTed without the key vouch for nothing.
+        related = _Related(db)
+        said = {r["seq"]: related.speaks(r["run_id"], r["seq"]) for r in rows if r["resumes_run_id"]}
+        resumed = {r["resumes_run_id"] for r in rows if said.get(r["seq"]) is not None}
         legacy = {r for (r,) in db.conn.execute("SELECT DISTINCT run_id FROM checkpoints WHERE kind = ?", (LEGACY,))}
         for r in rows:
             r["legacy"] = r["run_id"] in legacy      # an older amdflash recorded it, unsigned
             process = r.pop("process")
             r["status"] = run_status(r["status"], r["run_id"] in resumed, process, r.pop("machine_id"))
             r["reason"] = r["reason"] if r["status"] != "succeeded" else None
-        fixed = fixed_by([r for r in rows if r["run_id"] in sealed])
+        fixed = fixed_by([r if not r["resumes_run_id"] else {**r, "status": said[r["seq"]]}
+                          for r in rows if not r["resumes_run_id"] or said[r["seq"]] is not None])
         for r in rows:
             r["fixed_by"] = fixed.get(r["run_id"])
+            del r["seq"]
     return rows
 
 
@@ -132,10 +136,47 @@ def _process(db: sqlite_utils.Database, run_id: str, rows: RunRows | None = None
 
 
 def latest_unfinished(db: sqlite_utils.Database, board_spec: str) -> str | None:
-    """The newest flash/resume run of this board that did not succeed."""
-    for r in reversed(runs(db)):
-        if r["board_spec"] == board_spec and r["command"] in ("flash", "resume"):
-            return None if r["status"] == "succeeded" else r["run_id"]
+    """The newest flash/resume run of this board that began (was not refused) and did not
+    succeed, as its own verified rows say; one that does not verify is named (resuming it
+    refuses, saying why), one that no checkpoint seals is passed over (newest_verified)."""
+    named = [r for (r,) in db.conn.execute("SELECT run_id FROM runs WHERE board_spec = ?", (board_spec,))]
+
+    def of_board(own: dict[str, Any], rows: RunRows | None) -> bool:
+        return bool(own["board_spec"] == board_spec and own["command"] in ("flash", "resume"))
+
+    newest = newest_verified(db, named, of_board, skip=("refused",))      # a refused run wrote nothing
+    return None if newest is None or newest[1] == "succeeded" else newest[0]
+
+
+def newest_verified(db: sqlite_utils.Database, run_ids: Iterable[str],
+                    accept: Callable[[dict[str, Any], RunRows | None], bool],
+                    skip: tuple[str, ...] = ()) -> tuple[str, str | None] | None:
+    """(run id, status) of the newest of `run_ids` — by its own runs row, the one its
+    checkpoints seal, not a second row INSERTed with its id — that `accept` takes (its own
+    runs row, and its rows once verified) and whose status (from its own verified rows) is
+    not in `skip`. A run that does not verify is returned with status None: the caller says
+    so rather than look past it. A run no checkpoint seals any of is passed over: the writer
+    seals a run's rows before its first write, so it wrote nothing and vouches for nothing."""
+    related = _Related(db)
+    keyed = []
+    for run_id in set(run_ids):
+        try:
+            keyed.append((run_key(db.conn, run_id), run_id))
+        except Broken:
+            continue
+    for key, run_id in sorted(keyed, reverse=True):
+        own = run_row(db, key)
+        try:
+            rows = open_run(db.conn, run_id)
+        except RunUnverified:
+            if accept(own, None):
+                return run_id, None
+            continue
+        if rows.sealed is None or rows.key != key or not accept(own, rows):
+            continue
+        status = status_of(db, rows, related)
+        if status not in skip:
+            return run_id, status
     return None
 
 
@@ -165,46 +206,65 @@ def run_chain(db: sqlite_utils.Database, run_id: str) -> list[RunRows]:
 
 
 class _Related:
-    """Other runs a report speaks of (the runs that resumed it): each verified once, and its
-    status taken from its own verified rows; a run that does not verify is named as such and
-    never makes this one look interrupted or finished."""
+    """Other runs a report or a decision speaks of (the runs that resumed it, a board's newest
+    flash): each verified once, and its status taken from its own verified rows. A run speaks
+    only through its own runs row (the one its checkpoints seal, not a second row INSERTed
+    with its id) and only when a checkpoint seals some of it: one that does not verify, or
+    that no checkpoint seals (rows INSERTed without the key), is named as such and never makes
+    another look resumed, finished or unfinished."""
 
     def __init__(self, db: sqlite_utils.Database, keyfiles: list[Path] | None = None):
         self.db, self.keyfiles = db, keyfiles
-        self.status: dict[str, str | None] = {}
+        self._found: dict[str, tuple[str, int] | None] = {}
 
-    def of(self, run_id: str) -> str | None:
-        """The run's status (store.status.run_status, as every view shows it), or None if it
-        does not verify."""
-        if run_id not in self.status:
+    def verified(self, run_id: str) -> tuple[str, int] | None:
+        """(status as store.status.run_status gives it, the seq of its runs row), or None if
+        the run does not verify or no checkpoint seals any of it."""
+        if run_id not in self._found:
+            self._found[run_id] = None        # while it is worked out: a run that names itself vouches for nothing
             try:
                 rows = open_run(self.db.conn, run_id, self.keyfiles)
             except RunUnverified:
-                self.status[run_id] = None
-            else:
-                self.status[run_id] = status_of(self.db, rows, self)
-        return self.status[run_id]
+                return None
+            if rows.sealed is not None:
+                self._found[run_id] = (status_of(self.db, rows, self), rows.key)
+        return self._found[run_id]
+
+    def speaks(self, run_id: str, seq: int) -> str | None:
+        """The verified status of the run whose runs row is at `seq`, or None (see `verified`)."""
+        found = self.verified(run_id)
+        return found[0] if found is not None and found[1] == seq else None
+
+    def of(self, run_id: str) -> str | None:
+        """The run's status, or None if it does not verify (see `verified`)."""
+        found = self.verified(run_id)
+        return found[0] if found is not None else None
 
     def resumed_by(self, run_id: str) -> list[dict[str, Any]]:
-        """The runs that resumed this one, with their status ("does not verify" for a forged one)."""
-        return [{"run_id": r, "status": self.of(r) or "does not verify", "verified": self.of(r) is not None}
-                for r in self._children(run_id)]
+        """The runs that resumed this one, with their status ("not verified" for a forged one)."""
+        said: dict[str, str | None] = {}
+        for r, seq in self._children(run_id):
+            if said.get(r) is None:        # its own row speaks; a second row with its id does not
+                said[r] = self.speaks(r, seq)
+        return [{"run_id": r, "status": status or "not verified", "verified": status is not None}
+                for r, status in said.items()]
 
     def finished_by(self, run_id: str) -> str | None:
         """The run that completed this run's work through resumes, if any."""
-        todo = [run_id]
+        todo, seen = [run_id], {run_id}
         while todo:
-            for child in self._children(todo.pop()):
-                status = self.of(child)
+            for child, seq in self._children(todo.pop()):
+                status = self.speaks(child, seq)
                 if status == "succeeded":
                     return child
-                if status is not None:
+                if status is not None and child not in seen:
+                    seen.add(child)
                     todo.append(child)
         return None
 
-    def _children(self, run_id: str) -> list[str]:
-        return list(dict.fromkeys(r for (r,) in self.db.conn.execute(
-            "SELECT run_id FROM runs WHERE resumes_run_id = ? ORDER BY seq", (run_id,))))
+    def _children(self, run_id: str) -> list[tuple[str, int]]:
+        return [(r, seq) for r, seq in self.db.conn.execute(
+            "SELECT run_id, seq FROM runs WHERE resumes_run_id = ? ORDER BY seq", (run_id,))]
 
 
 def resumed_by(db: sqlite_utils.Database, run_id: str) -> list[dict[str, Any]]:
@@ -220,7 +280,7 @@ def finished_by(db: sqlite_utils.Database, run_id: str) -> str | None:
 def status_of(db: sqlite_utils.Database, rows: RunRows, related: _Related | None = None) -> str:
     """The status of a verified run, as every view shows it (store.status.run_status)."""
     recorded = _last_status(db, rows).get("status")
-    if recorded in ENDS:
+    if recorded in ENDS:     # sealed: verifying refuses an end in the unsealed tail (added after the fact)
         return str(recorded)
     related = related or _Related(db)
     resumed = any(r["verified"] for r in related.resumed_by(rows.run_id))

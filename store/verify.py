@@ -266,7 +266,7 @@ def verify_run(conn: sqlite3.Connection, run_id: str, keyfiles: list[Path] | Non
     def body(check: KeyCheck) -> None:
         with snapshot(conn):
             check_schema(conn)
-            key = report.key = _run_key(conn, run_id)
+            key = report.key = run_key(conn, run_id)
             checkpoints = load_checkpoints(conn, "WHERE c.run = ?", (key,))
             through, base, _ = _base(load_checkpoints(conn, "WHERE c.kind = 'archive'"))
             for cp in checkpoints:
@@ -299,7 +299,7 @@ def verify_run(conn: sqlite3.Connection, run_id: str, keyfiles: list[Path] | Non
     return _checked(report, keyfiles, body)
 
 
-def _run_key(conn: sqlite3.Connection, run_id: str) -> int:
+def run_key(conn: sqlite3.Connection, run_id: str) -> int:
     """The seq of the run's runs row: the one its checkpoints name, or its only one (check_runs
     names any other)."""
     keys = [k for (k,) in conn.execute("SELECT seq FROM runs WHERE run_id = ? ORDER BY seq", (run_id,))]

@@ -226,6 +226,7 @@ def cmd_places(args: argparse.Namespace) -> int:
 async def _places(args: argparse.Namespace, tags: dict[str, str], allow: Any) -> int:
     from amdflash.pipeline.fleet.coordinator import Coordinator, CoordinatorError
     from amdflash.pipeline.fleet.trust import board_problem, shown
+    from amdflash.stages.terminal import printable
 
     try:
         coordinator = await Coordinator(args.coordinator).open()
@@ -257,7 +258,8 @@ async def _places(args: argparse.Namespace, tags: dict[str, str], allow: Any) ->
     else:
         for p in listed:
             tag_text = ",".join(f"{k}={v}" for k, v in sorted(p["tags"].items()))
-            output.result(f"{p['place']:40} {'created' if p['created'] else 'exists ':8} {tag_text:30} {p['spec']}")
+            output.result(printable(f"{p['place']:40} {'created' if p['created'] else 'exists ':8} {tag_text:30} "
+                                    f"{p['spec']}"))       # one line: names and tags are the coordinator's
     return 0
 
 
@@ -408,9 +410,16 @@ class FleetView:
 
 
 def print_summary(result: Any) -> None:
+    from amdflash.stages.terminal import printable
+
+    def one(text: Any) -> str:
+        # Each field one line: a place is the coordinator's word and a host's lines are its own,
+        # and a newline in either would forge a row or a `next:` line of this table.
+        return printable(str(text))
+
     for row in result.rows:
         for line in row.lines:
-            output.result(f"[{row.board}] {line}")
+            output.result(f"[{one(row.board)}] {one(line)}")
     header = f"{'board':34} {'host':12} {'run':26} {'status':12} {'modelled s':>10} {'wall s':>8}  note"
     output.result(header)
     for r in result.rows:
@@ -419,10 +428,10 @@ def print_summary(result: Any) -> None:
         note = r.error or (f"resumed {r.resumes}" if r.resumes else "") or (r.output or "")
         if r.resumes and r.error:
             note = f"resumed {r.resumes}; {note}"
-        run_id = r.run_id or "-"
-        output.result(f"{r.board[-34:]:34} {r.host[:12]:12} {run_id:26} {r.status:12} {modelled:>10} {wall:>8}  {note}")
+        board, host, run_id, status = one(r.board), one(r.host), one(r.run_id or "-"), one(r.status)
+        output.result(f"{board[-34:]:34} {host[:12]:12} {run_id:26} {status:12} {modelled:>10} {wall:>8}  {one(note)}")
         if r.next_step:
-            output.result(f"{'':34}   next: {r.next_step}")
+            output.result(f"{'':34}   next: {one(r.next_step)}")
     for note in result.notes:
         output.note(f"note: {note}")
 

@@ -215,10 +215,11 @@ def _unfinished(db_path: str, result: InfoResult) -> list[str]:
             return lines
         original = (f"the board's original: backup {history.first.path} (run {history.first.run_id})"
                     if history.first else "no backup of the board's original content is on record")
-        written = "its record does not verify" if gone.written is None else next_step.plural(gone.written, "unit")
+        check = next_step.command("audit", "verify", "--run", gone.run_id)
+        said = (f"{gone.status}, {next_step.plural(gone.written, 'unit')} written" if gone.written is not None else
+                f"{gone.status}; its record does not verify: {check}")
         resume = next_step.command("resume", gone.run_id, "--board", result.board, "--yes")
-        return [*lines, f"unfinished flash {gone.run_id} on this board ({gone.status}, {written} written; "
-                        f"{original}): to finish it, {resume}"]
+        return [*lines, f"unfinished flash {gone.run_id} on this board ({said}; {original}): to finish it, {resume}"]
     finally:
         reader.conn.close()
 

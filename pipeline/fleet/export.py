@@ -18,6 +18,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -149,15 +150,20 @@ def host_boards(sim_dirs: list[str], hardware: bool, db: str,
     return groups, notes
 
 
-# labgrid renders the file with Jinja2 before reading the YAML: `{{`, `{%`, `{#` would start an
-# expression (one that can run code), and `##` after any text a comment that cuts the line. In a
-# value they are written as escapes, which YAML's double-quoted strings read back as themselves.
-_TEMPLATE_CHARACTERS = str.maketrans({c: f"\\u{ord(c):04x}" for c in "{}%#"})
+def _escaped(c: str) -> bool:
+    # labgrid renders the file with Jinja2 before reading the YAML: `{{`, `{%`, `{#` would start
+    # an expression (one that can run code), and `##` after any text a comment that cuts the
+    # line. YAML folds C1 controls and line or paragraph separators inside a quoted string.
+    return c in "{}%#" or (c <= "\uffff" and unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp"))
 
 
 def _scalar(value: Any) -> str:
     # JSON scalars are YAML scalars; strings stay quoted so no value is read as a number or date.
-    return json.dumps(value).translate(_TEMPLATE_CHARACTERS)
+    # Characters above are written as \u escapes, which YAML's double-quoted strings read back as
+    # themselves; others as they are (a character beyond U+FFFF escaped would be two surrogates,
+    # which YAML reads back as two lone surrogates, and the exporter could not publish it).
+    text = json.dumps(value, ensure_ascii=False)
+    return "".join(f"\\u{ord(c):04x}" if _escaped(c) else c for c in text) if isinstance(value, str) else text
 
 
 def _comment(text: str) -> str:

@@ -597,7 +597,7 @@ class FleetRun:
         for job in jobs:
             why = await coordinator.give_back(job.board, job.token)
             if why:
-                kept.append(f"{job.board.place} ({why})")
+                kept.append(f"{shown(job.board.place)} ({why})")
         if kept:
             self.notes.append(f"could not release {', '.join(kept)}: once the coordinator answers, "
                               f"'labgrid-client -p PLACE release' each of them")

@@ -221,6 +221,8 @@ def _describe(device: usb.core.Device) -> BridgeInfo:
             usb.util.dispose_resources(device)      # listing must not keep bridges open
         except usb.core.USBError:
             pass
+    if info["product"] is not None:      # shown in listings: even a `custom…` name is anyone's to claim
+        info["product"] = _shown(info["product"])
     bridge = BridgeInfo(**info)
     # The firmware reports 8 lowercase hex digits; anything else is not our bridge speaking, and
     # the string (up to 126 characters of anyone's device) would go on to name files, fill
@@ -228,8 +230,8 @@ def _describe(device: usb.core.Device) -> BridgeInfo:
     odd_serial = bridge.serial is not None and not SERIAL_FORMAT.fullmatch(bridge.serial)
     said = f"serial string '{_shown(bridge.serial)}'" if odd_serial and bridge.serial is not None else ""
     if bridge.foreign_firmware:
-        product = _shown(bridge.product or "")
-        return BridgeInfo(**{**info, "product": product, "serial": None if odd_serial else bridge.serial,
+        product = bridge.product or ""
+        return BridgeInfo(**{**info, "serial": None if odd_serial else bridge.serial,
                              "error": f"product '{product}' is not the custom ASM24 firmware (expected a name "
                                       f"starting {' or '.join(PRODUCT_PREFIXES)}){'; ' + said if said else ''}"})
     if odd_serial:

@@ -71,3 +71,21 @@ def test_a_run_id_is_linked_to_its_page(tmp_path, capsys, host_key):  # noqa: AN
                  "--overwrite"]) == 0
     hrefs = Links(out.read_text()).hrefs
     assert hrefs == [f"{GOOD}.html"] and all(re.fullmatch(r"[0-9]{8}T[0-9]{6}-[0-9a-f]{8}\.html", h) for h in hrefs)
+
+
+def test_a_run_id_that_is_not_text_is_shown_not_a_crash(tmp_path, capsys, host_key):  # noqa: ANN001
+    """A row INSERTed with a BLOB run id resuming a run (no key needed) crashed its page
+    (an attack review): it is a value like any other, shown escaped."""
+    import sqlite3
+
+    db = tmp_path / "audit.sqlite"
+    _trail(db, host_key)
+    con = sqlite3.connect(db)
+    con.execute("INSERT INTO runs (run_id, command, resumes_run_id, at) VALUES (?, 'resume', ?, ?)",
+                (b"<i>forged</i>", GOOD, "2026-01-01T00:00:01+00:00"))
+    con.commit()
+    con.close()
+    out = tmp_path / "report.html"
+    assert main(["-q", "--db", str(db), "report", GOOD, "--format", "html", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "<i>forged" not in text and "&lt;i&gt;forged" in text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -182,22 +183,50 @@ def test_an_unsealed_tail_is_still_shown_as_not_verified(cli, failed, db):  # no
     assert rep["chain"]["unsealed_rows"] > 0 and "not sealed" in rep["chain"]["signature"]
 
 
-def test_a_run_nothing_of_which_is_sealed_never_resumes_or_fixes_another(cli, failed, db):  # noqa: F811
-    """A `runs` row and a `succeeded` status INSERTed with no checkpoint (no key needed) claimed
-    to resume the failed flash: it was counted as a verified resume, so the flash read as
-    fixed by it and `info` no longer named it unfinished. A run none of whose rows a checkpoint
-    seals vouches for nothing: it is listed as not verified and changes no other run's status."""
+@pytest.mark.parametrize("forgery", ["unsealed", "fake checkpoint", "borrowed id"])
+def test_a_run_the_key_did_not_seal_never_resumes_fixes_or_hides_another(cli, failed, db, image, forgery):  # noqa: F811
+    """Rows INSERTed without the key claimed that a resume finished the failed flash: a `runs`
+    row naming it as the run it resumes, with a `succeeded` status and the board's identity
+    (unique ID, chip) — with no checkpoint, with a checkpoint row that is no signature, or with
+    the id of a real sealed run (the `info` before it). Each made `runs` say "fixed by", and
+    `info`, the new-flash guard and a bare `resume` take the flash as finished (an attack
+    review). A run speaks only through its own sealed, verified rows."""
     run_id, board, pub = failed
-    forged = "20991231T235959-0badc0de"
     at = "2099-12-31T23:59:59+00:00"
+    con = sqlite3.connect(db)
+    earlier = con.execute("SELECT run_id FROM runs WHERE command = 'info' ORDER BY seq LIMIT 1").fetchone()[0]
+    uid, chip = con.execute("SELECT unique_id, chip FROM boards WHERE run_id = ? LIMIT 1", [run_id]).fetchone()
+    con.close()
+    forged = earlier if forgery == "borrowed id" else "20991231T235959-0badc0de"
     _insert(db, "INSERT INTO runs (run_id, command, arguments, operator, host, board_spec, resumes_run_id, at) "
                 "VALUES (?, 'resume', '{}', 'root', 'hosta', ?, ?, ?)", forged, f"sim:{board}", run_id, at)
+    _insert(db, "INSERT INTO boards (run_id, spec, unique_id, chip, at) VALUES (?, ?, ?, ?, ?)",
+            forged, f"sim:{board}", uid, chip, at)
     _insert(db, "INSERT INTO run_status (run_id, status, detail, summary, at) VALUES (?, 'succeeded', '', '{}', ?)",
             forged, at)
-    report = json.loads(cli("report", run_id, "--format", "json").out)
+    if forgery == "fake checkpoint":
+        _insert(db, "INSERT INTO checkpoints (kind, run, run_id, rows, last_seq, host, at, hash, sig) "
+                    "VALUES ('commit', (SELECT max(seq) FROM runs), ?, 3, (SELECT max(seq) FROM run_status), 1, ?, "
+                    "x'00', x'00')", forged, at)
+    shown = cli("report", run_id, "--format", "json")
+    assert shown.code == 0, shown.err
+    report = json.loads(shown.out)
     assert report["status"] == "failed" and report.get("finished_by") is None, report
-    assert [(r["run_id"], r["verified"]) for r in report["resumed_by"]] == [(forged, False)]
-    listed = {r["run_id"]: r for r in json.loads(cli("runs", "--format", "json").out)}
-    assert listed[run_id]["status"] == "failed" and not listed[run_id].get("fixed_by")
+    assert not any(r["verified"] for r in report["resumed_by"]), report["resumed_by"]
+    listed = [r for r in json.loads(cli("runs", "--format", "json").out) if r["run_id"] == run_id]
+    assert [(r["status"], r.get("fixed_by")) for r in listed] == [("failed", None)], listed
+    if forgery == "fake checkpoint":
+        return      # the writer appends to no chain another wrote into: this trail takes no run any more
+    # The board is never taken as finished: the flash is named unfinished, or the run that
+    # claims to have written since is named as one whose record does not verify.
     info = cli("info", "--board", f"sim:{board}")
-    assert info.code == 0 and f"unfinished flash {run_id}" in info.out, info.out
+    named = re.search(r"unfinished flash (\S+) on this board \(([^)]*)", info.out)
+    assert info.code == 0 and named, info.out
+    assert named[1] == run_id or "its record does not verify" in named[2], named[0]
+    again = cli("flash", image, "--yes", "--expect-part", PART_KEY, "--sector-count", "8", "--board", f"sim:{board}")
+    assert again.code == 2 and "never finished" in again.err and "--start-over" in again.err, again.err
+    resumed = cli("resume", "--board", f"sim:{board}", "--yes")            # never the forged run's
+    if resumed.code == 0:
+        assert json.loads(cli("runs", "--format", "json").out)[-1]["resumes_run_id"] == run_id
+    else:      # refused, saying why: a run on record as writing since, or a record that does not verify
+        assert resumed.code in (1, 2) and resumed.err.startswith("error: "), resumed.err

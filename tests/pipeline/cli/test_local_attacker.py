@@ -224,6 +224,16 @@ def test_a_bridge_whose_serial_is_not_the_firmware_s_is_not_used(make_board, tmp
     assert r.code != 0 and not list(tmp_path.glob("*.bin"))
 
 
+def test_a_bridge_s_product_string_is_one_escaped_field_of_the_listing(make_board, monkeypatch, amdflash):
+    """A device that calls itself `custom…` passes for the firmware, but its product string is
+    still anyone's: a newline in it forged a second line of `amdflash list` (an attack review)."""
+    board = make_board(transport="ideal", bridge={"product": f"custom\n{{{{ 7*7 }}}}{ESC}[31mX  spec=usb:9"})
+    monkeypatch.setenv(discovery.ENV_SIM_USB, str(board))
+    listed = amdflash("list")
+    assert listed.code == 0 and len(listed.out.splitlines()) == 1, listed.out
+    assert "custom\\n{{ 7*7 }}\\x1b[31mX" in listed.out and ESC not in listed.out
+
+
 def test_escape_sequences_from_names_and_the_trail_never_reach_the_terminal(amdflash, make_board, tmp_path):
     board = make_board(HOSTILE, transport="ideal")
     runs = [amdflash("info", "--board", f"sim:{board}"),

