@@ -161,11 +161,13 @@ def _history(db: sqlite_utils.Database, key: BoardKey, exclude: str | None) -> B
     mine = _board_runs(db, key)
     writes = [r for r in runs(db) if r["run_id"] in mine and r["run_id"] != exclude and r["command"] in WRITES]
     original: list[Backup] = []
+    opened: dict[str, RunRows] = {}
     for r in writes:       # every backup up to the first whole one: together they hold each unit as first found
         try:
-            backup = _first_backup(db, open_run(db.conn, r["run_id"]))
+            rows = opened[r["run_id"]] = open_run(db.conn, r["run_id"])
         except RunUnverified:
             continue       # nothing it recorded is taken as the board's content
+        backup = _first_backup(db, rows)
         if backup is not None:
             original.append(backup)
             if backup.whole:
@@ -185,7 +187,7 @@ def _history(db: sqlite_utils.Database, key: BoardKey, exclude: str | None) -> B
         board = first_board(db, rows, ("unique_id", "chip"))
         return board is not None and (board["unique_id"], board["chip"]) == (key.unique_id, key.chip)
 
-    newest = newest_verified(db, [r["run_id"] for r in writes], wrote_this_board, skip=("refused",))
+    newest = newest_verified(db, [r["run_id"] for r in writes], wrote_this_board, ("refused",), opened)
     unfinished = _unfinished(db, {"run_id": newest[0], "status": newest[1] or "not verified"}) if newest else None
     return BoardHistory(tuple(original), unfinished, changed)
 

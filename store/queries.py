@@ -149,14 +149,15 @@ def latest_unfinished(db: sqlite_utils.Database, board_spec: str) -> str | None:
 
 
 def newest_verified(db: sqlite_utils.Database, run_ids: Iterable[str],
-                    accept: Callable[[dict[str, Any], RunRows | None], bool],
-                    skip: tuple[str, ...] = ()) -> tuple[str, str | None] | None:
+                    accept: Callable[[dict[str, Any], RunRows | None], bool], skip: tuple[str, ...] = (),
+                    opened: dict[str, RunRows] | None = None) -> tuple[str, str | None] | None:
     """(run id, status) of the newest of `run_ids` — by its own runs row, the one its
     checkpoints seal, not a second row INSERTed with its id — that `accept` takes (its own
     runs row, and its rows once verified) and whose status (from its own verified rows) is
     not in `skip`. A run that does not verify is returned with status None: the caller says
     so rather than look past it. A run no checkpoint seals any of is passed over: the writer
-    seals a run's rows before its first write, so it wrote nothing and vouches for nothing."""
+    seals a run's rows before its first write, so it wrote nothing and vouches for nothing.
+    `opened`: runs the caller already verified (each verified once: O(its rows))."""
     related = _Related(db)
     keyed = []
     for run_id in set(run_ids):
@@ -167,7 +168,7 @@ def newest_verified(db: sqlite_utils.Database, run_ids: Iterable[str],
     for key, run_id in sorted(keyed, reverse=True):
         own = run_row(db, key)
         try:
-            rows = open_run(db.conn, run_id)
+            rows = (opened or {}).get(run_id) or open_run(db.conn, run_id)
         except RunUnverified:
             if accept(own, None):
                 return run_id, None
