@@ -82,12 +82,17 @@ def run_filter(status: str | None = None, board: str | None = None, since: str |
         return ((not status or r["status"] == status)
                 and (not board or board in (r["board_spec"], r.get("unique_id")))
                 and (not command or r["command"] == command)
-                and (after is None or _started(r) >= after))
+                and (after is None or (started := _started(r)) is not None and started >= after))
     return keep
 
 
-def _started(r: dict[str, Any]) -> dt.datetime:
-    at = dt.datetime.fromisoformat(r["started"])
+def _started(r: dict[str, Any]) -> dt.datetime | None:
+    """When the run started; None when its row says no time (a row written outside amdflash
+    may hold anything): such a run is not shown as started after any date."""
+    try:
+        at = dt.datetime.fromisoformat(r["started"])
+    except (TypeError, ValueError):
+        return None
     return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)
 
 
@@ -108,7 +113,7 @@ REASON_WIDTH = 100
 
 def one_line(text: str, width: int = REASON_WIDTH) -> str:
     """A recorded error or refusal on one line of at most `width` characters (… where cut)."""
-    flat = " ".join(text.split())
+    flat = " ".join(cell(text).split())
     return flat if len(flat) <= width else flat[:width - 1].rstrip() + "…"
 
 
@@ -118,11 +123,17 @@ def shown_status(r: dict[str, Any]) -> str:
     return f"{status} (fixed by {r['fixed_by']})" if r.get("fixed_by") else status
 
 
+def cell(value: object) -> str:
+    """A recorded value as text. amdflash writes text here, but a row INSERTed by hand may hold
+    a number, a BLOB or NULL, and listing the trail must still work: it is where one looks."""
+    return "-" if value is None else value if isinstance(value, str) else repr(value)
+
+
 def run_line(r: dict[str, Any]) -> str:
     legacy = "  [legacy: recorded by an older amdflash, unsigned]" if r.get("legacy") else ""
     reason = f"  {one_line(r['reason'])}" if r.get("reason") and r.get("status") != "succeeded" else ""
-    return (f"{r['run_id']:26} {r['command']:9} {shown_status(r):12} {r['started']:30} {r['board_spec']}"
-            f"{legacy}{reason}")
+    return (f"{cell(r['run_id']):26} {cell(r['command']):9} {shown_status(r):12} {cell(r['started']):30} "
+            f"{cell(r['board_spec'])}{legacy}{reason}")
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -236,3 +236,26 @@ def test_a_run_the_key_did_not_seal_never_resumes_fixes_or_hides_another(cli, fa
         assert json.loads(cli("runs", "--format", "json").out)[-1]["resumes_run_id"] == run_id
     else:      # refused, saying why: a run on record as writing since, or a record that does not verify
         assert resumed.code in (1, 2) and resumed.err.startswith("error: "), resumed.err
+
+
+def test_runs_lists_a_row_of_any_type_instead_of_crashing(cli, make_board, db):  # noqa: F811
+    """`runs` formatted each recorded value to a width, so a runs row INSERTed with a BLOB run
+    id, a number or NULLs (no key needed) made every listing an internal error, and `--since`
+    one with an unreadable start time (seen, left alone in an earlier session): the listing is
+    where one looks first, so it shows such a row as what it holds."""
+    board = make_board()
+    assert cli("info", "--board", f"sim:{board}").code == 0
+    _insert(db, "INSERT INTO runs (run_id, command, board_spec, at) VALUES (?, 'resume', NULL, ?)",
+            b"<i>forged</i>", "2026-01-01T00:00:01+00:00")
+    _insert(db, "INSERT INTO runs (run_id, command, board_spec, at) VALUES (7, x'00', x'41', 'not a time')")
+    _insert(db, "INSERT INTO runs (run_id, command, at) VALUES (NULL, NULL, NULL)")
+    listed = cli("runs")
+    assert listed.code == 0, listed.err
+    lines = listed.out.splitlines()
+    assert len(lines) == 4 and lines[0].split()[1:3] == ["info", "succeeded"], lines
+    assert lines[1].startswith("b'<i>forged</i>'") and lines[2].split()[:2] == ["7", r"b'\x00'"], lines
+    assert lines[3].split()[:2] == ["-", "-"], lines
+    since = cli("runs", "--since", "2000-01-01")      # a row with no readable start is not "since"
+    assert since.code == 0 and len(since.out.splitlines()) == 2, since.out + since.err
+    assert cli("runs", "--command", "resume").code == 0
+    assert len(json.loads(cli("runs", "--format", "json").out)) == 4
