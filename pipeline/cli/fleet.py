@@ -154,6 +154,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         description="Dump the whole flash of every matching board on its own host and copy "
                                     "it here as DIR/PLACE.bin.")
     p.add_argument("output_dir", type=Path, metavar="DIR", help="where the dumps are copied, one PLACE.bin each")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing DIR/PLACE.bin (without it such a board is refused before its dump "
+                        "runs)")
     _run_options(p, where_required=False)
     p.set_defaults(func=cmd_run, job="dump")
 
@@ -315,7 +318,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except Untrusted as e:
         raise Refusal(str(e)) from None
     fleet = FleetRun(args.coordinator, where, args.job, image.resolve() if image else None, output_dir,
-                     args.parallel, args.exporter_grace, _flash_args(args), allow, command, _operator(args))
+                     args.parallel, args.exporter_grace, _flash_args(args), allow, command, _operator(args),
+                     overwrite=getattr(args, "overwrite", False))
     try:
         with FleetView(fleet, enabled=not args.quiet):
             result = asyncio.run(fleet.run())

