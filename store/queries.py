@@ -206,6 +206,11 @@ def run_chain(db: sqlite_utils.Database, run_id: str) -> list[RunRows]:
         chain.append(open_run(db.conn, resolve_run(db, parent)))
 
 
+def verifies(db: sqlite_utils.Database, run_id: str) -> bool:
+    """Whether the run's own rows verify and a checkpoint seals some of them (see _Related)."""
+    return _Related(db).verified(run_id) is not None
+
+
 class _Related:
     """Other runs a report or a decision speaks of (the runs that resumed it, a board's newest
     flash): each verified once, and its status taken from its own verified rows. A run speaks

@@ -16,7 +16,7 @@ from amdflash.pipeline.engine.jobs import place
 from amdflash.pipeline.engine.next_step import command
 from amdflash.stages.open_transport import BoardSpec
 from amdflash.store.queries import (RunNotFound, has_intents, latest_unfinished, report, resolve_run, run_chain, runs,
-                                    unit_states, writes_since)
+                                    unit_states, verifies, writes_since)
 from amdflash.store.run_rows import RunRows
 from amdflash.store.verify import snapshot
 
@@ -113,6 +113,12 @@ def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | N
             later = _spec_writes_since(db, ids, rep["board"]["spec"])
         refused = {r["run_id"] for r in runs(db) if r["status"] == "refused"}
         later = [r for r in later if r["run_id"] not in refused]     # a refused run wrote nothing
+        if later and not verifies(db, later[0]["run_id"]):
+            # Still refused (it may have written), but not called a write the trail vouches for.
+            raise Refusal(f"run {later[0]['run_id']} ({later[0]['command']}) is on record as writing this board "
+                          f"after run {run_id} began, and its record does not verify (check it: "
+                          f"{command('audit', 'verify', '--run', later[0]['run_id'])}); resuming could overwrite "
+                          "what it wrote — start a new flash instead")
         if later:
             raise Refusal(f"run {later[0]['run_id']} ({later[0]['command']}) wrote this board after run "
                           f"{run_id} began; resuming would overwrite it — start a new flash instead")

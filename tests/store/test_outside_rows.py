@@ -236,6 +236,10 @@ def test_a_run_the_key_did_not_seal_never_resumes_fixes_or_hides_another(cli, fa
         assert json.loads(cli("runs", "--format", "json").out)[-1]["resumes_run_id"] == run_id
     else:      # refused, saying why: a run on record as writing since, or a record that does not verify
         assert resumed.code in (1, 2) and resumed.err.startswith("error: "), resumed.err
+    named = cli("resume", run_id, "--board", f"sim:{board}", "--yes")        # the failed run, by name
+    for said in (resumed, named):
+        if said.code and forged in said.err:      # never said to have written: named as not verifying
+            assert "does not verify" in said.err and "wrote this board" not in said.err, said.err
 
 
 def test_runs_lists_a_row_of_any_type_instead_of_crashing(cli, make_board, db):  # noqa: F811
