@@ -206,9 +206,16 @@ def run_chain(db: sqlite_utils.Database, run_id: str) -> list[RunRows]:
         chain.append(open_run(db.conn, resolve_run(db, parent)))
 
 
-def verifies(db: sqlite_utils.Database, run_id: str) -> bool:
-    """Whether the run's own rows verify and a checkpoint seals some of them (see _Related)."""
-    return _Related(db).verified(run_id) is not None
+def unvouched(db: sqlite_utils.Database, run_id: object) -> str | None:
+    """Why the run's record vouches for nothing — its rows do not verify, or no checkpoint
+    seals any of them — or None when they verify and a checkpoint seals some (see _Related)."""
+    if not isinstance(run_id, str):
+        return "its run id is not text: amdflash did not write it"
+    try:
+        rows = open_run(db.conn, run_id)
+    except RunUnverified:
+        return "its record does not verify"
+    return None if rows.sealed is not None else "no checkpoint seals any of its rows"
 
 
 class _Related:

@@ -19,6 +19,7 @@ seq span from its runs row to its end; rows of the run outside that span are not
 """
 from __future__ import annotations
 
+import shlex
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,5 +84,13 @@ def open_run(conn: sqlite3.Connection, run_id: str, keyfiles: list[Path] | None 
     check = verify_run(conn, run_id, keyfiles)
     if not check.ok or check.key is None:
         raise RunUnverified(f"run {run_id} does not verify, so it is not shown or used: {check.problem} "
-                            f"('amdflash audit verify --run {run_id}' checks it)")
+                            f"(check it: {verify_command(conn, run_id)})")
     return RunRows(run_id, check.key, check.sealed, check)
+
+
+def verify_command(conn: sqlite3.Connection, run_id: object) -> str:
+    """`amdflash --db FILE audit verify --run RUN_ID`, to paste: with the database this
+    connection reads, by its absolute path (a message printed here may be read anywhere, and
+    the database may not be the default one)."""
+    files = [row[2] for row in conn.execute("PRAGMA database_list") if row[1] == "main" and row[2]]
+    return shlex.join(["amdflash", *(["--db", files[0]] if files else []), "audit", "verify", "--run", str(run_id)])

@@ -113,20 +113,21 @@ REASON_WIDTH = 100
 
 def one_line(text: str, width: int = REASON_WIDTH) -> str:
     """A recorded error or refusal on one line of at most `width` characters (… where cut)."""
-    flat = " ".join(cell(text).split())
+    flat = printable(" ".join((text if isinstance(text, str) else cell(text)).split()))
     return flat if len(flat) <= width else flat[:width - 1].rstrip() + "…"
 
 
 def shown_status(r: dict[str, Any]) -> str:
     """The status as a line shows it: a run another (resume) run fixed says which."""
-    status = str(r.get("status") or "?")
-    return f"{status} (fixed by {r['fixed_by']})" if r.get("fixed_by") else status
+    status = cell(r.get("status") or "?")
+    return f"{status} (fixed by {cell(r['fixed_by'])})" if r.get("fixed_by") else status
 
 
 def cell(value: object) -> str:
-    """A recorded value as text. amdflash writes text here, but a row INSERTed by hand may hold
-    a number, a BLOB or NULL, and listing the trail must still work: it is where one looks."""
-    return "-" if value is None else value if isinstance(value, str) else repr(value)
+    """A recorded value as one line of text. amdflash writes text here, but a row INSERTed by
+    hand may hold a number, a BLOB, NULL or a newline, and listing the trail must still work,
+    one line per run: it is where one looks (a newline forged a run's line)."""
+    return "-" if value is None else printable(value if isinstance(value, str) else repr(value))
 
 
 def run_line(r: dict[str, Any]) -> str:

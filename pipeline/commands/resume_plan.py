@@ -16,7 +16,7 @@ from amdflash.pipeline.engine.jobs import place
 from amdflash.pipeline.engine.next_step import command
 from amdflash.stages.open_transport import BoardSpec
 from amdflash.store.queries import (RunNotFound, has_intents, latest_unfinished, report, resolve_run, run_chain, runs,
-                                    unit_states, verifies, writes_since)
+                                    unit_states, unvouched, writes_since)
 from amdflash.store.run_rows import RunRows
 from amdflash.store.verify import snapshot
 
@@ -112,13 +112,17 @@ def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | N
         else:   # a part without a readable unique ID: the board is known by its spec alone
             later = _spec_writes_since(db, ids, rep["board"]["spec"])
         refused = {r["run_id"] for r in runs(db) if r["status"] == "refused"}
-        later = [r for r in later if r["run_id"] not in refused]     # a refused run wrote nothing
-        if later and not verifies(db, later[0]["run_id"]):
+        # A refused run wrote nothing — when its own sealed rows say so: a `refused` status
+        # INSERTed for a run that wrote (no key needed) must not hide it.
+        later = [r for r in later if not (r["run_id"] in refused and unvouched(db, r["run_id"]) is None)]
+        why = unvouched(db, later[0]["run_id"]) if later else None
+        if why:
             # Still refused (it may have written), but not called a write the trail vouches for.
-            raise Refusal(f"run {later[0]['run_id']} ({later[0]['command']}) is on record as writing this board "
-                          f"after run {run_id} began, and its record does not verify (check it: "
-                          f"{command('audit', 'verify', '--run', later[0]['run_id'])}); resuming could overwrite "
-                          "what it wrote — start a new flash instead")
+            other = later[0]["run_id"]
+            check = f" (check it: {command('audit', 'verify', '--run', other)})" if isinstance(other, str) else ""
+            raise Refusal(f"run {other!s} ({later[0]['command']!s}) is on record as writing this board after run "
+                          f"{run_id} began, but {why}{check}; resuming could overwrite what it may have written "
+                          "— start a new flash instead")
         if later:
             raise Refusal(f"run {later[0]['run_id']} ({later[0]['command']}) wrote this board after run "
                           f"{run_id} began; resuming would overwrite it — start a new flash instead")

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
 
+from amdflash.pipeline.engine.next_step import command
 from amdflash.pipeline.fleet.coordinator import BoardPlace, Coordinator
 from amdflash.pipeline.fleet.labgrid_board import JobError, parse_results, started
 from amdflash.pipeline.fleet.trust import HOST_KEY_FAILED, Allowlist, board_problem, shown
@@ -214,7 +215,7 @@ class FleetRun:
                  output_dir: Path | None = None, parallel: int = 8, exporter_grace: float = 30.0,
                  flash_args: Sequence[str] = (), allow: Allowlist | None = None,
                  host_command: Sequence[str] = ("amdflash",), operator: str | None = None,
-                 overwrite: bool = False):
+                 overwrite: bool = False, hosts: Sequence[str] = ()):
         self.allow = allow or Allowlist({})       # the hosts the operator allows (none: nothing runs)
         self.host_command = list(host_command)   # amdflash on those hosts: the operator's, never a resource's
         # Who runs the job, as the hosts' runs record it (claimed: a host's account is its own).
@@ -225,6 +226,7 @@ class FleetRun:
         self.image = image
         self.output_dir = output_dir
         self.overwrite = overwrite           # dump: replace an existing DIR/PLACE.bin (as `dump --overwrite`)
+        self.hosts = list(hosts)             # --hosts as given (else the config's fleet_hosts): for next steps
         self.parallel = max(1, parallel)
         self.exporter_grace = exporter_grace
         self.flash_args = list(flash_args)   # --force / --expect-part / --start-over, for each host's flash
@@ -297,17 +299,22 @@ class FleetRun:
         return FleetResult(rows, self.notes)
 
     def _fleet_again(self, place: str, *extra: str) -> str:
-        """This fleet command for one place (shell-quoted, to paste)."""
-        words = ["amdflash", "fleet", self.job]
+        """This fleet command for one place (shell-quoted, to paste): with this run's coordinator,
+        allowed hosts, --config and --db, and absolute paths, so that pasted anywhere it reaches
+        the same place through the same coordinator, not whatever $LG_COORDINATOR says there."""
+        words = ["fleet", self.job]
         if self.image is not None:
-            words.append(str(self.image))
+            words.append(os.path.abspath(self.image))
         if self.job == "dump":
-            words.append(str(self.output_dir or "."))
+            words.append(os.path.abspath(self.output_dir or "."))
             words += ["--overwrite"] if self.overwrite or "--overwrite" in extra else []
         words += ["--where", f"name={place}"]
         if self.job == "flash":
             words += ["--yes", *[a for a in self.flash_args if a != "--start-over"], *extra]
-        return shlex.join(words)
+        words += ["--coordinator", self.address]
+        for hosts in self.hosts:
+            words += ["--hosts", hosts]
+        return command(*words)
 
     def _next_step(self, row: Row, board: BoardPlace) -> str | None:
         """A failed, interrupted, lost or refused row's next step, naming the host where it is

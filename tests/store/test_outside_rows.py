@@ -90,6 +90,8 @@ def test_report_refuses_a_run_with_a_fake_first_error(cli, failed, db, tmp_path,
     r = cli("report", run_id, "--format", fmt, "--key", pub, "-o", out)
     _refused(r, "errors", -5)
     assert not out.exists()
+    # The check it prints names this database, wherever it is pasted (it dropped --db).
+    assert f"(check it: amdflash --db {db} audit verify --run {run_id})" in r.err, r.err
 
 
 def test_the_html_page_shows_no_fake_sign_off_under_a_verified_signature(cli, failed, db, tmp_path):  # noqa: F811
@@ -253,13 +255,57 @@ def test_runs_lists_a_row_of_any_type_instead_of_crashing(cli, make_board, db): 
             b"<i>forged</i>", "2026-01-01T00:00:01+00:00")
     _insert(db, "INSERT INTO runs (run_id, command, board_spec, at) VALUES (7, x'00', x'41', 'not a time')")
     _insert(db, "INSERT INTO runs (run_id, command, at) VALUES (NULL, NULL, NULL)")
+    forged_line = "20260101T000000-0badc0de flash     failed (fixed by 20260101T000001-0badc0de)"
+    _insert(db, "INSERT INTO runs (run_id, command, at) VALUES (?, 'flash', ?)", f"x\n{forged_line}",
+            "2026-01-01T00:00:02+00:00")
     listed = cli("runs")
     assert listed.code == 0, listed.err
     lines = listed.out.splitlines()
-    assert len(lines) == 4 and lines[0].split()[1:3] == ["info", "succeeded"], lines
+    assert len(lines) == 5 and lines[0].split()[1:3] == ["info", "succeeded"], lines   # one line per run
     assert lines[1].startswith("b'<i>forged</i>'") and lines[2].split()[:2] == ["7", r"b'\x00'"], lines
     assert lines[3].split()[:2] == ["-", "-"], lines
+    assert lines[4].startswith(r"x\x0a20260101T000000-0badc0de"), lines
     since = cli("runs", "--since", "2000-01-01")      # a row with no readable start is not "since"
-    assert since.code == 0 and len(since.out.splitlines()) == 2, since.out + since.err
+    assert since.code == 0 and len(since.out.splitlines()) == 3, since.out + since.err
     assert cli("runs", "--command", "resume").code == 0
-    assert len(json.loads(cli("runs", "--format", "json").out)) == 4
+    assert len(json.loads(cli("runs", "--format", "json").out)) == 5
+
+
+@pytest.mark.parametrize("forgery", ["blob id", "no end", "refused end on a real flash"])
+def test_a_resume_is_refused_in_true_words_by_a_later_run_that_vouches_for_nothing(
+        cli, failed, db, image, forgery):  # noqa: F811
+    """A later run on record as writing the board stops a resume (it may have written); what is
+    said of it must be what the trail shows (an attack review): a BLOB run id crashed the
+    refusal, a run no checkpoint seals was said not to verify while its check passed, and a
+    `refused` end INSERTed for a real flash hid it from the check (the resume then failed
+    later, recorded as a failed run)."""
+    run_id, board, _ = failed
+    con = sqlite3.connect(db)
+    uid, chip = con.execute("SELECT unique_id, chip FROM boards WHERE run_id = ? LIMIT 1", [run_id]).fetchone()
+    con.close()
+    at = "2099-12-31T23:59:59+00:00"
+    if forgery == "refused end on a real flash":
+        assert cli("flash", image, "--yes", "--expect-part", PART_KEY, "--sector-count", "8", "--start-over",
+                   "--board", f"sim:{board}").code == 0
+        later = json.loads(cli("runs", "--format", "json").out)[-1]["run_id"]
+        _insert(db, "INSERT INTO run_status (run_id, status, detail, summary, at) VALUES (?, 'refused', '', '{}', ?)",
+                later, at)
+    else:
+        later = b"\x1b[2Jblob" if forgery == "blob id" else "20991231T235959-0badc0de"
+        _insert(db, "INSERT INTO runs (run_id, command, arguments, operator, host, board_spec, at) "
+                    "VALUES (?, 'flash', '{}', 'root', 'hosta', ?, ?)", later, f"sim:{board}", at)
+        _insert(db, "INSERT INTO boards (run_id, spec, unique_id, chip, at) VALUES (?, ?, ?, ?, ?)",
+                later, f"sim:{board}", uid, chip, at)
+    r = cli("resume", run_id, "--board", f"sim:{board}", "--yes")
+    assert r.code == 2 and "is on record as writing this board" in r.err, (r.code, r.err)
+    assert "wrote this board" not in r.err and "internal error" not in r.err
+    if forgery == "blob id":
+        assert "not text" in r.err and "\x1b" not in r.err, r.err
+        return
+    check = shlex.split(r.err.split("(check it: ", 1)[1].split(");", 1)[0])
+    checked = cli(*check[1:])          # what the refusal says of it is what its check shows
+    if forgery == "no end":
+        assert "no checkpoint seals any of its rows" in r.err, r.err
+        assert checked.code == 0 and "unsealed" in checked.out, checked.out
+    else:
+        assert "does not verify" in r.err and checked.code == 1 and later in checked.out + checked.err, r.err

@@ -8,12 +8,14 @@ import asyncio
 import io
 import json
 import os
+import shlex
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from amdflash.pipeline.cli.main import main
+from amdflash.pipeline.cli.main import main, parse
+from amdflash.pipeline.engine import next_step
 from amdflash.pipeline.fleet import coordinator as coordinator_module
 from amdflash.pipeline.fleet import run as run_module
 from amdflash.pipeline.fleet.coordinator import BoardPlace
@@ -184,14 +186,27 @@ def test_an_existing_dump_file_is_refused_before_its_job_unless_overwrite(monkey
             pass
 
     monkeypatch.setattr(run_module, "Coordinator", Coordinator)
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
     (out / "hosta-usb-1.bin").write_bytes(b"yesterday's dump")
     allow = run_module.Allowlist.parse(["hosta"], "test")
-    (row,) = asyncio.run(run_module.FleetRun("127.0.0.1:1", {}, "dump", output_dir=out, allow=allow).run()).rows
-    assert row.status == "refused" and f"{out / 'hosta-usb-1.bin'} exists" in row.error, row.error
+    fleet = run_module.FleetRun("10.9.9.9:20408", {}, "dump", output_dir=Path("out"), allow=allow,
+                                hosts=["hosta=/srv/a b.sqlite"])
+    said = next_step.use_globals(config="lab.toml")    # as `amdflash --config lab.toml fleet dump out` sets
+    try:
+        (row,) = asyncio.run(fleet.run()).rows
+    finally:
+        next_step.restore_globals(said)
+    assert row.status == "refused" and "out/hosta-usb-1.bin exists" in row.error, row.error
     assert taken == [] and (out / "hosta-usb-1.bin").read_bytes() == b"yesterday's dump"
-    assert row.next_step.startswith(f"amdflash fleet dump {out} --overwrite --where name=hosta-usb-1"), row.next_step
+    assert row.next_step.startswith(f"amdflash --config {tmp_path / 'lab.toml'} fleet dump {out} --overwrite "
+                                    "--where name=hosta-usb-1"), row.next_step
+    # Pasted anywhere, the step means this run's coordinator and hosts (the default would be
+    # $LG_COORDINATOR there, and no allowed host at all), and the same DIR.
+    pasted = parse(shlex.split(row.next_step.split(" (", 1)[0])[1:])
+    assert (pasted.coordinator, pasted.hosts, pasted.output_dir, pasted.overwrite, pasted.where) == (
+        "10.9.9.9:20408", ["hosta=/srv/a b.sqlite"], out, True, ["name=hosta-usb-1"])
     fleet = run_module.FleetRun("127.0.0.1:1", {}, "dump", output_dir=out, allow=allow, overwrite=True)
     (row,) = asyncio.run(fleet.run()).rows
     assert taken == ["hosta-usb-1"] and row.status == "skipped", row      # with --overwrite it goes on

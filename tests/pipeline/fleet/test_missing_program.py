@@ -38,7 +38,8 @@ def test_rsync_missing_here_is_said_as_such_with_the_install_as_next_step(monkey
         assert row.status == "refused", row
         assert "nothing ran on hosta: rsync is not installed on this machine" in row.error
         assert row.next_step == ("install rsync on this machine (Debian: apt-get install rsync), then amdflash "
-                                 f"fleet flash /srv/images/new.bin --where name={row.board} --yes")
+                                 f"fleet flash /srv/images/new.bin --where name={row.board} --yes "
+                                 "--coordinator 127.0.0.1:20408")
 
 
 def test_another_failure_to_prepare_still_reads_unreachable(monkeypatch, tmp_path: Path) -> None:
