@@ -28,7 +28,13 @@ from amdflash.store.verify import VerifyReport, verify_run
 
 
 class RunUnverified(RuntimeError):
-    """The run does not verify: no view shows it or acts on it (exit 1, naming the problem)."""
+    """The run does not verify: no view shows it or acts on it (exit 1, naming the problem).
+    `problem`: what does not match, without the check to paste (which names this machine's
+    database: a page served to others says its own)."""
+
+    def __init__(self, message: str, problem: str | None = None):
+        super().__init__(message)
+        self.problem = problem or message
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,7 @@ def open_run(conn: sqlite3.Connection, run_id: str, keyfiles: list[Path] | None 
     check = verify_run(conn, run_id, keyfiles)
     if not check.ok or check.key is None:
         raise RunUnverified(f"run {run_id} does not verify, so it is not shown or used: {check.problem} "
-                            f"(check it: {verify_command(conn, run_id)})")
+                            f"(check it: {verify_command(conn, run_id)})", problem=str(check.problem))
     return RunRows(run_id, check.key, check.sealed, check)
 
 

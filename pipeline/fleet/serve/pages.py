@@ -4,6 +4,7 @@ checked again here). Everything shown from the record is escaped."""
 from __future__ import annotations
 
 import datetime as dt
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -248,7 +249,11 @@ def render_run(url: str, host_id: int, run_id: str) -> tuple[int, str]:
         try:
             rep, html = commands.report(found, str(Path(tmp) / "run.sqlite"), html=True, keys=[key])
         except (Refusal, RunUnverified, KeyError_) as e:
-            return 409, page("run does not verify", _banner(False, name, run_id, str(e)), prefix="../../")
+            # What does not match, and where to check it: on its host, in its own trail (the
+            # copy checked here is this server's temporary file, nothing a reader can open).
+            said = (f"{e.problem} ({shlex.join(['amdflash', 'audit', 'verify', '--run', run_id])} on {name} "
+                    "checks its own trail)" if isinstance(e, RunUnverified) else str(e))
+            return 409, page("run does not verify", _banner(False, name, run_id, said), prefix="../../")
     chain = rep.get("chain") or {}
     banner = _banner(bool(chain.get("ok")), name, run_id, chain.get("problem"))
     nav = ("<nav style=\"padding:6px 20px;background:#1d2330\"><a style=\"color:#cfe0ff\" href=\"../../\">line</a> · "

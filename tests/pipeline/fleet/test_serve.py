@@ -357,3 +357,31 @@ def test_a_failure_s_notification_and_row_repeat_its_end_as_fleet_report_tells_i
     finally:
         line.close()
         receiver.close()
+
+
+def test_a_run_page_that_does_not_verify_names_the_check_on_its_host_not_this_server_s_copy(line_record,
+                                                                                           monkeypatch):
+    """A run that does not verify here (forged after its push, or its host's key changed) is
+    shown NOT verified, saying what does not match: its check is `audit verify` on its host,
+    not one naming the temporary copy this server checked (which the message of a run that
+    does not verify names since it carries --db)."""
+    from amdflash.store import run_rows
+    from amdflash.store.verify import VerifyReport
+
+    def broken(conn, run_id, keyfiles=None):
+        report = VerifyReport(False, f"run {run_id}")
+        report.problem, report.key = "checkpoint #2 (commit of run x): its hash does not match", 1
+        return report
+
+    monkeypatch.setattr(run_rows, "verify_run", broken)
+    r = line_record
+    line = _line(r["url"])
+    try:
+        with _client(line, r["url"]) as client:
+            page = client.get(f"/runs/{r['b']}/{r['bad']}.html")
+    finally:
+        line.close()
+    assert page.status_code == 409 and "NOT verified" in page.text, page.text
+    assert "its hash does not match" in page.text
+    assert f"amdflash audit verify --run {r['bad']} on hostb checks its own trail" in page.text, page.text
+    assert "--db" not in page.text and "amdflash-serve-" not in page.text
