@@ -162,8 +162,8 @@ def new_file(path: Path, mode: int = OUTPUT, overwrite: bool = True) -> Iterator
     """A whole file, written through the yielded file object: under a fresh unguessable name
     beside `path`, fsynced, then renamed to `path` — so an interrupted write never leaves a
     plausible file, and nothing planted at either name is followed. Without `overwrite`, an
-    existing `path` is left as it was (OutputExists), checked atomically by the link that
-    puts the new file in place."""
+    existing `path` is left as it was (OutputExists), checked atomically by the link (or, on
+    a file system without links, the rename) that puts the new file in place."""
     tmp = _partial(path)
     try:
         fd = create_new(tmp, mode)
@@ -181,10 +181,9 @@ def new_file(path: Path, mode: int = OUTPUT, overwrite: bool = True) -> Iterator
             os.replace(tmp, path)
         else:
             try:
-                os.link(tmp, path, follow_symlinks=False)
+                _place_if_free(tmp, path)
             except FileExistsError:
                 raise OutputExists(f"{path} exists (use --overwrite to replace it)") from None
-            os.unlink(tmp)
     except OSError as e:
         try:
             os.unlink(tmp)
@@ -199,6 +198,38 @@ def new_file(path: Path, mode: int = OUTPUT, overwrite: bool = True) -> Iterator
         except FileNotFoundError:
             pass
         raise
+
+
+# Hard links are refused by file systems that have none (FAT and exFAT — a USB stick —, some
+# network and FUSE mounts): EPERM, or EOPNOTSUPP.
+_NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP}
+
+
+def _place_if_free(tmp: Path, path: Path) -> None:
+    """Give the finished file `tmp` the name `path` only if that name is free (else
+    FileExistsError), atomically: a hard link, then the temporary name removed; where the file
+    system has no hard links, a rename that refuses to replace (renameat2 RENAME_NOREPLACE)."""
+    try:
+        os.link(tmp, path, follow_symlinks=False)
+    except OSError as e:
+        if e.errno not in _NO_LINKS:
+            raise
+        _rename_no_replace(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+def _rename_no_replace(src: Path, dst: Path) -> None:
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2    # glibc 2.28 and later
+    except AttributeError:
+        raise OSError(errno.ENOSYS, "renameat2 is not available to rename without replacing", str(dst)) from None
+    at_fdcwd, rename_noreplace = -100, 1
+    if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_noreplace) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(dst))     # EEXIST: FileExistsError
 
 
 def fsync_dir(directory: Path) -> None:

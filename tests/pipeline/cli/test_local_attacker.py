@@ -6,6 +6,7 @@ sequences, a bridge that lies about its serial) and runs the real command agains
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from amdflash.stages.files import OutputExists, write_new
 from amdflash.stages.transport import discovery
 from amdflash.stages.transport.lock import BoardBusy, BoardLock, LockUnsafe, sim_lock
 from amdflash.stages.sim import create_board
@@ -193,6 +195,31 @@ def test_a_dump_into_a_shared_directory_never_writes_through_a_planted_link(amdf
     r = amdflash("dump", shared / "d.bin", "--reads", "1", "--board", f"sim:{make_board(transport='ideal')}")
     assert r.code == 0, r.err
     assert victim.read_text() == "keep" and (shared / "d.bin").stat().st_size == 0x200000
+
+
+@pytest.mark.parametrize("code", [errno.EPERM, errno.EOPNOTSUPP])
+def test_a_dump_onto_a_file_system_without_hard_links_is_written_and_never_replaces(amdflash, make_board,
+                                                                                   tmp_path, monkeypatch, code):
+    """Without --overwrite the new file took its name by a hard link, which FAT and exFAT (a USB
+    stick) and some network mounts refuse: the dump was read, then failed at its last step
+    (an attack review, on `fleet dump` using it too). There the name is taken by a rename that
+    refuses to replace: the same promise, never a file replaced, nothing left beside it."""
+    def no_links(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "link", no_links)
+    board = f"sim:{make_board(transport='ideal')}"
+    out = tmp_path / "stick"
+    out.mkdir()
+    r = amdflash("dump", out / "d.bin", "--reads", "1", "--board", board)
+    assert r.code == 0, r.err
+    assert (out / "d.bin").stat().st_size == 0x200000 and sorted(p.name for p in out.iterdir()) == ["d.bin"]
+    # A file that appears at the name after the checks before the run (as in a shared DIR):
+    # the placing itself refuses it, as the link does.
+    (out / "d.bin").write_bytes(b"yesterday")
+    with pytest.raises(OutputExists, match="exists"):
+        write_new(out / "d.bin", b"today", overwrite=False)
+    assert (out / "d.bin").read_bytes() == b"yesterday" and sorted(p.name for p in out.iterdir()) == ["d.bin"]
 
 
 # -- strings from boards, images, file names ---------------------------------------------------
