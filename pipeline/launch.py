@@ -25,11 +25,15 @@ import signal  # noqa: E402  (after the handler: see above)
 def _unraisable(info: "sys.UnraisableHookArgs") -> None:
     # A Ctrl-C that lands while Python runs a finaliser cannot stop the program from there:
     # Python would print "Exception ignored in: ..." and go on as if it had not been pressed.
-    # Press it again, from outside the finaliser, without the noise.
+    # Press it again, from outside the finaliser, without the noise: from a new thread, which
+    # runs once this one lets go of the interpreter, after this hook has returned. Not
+    # threading.Thread: its start() waits here for the thread, which pressed at once, so the
+    # Ctrl-C landed in that wait, inside this hook — "Exception ignored in
+    # sys.unraisablehook", and lost (a run under load went on to succeed).
     if info.exc_type is not None and issubclass(info.exc_type, KeyboardInterrupt):
-        import threading
+        import _thread
 
-        threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT), daemon=True).start()
+        _thread.start_new_thread(os.kill, (os.getpid(), signal.SIGINT))
         return
     sys.__unraisablehook__(info)
 

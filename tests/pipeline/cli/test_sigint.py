@@ -145,3 +145,36 @@ def test_a_program_using_the_api_keeps_its_ctrl_c(make_board, tmp_path):
     board = make_board(content="blank", transport="ideal")
     api.dump(tmp_path / "d.bin", board=f"sim:{board}")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+FINALISER = """\
+import signal, sys, time
+from amdflash.pipeline import launch  # noqa: F401 - its hook for what a finaliser raises
+signal.signal(signal.SIGINT, signal.default_int_handler)   # as main() takes Ctrl-C: raised where the program is
+
+class Finaliser:
+    def __del__(self):
+        raise KeyboardInterrupt     # a Ctrl-C that landed while a finaliser ran
+
+Finaliser()
+try:
+    for _ in range(100):
+        time.sleep(0.1)
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("interrupted outside the finaliser")
+"""
+
+
+def test_a_ctrl_c_that_lands_in_a_finaliser_is_pressed_again_outside_it(tmp_path):
+    """launch's hook presses a Ctrl-C that a finaliser swallowed again from outside it. It did
+    so from a threading.Thread, whose start() waits for the thread, which pressed at once: the
+    Ctrl-C landed in that wait, inside the hook — a traceback on stderr ("Exception ignored in
+    sys.unraisablehook"), and the Ctrl-C lost (a slow run under load: the flash interrupted at
+    0.1 s went on to succeed). Every time, not under load only, once main() holds Ctrl-C."""
+    script = tmp_path / "finaliser.py"
+    script.write_text(FINALISER)
+    for _ in range(3):
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+        assert done.stdout == "interrupted outside the finaliser\n", (done.stdout, done.stderr)
+        assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
