@@ -80,7 +80,9 @@ def test_a_dump_file_name_is_one_name_in_the_directory(place: str, ok: bool) -> 
     assert bool(run_module.DUMP_NAME.fullmatch(place)) is ok
 
 
-def test_a_place_that_cannot_name_a_dump_file_is_refused_before_its_job(monkeypatch, tmp_path: Path) -> None:  # noqa: ANN001
+def _one_place(monkeypatch, place: str) -> list[str]:  # noqa: ANN001
+    """A coordinator faked in-process publishing one place of hosta, none of it ever free to
+    take (nothing runs); returns the places the fleet asked to take, as it asks."""
     taken: list[str] = []
 
     class Coordinator:
@@ -93,11 +95,11 @@ def test_a_place_that_cannot_name_a_dump_file_is_refused_before_its_job(monkeypa
             return self
 
         def board_places(self, where: dict) -> tuple[list[BoardPlace], dict]:
-            return [BoardPlace("../../elsewhere", "hosta", "g1", "r", "NetworkAmdflashBoard", dict(BOARD), {})], {}
+            return [BoardPlace(place, "hosta", "g1", "r", "NetworkAmdflashBoard", dict(BOARD), {})], {}
 
-        async def take(self, board: BoardPlace, where: dict) -> tuple[str, None]:
+        async def take(self, board: BoardPlace, where: dict) -> tuple[None, str]:
             taken.append(board.place)
-            return "token", None
+            return None, "held by another user"
 
         async def give_back(self, board: BoardPlace, token: str) -> None:
             return None
@@ -106,6 +108,11 @@ def test_a_place_that_cannot_name_a_dump_file_is_refused_before_its_job(monkeypa
             pass
 
     monkeypatch.setattr(run_module, "Coordinator", Coordinator)
+    return taken
+
+
+def test_a_place_that_cannot_name_a_dump_file_is_refused_before_its_job(monkeypatch, tmp_path: Path) -> None:  # noqa: ANN001
+    taken = _one_place(monkeypatch, "../../elsewhere")
     fleet = run_module.FleetRun("127.0.0.1:1", {}, "dump", output_dir=tmp_path / "out",
                                 allow=run_module.Allowlist.parse(["hosta"], "test"))
     result = asyncio.run(fleet.run())
@@ -161,31 +168,7 @@ def test_an_existing_dump_file_is_refused_before_its_job_unless_overwrite(monkey
     """`fleet dump DIR` replaced an existing DIR/PLACE.bin where `amdflash dump` refuses one
     without --overwrite (seen, left alone in an earlier session): refused before the board is
     reserved, its next step the same command with --overwrite."""
-    taken: list[str] = []
-
-    class Coordinator:
-        lost, lost_at = False, None
-
-        def __init__(self, address: str) -> None:
-            pass
-
-        async def open(self) -> Coordinator:
-            return self
-
-        def board_places(self, where: dict) -> tuple[list[BoardPlace], dict]:
-            return [BoardPlace("hosta-usb-1", "hosta", "g1", "r", "NetworkAmdflashBoard", dict(BOARD), {})], {}
-
-        async def take(self, board: BoardPlace, where: dict) -> tuple[None, str]:
-            taken.append(board.place)
-            return None, "held by another user"          # taken or not: nothing runs in this test
-
-        async def give_back(self, board: BoardPlace, token: str) -> None:
-            return None
-
-        async def close(self) -> None:
-            pass
-
-    monkeypatch.setattr(run_module, "Coordinator", Coordinator)
+    taken = _one_place(monkeypatch, "hosta-usb-1")
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
