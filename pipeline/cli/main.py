@@ -331,6 +331,18 @@ def _configure(args: argparse.Namespace) -> None:
         raise UsageError(f"--db {args.db} is not a regular file")
 
 
+def _own_places(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The audit database this command line uses, and its config file if it reads one: named
+    by every command it suggests, so that pasted into any shell (without this one's
+    $AMDFLASH_DB or $AMDFLASH_CONFIG, as another user whose default is elsewhere, from another
+    directory) the command reaches the same trail with the same settings."""
+    from amdflash.pipeline import config
+
+    db = args.db or config.default_db(args.settings)
+    named = args.config or os.environ.get(config.ENV_CONFIG)
+    return db, named or (str(config.config_path()) if os.path.isfile(config.config_path()) else None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command line; returns the exit status (never raises, never prints a traceback)."""
     own_line = argv is None       # the process's own command line: it ends after this one
@@ -352,8 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse(argv)
         from amdflash.pipeline.engine import next_step
 
-        outer_globals = next_step.use_globals(args.db, args.config)   # every suggested command reaches them
         _configure(args)
+        outer_globals = next_step.use_globals(*_own_places(args))   # every suggested command reaches them
         args.main = main   # for a command that runs others (the demo): no import back up to here
         args.build_parser = build_parser   # for the manual page, likewise
         from amdflash.pipeline.engine.interrupts import command_line

@@ -35,8 +35,9 @@ def test_a_flash_that_fails_verify_says_what_is_half_written_and_how_back(amdfla
     assert advice.startswith("  next: the flash is partly written: ") and "failed verify" in advice, r.err
     backup = next(Path(tmp_path).glob("**/backups/*.bin"))
     assert f"The original content is backup {backup.resolve()}" in advice
-    assert f"amdflash flash {backup.resolve()} --board sim:{board} --yes --force" in advice
-    assert f"amdflash resume {run['run_id']} --board sim:{board} --yes" in advice
+    db = os.environ["AMDFLASH_DB"]                  # the run's own database, named in every step
+    assert f"amdflash --db {db} flash {backup.resolve()} --board sim:{board} --yes --force" in advice
+    assert f"amdflash --db {db} resume {run['run_id']} --board sim:{board} --yes" in advice
     assert run["status"] == "failed"
 
 
@@ -62,7 +63,7 @@ def test_a_link_lost_mid_flash_says_the_same(amdflash, make_board, image, monkey
     run = last_run(amdflash)
     assert "disconnected" in r.err and run["status"] == "failed", r.err
     assert "  next: the flash is partly written" in r.err, r.err
-    assert f"amdflash resume {run['run_id']} --board usb:0 --yes" in r.err
+    assert f"amdflash --db {os.environ['AMDFLASH_DB']} resume {run['run_id']} --board usb:0 --yes" in r.err
 
 
 def test_ifwi_all_that_fails_says_a_power_cycle_is_needed(amdflash, make_board, tmp_path):
@@ -73,7 +74,7 @@ def test_ifwi_all_that_fails_says_a_power_cycle_is_needed(amdflash, make_board, 
     assert r.code == 1, r.err
     assert "  next: the PSP bootloader may hold a partial stream: power the board off and on" in r.err, r.err
     [cycle] = pasted(r.err_lines[-1])
-    assert cycle == ["amdflash", "sim", "power-cycle", str(board)], cycle
+    assert cycle == ["amdflash", "--db", os.environ["AMDFLASH_DB"], "sim", "power-cycle", str(board)], cycle
 
 
 def test_info_after_a_killed_flash_names_the_unfinished_run_and_the_resume(amdflash, make_board, image):
@@ -85,7 +86,7 @@ def test_info_after_a_killed_flash_names_the_unfinished_run_and_the_resume(amdfl
     r = amdflash("info", "--board", f"sim:{board}")
     assert r.code == 0, r.err
     assert (f"unfinished flash {run['run_id']} on this board" in r.out
-            and f"amdflash resume {run['run_id']} --board sim:{board} --yes" in r.out), r.out
+            and f"amdflash --db {os.environ['AMDFLASH_DB']} resume {run['run_id']} --board sim:{board} --yes" in r.out), r.out
 
 
 @pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
@@ -97,7 +98,8 @@ def test_resume_after_the_image_moved_suggests_naming_it(amdflash, make_board, i
     moved = tmp_path / "moved.bin"
     image.rename(moved)
     r = amdflash("resume", "--yes", "--board", f"sim:{board}")
-    assert r.code == 2 and f"amdflash resume {run} --board sim:{board} --image FILE --yes" in r.err, r.err
+    assert r.code == 2 and f"amdflash --db {os.environ['AMDFLASH_DB']} resume {run} --board sim:{board} --image FILE --yes" \
+        in r.err, r.err
     assert amdflash("resume", "--yes", "--image", moved, "--board", f"sim:{board}").code == 0
 
 
@@ -143,9 +145,9 @@ def test_sim_power_cycle_restarts_the_bootloader_after_ifwi_all(amdflash, make_b
     board = make_board(transport="ideal")
     assert amdflash("--no-progress", "ifwi-all", image, "--yes", "--board", f"sim:{board}").code == 0
     r = amdflash("probe", "--board", f"sim:{board}")
-    assert "error 0x11" in r.out and "amdflash sim power-cycle" in r.out, r.out
+    assert "error 0x11" in r.out and " sim power-cycle " in r.out, r.out
     [cycle] = pasted(r.out)                       # the step as printed, run elsewhere
-    assert cycle == ["amdflash", "sim", "power-cycle", str(board)], cycle
+    assert cycle == ["amdflash", "--db", os.environ["AMDFLASH_DB"], "sim", "power-cycle", str(board)], cycle
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     done = run_pasted(cycle, elsewhere)
@@ -229,6 +231,41 @@ def test_the_steps_after_a_failed_flash_work_pasted_elsewhere_with_their_db(amdf
     done = run_pasted(put_back, elsewhere)
     assert done.returncode == 0, done.stderr
     assert flash_content(board) == Path(put_back[4]).read_bytes()   # and this put the backup back
+
+
+@pytest.mark.parametrize("chosen", ["environment", "config file"])
+def test_the_steps_name_a_database_chosen_by_the_environment_or_the_config_file(amdflash, make_board, image, tmp_path,
+                                                                               monkeypatch, chosen):
+    """A database chosen by $AMDFLASH_DB, or by `db` in the config file $AMDFLASH_CONFIG names,
+    is named in the printed steps as one given by --db is: pasted into a shell without that
+    variable (a new terminal, another user's) they reach the run's trail, not the default one."""
+    img = image.read_bytes()
+    board = make_board(transport="ideal", faults=[f"stuck-bit={first_differing_bit(img, 0x100000):#x}:0"])
+    db = tmp_path / "line" / "line's db.sqlite"
+    db.parent.mkdir()
+    if chosen == "environment":
+        monkeypatch.setenv("AMDFLASH_DB", str(db))
+        unset, named = "AMDFLASH_DB", ["--db", str(db)]
+    else:
+        config = tmp_path / "line" / "line config.toml"
+        config.write_text(f'db = "{db}"\n')
+        monkeypatch.delenv("AMDFLASH_DB")
+        monkeypatch.setenv("AMDFLASH_CONFIG", str(config))
+        unset, named = "AMDFLASH_CONFIG", ["--db", str(db), "--config", str(config)]
+    r = amdflash("--no-progress", "flash", image, "--yes", "--force", "--board", f"sim:{board}")
+    assert r.code == 1, r.err
+    [put_back, resume] = pasted(r.err_lines[-1])
+    assert resume[:1 + len(named)] == ["amdflash", *named] and resume[1 + len(named)] == "resume", resume
+    assert put_back[:1 + len(named)] == ["amdflash", *named], put_back
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert amdflash("sim", "fault", board, "--clear").code == 0
+    done = cli.run("--no-progress", *resume[1:], cwd=elsewhere, env={unset: None})
+    assert done.returncode == 0, done.stderr
+    assert flash_content(board) == img
+    runs = json.loads(amdflash("--db", db, "runs", "--format", "json").out)
+    assert [(x["command"], x["status"]) for x in runs] == [("flash", "failed"), ("resume", "succeeded")]
+    assert not (tmp_path / "data" / "amdflash").exists()       # the default trail ($XDG_DATA_HOME) never made
 
 
 def test_info_names_a_resume_that_works_pasted_elsewhere(amdflash, make_board, image, tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
 import signal
@@ -142,7 +143,8 @@ def test_info_names_the_unfinished_flash_its_original_and_the_resume(amdflash, k
     [line] = [x for x in r.out.splitlines() if x.startswith("unfinished flash")]
     assert f"unfinished flash {killed['run']} on this board (interrupted, " in line, line
     assert f"the board's original: backup {killed['backup']} (run {killed['run']})" in line, line
-    assert f"amdflash resume {killed['run']} --board sim:{killed['board']} --yes" in line, line
+    assert f"amdflash --db {os.environ['AMDFLASH_DB']} resume {killed['run']} --board sim:{killed['board']} --yes" \
+        in line, line
     assert f"original    backup {killed['backup']} (run {killed['run']}, intact)" in r.out, r.out
 
 

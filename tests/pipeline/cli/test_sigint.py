@@ -88,7 +88,7 @@ def _interrupt_then_finish(tmp_path: Path, make_board, delay: float) -> None:  #
     if r.returncode == 130:
         lines = r.stderr.strip().splitlines()
         if lines[-1].startswith("  next: "):          # a run was on record: how to finish it
-            assert "To finish the flash: amdflash resume " in lines[-1] and lines[-2].startswith("error: "), r.stderr
+            assert f"To finish the flash: amdflash --db {os.environ['AMDFLASH_DB']} resume " in lines[-1] and lines[-2].startswith("error: "), r.stderr
         else:
             assert lines[-1].startswith("error: "), r.stderr
         # What follows the Ctrl-C is no signal's business: this process runs it.
@@ -96,7 +96,8 @@ def _interrupt_then_finish(tmp_path: Path, make_board, delay: float) -> None:  #
         runs = json.loads(listed.stdout) if listed.returncode == 0 else []     # 2: no audit database yet
         if runs:                                    # stopped once the run had begun: resume it
             assert runs[-1]["status"] == "interrupted"
-            assert f"To finish the flash: amdflash resume {runs[-1]['run_id']} --board sim:{board} --yes" in r.stderr
+            assert (f"To finish the flash: amdflash --db {os.environ['AMDFLASH_DB']} resume {runs[-1]['run_id']} "
+                    f"--board sim:{board} --yes") in r.stderr
             done = cli.run("resume", "--yes", "--board", f"sim:{board}", "-q", cwd=tmp_path)
         else:                                       # stopped before: flash again
             done = cli.run(*argv, "-q", cwd=tmp_path)
