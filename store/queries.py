@@ -206,6 +206,33 @@ def run_chain(db: sqlite_utils.Database, run_id: str) -> list[RunRows]:
         chain.append(open_run(db.conn, resolve_run(db, parent)))
 
 
+def newest_resume(db: sqlite_utils.Database, run_id: str) -> str:
+    """The newest run carrying on this run's flash: from run to the resume of it, while one
+    did (a resume that verifies, neither refused, which wrote nothing, nor succeeded, which
+    finished the work). Resuming a run whose resume was interrupted in turn goes on from there."""
+    related = _Related(db)
+    current, seen = run_id, {run_id}
+    while True:
+        carried = [r["run_id"] for r in related.resumed_by(current)
+                   if r["verified"] and r["status"] not in ("refused", "succeeded") and r["run_id"] not in seen]
+        if not carried:
+            return current
+        current = carried[-1]
+        seen.add(current)
+
+
+def lineage_units(db: sqlite_utils.Database, run_id: str) -> list[dict[str, Any]]:
+    """The flash's units as this run and the runs it resumes last left them (as a report lists
+    a run's own): a unit a resume only planned keeps the state an earlier run left it in
+    (RunUnverified or RunNotFound where a run of the lineage does not verify or is missing)."""
+    states: dict[int, dict[str, Any]] = {}
+    for rows in run_chain(db, run_id):
+        for address, u in unit_states(db, rows).items():
+            if u["state"] != "planned" or address not in states:
+                states[address] = {"address": address, "size": u["size"], "action": u["action"], "state": u["state"]}
+    return [states[a] for a in sorted(states)]
+
+
 def unvouched(db: sqlite_utils.Database, run_id: object) -> str | None:
     """Why the run's record vouches for nothing — its rows do not verify, or no checkpoint
     seals any of them — or None when they verify and a checkpoint seals some (see _Related)."""

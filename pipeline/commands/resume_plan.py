@@ -15,8 +15,8 @@ from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.engine.jobs import place
 from amdflash.pipeline.engine.next_step import command
 from amdflash.stages.open_transport import BoardSpec
-from amdflash.store.queries import (RunNotFound, has_intents, latest_unfinished, report, resolve_run, run_chain, runs,
-                                    unit_states, unvouched, writes_since)
+from amdflash.store.queries import (RunNotFound, has_intents, latest_unfinished, newest_resume, report, resolve_run,
+                                    run_chain, runs, unit_states, unvouched, writes_since)
 from amdflash.store.run_rows import RunRows
 from amdflash.store.verify import snapshot
 
@@ -48,7 +48,9 @@ def plan_resume(db_path: str, spec: BoardSpec, run_id: str | None, image: Path |
 
 def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | None) -> ResumePlan:
     if wanted:
-        run_id = resolve_run(db, wanted)
+        # The run named, or the newest resume of it: a run whose resume was interrupted too is
+        # finished from where that resume stopped (its report names the run, as it was then).
+        run_id = newest_resume(db, resolve_run(db, wanted))
     else:
         found = latest_unfinished(db, str(spec))
         if not found:

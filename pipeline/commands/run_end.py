@@ -23,7 +23,7 @@ import sqlite_utils
 from amdflash.pipeline.engine import jobs
 from amdflash.pipeline.engine import next_step
 from amdflash.store.originals import Backup, _first_backup
-from amdflash.store.queries import RunNotFound, run_chain
+from amdflash.store.queries import RunNotFound, lineage_units, newest_resume, run_chain
 from amdflash.store.run_rows import RunUnverified
 
 ENDED_BADLY = ("failed", "interrupted")
@@ -100,14 +100,27 @@ def outcome(db: sqlite_utils.Database, rep: dict[str, Any], original: tuple[str,
                   jobs.restore_command(mine, spec, start_over=not fixed)}
     if original is not None and (backup is None or backup["content"] != "the board's original content"):
         first = {"path": original[0], "run_id": original[1], "put_back": original[2]}
+    now, carried_by = (_flash_now(db, rep) if writes and not fixed else (rep, rep["run_id"]))
     return {
-        "state": next_step.flash_state(rep) if writes else None,
+        "state": next_step.flash_state(now) if writes else None,
         "backup": backup,
         "original": first,
-        "next_step": None if fixed else _where(next_step.advice(rep, *(original or (None,)), run_id=rep["run_id"],
+        "next_step": None if fixed else _where(next_step.advice(now, *(original or (None,)), run_id=carried_by,
                                                                 spec=spec)),
         "fixed_by": fixed,
     }
+
+
+def _flash_now(db: sqlite_utils.Database, rep: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The run's report with the flash's units as its whole job left them — the flash it
+    resumes, and the resumes of it since (an interrupted resume wrote on what the run left) —
+    and the newest run of that job: the one a resume carries on. The run's own report where a
+    run of the job does not verify."""
+    try:
+        newest = newest_resume(db, rep["run_id"])
+        return {**rep, "units": lineage_units(db, newest)}, newest
+    except (RunUnverified, RunNotFound):
+        return rep, rep["run_id"]
 
 
 def backup_words(end: dict[str, Any]) -> str | None:

@@ -108,6 +108,34 @@ def test_a_fresh_flash_after_a_killed_one_refuses_naming_the_resume_and_the_orig
     assert flash_content(board) == image.read_bytes()
 
 
+def test_a_flash_whose_resume_was_killed_too_is_finished_from_either_run(amdflash, image, killed):
+    """The flash killed while writing units, then its resume killed before it wrote: both
+    reports say what the flash holds (the flash's half-written units: the resume's own rows
+    only plan them) and name the resume that carries on from the newest run; and `resume` of
+    the first run, the step its report printed before, goes on from there too (it was
+    refused as overwriting what the resume wrote)."""
+    board, first = killed["board"], killed["run"]
+    assert amdflash("sim", "fault", board, "--clear", "kill-after-writes=3000").code == 0
+    p = cli_process("resume", first, "--yes", "--board", f"sim:{board}")
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    assert flash_content(board) == killed["half"]
+    second = json.loads(amdflash("runs", "--format", "json").out)[-1]
+    assert second["command"] == "resume" and second["status"] == "interrupted", second
+    assert amdflash("sim", "fault", board, "--clear").code == 0
+    for run in (first, second["run_id"]):
+        end = json.loads(amdflash("report", run, "--format", "json").out)["outcome"]
+        assert end["state"].startswith("the flash is partly written: "), (run, end)
+        resume = printed(end["next_step"], "To finish the flash: ")
+        assert shlex.split(resume)[3:] == ["resume", second["run_id"], "--board", f"sim:{board}", "--yes"], resume
+    done = amdflash("--no-progress", "resume", first, "--yes", "--board", f"sim:{board}")
+    assert done.code == 0, done.err
+    assert flash_content(board) == image.read_bytes()
+    runs = json.loads(amdflash("runs", "--format", "json").out)
+    assert [(r["command"], r["status"]) for r in runs] == [("flash", "interrupted"), ("resume", "interrupted"),
+                                                           ("resume", "succeeded")], runs
+    assert runs[-1]["resumes_run_id"] == second["run_id"]
+
+
 def test_start_over_says_which_backup_holds_the_original_and_restore_original_puts_it_back(amdflash, image,
                                                                                         killed, tmp_path):
     board, run = killed["board"], killed["run"]
