@@ -37,6 +37,7 @@ from amdflash.store.chain import (
 from amdflash.store.files import read_regular
 from amdflash.store.schema import LOGICAL, PHYSICAL, PLAIN, RUN_END_SQL, TERMINAL
 from amdflash.stages.files import readonly_uri
+from amdflash.stages.terminal import printable
 
 RUN_KINDS = ("commit", "final", "migrated")
 ANCHOR_LIMIT = 1 << 30    # one short line per checkpoint: millions of runs fit
@@ -142,10 +143,15 @@ class VerifyReport:
     seconds: float = 0.0
 
     def describe(self) -> str:
+        """The verdict in lines, one field each: a newline in a recorded value the verdict names
+        (a run id INSERTed by hand) is shown escaped, never as a line that reads as the verdict's."""
+        return "\n".join(printable(line) for line in self._lines())
+
+    def _lines(self) -> list[str]:
         if self.unsigned:
-            return f"audit chain NOT SIGNED in {self.scope}: {self.problem}"
+            return [f"audit chain NOT SIGNED in {self.scope}: {self.problem}"]
         if not self.ok:
-            return f"audit chain BROKEN in {self.scope}: {self.problem}"
+            return [f"audit chain BROKEN in {self.scope}: {self.problem}"]
         lines = [f"audit chain intact: {self.scope}, {self.rows} rows, {self.runs} run(s), "
                  f"{self.checkpoints - self.legacy_checkpoints} signed checkpoints ({self.seconds:.2f} s)"]
         if self.legacy is not None:
@@ -170,7 +176,7 @@ class VerifyReport:
             lines.append(f"archived    {self.archived}")
         if self.anchor:
             lines.append(f"anchor      {self.anchor}")
-        return "\n".join(lines)
+        return lines
 
 
 def _base(checkpoints: list[Checkpoint]) -> tuple[int, bytes, str | None]:

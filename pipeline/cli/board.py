@@ -22,6 +22,7 @@ from amdflash.pipeline.logsetup import settings
 from amdflash.pipeline.commands.results import ProbeResult, ReadResult, RunOutcome
 from amdflash.stages.drivers.navi31.psp import DISABLED_REASON, ERRORS, TRANSFER_TYPE_GATED
 from amdflash.stages.open_transport import SPEC_GRAMMAR
+from amdflash.stages.terminal import printable
 
 DEFAULT_PRESCALE = 8
 STATE_MACHINE_ERROR = 0x11    # GET_TRANSFER_TYPE once a stream has ended: only a power cycle restarts it
@@ -340,7 +341,7 @@ def show(args: argparse.Namespace, results: Sequence[RunOutcome]) -> int:
             prefix = f"[{r.board}] " if many else ""
             # A probe's own lines are its answers in words; r.lines holds what the run said besides.
             for line in ([*r.lines, *probe_lines(r)] if isinstance(r, ProbeResult) else r.lines):
-                output.result(prefix + line)
+                output.result(printable(prefix + line))   # one line each: a newline from the trail escaped
     for r in results:
         if r.error:
             where = f"[{r.board}] " if many else ""

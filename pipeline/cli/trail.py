@@ -212,7 +212,9 @@ def render_text(rep: dict[str, Any]) -> str:
     if c.get("unsealed_rows"):
         lines.append(f"unsealed   the run's last {c['unsealed_rows']} row(s) are not sealed by any checkpoint "
                      "(still being written, or their writer died): what they say is not verified")
-    return "\n".join(lines)
+    # One field a line: a newline in a recorded value (a run id INSERTed by hand) is shown
+    # escaped, never as a line of its own that reads as the report's.
+    return "\n".join(printable(line) for line in lines)
 
 
 def end_lines(end: dict[str, Any] | None) -> list[str]:

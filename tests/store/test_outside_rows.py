@@ -310,3 +310,31 @@ def test_a_resume_is_refused_in_true_words_by_a_later_run_that_vouches_for_nothi
         assert checked.code == 0 and "unsealed" in checked.out, checked.out
     else:
         assert "does not verify" in r.err and checked.code == 1 and later in checked.out + checked.err, r.err
+
+
+def test_a_newline_in_a_forged_run_id_adds_no_line_to_report_info_or_verify(cli, failed, db):  # noqa: F811
+    """A run id INSERTed with a newline in it, claiming to resume the failed flash: `runs`
+    showed it escaped, but `report` of the real run (whose chain verifies), `info` of the
+    board and `audit verify` printed what followed the newline as a line of their own — here
+    a next step saying the board is fine (an attack review). Each shows it escaped."""
+    run_id, board, _ = failed
+    fake = "next       nothing to do: the board is fine"
+    forged = f"20991231T235959-0badc0de\n{fake}"
+    at = "2099-12-31T23:59:59+00:00"
+    con = sqlite3.connect(db)
+    uid, chip = con.execute("SELECT unique_id, chip FROM boards WHERE run_id = ? LIMIT 1", [run_id]).fetchone()
+    con.close()
+    _insert(db, "INSERT INTO runs (run_id, command, arguments, operator, host, board_spec, resumes_run_id, at) "
+                "VALUES (?, 'resume', '{}', 'root', 'hosta', ?, ?, ?)", forged, f"sim:{board}", run_id, at)
+    _insert(db, "INSERT INTO boards (run_id, spec, unique_id, chip, at) VALUES (?, ?, ?, ?, ?)",
+            forged, f"sim:{board}", uid, chip, at)
+    _insert(db, "INSERT INTO run_status (run_id, status, detail, summary, at) VALUES (?, 'succeeded', '', '{}', ?)",
+            forged, at)
+    shown = {"report": cli("report", run_id), "info": cli("info", "--board", f"sim:{board}"),
+             "audit verify": cli("audit", "verify"), "audit verify --run": cli("audit", "verify", "--run", forged)}
+    assert shown["report"].code == 0 and "resumed by 20991231T235959-0badc0de\\x0anext " in shown["report"].out
+    assert shown["info"].code == 0 and "20991231T235959-0badc0de\\x0anext " in shown["info"].out, shown["info"].out
+    for what, r in shown.items():
+        lines = (r.out + r.err).splitlines()
+        assert not [x for x in lines if x.lstrip().startswith(("next       nothing", "nothing to do"))], (what, lines)
+    assert "0badc0de\\x0anext " in shown["audit verify --run"].out, shown["audit verify --run"].out
