@@ -94,6 +94,12 @@ def open_run(conn: sqlite3.Connection, run_id: str, keyfiles: list[Path] | None 
     return RunRows(run_id, check.key, check.sealed, check)
 
 
+def checked_on(host: str, run_id: str, problem: str) -> str:
+    """What does not match in a copy of a host's run (the central record's, read into a
+    temporary file nobody else can open), and the check that reads its own trail there."""
+    return f"{problem} ({shlex.join(['amdflash', 'audit', 'verify', '--run', run_id])} on {host} checks its own trail)"
+
+
 def verify_command(conn: sqlite3.Connection, run_id: object) -> str:
     """`amdflash --db FILE audit verify --run RUN_ID`, to paste: with the database this
     connection reads, by its absolute path (a message printed here may be read anywhere, and

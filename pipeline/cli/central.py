@@ -373,6 +373,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from amdflash.pipeline.cli.trail import render_text
     from amdflash.pipeline.fleet.serve.ends import gone_processes
     from amdflash.store.central import AmbiguousRun, materialize
+    from amdflash.store.run_rows import RunUnverified, checked_on
     from amdflash.store.status import processes_gone
 
     url = _url(args.source, "--from")
@@ -387,7 +388,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         host = _host_name(path)
         # its next step runs on its host, not here; a process the record shows gone is so here too
         with on_host(host), processes_gone(gone_processes(url, host, path)):
-            rep, page = commands.report(run_id, str(path), html=args.format == "html", keys=args.key)
+            try:
+                rep, page = commands.report(run_id, str(path), html=args.format == "html", keys=args.key)
+            except RunUnverified as e:
+                # Its check names the copy read here, gone once this command ends: the run's
+                # own trail, on its host, is the one to check.
+                raise RunUnverified(f"run {run_id} does not verify, so it is not shown or used: "
+                                    f"{checked_on(host, run_id, e.problem)}", e.problem) from None
     if args.format == "json":
         text = json.dumps(rep, indent=2, default=str)
     else:

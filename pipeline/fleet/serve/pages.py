@@ -4,7 +4,6 @@ checked again here). Everything shown from the record is escaped."""
 from __future__ import annotations
 
 import datetime as dt
-import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -227,7 +226,7 @@ def render_run(url: str, host_id: int, run_id: str) -> tuple[int, str]:
     from amdflash.pipeline.errors import Refusal
     from amdflash.store import central
     from amdflash.store.keys import KeyError_
-    from amdflash.store.run_rows import RunUnverified
+    from amdflash.store.run_rows import RunUnverified, checked_on
 
     with central.connect(url) as pg:
         central.need_schema(pg)
@@ -251,8 +250,7 @@ def render_run(url: str, host_id: int, run_id: str) -> tuple[int, str]:
         except (Refusal, RunUnverified, KeyError_) as e:
             # What does not match, and where to check it: on its host, in its own trail (the
             # copy checked here is this server's temporary file, nothing a reader can open).
-            said = (f"{e.problem} ({shlex.join(['amdflash', 'audit', 'verify', '--run', run_id])} on {name} "
-                    "checks its own trail)" if isinstance(e, RunUnverified) else str(e))
+            said = checked_on(name, run_id, e.problem) if isinstance(e, RunUnverified) else str(e)
             return 409, page("run does not verify", _banner(False, name, run_id, said), prefix="../../")
     chain = rep.get("chain") or {}
     banner = _banner(bool(chain.get("ok")), name, run_id, chain.get("problem"))

@@ -228,6 +228,10 @@ def test_fleet_report_with_a_wrong_key_exits_1(cli, make_board, image, central, 
     r = cli("fleet", "report", run_id, "--from", central, "--key", wrong)
     # The run does not verify under that key: refused (not rendered), naming why.
     assert r.code == 1 and "does not verify" in r.err and "not a given --key" in r.err, (r.code, r.err)
+    # ... and where to check it: its own trail, on its host (the copy read here is a temporary
+    # file, gone when the command ends: the check named it, with --db).
+    assert f"amdflash audit verify --run {run_id} on hosta checks its own trail" in r.err, r.err
+    assert "amdflash-central-" not in r.err and "--db" not in r.err, r.err
     assert cli("fleet", "report", run_id, "--from", central, "--key", tmp_path / "hosta.pub").code == 0
 
 
