@@ -331,16 +331,17 @@ def _configure(args: argparse.Namespace) -> None:
         raise UsageError(f"--db {args.db} is not a regular file")
 
 
-def _own_places(args: argparse.Namespace) -> tuple[str, str | None]:
-    """The audit database this command line uses, and its config file if it reads one: named
-    by every command it suggests, so that pasted into any shell (without this one's
-    $AMDFLASH_DB or $AMDFLASH_CONFIG, as another user whose default is elsewhere, from another
-    directory) the command reaches the same trail with the same settings."""
+def _own_places(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The audit database this command line uses unless it is the default one, and its config
+    file if it reads one: named by every command it suggests, so that pasted into any shell
+    (without this one's $AMDFLASH_DB or $AMDFLASH_CONFIG, from another directory) the command
+    reaches the same trail with the same settings."""
     from amdflash.pipeline import config
 
-    db = args.db or config.default_db(args.settings)
+    chosen = args.db or os.environ.get(config.ENV_DB) or args.settings.get("db")
     named = args.config or os.environ.get(config.ENV_CONFIG)
-    return db, named or (str(config.config_path()) if os.path.isfile(config.config_path()) else None)
+    read = named or (str(config.config_path()) if os.path.isfile(config.config_path()) else None)
+    return (os.path.expanduser(chosen) if chosen else None), read
 
 
 def main(argv: Sequence[str] | None = None) -> int:

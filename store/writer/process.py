@@ -114,9 +114,12 @@ class AuditWriter:
         _STARTED.add(self)
         rows_rx.close()
         status_tx.close()
-        self._reader = threading.Thread(target=self._read_status, args=(status_rx,), name="audit-status",
-                                        daemon=True)
-        self._reader.start()
+        reader = threading.Thread(target=self._read_status, args=(status_rx,), name="audit-status", daemon=True)
+        reader.start()
+        # Kept once started: a Ctrl-C that lands inside start() (it waits for the thread to run)
+        # leaves it None, and close() does not join a thread that may never have started
+        # (join() raises then: a traceback from the exit handler, under load).
+        self._reader = reader
         return self
 
     def close(self) -> None:
@@ -128,7 +131,7 @@ class AuditWriter:
         except OSError:
             pass   # the writer is already gone; its status reader has said why
         self._process.join()
-        if self._reader is not None:    # None: interrupted before it was started
+        if self._reader is not None:    # None: interrupted before it was started (a daemon: it ends at EOF)
             self._reader.join()
         assert self._send_fd is not None
         os.close(self._send_fd)

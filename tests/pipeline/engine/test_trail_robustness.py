@@ -84,6 +84,35 @@ def test_a_host_killed_mid_row_never_crashes_the_writer(tmp_path: Path, host_key
 
 
 @pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
+def test_a_ctrl_c_inside_the_status_readers_start_leaves_a_writer_the_exit_handler_closes(tmp_path: Path,
+                                                                                          host_key: Path,
+                                                                                          monkeypatch):
+    """A Ctrl-C that landed inside the status reader's Thread.start() (which waits for the
+    thread to run) left a reader that close() joined: 'cannot join thread before it is
+    started', a traceback from the exit handler (a slow run under load,
+    test_ctrl_c_at_many_moments[0.5]). The exit handler closes the writer without it."""
+    import threading
+
+    from amdflash.store.writer import process
+
+    real = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        if self.name == "audit-status":
+            raise KeyboardInterrupt          # as it lands before the thread has run
+        real(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    writer = process.AuditWriter(str(tmp_path / "audit.sqlite"), key_path=host_key)
+    with pytest.raises(KeyboardInterrupt):
+        writer.open()
+    monkeypatch.undo()
+    started = writer._process
+    assert started is not None and writer in process._STARTED
+    process._close_started()                 # what the exit handler runs
+    assert writer._process is None and started.exitcode == 0 and writer not in process._STARTED
+
+
 def test_readers_never_see_a_torn_chain_while_a_writer_appends(cli_process, cli, make_board, db, tmp_path):
     """audit verify, runs, report and export run again and again beside a flash that is writing
     the same database: every answer is intact."""

@@ -63,8 +63,9 @@ def test_a_killed_host_job_stops_its_runs_and_is_reported_interrupted_by_run_id(
         recorded = {r["run_id"]: r for r in host_runs(lab, host)}
         assert recorded[row["run_id"]]["status"] == "interrupted"
         assert flash_of(board) != fleet_image.read_bytes()
-        # Its next step is the fleet flash that resumes it, for that place alone.
-        assert row["next_step"].startswith(f"amdflash fleet flash {fleet_image} --where name=")
+        # Its next step is the fleet flash that resumes it, for that place alone (with the
+        # line's config file, which $AMDFLASH_CONFIG names here).
+        assert row["next_step"].startswith(f"amdflash --config {lab.config} fleet flash {fleet_image} --where name=")
 
     # The next fleet flash of the same image resumes each interrupted run, to the exact image.
     second = lab.fleet("flash", str(fleet_image), "--where", "line=a", "--yes")
@@ -100,7 +101,8 @@ def test_an_unfinished_flash_of_another_image_is_refused_with_its_next_step_unti
     row = refused.boards[place]
     assert refused.code == 2 and row["status"] == "refused", row
     assert killed.boards[place]["run_id"] in row["error"] and "--start-over" in row["error"], row["error"]
-    assert f"amdflash fleet flash {other} --where name={place} --yes --start-over" in row["next_step"], row
+    assert f"amdflash --config {lab.config} fleet flash {other} --where name={place} --yes --start-over" \
+        in row["next_step"], row
     assert flash_of(board) == half                       # nothing was written
 
     done = lab.fleet("flash", str(other), "--where", "line=c", "--yes", "--start-over")

@@ -131,8 +131,8 @@ def test_info_and_dump_run_on_each_board(lab: Lab, fleet_image: Path, tmp_path: 
     assert (dumps / f"{name}.bin").read_bytes() == b"kept"
     assert [r["command"] for r in host_runs(lab, "hosta")].count("dump") == 1       # no second dump ran
     step = again.boards[name]["next_step"]
-    assert step.startswith("amdflash fleet dump ") and "--overwrite" in step, step
-    replaced = lab.fleet(*shlex.split(step.split(" (", 1)[0])[2:])
+    assert step.startswith(f"amdflash --config {lab.config} fleet dump ") and "--overwrite" in step, step
+    replaced = lab.fleet(*shlex.split(step.split(" (", 1)[0])[4:])
     assert replaced.code == 0 and (dumps / f"{name}.bin").read_bytes() == flash_of(Path(places[name]["spec"][4:]))
 
     text = lab.amdflash("fleet", "info", "--where", "host=hosta")     # the table an operator reads
