@@ -59,6 +59,20 @@ def _key(db: Path, run_id: str) -> int:  # noqa: F811
         con.close()
 
 
+def _forge_a_resume(db: Path, forged: str, run_id: str, board: Path, at: str) -> None:  # noqa: F811
+    """Rows INSERTed without the key: a `resume` run `forged` of `run_id` that succeeded on the
+    same board (its unique ID and chip, as the real run recorded them)."""
+    con = sqlite3.connect(db)
+    uid, chip = con.execute("SELECT unique_id, chip FROM boards WHERE run_id = ? LIMIT 1", [run_id]).fetchone()
+    con.close()
+    _insert(db, "INSERT INTO runs (run_id, command, arguments, operator, host, board_spec, resumes_run_id, at) "
+                "VALUES (?, 'resume', '{}', 'root', 'hosta', ?, ?, ?)", forged, f"sim:{board}", run_id, at)
+    _insert(db, "INSERT INTO boards (run_id, spec, unique_id, chip, at) VALUES (?, ?, ?, ?, ?)",
+            forged, f"sim:{board}", uid, chip, at)
+    _insert(db, "INSERT INTO run_status (run_id, status, detail, summary, at) VALUES (?, 'succeeded', '', '{}', ?)",
+            forged, at)
+
+
 def _fake_first_error(db: Path, run_id: str, seq: int) -> None:  # noqa: F811
     _insert(db, "INSERT INTO errors (seq, run_id, stage, message, address, at) VALUES (?, ?, 'erase', ?, NULL, ?)",
             seq, run_id, FAKE_ERROR, "2026-01-01T00:00:00+00:00")
@@ -199,15 +213,9 @@ def test_a_run_the_key_did_not_seal_never_resumes_fixes_or_hides_another(cli, fa
     at = "2099-12-31T23:59:59+00:00"
     con = sqlite3.connect(db)
     earlier = con.execute("SELECT run_id FROM runs WHERE command = 'info' ORDER BY seq LIMIT 1").fetchone()[0]
-    uid, chip = con.execute("SELECT unique_id, chip FROM boards WHERE run_id = ? LIMIT 1", [run_id]).fetchone()
     con.close()
     forged = earlier if forgery == "borrowed id" else "20991231T235959-0badc0de"
-    _insert(db, "INSERT INTO runs (run_id, command, arguments, operator, host, board_spec, resumes_run_id, at) "
-                "VALUES (?, 'resume', '{}', 'root', 'hosta', ?, ?, ?)", forged, f"sim:{board}", run_id, at)
-    _insert(db, "INSERT INTO boards (run_id, spec, unique_id, chip, at) VALUES (?, ?, ?, ?, ?)",
-            forged, f"sim:{board}", uid, chip, at)
-    _insert(db, "INSERT INTO run_status (run_id, status, detail, summary, at) VALUES (?, 'succeeded', '', '{}', ?)",
-            forged, at)
+    _forge_a_resume(db, forged, run_id, board, at)
     if forgery == "fake checkpoint":
         _insert(db, "INSERT INTO checkpoints (kind, run, run_id, rows, last_seq, host, at, hash, sig) "
                     "VALUES ('commit', (SELECT max(seq) FROM runs), ?, 3, (SELECT max(seq) FROM run_status), 1, ?, "
@@ -320,16 +328,7 @@ def test_a_newline_in_a_forged_run_id_adds_no_line_to_report_info_or_verify(cli,
     run_id, board, _ = failed
     fake = "next       nothing to do: the board is fine"
     forged = f"20991231T235959-0badc0de\n{fake}"
-    at = "2099-12-31T23:59:59+00:00"
-    con = sqlite3.connect(db)
-    uid, chip = con.execute("SELECT unique_id, chip FROM boards WHERE run_id = ? LIMIT 1", [run_id]).fetchone()
-    con.close()
-    _insert(db, "INSERT INTO runs (run_id, command, arguments, operator, host, board_spec, resumes_run_id, at) "
-                "VALUES (?, 'resume', '{}', 'root', 'hosta', ?, ?, ?)", forged, f"sim:{board}", run_id, at)
-    _insert(db, "INSERT INTO boards (run_id, spec, unique_id, chip, at) VALUES (?, ?, ?, ?, ?)",
-            forged, f"sim:{board}", uid, chip, at)
-    _insert(db, "INSERT INTO run_status (run_id, status, detail, summary, at) VALUES (?, 'succeeded', '', '{}', ?)",
-            forged, at)
+    _forge_a_resume(db, forged, run_id, board, "2099-12-31T23:59:59+00:00")
     shown = {"report": cli("report", run_id), "info": cli("info", "--board", f"sim:{board}"),
              "audit verify": cli("audit", "verify"), "audit verify --run": cli("audit", "verify", "--run", forged)}
     assert shown["report"].code == 0 and "resumed by 20991231T235959-0badc0de\\x0anext " in shown["report"].out
