@@ -339,9 +339,8 @@ def _own_places(args: argparse.Namespace) -> tuple[str | None, str | None]:
     from amdflash.pipeline import config
 
     chosen = args.db or os.environ.get(config.ENV_DB) or args.settings.get("db")
-    named = args.config or os.environ.get(config.ENV_CONFIG)
-    read = named or (str(config.config_path()) if os.path.isfile(config.config_path()) else None)
-    return (os.path.expanduser(chosen) if chosen else None), read
+    read = str(config.config_path())      # --config, else $AMDFLASH_CONFIG, else the default place
+    return (os.path.expanduser(chosen) if chosen else None), (read if os.path.isfile(read) else None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
