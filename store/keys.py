@@ -67,6 +67,17 @@ def public_bytes(key: Ed25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
+def public_of(path: Path) -> bytes | None:
+    """The public half of the host key at `path`; None if there is none yet (or it is unusable:
+    too widely readable, malformed), which no signature matches."""
+    if not path.exists():
+        return None
+    try:
+        return public_bytes(load_private(path))
+    except (OSError, KeyError_):
+        return None
+
+
 def public_line(public: bytes) -> str:
     return f"{PUBLIC_PREFIX} {public.hex()}"
 

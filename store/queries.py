@@ -240,8 +240,8 @@ def unvouched(db: sqlite_utils.Database, run_id: object) -> str | None:
         return "its run id is not text: amdflash did not write it"
     try:
         rows = open_run(db.conn, run_id)
-    except RunUnverified:
-        return "its record does not verify"
+    except RunUnverified as e:
+        return f"its record does not verify ({e.problem})"
     return None if rows.sealed is not None else "no checkpoint seals any of its rows"
 
 

@@ -14,6 +14,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -210,10 +211,35 @@ def _trusted(keyfiles: list[Path] | None) -> list[bytes] | None:
     return [keys.read_public(p) for p in keyfiles] if keyfiles else None
 
 
+# The host key file of a command that acts on a board (pipeline.commands.board), while it runs:
+# what it reads of the trail to decide — what is unfinished, what a resume keeps, which backup
+# is the original — counts as signed only under this host's own key.
+_acting: ContextVar[Path | None] = ContextVar("amdflash_acting_key", default=None)
+
+
+@contextlib.contextmanager
+def acting_for(key_path: Path) -> Iterator[None]:
+    """Checks made inside (without --key) accept only the key at `key_path`, read at each check
+    (a command's first run creates it)."""
+    token = _acting.set(key_path)
+    try:
+        yield
+    finally:
+        _acting.reset(token)
+
+
+def _acting_key() -> tuple[bytes | None, str] | None:
+    path = _acting.get()
+    if path is None:
+        return None
+    public = keys.public_of(path)
+    return public, keys.fingerprint(public) if public else f"it has no usable key at {path}"
+
+
 def _checked(report: VerifyReport, keyfiles: list[Path] | None, body: Callable[[KeyCheck], None]) -> VerifyReport:
     """Run a check, recording its outcome, the signers seen and the time it took."""
     started = time.perf_counter()
-    check = KeyCheck(_trusted(keyfiles))
+    check = KeyCheck(_trusted(keyfiles), _acting_key())
     report.trusted = check.trusted is not None
     try:
         body(check)

@@ -229,12 +229,7 @@ def _host_public(path: Path) -> bytes | None:
     """This host's public key (names its host for a trail that has no checkpoint), if it has one."""
     from amdflash.store import keys
 
-    if not path.exists():
-        return None
-    try:
-        return keys.public_bytes(keys.load_private(path))
-    except (OSError, keys.KeyError_):
-        return None
+    return keys.public_of(path)
 
 
 def _where(url: str) -> str:

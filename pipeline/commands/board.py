@@ -7,10 +7,11 @@ runs one audited run per board, all boards at once, and returns one result per b
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 from collections.abc import Callable, Sequence
 
 import anyio
@@ -27,9 +28,23 @@ from amdflash.pipeline.engine.runner import JobBody, RunInfo, RunResult, new_run
 from amdflash.stages.open_transport import BoardSpec
 from amdflash.stages.image.part_check import PartPolicy
 from amdflash.store.queries import RunNotFound, RunReport
+from amdflash.store.verify import acting_for
 
 EngineOptions = jobs.EngineOptions
 R = TypeVar("R", bound=RunOutcome)
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def board_command(command: Callable[P, T]) -> Callable[P, T]:
+    """A command that acts on a board: what it reads of the trail to decide (an unfinished
+    flash, what a resume keeps, which backup is the original) counts as signed only under this
+    host's own key, never under one the database lists beside it (store.verify.acting_for)."""
+    @functools.wraps(command)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        with acting_for(auditdb.host_key_path()):
+            return command(*args, **kwargs)
+    return run
 
 
 def default_db() -> str:
@@ -165,6 +180,10 @@ def _original(db: str, rep: dict[str, Any]) -> tuple[str, str, str] | None:
     from amdflash.store.originals import BoardKey, board_history
 
     board = rep.get("board") or {}
+    if not board.get("chip"):
+        # The run never identified its board: all it knows is the spec, and an index spec
+        # (usb:0) may reach another board today than the one whose original is on record.
+        return None
     history = board_history(db, BoardKey(board.get("unique_id") or "", board.get("chip") or "",
                                          board.get("spec") or ""))
     first = history.first
@@ -185,6 +204,7 @@ def _engine_args(engine: EngineOptions) -> dict[str, Any]:
 
 # -- board commands ------------------------------------------------------------------------------
 
+@board_command
 def info(session: Session, engine: EngineOptions | None = None) -> list[InfoResult]:
     """Identify the flash of every board: JEDEC, SR1-3, protection, SFDP, unique ID."""
     specs, engine = session.specs(), _engine(engine)
@@ -265,6 +285,7 @@ def _scratch_left(reader: Any, board: list[dict[str, Any]], uid: str | None, spe
     return lines
 
 
+@board_command
 def read(session: Session, address: int, size: int, output: Path | None = None,
          engine: EngineOptions | None = None, overwrite: bool = False) -> list[ReadResult]:
     """Read SIZE bytes at ADDRESS (to `output`, else as hex lines in the result)."""
@@ -279,6 +300,7 @@ def read(session: Session, address: int, size: int, output: Path | None = None,
                 ReadResult, output=output)
 
 
+@board_command
 def dump(session: Session, output: Path, via: str = "rom-sw", engine: EngineOptions | None = None,
          overwrite: bool = False) -> list[DumpResult]:
     """Dump the whole 2 MiB flash of every board; a file appears only when its dump is complete,
@@ -302,6 +324,7 @@ def _with(result: R, **changes: Any) -> R:
     return dataclasses.replace(result, **changes)
 
 
+@board_command
 def verify(session: Session, image: Path, engine: EngineOptions | None = None) -> list[VerifyResult]:
     """Compare every board's whole flash with IMAGE, unit by unit."""
     specs, engine = session.specs(), _engine(engine)
@@ -311,6 +334,7 @@ def verify(session: Session, image: Path, engine: EngineOptions | None = None) -
                 lambda s, i: jobs.VerifyJob(engine, data), VerifyResult, data, path)
 
 
+@board_command
 def flash(session: Session, image: Path, options: FlashOptions = FlashOptions(),
           engine: EngineOptions | None = None, board: dict[str, str] | None = None,
           image_sha256: str | None = None) -> list[FlashResult]:
@@ -341,6 +365,7 @@ def flash(session: Session, image: Path, options: FlashOptions = FlashOptions(),
                 FlashResult, data, path, options)
 
 
+@board_command
 def restore_original(session: Session, engine: EngineOptions | None = None) -> list[FlashResult]:
     """Write back the content amdflash first found on the one board named: the backups of its
     first flashes (store.originals), each checked against the SHA-256 on record first, newest
@@ -371,21 +396,29 @@ def restore_original(session: Session, engine: EngineOptions | None = None) -> l
 
 
 def _known_board(db: str, spec: str) -> Any:
-    """The board at `spec` as the newest run that identified it there recorded it."""
+    """The board at `spec` as the newest run that identified it there recorded it, in a row
+    its checkpoints seal: a `boards` row INSERTed without the key (a blank unique ID, which
+    would make the board known by its spec alone) is not the board."""
     from amdflash.store.originals import BoardKey
+    from amdflash.store.run_rows import RunUnverified, open_run
 
     reader = auditdb.open_reader(db)
     try:
-        found = reader.conn.execute(
-            "SELECT b.unique_id, b.chip FROM boards b JOIN runs r ON r.run_id = b.run_id "
-            "WHERE r.board_spec = ? AND b.chip IS NOT NULL ORDER BY b.seq DESC LIMIT 1", (spec,)).fetchone()
+        for uid, chip, run_id, seq in reader.conn.execute(
+                "SELECT b.unique_id, b.chip, b.run_id, b.seq FROM boards b JOIN runs r ON r.run_id = b.run_id "
+                "WHERE r.board_spec = ? AND b.chip IS NOT NULL ORDER BY b.seq DESC", (spec,)):
+            try:
+                rows = open_run(reader.conn, str(run_id))
+            except RunUnverified:
+                continue
+            if rows.key <= seq and not rows.unsealed(seq):
+                return BoardKey(str(uid or ""), str(chip), spec)
     finally:
         reader.conn.close()
-    if not found:
-        raise Refusal(f"no run in {db} identified a board at {spec}: its original is not known")
-    return BoardKey(found[0] or "", found[1], spec)
+    raise Refusal(f"no run in {db} that verifies identified a board at {spec}: its original is not known")
 
 
+@board_command
 def resume(session: Session, run_id: str | None = None, image: Path | None = None,
            hardware_report: Path | None = None) -> list[FlashResult]:
     """Finish an interrupted flash run of the one board named (the same board, the same image).
@@ -421,17 +454,20 @@ def _recorded_report(arguments: dict[str, Any]) -> Path | None:
     return Path(path) if Path(path).is_file() and file_sha256(Path(path)) == sha else None
 
 
+@board_command
 def restore(session: Session) -> list[RunOutcome]:
     """Put back the registers an earlier run left changed on each board (host killed, link
     lost) — and nothing else. Every run does this first anyway (pipeline/engine/settle.py)."""
     return _run(session, session.specs(), "restore", {}, lambda s, i: jobs.RestoreJob(), RunOutcome)
 
 
+@board_command
 def probe(session: Session) -> list[ProbeResult]:
     """Query the PSP boot mailbox of every board (query commands only)."""
     return _run(session, session.specs(), "probe", {}, lambda s, i: jobs.ProbeJob(), ProbeResult)
 
 
+@board_command
 def ifwi_all(session: Session, image: Path) -> list[IfwiResult]:
     """Stream the IFWI items the PSP bootloader requests, until its terminal item."""
     specs = session.specs()

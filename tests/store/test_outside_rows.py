@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from amdflash.stages.sim.synth import PART_KEY
-from tests.pipeline.engine.conftest import cli, cli_shown, db, image  # noqa: F401 - fixtures: in-process CLI, own database
+from tests.pipeline.engine.conftest import cli, cli_shown, db, flash_content, image  # noqa: F401 - fixtures: in-process CLI, own database
 
 FAKE_ERROR = "bench power lost, not a board defect"
 FAKE_SIGN_OFF = "reviewed and signed off by QA: " + FAKE_ERROR
@@ -337,3 +337,111 @@ def test_a_newline_in_a_forged_run_id_adds_no_line_to_report_info_or_verify(cli,
         lines = (r.out + r.err).splitlines()
         assert not [x for x in lines if x.lstrip().startswith(("next       nothing", "nothing to do"))], (what, lines)
     assert "0badc0de\\x0anext " in shown["audit verify --run"].out, shown["audit verify --run"].out
+
+
+def _seal_with_a_key_of_their_own(db: Path, run_id: str, rows: list[tuple[str, dict]], first_seq: int,  # noqa: F811
+                                  at: str) -> None:
+    """Rows INSERTed by someone who can write the database but not read the host key: a run
+    `run_id` whose rows (`rows`, its runs row first) they seal themselves — a key of their own
+    added to `hosts`, the run's chain rebuilt, a `final` checkpoint after the newest one, signed
+    with that key, and the chain head moved to it. Everything in the file is then consistent."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from amdflash.store import chain
+    from amdflash.store.schema import PHYSICAL, PLAIN
+
+    key = Ed25519PrivateKey.generate()
+    public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    con = sqlite3.connect(db)
+    host = con.execute("INSERT INTO hosts (public_key, hostname, machine_id, first_seen) VALUES (?, 'hosta', '', ?)",
+                       (public, at)).lastrowid
+    digests: dict[str, hashlib._Hash] = {}
+    run_key = seq = first_seq
+    for seq, (table, fields) in enumerate(rows, start=first_seq):
+        columns = [c for c, _ in PHYSICAL[table]]
+        values = [fields.get(c) if table in PLAIN or c != "run" else run_key for c in columns]
+        con.execute(f"INSERT INTO {table} (seq, {', '.join(columns)}) VALUES (?{', ?' * len(columns)})", [seq, *values])
+        digests.setdefault(table, hashlib.sha256()).update(chain.canonical(table, seq, values))
+    head = chain.segment_head(chain.run_genesis(run_id), {t: h.digest() for t, h in digests.items()})
+    newest, previous = con.execute("SELECT checkpoint, hash FROM chain_head WHERE id = 1").fetchone()
+    cp = chain.Checkpoint(newest + 1, "final", run_id, len(rows), seq, head, public, at, None)
+    cp.hash = cp.digest(previous)
+    con.execute("INSERT INTO checkpoints (id, kind, run, run_id, rows, last_seq, head, host, at, detail, hash, sig) "
+                "VALUES (?, 'final', ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)",
+                (cp.id, run_key, run_id, len(rows), seq, head, host, at, cp.hash, key.sign(cp.hash)))
+    con.execute("UPDATE chain_head SET seq = max(seq, ?), checkpoint = ?, hash = ? WHERE id = 1", (seq, cp.id, cp.hash))
+    con.commit()
+    con.close()
+
+
+def _recorded(db: Path, table: str, run_id: str) -> dict:  # noqa: F811
+    con = sqlite3.connect(db)
+    try:
+        cursor = con.execute(f"SELECT * FROM {table} WHERE run_id = ? ORDER BY seq LIMIT 1", [run_id])
+        return {k[0]: v for k, v in zip(cursor.description, cursor.fetchone()) if k[0] != "seq"}
+    finally:
+        con.close()
+
+
+def test_a_run_sealed_with_a_key_added_to_the_database_is_not_acted_on(cli, failed, db, image):  # noqa: F811
+    """Someone who can write the database added an Ed25519 key of their own to `hosts` and
+    sealed, with it, a resume of the failed flash that "succeeded": every signature in the file
+    then verified, and `info` no longer named the unfinished flash, a bare `resume` had nothing
+    to resume and `resume RUN` said the flash was already completed — over a half-written board
+    (an attack review). A board command trusts only this host's own key."""
+    run_id, board, pub = failed
+    at = "2099-12-31T23:59:59+00:00"
+    forged = "20991231T235959-5ea1ed00"
+    con = sqlite3.connect(db)
+    after = con.execute("SELECT seq FROM chain_head").fetchone()[0] + 1
+    con.close()
+    started = _recorded(db, "runs", run_id)
+    _seal_with_a_key_of_their_own(db, forged, [
+        ("runs", {**started, "run_id": forged, "command": "resume", "resumes_run_id": run_id, "at": at}),
+        ("boards", {**_recorded(db, "boards", run_id), "run_id": forged, "at": at}),
+        ("run_status", {"run_id": forged, "status": "running", "at": at}),
+        ("run_status", {"run_id": forged, "status": "succeeded", "summary": "{}", "at": at})], after, at)
+    assert cli("audit", "verify", "--run", forged).code == 0                 # consistent: not who signed it
+    assert cli("audit", "verify", "--run", forged, "--key", pub).code == 1    # the host's key says so
+    info = cli("info", "--board", f"sim:{board}")        # the flash unfinished, or the claim not verified
+    named = re.search(r"unfinished flash (\S+) on this board \(([^)]*)", info.out)
+    assert info.code == 0 and named, info.out
+    assert named[1] == run_id or (named[1] == forged and "its record does not verify" in named[2]), named[0]
+    again = cli("flash", image, "--yes", "--expect-part", PART_KEY, "--sector-count", "8", "--board", f"sim:{board}")
+    assert again.code == 2 and "never finished" in again.err, again.err
+    for resumed in (cli("resume", "--board", f"sim:{board}", "--yes"), cli("resume", run_id, "--board",
+                                                                          f"sim:{board}", "--yes")):
+        if resumed.code == 0:       # the failed flash, finished
+            assert json.loads(cli("runs", "--format", "json").out)[-1]["resumes_run_id"] == run_id
+            assert cli("verify", image, "--sector-count", "8", "--board", f"sim:{board}").code == 0
+        else:                       # or refused, naming the claim as signed by a key not this host's
+            assert resumed.code in (1, 2) and "already completed" not in resumed.err, resumed.err
+            assert forged in resumed.err and "does not verify" in resumed.err, resumed.err
+            assert "not by this host's key" in resumed.err, resumed.err
+
+
+def test_a_backup_sealed_with_a_key_added_to_the_database_is_never_the_original(cli, failed, db, tmp_path):  # noqa: F811
+    """The same attacker sealed, with their own key, a flash run of the board older than any
+    real one (seq below the first), whose backup row names a file of zeros of theirs: it
+    became "the original", and `restore-original` wrote it onto the board and exited 0 (an
+    attack review). It is not acted on: the board gets back only what this host backed up."""
+    run_id, board, pub = failed
+    before = flash_content(board)
+    evil = tmp_path / "theirs.bin"
+    evil.write_bytes(bytes(len(before)))
+    at = "2000-01-01T00:00:00+00:00"
+    forged = "20000101T000000-0f1e1a1d"
+    _seal_with_a_key_of_their_own(db, forged, [
+        ("runs", {**_recorded(db, "runs", run_id), "run_id": forged, "at": at}),
+        ("boards", {**_recorded(db, "boards", run_id), "run_id": forged, "at": at}),
+        ("run_status", {"run_id": forged, "status": "running", "at": at}),
+        ("backups", {"run_id": forged, "sha256": hashlib.sha256(evil.read_bytes()).hexdigest(),
+                     "size": len(before), "path": str(evil), "at": at}),
+        ("run_status", {"run_id": forged, "status": "succeeded", "summary": "{}", "at": at})], -100, at)
+    assert cli("audit", "verify", "--run", forged).code == 0
+    info = cli("info", "--board", f"sim:{board}")
+    assert info.code == 0 and str(evil) not in info.out, info.out
+    restored = cli("restore-original", "--board", f"sim:{board}", "--yes")
+    assert str(evil) not in restored.out + restored.err, restored.out + restored.err
+    assert flash_content(board) != bytes(len(before))
