@@ -20,7 +20,7 @@ from typing import Any
 import sqlite_utils
 
 from amdflash.store.queries import (RunNotFound, first_board, newest_verified, open_readonly, run_chain, runs,
-                                    unit_states)
+                                    status_of, unit_states)
 from amdflash.store.run_rows import RunRows, RunUnverified, open_run
 from amdflash.store.verify import snapshot
 from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, UNIT
@@ -174,7 +174,7 @@ def _history(db: sqlite_utils.Database, key: BoardKey, exclude: str | None) -> B
                 break
     since = original[0].run_id if original else None
     ids = [r["run_id"] for r in writes]
-    changed = tuple(ids[ids.index(since):]) if since else ()
+    changed = tuple(r for r in ids[ids.index(since):] if r == since or _wrote(db, r, opened)) if since else ()
     # The newest run that wrote (a refused one wrote nothing), as its own verified rows say: a
     # run that does not verify or that no checkpoint seals (INSERTed without the key, even
     # with a real run's id) neither hides an unfinished flash nor stands in for one.
@@ -190,6 +190,17 @@ def _history(db: sqlite_utils.Database, key: BoardKey, exclude: str | None) -> B
     newest = newest_verified(db, [r["run_id"] for r in writes], wrote_this_board, ("refused",), opened)
     unfinished = _unfinished(db, {"run_id": newest[0], "status": newest[1] or "not verified"}) if newest else None
     return BoardHistory(tuple(original), unfinished, changed)
+
+
+def _wrote(db: sqlite_utils.Database, run_id: str, opened: dict[str, RunRows]) -> bool:
+    """Whether a flash run of the board is on record as writing it: its rows verify, a
+    checkpoint seals some of them (the writer seals before the first write), and its own
+    sealed rows do not say it was refused (a refused run wrote nothing)."""
+    try:
+        rows = opened.get(run_id) or open_run(db.conn, run_id)
+    except RunUnverified:
+        return False
+    return rows.sealed is not None and status_of(db, rows) != "refused"
 
 
 def _unfinished(db: sqlite_utils.Database, newest: dict[str, Any]) -> Unfinished | None:

@@ -254,3 +254,68 @@ def test_a_started_over_flash_that_fails_names_the_first_original_and_its_resume
     back = run_printed(amdflash, printed(advice, "to put it back, "))
     assert back.code == 0, back.err
     assert flash_content(board) == killed["first"]
+
+
+def test_a_run_that_never_identified_its_board_names_no_original(amdflash, make_board, image, monkeypatch):
+    """`usb:0` reaches whichever bridge is first today. A flash through it recorded board P's
+    original; the next day a flash through `usb:0` reached another board whose link never came
+    up, so the run identified nothing — and its report named P's backup as "the board's
+    original", with a `--force` flash of it to `usb:0` to put it back (an attack review): pasted,
+    P's content goes onto another board. A run that knows its board only by an index spec
+    names no original."""
+    first = make_board("p")
+    monkeypatch.setenv("AMDFLASH_SIM_USB", str(first))
+    assert amdflash("flash", image, "--yes", "--expect-part", PART_KEY, "--board", "usb:0").code == 0
+    other = make_board("n", bridge={"pcie_on_at_boot": False, "link_trains": False})
+    monkeypatch.setenv("AMDFLASH_SIM_USB", str(other))
+    failed = amdflash("flash", image, "--yes", "--expect-part", PART_KEY, "--board", "usb:0")
+    assert failed.code == 1, failed.err
+    run_id = json.loads(amdflash("runs", "--format", "json").out)[-1]["run_id"]
+    report = amdflash("report", run_id)
+    said = failed.out + failed.err + report.out
+    assert report.code == 0 and "backups/" not in said and "original" not in said, said
+    assert "--force" not in said, said
+
+
+def test_restore_original_knows_the_board_only_from_rows_a_checkpoint_seals(amdflash, make_board, image,
+                                                                          monkeypatch):
+    """`restore-original --board usb:0` takes the board's identity from the newest run that
+    identified a board there. A `boards` row INSERTed without the key, with a blank unique ID,
+    made the board known by its spec alone — and so no unique-ID check before writing board
+    P's original onto whatever `usb:0` reaches now (an attack review). Only sealed rows count:
+    the other board is refused and keeps its content."""
+    first = make_board("p")
+    monkeypatch.setenv("AMDFLASH_SIM_USB", str(first))
+    assert amdflash("flash", image, "--yes", "--expect-part", PART_KEY, "--board", "usb:0").code == 0
+    other = make_board("q")
+    before = flash_content(other)
+    db = os.environ["AMDFLASH_DB"]
+    import sqlite3
+    con = sqlite3.connect(db)
+    chip = con.execute("SELECT chip FROM boards WHERE chip IS NOT NULL LIMIT 1").fetchone()[0]
+    at = "2099-12-31T23:59:59+00:00"
+    con.execute("INSERT INTO runs (run_id, command, arguments, operator, host, board_spec, at) "
+                "VALUES ('20991231T235959-0badb0a7', 'info', '{}', 'root', 'hosta', 'usb:0', ?)", (at,))
+    con.execute("INSERT INTO boards (run_id, spec, unique_id, chip, at) "
+                "VALUES ('20991231T235959-0badb0a7', 'usb:0', '', ?, ?)", (chip, at))
+    con.commit()
+    con.close()
+    monkeypatch.setenv("AMDFLASH_SIM_USB", str(other))
+    r = amdflash("restore-original", "--board", "usb:0", "--yes")
+    assert r.code != 0, r.out
+    assert flash_content(other) == before
+
+
+def test_info_counts_as_written_since_only_runs_that_wrote(amdflash, image, killed):
+    """After the killed flash, a new flash of the board is refused (it wrote nothing); `info`
+    named it as the last run that wrote the board since its original (an attack review). A
+    refused run is not counted; the resume that finished the flash is."""
+    board, run = killed["board"], killed["run"]
+    refused = amdflash("--no-progress", "flash", image, "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}")
+    assert refused.code == 2 and "never finished" in refused.err, refused.err
+    info = amdflash("info", "--board", f"sim:{board}")
+    assert info.code == 0 and f"original    backup {killed['backup']} (run {run}, intact)\n" in info.out, info.out
+    assert amdflash("resume", run, "--board", f"sim:{board}", "--yes").code == 0
+    resume = json.loads(amdflash("runs", "--format", "json").out)[-1]["run_id"]
+    info = amdflash("info", "--board", f"sim:{board}")
+    assert f"(run {run}, intact); written since by 1 flash run, the last {resume}\n" in info.out, info.out
