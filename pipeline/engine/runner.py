@@ -30,7 +30,7 @@ from amdflash.stages.restore import restore_registers
 from amdflash.stages.transport.base import NoBoardFound
 from amdflash.stages.transport.lock import BoardBusy
 from amdflash.store.status import PROCESS_STAGE, this_process
-from amdflash.store.writer.process import AuditFailure
+from amdflash.store.writer.process import AuditFailure, SpaceLow
 from amdflash.store.writer.recorder import Recorder
 
 if TYPE_CHECKING:
@@ -153,6 +153,11 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
                          summary=json.dumps(summary, sort_keys=True, default=str), at=now_iso())
             try:
                 await anyio.to_thread.run_sync(recorder.durable)
+            except SpaceLow as e:
+                # The end is committed and fsynced as `status`: the run is what its record says.
+                # Only what would follow must not start; the next run refuses at its start.
+                if _message(e) not in (error or ""):
+                    info.output.append(f"warning: {_message(e)}")
             except Exception as e:
                 error = error or _message(e)
                 status, code = "failed", EXIT_FAILED

@@ -44,6 +44,11 @@ class AuditFailure(RuntimeError):
     """The audit trail could not be written: no further hardware write may be issued."""
 
 
+class SpaceLow(AuditFailure):
+    """The trail's file system is nearly full: everything handed over so far is committed and
+    fsynced, but nothing more may be started (a run's end, once handed over, is on record)."""
+
+
 # -- the host's handle on the writer ------------------------------------------------------------
 
 def _start_method() -> str:
@@ -159,7 +164,7 @@ class AuditWriter:
         self._check()
         if self.low:
             # Everything so far is durable; what follows must not be started.
-            raise AuditFailure(self.low)
+            raise SpaceLow(self.low)
 
     def _post(self, data: bytes) -> None:
         assert self._send_fd is not None, "AuditWriter used before open()"

@@ -6,8 +6,11 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import anyio
 import pytest
 
 from amdflash.stages.sim.synth import synthetic_ifwi
@@ -127,11 +130,28 @@ def test_a_nearly_full_disk_refuses_before_the_run_naming_the_database(amdflash,
     assert r.code == 2 and f"audit database {where / 'audit.sqlite'}: the file system has" in r.err, r.err
 
 
+def _fill_once_backed_up(where: Path, leave: int) -> threading.Thread:
+    """Fill the file system at `where` to `leave` bytes free once a flash's backup is complete
+    (its file has its final name): the disk fills while the flash writes units, whatever else
+    this machine is doing — not when the trail's own growth happens to cross the line."""
+    def fill() -> None:
+        while not [p for p in (where / "backups").glob("*.bin") if len(p.stem) == 64]:
+            time.sleep(0.005)
+        st = os.statvfs(where)
+        (where / "filler").write_bytes(bytes(max(0, st.f_bavail * st.f_frsize - leave)))
+    filler = threading.Thread(target=fill, daemon=True)
+    filler.start()
+    return filler
+
+
 def test_a_disk_that_fills_during_a_flash_fails_the_run_on_record(amdflash, make_board, image, small_disk):
-    where = small_disk(9)        # 8 MiB to start with; the backup and the rows of a dense flash eat the rest
+    where = small_disk(12)
     db = where / "audit.sqlite"
-    board = make_board(transport="ideal")           # other synthetic content: every unit is rewritten
+    # Other synthetic content (every unit is rewritten), in about 4 s of wall time after the backup.
+    board = make_board(transport="ideal", realtime_scale=0.25)
+    filler = _fill_once_backed_up(where, 3 << 20)       # below the 4 MiB the writer keeps for a run's end
     r = amdflash("--no-progress", "flash", image, "--yes", "--force", "--board", f"sim:{board}", "--db", db)
+    filler.join(timeout=10)
     assert r.code == 1, r.err
     assert f"audit database {db}: the file system has" in r.err and "free some space" in r.err, r.err
     [run] = json.loads(amdflash("runs", "--format", "json", "--db", db).out)
@@ -329,3 +349,35 @@ def test_registers_left_changed_name_a_restore_that_works_pasted(amdflash, make_
     assert done.returncode == 0, done.stderr
     assert registers(board) == before
     assert json.loads(amdflash("--db", db, "runs", "--format", "json").out)[-1]["command"] == "restore"
+
+
+def test_a_disk_that_fills_as_a_run_ends_leaves_it_as_its_record_says(amdflash, make_board, small_disk):
+    """The disk crossed the line the writer keeps for a run's end only after the job's work:
+    the end ("succeeded") was committed and fsynced, and then the barrier that waited for it
+    said the disk was low — the command line called the run failed (exit 1, with a resume
+    step) while its record says it succeeded (a load-dependent failure of the test above).
+    The run is what its record says; the low disk is a warning, and the next run refuses."""
+    from amdflash.pipeline.engine import auditdb
+    from amdflash.pipeline.engine.runner import RunInfo, new_run_id, run_boards
+    from amdflash.stages.open_transport import parse_spec
+
+    where = small_disk(12)
+    db = where / "audit.sqlite"
+    board = make_board(transport="ideal")
+
+    async def body(dev, info):  # noqa: ANN001, ANN202 - the job's work is done; then the disk fills
+        st = os.statvfs(where)
+        (where / "filler").write_bytes(bytes(st.f_bavail * st.f_frsize - (3 << 20)))
+        return {}
+
+    writer = auditdb.open_writer(str(db))
+    try:
+        [result] = anyio.run(run_boards, lambda spec: (body, RunInfo(new_run_id(), spec, "info", {}, None)),
+                             [parse_spec(f"sim:{board}")], writer, False)
+    finally:
+        writer.close()
+    [run] = json.loads(amdflash("runs", "--format", "json", "--db", db).out)
+    assert (result.status, result.exit_code, run["status"]) == ("succeeded", 0, "succeeded"), (result, run)
+    assert [line for line in result.output if line.startswith("warning: ") and "free some space" in line]
+    refused = amdflash("info", "--board", f"sim:{board}", "--db", db)
+    assert refused.code == 2 and "free some space" in refused.err, refused.err

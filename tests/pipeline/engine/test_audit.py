@@ -12,6 +12,7 @@ import pytest
 from amdflash.stages.drivers.navi31 import regs as R
 from amdflash.stages.sim import Board
 from amdflash.stages.sim.synth import PART_KEY
+from amdflash.pipeline.engine.auditdb import host_key_path
 from amdflash.store.writer.process import AuditFailure, AuditWriter
 from amdflash.store.writer.recorder import Recorder
 from amdflash.store.schema import PHYSICAL
@@ -231,7 +232,7 @@ def test_audit_failure_mid_job_stops_hardware_writes_and_restores_registers(cli,
     writers = []
 
     def small_writer(args):  # noqa: ANN001
-        w = AuditWriter(str(db), max_pages=limit).open()   # full mid-flash
+        w = AuditWriter(str(db), key_path=host_key_path(), max_pages=limit).open()   # full mid-flash
         writers.append(w)
         return w
 
