@@ -232,6 +232,17 @@ def _acting_key() -> tuple[bytes | None, str] | None:
     path = _acting.get()
     if path is None:
         return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None, f"it has no key at {path}"
+    return _public_at(path, st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode)
+
+
+@functools.lru_cache(maxsize=4)
+def _public_at(path: Path, inode: int, mtime: int, size: int, mode: int) -> tuple[bytes | None, str]:
+    """The key file's public half, read once per version of the file (a decision verifies
+    every run it looks at)."""
     public = keys.public_of(path)
     return public, keys.fingerprint(public) if public else f"it has no usable key at {path}"
 
