@@ -111,17 +111,30 @@ def load(path: Path | None = None) -> dict[str, Any]:
             shown = (f"{allowed.start}..{allowed.stop - 1}" if isinstance(allowed, range)
                      else " or ".join(repr(a) for a in allowed))
             raise UsageError(f"config file {path}: {key} = {value!r}: must be {shown}")
-    if "fleet_host_command" in data:
-        _only_its_owner_writes(path, st)
+    decides = [key for key in TRUST_KEYS if key in data]
+    if decides:
+        _only_its_owner_writes(path, st, decides[0])
     return data
 
 
-def _only_its_owner_writes(path: Path, st: os.stat_result) -> None:
-    """A config naming a command the fleet runs on other hosts (fleet_host_command) is taken
-    only if nobody but its owner and root can change it: owned by root or by this user, with
-    no group or other write bit. Another user who could edit it would run their command, as
-    this user, on every host of the line."""
-    where = f"config file {path} sets fleet_host_command, run on every fleet host, but"
+#: Settings that decide trust or place, each with what it decides: a config file naming any of
+#: them is taken only if nobody but its owner and root can change it.
+TRUST_KEYS = {
+    "fleet_host_command": "run on every fleet host",
+    "db": "where the audit trail, its backups and the key that signs it are",
+    "board": "which board a command writes",
+    "fleet_hosts": "which hosts the fleet trusts",
+    "notify": "where the line's failures are told",
+}
+
+
+def _only_its_owner_writes(path: Path, st: os.stat_result, key: str) -> None:
+    """A config naming what decides trust or place (TRUST_KEYS) is taken only if nobody but
+    its owner and root can change it: owned by root or by this user, with no group or other
+    write bit. Another user who could edit it would run their command on every host of the
+    line (fleet_host_command), move the trail and so the key its runs are checked against
+    (db), point a flash at another board (board), or silence the line (fleet_hosts, notify)."""
+    where = f"config file {path} sets {key}, {TRUST_KEYS[key]}, but"
     if st.st_uid not in (0, os.getuid()):
         raise UsageError(f"{where} it is owned by uid {st.st_uid}, neither root nor this user (uid {os.getuid()})")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
@@ -134,10 +147,46 @@ LINE_DB = "/var/lib/amdflash/audit.sqlite"
 
 
 def default_db(settings: dict[str, Any] | None = None) -> str:
-    """The audit database when --db is not given."""
-    if os.environ.get(ENV_DB):
-        return os.environ[ENV_DB]
-    configured = (settings if settings is not None else load()).get("db")
-    if configured:
-        return os.path.expanduser(configured)
-    return str(data_dir() / "audit.sqlite")
+    """The audit database when --db is not given, by its real path (see audit_db)."""
+    return audit_db(None, settings)
+
+
+def audit_db(named: str | None = None, settings: dict[str, Any] | None = None) -> str:
+    """The audit database, by its real path: `named` (--db, the API's db=), else $AMDFLASH_DB,
+    else the config file's `db`, else audit.sqlite in the data directory.
+
+    One trail has one name, however it was reached: relative paths and links are resolved
+    here, once, so that the database, its anchor, its backups and the key that signs it
+    (engine/auditdb.host_key_path) are found beside the same real path whether it was named
+    by --db, the environment, the config file, a relative path or a link. A link to nothing
+    is refused rather than followed: creating the trail wherever a dangling link points is a
+    place someone else may have chosen."""
+    if named:
+        raw, where = named, "--db"
+    elif os.environ.get(ENV_DB):
+        raw, where = os.environ[ENV_DB], f"${ENV_DB}"
+    else:
+        configured = (settings if settings is not None else load()).get("db")
+        if not configured:
+            return os.path.realpath(data_dir() / "audit.sqlite")
+        raw, where = configured, f"the config file's db ({config_path()})"
+    return real_db(raw, where)
+
+
+def real_db(raw: str, where: str = "--db") -> str:
+    """`raw`, a database path given by `where`, made absolute with every link resolved; a name
+    that is not UTF-8 or a link to nothing is refused (UsageError: exit 2, nothing created)."""
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError as e:
+        shown = raw.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise UsageError(f"{where} {shown}: the name is not UTF-8 (byte {e.start}); "
+                         "the audit trail's name is printed in every step it suggests: rename it") from None
+    if not raw.strip():
+        raise UsageError(f"{where} is empty: name the audit database's file")
+    given = os.path.abspath(os.path.expanduser(raw))
+    real = os.path.realpath(given)
+    if os.path.islink(given) and not os.path.exists(given):
+        raise UsageError(f"{where} {given} is a link to {real}, which does not exist: name {real} itself "
+                         "to start a trail there")
+    return real

@@ -285,10 +285,10 @@ class KeyCheck:
     """Signature checks: against trusted keys when given (--key), else against the keys the
     database records for its hosts (which proves consistency, not authenticity)."""
 
-    def __init__(self, trusted: list[bytes] | None = None, acting: tuple[bytes | None, str] | None = None):
+    def __init__(self, trusted: list[bytes] | None = None, acting: tuple[frozenset[bytes], str] | None = None):
         self.trusted = trusted
         # A board command's check (store.verify.acting_for): without --key, only this host's own
-        # key (None: it has none), named by the text, and not whichever keys the database lists —
+        # keys (none: it has none yet), named by the text, and not whichever keys the database lists —
         # anyone who can write the database can add a key of their own there and sign with it.
         self.acting = acting
         self.signers: dict[bytes, int] = {}
@@ -305,7 +305,7 @@ class KeyCheck:
         if self.trusted is not None and cp.public_key not in self.trusted:
             raise Broken(f"checkpoint #{cp.id} is signed by key {fingerprint(cp.public_key)}, which is not a "
                          "given --key: the trail was sealed (or re-sealed) by someone else")
-        if self.trusted is None and self.acting is not None and cp.public_key != self.acting[0]:
+        if self.trusted is None and self.acting is not None and cp.public_key not in self.acting[0]:
             raise Broken(f"checkpoint #{cp.id} is signed by key {fingerprint(cp.public_key)}, not by this host's "
                          f"key ({self.acting[1]}): a board command acts only on what this host signed")
         if not verify_signature(cp.public_key, cp.sig, cp.hash):

@@ -13,7 +13,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,29 +214,35 @@ def _trusted(keyfiles: list[Path] | None) -> list[bytes] | None:
 # The host key file of a command that acts on a board (pipeline.commands.board), while it runs:
 # what it reads of the trail to decide — what is unfinished, what a resume keeps, which backup
 # is the original — counts as signed only under this host's own key.
-_acting: ContextVar[Path | None] = ContextVar("amdflash_acting_key", default=None)
+_acting: ContextVar[tuple[Path, ...] | None] = ContextVar("amdflash_acting_key", default=None)
 
 
 @contextlib.contextmanager
-def acting_for(key_path: Path) -> Iterator[None]:
-    """Checks made inside (without --key) accept only the key at `key_path`, read at each check
-    (a command's first run creates it)."""
-    token = _acting.set(key_path)
+def acting_for(key_paths: Sequence[Path]) -> Iterator[None]:
+    """Checks made inside (without --key) accept only the keys at `key_paths` (this account's
+    own: pipeline.engine.auditdb.own_key_paths), read at each check (a command's first run
+    creates the first of them)."""
+    token = _acting.set(tuple(key_paths))
     try:
         yield
     finally:
         _acting.reset(token)
 
 
-def _acting_key() -> tuple[bytes | None, str] | None:
-    path = _acting.get()
-    if path is None:
+def _acting_key() -> tuple[frozenset[bytes], str] | None:
+    paths = _acting.get()
+    if paths is None:
         return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None, f"it has no key at {path}"
-    return _public_at(path, st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode)
+    found: list[tuple[bytes | None, str]] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            found.append((None, f"no key at {path}"))
+            continue
+        found.append(_public_at(path, st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode))
+    publics = frozenset(public for public, _ in found if public)
+    return publics, " or ".join(text for _, text in found) if found else "it has no key"
 
 
 @functools.lru_cache(maxsize=4)
@@ -244,7 +250,7 @@ def _public_at(path: Path, inode: int, mtime: int, size: int, mode: int) -> tupl
     """The key file's public half, read once per version of the file (a decision verifies
     every run it looks at)."""
     public = keys.public_of(path)
-    return public, keys.fingerprint(public) if public else f"it has no usable key at {path}"
+    return public, keys.fingerprint(public) if public else f"no usable key at {path}"
 
 
 def _checked(report: VerifyReport, keyfiles: list[Path] | None, body: Callable[[KeyCheck], None]) -> VerifyReport:

@@ -158,9 +158,10 @@ def _verify_database_or_export(args: argparse.Namespace) -> int:
 
 
 def cmd_key(args: argparse.Namespace) -> int:
+    from amdflash.pipeline.commands.board import db_path
     from amdflash.store import keys
 
-    path = host_key_path()
+    path = host_key_path(db_path(args))     # the key that signs this database (one key, however named)
     try:
         key = keys.load_or_create(path)
     except (OSError, keys.KeyError_) as e:
@@ -191,7 +192,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
     path = db_path(args)
     open_for_reading(path).conn.close()   # refuses a missing or foreign database; upgrades an old one
     try:
-        result = archive(path, host_key_path(), before, args.output, move_backups=args.backups == "move")
+        result = archive(path, host_key_path(path), before, args.output, move_backups=args.backups == "move")
     except ArchiveRefused as e:
         raise Refusal(str(e)) from None
     output.result(result.describe())
@@ -223,7 +224,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
         output.result(f"audit database {path} is already of this amdflash's schema: nothing to upgrade")
         return EXIT_OK
     try:
-        cp = migrate.upgrade(path, host_key_path())
+        cp = migrate.upgrade(path, host_key_path(path))
     except (SchemaError, StoreUnavailable) as e:
         raise Refusal(str(e)) from None
     except (OSError, keys.KeyError_) as e:

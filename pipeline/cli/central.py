@@ -203,7 +203,7 @@ def _follow(args: argparse.Namespace, url: str) -> int:
                 f"{args.push_every:g} s")
     return follow(db, url, interval=args.interval, push_every=args.push_every, heartbeat=args.heartbeat,
                   exporter_config=args.exporter_config, host_name=args.host_name,
-                  host_key=_host_public(host_key_path()), log=output.note)
+                  host_key=_host_public(host_key_path(db)), log=output.note)
 
 
 def cmd_verify(args: argparse.Namespace, local_verify: Callable[[argparse.Namespace], int]) -> int:
@@ -216,9 +216,10 @@ def cmd_verify(args: argparse.Namespace, local_verify: Callable[[argparse.Namesp
     from amdflash.store.central import verify_against
 
     url = _url(args.central, "--central")
-    reader = open_reader(commands.db_path(args))
+    db = commands.db_path(args)
+    reader = open_reader(db)
     try:
-        found = verify_against(reader.conn, url, _host_public(host_key_path()))
+        found = verify_against(reader.conn, url, _host_public(host_key_path(db)))
     finally:
         reader.conn.close()
     output.result(found.describe(_where(url)))
@@ -319,6 +320,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     state_dir = args.state_dir or _state_dir()
+    if state_dir.exists() or state_dir.is_symlink():     # one missing is made (0700) once every check passed
+        from amdflash.pipeline.fleet.serve.notify import StateDirError, open_state_dir
+
+        try:
+            os.close(open_state_dir(state_dir))
+        except StateDirError as e:
+            raise UsageError(f"--state-dir {e}") from None
     from amdflash.store.central import connect, need_schema, not_a_reader
 
     with connect(url) as pg:

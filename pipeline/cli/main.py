@@ -326,6 +326,10 @@ def _configure(args: argparse.Namespace) -> None:
     apply(lazily=True)   # a command about to run: logging set up (structlog when it first logs)
     config.choose(args.config)
     args.settings = config.load()   # a malformed config file is a usage error, whatever the command
+    if args.db:
+        # Resolved once, here (config.real_db): every use below names the same real file, and a
+        # name that is not UTF-8 or a link to nothing is refused before anything is created.
+        args.db = config.real_db(args.db)
     if args.db and os.path.exists(args.db) and not os.path.isfile(args.db):
         # Whatever command reads it: SQLite would block on a FIFO and fail obscurely on a device.
         raise UsageError(f"--db {args.db} is not a regular file")
@@ -338,9 +342,14 @@ def _own_places(args: argparse.Namespace) -> tuple[str | None, str | None]:
     reaches the same trail with the same settings."""
     from amdflash.pipeline import config
 
-    chosen = args.db or os.environ.get(config.ENV_DB) or args.settings.get("db")
+    try:
+        chosen: str | None = config.audit_db(args.db, args.settings)   # its real path, however it was named
+        if chosen == os.path.realpath(config.data_dir() / "audit.sqlite"):
+            chosen = None
+    except UsageError:     # a bad name: refused by the command that uses it, not by one that does not
+        chosen = args.db or os.environ.get(config.ENV_DB) or args.settings.get("db")
     read = str(config.config_path())      # --config, else $AMDFLASH_CONFIG, else the default place
-    return (os.path.expanduser(chosen) if chosen else None), (read if os.path.isfile(read) else None)
+    return chosen, (read if os.path.isfile(read) else None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

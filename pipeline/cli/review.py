@@ -68,7 +68,7 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
     if args.output is not None:
         writable_output(args.output, "export", args.overwrite)
     try:
-        key = load_or_create(host_key_path())      # seals the export: this host's key, made on first use
+        key = load_or_create(host_key_path(db_path(args)))      # seals the export: this host's key, made on first use
     except KeyError_ as e:
         raise Refusal(str(e)) from None
     db = _open_db(args)

@@ -42,19 +42,22 @@ def board_command(command: Callable[P, T]) -> Callable[P, T]:
     host's own key, never under one the database lists beside it (store.verify.acting_for)."""
     @functools.wraps(command)
     def run(*args: P.args, **kwargs: P.kwargs) -> T:
-        with acting_for(auditdb.host_key_path()):
+        session = args[0] if args else kwargs.get("session")
+        db = session.db_path if isinstance(session, Session) else None
+        with acting_for(auditdb.own_key_paths(db)):
             return command(*args, **kwargs)
     return run
 
 
-def default_db() -> str:
-    """The audit database when none is named (the one place this is decided: see config.py)."""
-    return config.default_db()
+def default_db(named: str | None = None) -> str:
+    """The audit database, by its real path: `named`, else the default (the one place this is
+    decided: config.audit_db)."""
+    return config.audit_db(named)
 
 
 def db_path(args: Any) -> str:
-    """The audit database of a parsed command line."""
-    return getattr(args, "db", None) or default_db()
+    """The audit database of a parsed command line, by its real path."""
+    return config.audit_db(getattr(args, "db", None), getattr(args, "settings", None))
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,10 @@ class Session:
     def __post_init__(self) -> None:
         checks.operator_name(self.operator)      # before any run: the trail keeps it
 
-    @property
+    @functools.cached_property
     def db_path(self) -> str:
-        return self.db or default_db()
+        """Resolved once (links, relative paths): every use of the session names one file."""
+        return default_db(self.db)
 
     def specs(self) -> list[BoardSpec]:
         return checks.board_specs(list(self.boards), self.unbind_driver)
@@ -501,7 +505,7 @@ def list_boards(announce: Callable[[str], None]) -> list[dict[str, Any]]:
 def runs(db: str | None = None) -> list[dict[str, Any]]:
     from amdflash.store.queries import runs as all_runs
 
-    reader = auditdb.open_reader(db or default_db())
+    reader = auditdb.open_reader(default_db(db))
     try:
         return all_runs(reader)
     finally:
@@ -516,7 +520,7 @@ def report(run_id: str, db: str | None = None, html: bool = False,
     from amdflash.store.keys import KeyError_
     from amdflash.store.verify import snapshot
 
-    reader = auditdb.open_reader(db or default_db())
+    reader = auditdb.open_reader(default_db(db))
     try:
         with snapshot(reader.conn):     # the page reads what the report verified, nothing newer
             try:
@@ -524,7 +528,7 @@ def report(run_id: str, db: str | None = None, html: bool = False,
             except (RunNotFound, KeyError_) as e:
                 raise Refusal(str(e)) from None
             # What the run left and the way out, as its command line said it (pipeline.run_end).
-            run_end.add(reader, rep, lambda: _original(db or default_db(), rep))
+            run_end.add(reader, rep, lambda: _original(default_db(db), rep))
             page = None
             if html:
                 from amdflash.store.html import render
@@ -545,7 +549,7 @@ def audit_verify(db: str | None = None, run: str | None = None, keys: Sequence[P
     from amdflash.store.verify import verify_database, verify_run
     from amdflash.store.writer.database import default_anchor
 
-    path = db or default_db()
+    path = default_db(db)
     if anchor is not None and not anchor.exists():
         raise Refusal(f"no anchor file at {anchor}")
     if anchor is not None and not anchor.is_file():

@@ -118,7 +118,7 @@ def open_writer(path_text: str) -> AuditWriter:
         raise Refusal(f"audit database {path}: {e.strerror}") from None
     try:
         prepare(str(path))      # created; one of an older amdflash is refused ('audit upgrade' upgrades it)
-        writer = AuditWriter(str(path), key_path=host_key_path()).open()
+        writer = AuditWriter(str(path), key_path=host_key_path(str(path))).open()
     except (StoreUnavailable, SchemaError) as e:
         raise Refusal(str(e)) from None
     try:
@@ -157,10 +157,44 @@ def open_reader(path_text: str) -> sqlite_utils.Database:
 KEY_FILE = "host_key.pem"
 
 
-def host_key_path() -> Path:
-    """The host's private key: in the data directory, beside the default audit database
-    (AMDFLASH_HOST_KEY names another file)."""
-    return Path(os.environ.get("AMDFLASH_HOST_KEY") or Path(config.default_db()).parent / KEY_FILE)
+ENV_KEY = "AMDFLASH_HOST_KEY"
+
+
+def host_key_path(db: str | None = None) -> Path:
+    """The private key that signs the audit database `db` (a real path, config.audit_db; None:
+    the database this process would use). One database has one key, however it was named.
+
+    The rule: $AMDFLASH_HOST_KEY if set; else a key this account made beside the database's
+    real path (an older amdflash kept the key beside a database named by $AMDFLASH_DB or the
+    config file's `db`: such a trail goes on being signed by the key that signed it); else
+    this account's key in its data directory (made on first use), the one every other
+    database of the account is signed with. The data directory's database has both at once."""
+    if os.environ.get(ENV_KEY):
+        return Path(os.environ[ENV_KEY])
+    beside = Path(db or config.audit_db()).parent / KEY_FILE
+    return beside if _made_here(beside) else config.data_dir() / KEY_FILE
+
+
+def own_key_paths(db: str | None = None) -> list[Path]:
+    """The key files whose signatures a board command acts on for `db`: the one that signs it
+    and, beside it, this account's key in the data directory (a database an older amdflash
+    reached by --db was signed by that one, and by the key beside it when reached by
+    $AMDFLASH_DB: both are this account's). Never a key someone else could have put there."""
+    signing = host_key_path(db)
+    if os.environ.get(ENV_KEY):
+        return [signing]
+    account = config.data_dir() / KEY_FILE
+    return [signing] if account == signing else [signing, account]
+
+
+def _made_here(path: Path) -> bool:
+    """A key file this account made: a regular file (not a link) owned by this user that
+    nobody else may read or write. Another user's file at that name is never taken as ours."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
 
 
 def open_for_reading(path: str):

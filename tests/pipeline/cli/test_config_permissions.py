@@ -39,6 +39,19 @@ def test_the_owner_s_own_config_is_taken_and_others_settings_are_not_checked(amd
     synth = ("sim", "synth", "-o", tmp_path / "synth.bin", "--overwrite")
     r = amdflash("--config", config(tmp_path, SETTINGS, 0o644), *synth)
     assert r.code == 0, r.err
-    # Without a command for other hosts, a shared config stays as it was: taken.
-    r = amdflash("--config", config(tmp_path, 'fleet_hosts = ["hosta"]\nreads = 2\n', 0o666), *synth)
+    # Settings that decide neither trust nor place: a shared config stays as it was, taken.
+    r = amdflash("--config", config(tmp_path, 'reads = 2\nprescale = 4\nprogress = false\n', 0o666), *synth)
     assert r.code == 0, r.err
+
+
+@pytest.mark.parametrize("setting", ['db = "/tmp/elsewhere.sqlite"', 'fleet_hosts = ["hosta"]',
+                                     'notify = ["json://localhost:1/"]', 'board = "usb:0"'])
+def test_a_config_others_may_write_is_refused_when_it_decides_trust_or_place(amdflash, tmp_path, setting) -> None:
+    """Issue 41 item 2: whoever may edit the config must not move the trail (and with it the
+    key a run is checked against), choose the fleet's hosts, silence the line's notifications
+    or point a flash at another board."""
+    path = config(tmp_path, setting + "\n", 0o666)
+    r = amdflash("--config", path, "runs")
+    key = setting.split(" ")[0]
+    assert r.code == 2 and f"config file {path} sets {key}," in r.err and "mode 0666" in r.err, r.err
+    assert len(r.err_lines) == 1

@@ -198,12 +198,22 @@ def test_audit_key_is_made_once_private_and_printed_public(cli, tmp_path, monkey
     assert r.code == 2 and "readable by others" in r.err
 
 
-def test_the_default_key_lives_beside_the_default_database(monkeypatch, tmp_path):
+def test_the_key_is_the_account_s_own_in_its_data_directory(monkeypatch, tmp_path):
+    """One key per account (issue 40): a database named by $AMDFLASH_DB is signed by the data
+    directory's key, as one named by --db is; only a key this account made beside a database
+    (an older amdflash did, under $AMDFLASH_DB) goes on signing that database."""
     from amdflash.pipeline.engine.auditdb import host_key_path
 
     monkeypatch.delenv("AMDFLASH_HOST_KEY", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     monkeypatch.setenv("AMDFLASH_DB", str(tmp_path / "somewhere" / "audit.sqlite"))
-    assert host_key_path() == tmp_path / "somewhere" / "host_key.pem"
+    assert host_key_path() == tmp_path / "data" / "amdflash" / "host_key.pem"
+    (tmp_path / "somewhere").mkdir()
+    beside = tmp_path / "somewhere" / "host_key.pem"
+    beside.touch(mode=0o600)
+    assert host_key_path() == beside
+    beside.chmod(0o640)              # one others may read was not made by amdflash: not taken
+    assert host_key_path() == tmp_path / "data" / "amdflash" / "host_key.pem"
 
 
 def test_runs_that_never_identify_the_flash_still_say_the_board_is_emulated(cli, make_board, db):
