@@ -96,7 +96,8 @@ the audit database (--db wins over it)
 the config file (--config wins over it)
 .TP
 .B AMDFLASH_HOST_KEY
-the host's private signing key (default: host_key.pem beside the default database)
+the host's private signing key (default: host_key.pem in the data directory, one for every
+database of the account; a key an older amdflash made beside a database goes on signing it)
 .TP
 .B AMDFLASH_ANCHOR
 the anchor file (default: the database's path with .anchor)
