@@ -100,9 +100,60 @@ def room_problem(directory: Path, need: int = 0) -> str | None:
     return None
 
 
-def create_new(path: Path, mode: int = PRIVATE) -> int:
-    """A file descriptor of a new file at `path` (never an existing file, never through a link)."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+def create_new(path: Path, mode: int = PRIVATE, dir_fd: int | None = None) -> int:
+    """A file descriptor of a new file at `path` (never an existing file, never through a link);
+    with `dir_fd`, `path` is a name in that open directory."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+
+
+class LinkInPath(NotADirectoryError):
+    """A directory to be reached without following links has a link (or a non-directory) on its
+    way: another user may have swapped a directory for a link to one of their choosing."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def open_dir(path: str | os.PathLike[str]) -> int:
+    """A descriptor (read-only) of the directory at `path`, reached from / one name at a time
+    with no symbolic link followed anywhere on the way. Callers that accept a link as the name
+    they were given resolve it once (os.path.realpath) and hand this the result: a link found
+    here was put there since. Files are then opened relative to the descriptor (dir_fd), so the
+    directory they land in is the one opened, whatever is renamed or linked at its path later."""
+    where = os.path.abspath(path)
+    parts = [p for p in where.split("/") if p]
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, name in enumerate(parts):
+            # O_PATH on the way (search permission is enough); the directory itself read-only.
+            last = i == len(parts) - 1
+            flags = (os.O_RDONLY if last else os.O_PATH) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                step = os.open(name, flags, dir_fd=fd)
+            except OSError as e:
+                if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                reached = "/" + "/".join(parts[:i + 1])
+                what = "a symbolic link" if _is_link(name, fd) else "not a directory"
+                raise LinkInPath(e.errno, f"{reached} is {what}: a directory reached without following links",
+                                 where) from None
+            os.close(fd)
+            fd = step
+        if not parts:
+            step = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            os.close(fd)
+            fd = step
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def private_dir(path: Path, tighten: bool = False) -> Path:
@@ -158,15 +209,19 @@ class _Named:
 
 
 @contextlib.contextmanager
-def new_file(path: Path, mode: int = OUTPUT, overwrite: bool = True) -> Iterator[BinaryIO]:
+def new_file(path: Path, mode: int = OUTPUT, overwrite: bool = True, dir_fd: int | None = None) -> Iterator[BinaryIO]:
     """A whole file, written through the yielded file object: under a fresh unguessable name
     beside `path`, fsynced, then renamed to `path` — so an interrupted write never leaves a
     plausible file, and nothing planted at either name is followed. Without `overwrite`, an
     existing `path` is left as it was (OutputExists), checked atomically by the link (or, on
-    a file system without links, the rename) that puts the new file in place."""
+    a file system without links, the rename) that puts the new file in place. With `dir_fd`
+    (a directory open_dir opened), both names are taken in that directory: `path` names the
+    file in messages, its last component is what is written."""
     tmp = _partial(path)
+    at = {} if dir_fd is None else {"src_dir_fd": dir_fd, "dst_dir_fd": dir_fd}
+    tmp_name, name = (tmp, path) if dir_fd is None else (Path(tmp.name), Path(path.name))
     try:
-        fd = create_new(tmp, mode)
+        fd = create_new(tmp_name, mode, dir_fd)
     except OSError as e:
         raise FileFailure("creating", path, e) from e
     doing: str | None = None      # None while the caller's body runs: its own errors stay its own
@@ -178,15 +233,15 @@ def new_file(path: Path, mode: int = OUTPUT, overwrite: bool = True) -> Iterator
             os.fsync(f.fileno())
         doing = "renaming the finished file to"
         if overwrite:
-            os.replace(tmp, path)
+            os.replace(tmp_name, name, **at)
         else:
             try:
-                _place_if_free(tmp, path)
+                _place_if_free(tmp_name, name, dir_fd)
             except FileExistsError:
                 raise OutputExists(f"{path} exists (use --overwrite to replace it)") from None
     except OSError as e:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp_name, dir_fd=dir_fd)
         except FileNotFoundError:
             pass
         if doing is None or isinstance(e, (FileFailure, OutputExists)):
@@ -194,7 +249,7 @@ def new_file(path: Path, mode: int = OUTPUT, overwrite: bool = True) -> Iterator
         raise FileFailure(doing, path, e) from e
     except BaseException:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp_name, dir_fd=dir_fd)
         except FileNotFoundError:
             pass
         raise
@@ -205,21 +260,21 @@ def new_file(path: Path, mode: int = OUTPUT, overwrite: bool = True) -> Iterator
 _NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP}
 
 
-def _place_if_free(tmp: Path, path: Path) -> None:
+def _place_if_free(tmp: Path, path: Path, dir_fd: int | None = None) -> None:
     """Give the finished file `tmp` the name `path` only if that name is free (else
     FileExistsError), atomically: a hard link, then the temporary name removed; where the file
     system has no hard links, a rename that refuses to replace (renameat2 RENAME_NOREPLACE)."""
     try:
-        os.link(tmp, path, follow_symlinks=False)
+        os.link(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
     except OSError as e:
         if e.errno not in _NO_LINKS:
             raise
-        _rename_no_replace(tmp, path)
+        _rename_no_replace(tmp, path, dir_fd)
         return
-    os.unlink(tmp)
+    os.unlink(tmp, dir_fd=dir_fd)
 
 
-def _rename_no_replace(src: Path, dst: Path) -> None:
+def _rename_no_replace(src: Path, dst: Path, dir_fd: int | None = None) -> None:
     import ctypes
 
     try:
@@ -227,7 +282,8 @@ def _rename_no_replace(src: Path, dst: Path) -> None:
     except AttributeError:
         raise OSError(errno.ENOSYS, "renameat2 is not available to rename without replacing", str(dst)) from None
     at_fdcwd, rename_noreplace = -100, 1
-    if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_noreplace) != 0:
+    at = at_fdcwd if dir_fd is None else dir_fd
+    if renameat2(at, os.fsencode(src), at, os.fsencode(dst), rename_noreplace) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), str(dst))     # EEXIST: FileExistsError
 
@@ -241,9 +297,10 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_new(path: Path, data: bytes | str, mode: int = OUTPUT, overwrite: bool = True) -> Path:
+def write_new(path: Path, data: bytes | str, mode: int = OUTPUT, overwrite: bool = True,
+              dir_fd: int | None = None) -> Path:
     """`new_file` for content already in memory (text is written as UTF-8)."""
-    with new_file(path, mode, overwrite) as f:
+    with new_file(path, mode, overwrite, dir_fd) as f:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
     return path
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.stages.terminal import printable
 from amdflash.stages.transport.base import Bar5, BoardIdentity, OpenBoard, ThroughBar5
 from amdflash.stages.transport.emulated import Emulators
 from amdflash.stages.transport.lock import BoardLock, sim_lock
@@ -71,7 +72,21 @@ def parse_spec(text: str) -> BoardSpec:
         if not selector:
             raise bad("'sim' needs the board directory: sim:PATH")
         selector = os.path.abspath(selector)
+        _recordable(selector)
     return BoardSpec(kind, selector)
+
+
+def _recordable(selector: str) -> None:
+    """A sim: spec the trail can record: the spec and the board's directory it resolves to (the
+    name its run records) are recorded as text, and printed in the steps to paste."""
+    real = os.path.realpath(selector)
+    for name in dict.fromkeys((selector, real)):
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            what = "the name" if name == selector else f"the board directory it names, {printable(real)},"
+            raise BoardSpecError(f"board spec sim:{printable(selector)}: {what} is not valid UTF-8, and the audit "
+                                 "trail records a board's spec as text; rename the board directory") from None
 
 
 def _emulated_usb_backend(paths: list[str]) -> Any:
@@ -96,11 +111,15 @@ def open_transport(spec: BoardSpec, announce=print) -> tuple[OpenBoard, BoardLoc
     if spec.kind == "sim":
         from amdflash.stages.sim import SimBar5
 
-        if not os.path.isfile(os.path.join(spec.selector, "board.json")):
+        # The spec's own path resolved once (a link to a board is that board): the lock and the
+        # board's files are both the directory it names now, whose files are then opened
+        # relative to it with no link followed (sim/state.py), whatever is swapped in later.
+        real = os.path.realpath(spec.selector)
+        if not os.path.isfile(os.path.join(real, "board.json")):
             raise BoardSpecError(f"{spec.selector} is not an emulated board (create one with 'amdflash sim create')")
-        lock = sim_lock(spec.selector).acquire()
+        lock = sim_lock(real).acquire()
         try:
-            return ThroughBar5(SimBar5(spec.selector)), lock
+            return ThroughBar5(SimBar5(real)), lock
         except BaseException:
             lock.release()
             raise

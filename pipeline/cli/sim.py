@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from amdflash.pipeline.commands.checks import output_option, read_image, write_output
 from amdflash.pipeline.errors import Refusal
+from amdflash.stages.terminal import printable
 from amdflash.stages.sim import Board, create_board
 from amdflash.stages.sim.create import BoardExistsError
 from amdflash.stages.sim.faults import FAULT_HELP, Faults, FaultSpecError
@@ -270,6 +272,11 @@ def _recorded_report(trail: str, run: str) -> str | dict[str, object]:
     from amdflash.store.run_rows import RunUnverified, open_run
     from amdflash.store.verify import snapshot
 
+    try:
+        trail.encode("utf-8")       # SQLite takes a name as text: it failed with its own decoding error
+    except UnicodeEncodeError:
+        raise Refusal(f"--from-run {printable(trail)}: the name is not valid UTF-8; rename the file (or link it "
+                      "under a UTF-8 name)") from None
     if not Path(trail).is_file():
         raise Refusal(f"--from-run: no audit database at {trail}")
     db = open_for_reading(trail)
@@ -386,12 +393,17 @@ def cmd_power_cycle(args: argparse.Namespace) -> int:
 
     if not (args.path / "board.json").is_file():
         raise Refusal(f"{args.path} is not an emulated board (create one with 'amdflash sim create')")
+    real = os.path.realpath(args.path)          # resolved once: the board locked is the board opened
     try:
-        lock = sim_lock(args.path).acquire()      # never under a running job
+        lock = sim_lock(real).acquire()      # never under a running job
     except BoardBusy as e:
         raise Refusal(str(e)) from None
     try:
-        with Board(args.path) as board:
+        try:
+            board = Board(real)
+        except (FileNotFoundError, ValueError) as e:      # a link or a wrong file in it (state.py)
+            raise Refusal(str(e)) from None
+        with board:
             board.power_cycle()
     finally:
         lock.release()

@@ -6,6 +6,7 @@ import hashlib
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,34 +15,74 @@ from amdflash.stages.sim.faults import Faults
 from amdflash.stages.sim.power_on import power_on_registers
 from amdflash.stages.drivers.flash.geometry import FLASH_SIZE
 from amdflash.stages.sim.state import create_files
+from amdflash.stages.files import open_dir
+from amdflash.stages.terminal import printable
 
 class BoardExistsError(FileExistsError):
     pass
 
 
-def _board_dir(path: Path, make: bool) -> None:
-    """Check (and with `make`, take) the board's directory: one this creates, or an existing
-    empty directory — not a link — of the user running this. A directory another user made
-    (an empty one in /tmp, say) is refused: they could put links in it between our writes."""
-    if make:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.mkdir(path, 0o755)
-            return
-        except FileExistsError:
-            pass
+def _board_dir(path: Path) -> None:
+    """Check the board's directory: a new one, or an existing empty directory — not a link —
+    of the user running this. A directory another user made (an empty one in /tmp, say) is
+    refused: they could put links in it between our writes."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
+    _check(path, st, lambda: any(path.iterdir()))
+
+
+def _make_board_dir(path: Path) -> int:
+    """Take the board's directory (made if new, checked again as `_board_dir` does), opened:
+    the board's files are created in it by descriptor, never again by its path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        pass
+    return _open_made(path)
+
+
+def _open_made(path: Path) -> int:
+    """The directory just made (or found empty), opened once: its parent resolved once, the
+    directory itself and every name on the way never followed as a link. Whoever can write to
+    the parent may swap the directory for a link to one of theirs the moment after mkdir: the
+    open refuses the link, and nothing is written there."""
+    where = Path(os.path.abspath(path))
+    try:
+        fd = open_dir(Path(os.path.realpath(where.parent)) / where.name)
+    except NotADirectoryError:        # LinkInPath too
+        raise BoardExistsError(f"{path} is no longer the directory just made (a link or a file is there now: "
+                               f"another user who can write to {where.parent}?): nothing was written") from None
+    try:
+        _check(path, os.fstat(fd), lambda: bool(os.listdir(fd)))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check(path: Path, st: os.stat_result, nonempty: Callable[[], bool]) -> None:
     if not stat.S_ISDIR(st.st_mode):
         raise BoardExistsError(f"{path} already exists and is not a directory (a board is made in a new "
                                "or empty directory)")
     if st.st_uid != os.getuid():
         raise BoardExistsError(f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.getuid()}): "
                                "a board is made only in a new directory or an empty one of your own")
-    if any(path.iterdir()):
+    if nonempty():
         raise BoardExistsError(f"{path} already exists and is not an empty directory")
+
+
+def utf8_name(path: Path) -> None:
+    """A board's directory name the audit trail can record: its spec (sim:PATH) is recorded as
+    text, and a name that is not UTF-8 (its bytes handed over as surrogate escapes) is not."""
+    try:
+        os.path.abspath(path).encode("utf-8")
+        os.path.realpath(path).encode("utf-8")      # the board's spec is its resolved path
+    except UnicodeEncodeError:
+        raise ValueError(f"{printable(str(path))}: the name is not valid UTF-8, and the audit trail records a "
+                         "board's spec (sim:PATH) as text; choose a UTF-8 name") from None
 
 
 def create_board(
@@ -76,7 +117,8 @@ def create_board(
     (instead of `cmp`/`bp`).
     """
     path = Path(path)
-    _board_dir(path, make=False)     # refused before anything is made
+    utf8_name(path)
+    _board_dir(path)     # refused before anything is made
     cost.profile(transport)  # validates the name
     from amdflash.stages.sim.nor import NorChip
     from amdflash.stages.sim.catalog import part
@@ -142,10 +184,12 @@ def create_board(
         config["bridge"] = dict(bridge)
     if calibration:
         config["calibration"] = calibration
-    _board_dir(path, make=True)
+    fd = _make_board_dir(path)
     try:
-        create_files(path, config, flash, regs, {"chip": chip_state})
+        create_files(path, config, flash, regs, {"chip": chip_state}, dir_fd=fd)
     except FileExistsError as e:
         raise BoardExistsError(str(e)) from None
+    finally:
+        os.close(fd)
     return path
 

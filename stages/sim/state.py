@@ -20,7 +20,7 @@ import stat
 from pathlib import Path
 
 from amdflash.stages.drivers.flash.geometry import FLASH_SIZE
-from amdflash.stages.files import create_new, write_new
+from amdflash.stages.files import LinkInPath, create_new, open_dir, write_new
 
 BAR5_SIZE = 0x100000
 STATE_SIZE = 0x4000
@@ -81,10 +81,13 @@ class BoardFileError(ValueError):
     may have planted it, pointing at a file of the user running amdflash)."""
 
 
-def open_board_file(path: Path, flags: int = os.O_RDWR) -> int:
-    """A descriptor of the regular file at `path`, never through a symbolic link (O_NOFOLLOW)."""
+def open_board_file(path: Path, flags: int = os.O_RDWR, dir_fd: int | None = None) -> int:
+    """A descriptor of the regular file at `path`, never through a symbolic link (O_NOFOLLOW);
+    with `dir_fd` (the board's directory, open_dir), the file of that name in it (`path` names
+    it in messages)."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = os.open(path if dir_fd is None else path.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                     dir_fd=dir_fd)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise BoardFileError(f"{path} is a symbolic link: an emulated board's files are never "
@@ -97,20 +100,42 @@ def open_board_file(path: Path, flags: int = os.O_RDWR) -> int:
     return fd
 
 
+def open_board_dir(path: str | os.PathLike[str]) -> int:
+    """The board's directory, opened once: `path` resolved once (a link to a board directory is
+    that board, as its lock says), then reached with no link followed (files.open_dir). Every
+    file of the board is opened relative to it, so a directory swapped for a link meanwhile by
+    whoever owns its parent is never where they are read or written."""
+    try:
+        return open_dir(os.path.realpath(path))
+    except LinkInPath as e:
+        raise BoardFileError(f"{path}: {e}") from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"{path} is not an emulated board (no board.json); "
+                                "create one with 'amdflash sim create'") from None
+
+
 class BoardFiles:
     """Opens the files of one board directory and maps them."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
+        self._fds: list[int] = []
+        self._dir = open_board_dir(self.path)
+        try:
+            self._open()
+        except BaseException:
+            self._close_fds()
+            raise
+
+    def _open(self) -> None:
         config_file = self.path / "board.json"
         try:
-            fd = open_board_file(config_file, os.O_RDONLY)
+            fd = open_board_file(config_file, os.O_RDONLY, self._dir)
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.path} is not an emulated board (no board.json); "
                                     "create one with 'amdflash sim create'") from None
         with os.fdopen(fd, "rb") as f:
             self.config: dict = json.loads(f.read())
-        self._fds: list[int] = []
         self.flash = self._map("flash.bin", FLASH_SIZE)
         self.regs = self._map("regs.bin", BAR5_SIZE)
         self.state = self._map("state.bin", STATE_SIZE)
@@ -118,7 +143,7 @@ class BoardFiles:
             raise ValueError(f"{self.path}/state.bin is not an emulated board state file")
 
     def _map(self, name: str, size: int) -> mmap.mmap:
-        fd = open_board_file(self.path / name)
+        fd = open_board_file(self.path / name, dir_fd=self._dir)
         if os.fstat(fd).st_size != size:
             os.close(fd)
             raise ValueError(f"{self.path / name} has the wrong size (expected {size:#x} bytes)")
@@ -131,7 +156,8 @@ class BoardFiles:
 
     def save_config(self) -> None:
         # A new file renamed over board.json: a link planted at either name is replaced, never followed.
-        write_new(self.path / "board.json", json.dumps(self.config, indent=2, sort_keys=True), FILE_MODE)
+        write_new(self.path / "board.json", json.dumps(self.config, indent=2, sort_keys=True), FILE_MODE,
+                  dir_fd=self._dir)
 
     def close(self) -> None:
         for m in (self.flash, self.regs, self.state):
@@ -141,16 +167,31 @@ class BoardFiles:
             except (BufferError, ValueError):
                 # A memoryview onto the map is still alive somewhere; the map closes with it.
                 pass
+        self._close_fds()
+
+    def _close_fds(self) -> None:
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
+        if self._dir >= 0:
+            os.close(self._dir)
+            self._dir = -1
 
 
-def create_files(path: Path, config: dict, flash: bytes, regs: bytes, regions: dict[str, bytes] | None = None) -> None:
-    """Write the files of a fresh board into the directory `path` (made by the caller);
-    board.json last. Each is created new (O_EXCL | O_NOFOLLOW): a name someone took meanwhile
-    — a link to another file, say — fails the creation instead of being written through.
-    `regions`: initial content of state.bin regions (by name), the rest zero."""
+def create_files(path: Path, config: dict, flash: bytes, regs: bytes, regions: dict[str, bytes] | None = None,
+                 dir_fd: int | None = None) -> None:
+    """Write the files of a fresh board into the directory `path` (made by the caller, and
+    with `dir_fd` opened by it: the files go into that directory, whatever `path` names by
+    now); board.json last. Each is created new (O_EXCL | O_NOFOLLOW): a name someone took
+    meanwhile — a link to another file, say — fails the creation instead of being written
+    through. `regions`: initial content of state.bin regions (by name), the rest zero."""
+    if dir_fd is None:
+        fd = open_board_dir(path)
+        try:
+            create_files(path, config, flash, regs, regions, fd)
+        finally:
+            os.close(fd)
+        return
     if len(flash) != FLASH_SIZE or len(regs) != BAR5_SIZE:
         raise ValueError("internal: wrong flash or register image size")
     state = bytearray(STATE_SIZE)
@@ -161,7 +202,7 @@ def create_files(path: Path, config: dict, flash: bytes, regs: bytes, regions: d
     for name, data in (("flash.bin", flash), ("regs.bin", regs), ("state.bin", bytes(state)),
                        ("board.json", json.dumps(config, indent=2, sort_keys=True).encode())):
         try:
-            fd = create_new(path / name, FILE_MODE)
+            fd = create_new(Path(name), FILE_MODE, dir_fd)
         except FileExistsError:
             raise FileExistsError(f"{path / name} appeared while the board was being created "
                                   "(another user writes to this directory?): not written through") from None
