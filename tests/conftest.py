@@ -10,6 +10,10 @@ import pytest
 
 from amdflash.stages.sim import Board, create_board
 
+# HOME and the XDG directories in a temporary home for every test, in every process, and a run
+# that touches amdflash's directories in the real home fails (tests/support/home_guard.py).
+pytest_plugins = ["tests.support.home_guard"]
+
 # The suite starts amdflash as a process hundreds of times; without cached bytecode each one
 # compiles the whole program again (a third of its start-up). An environment that turns the
 # cache off (PYTHONDONTWRITEBYTECODE) would make every one of them pay it.

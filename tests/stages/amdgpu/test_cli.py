@@ -194,12 +194,15 @@ def test_after_a_reboot_the_trail_no_longer_speaks_for_the_buffer(cli, db, emula
     from amdflash.stages.transport.amdgpu import AmdgpuBoard
 
     emu = emulated()
+    real = AmdgpuBoard.stage_image
     monkeypatch.setattr(AmdgpuBoard, "stage_image", lambda self, data: (_ for _ in ()).throw(OSError(5, "EIO")))
     assert cli("flash", image(), "--yes", "--board", emu.spec).code == 1
-    monkeypatch.undo()
-    for key, value in emu.env.items():
-        monkeypatch.setenv(key, value)
+    first = last_run(db)
+    # Only the staging is put back: monkeypatch.undo() would drop the test's $AMDFLASH_DB too,
+    # and the second flash would go to the default trail (once the user's own, in their home).
+    monkeypatch.setattr(AmdgpuBoard, "stage_image", real)
     emu.reboot()
     assert cli("flash", image(), "--yes", "--board", emu.spec).code == 0
+    assert last_run(db) != first                      # the second flash is on this test's trail
     cleared = dict(stages(db, "psp_vbflash"))["cleared"]
     assert "never triggered" not in cleared and "psp_vbflash_status reads 0x0" in cleared
