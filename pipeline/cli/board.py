@@ -150,7 +150,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "flash", help="write an image: backup, plan, erase, program, verify", formatter_class=F,
-        description="Write IMAGE (exactly 2 MiB) to the flash through the ROM_SW engine.\n\n"
+        description="Write IMAGE to the flash through the ROM_SW engine: a whole 2 MiB image, or with\n"
+                    "--start-sector and --sector-count either a whole image (its sectors in that range are\n"
+                    "written) or those sectors' content alone, as a range flash's backup holds it.\n\n"
                     "Stages: identify, register snapshot, backup read (stored content-addressed beside the audit\n"
                     "database), plan (units already equal are skipped; 1->0-only units are programmed without\n"
                     "erase; otherwise the largest aligned erase covering only units that need it), erase,\n"
@@ -160,7 +162,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     "refused) and the audit database (writable) have all been checked. Each unit's intent is\n"
                     "committed to the audit trail before it is erased, so a killed run can be resumed\n"
                     "('amdflash resume'). Ctrl-C stops at the next safe point (exit 130).")
-    p.add_argument("image", type=Path, metavar="IMAGE", help="the 2 MiB image to write")
+    p.add_argument("image", type=Path, metavar="IMAGE",
+                   help="the image to write: 2 MiB, or the content of the sectors --start-sector and "
+                        "--sector-count name (a range flash's backup)")
     p.add_argument("--yes", action="store_true", help="required: confirm that the flash may be written")
     p.add_argument("--clear-cmp", action="store_true",
                    help="allow clearing SR2.CMP (which, with BP=0, protects the whole array); other bits are kept")

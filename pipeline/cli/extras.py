@@ -150,12 +150,13 @@ def _roff(text: str) -> str:
     return text.replace("\\", "\\\\").replace("-", "\\-")
 
 
-def _shared_options(parser: argparse.ArgumentParser) -> dict[str, str]:
+def _shared_options(parser: argparse.ArgumentParser) -> tuple[dict[str, str], dict[str, list[str]]]:
     """Take the shared option groups out of every command (the page lists them once) and
-    return them as roff, by group title."""
+    return them as roff, by group title, with the commands that take each group."""
     from amdflash.pipeline.cli.parsing import subparsers
 
     shared: dict[str, str] = {}
+    takers: dict[str, list[str]] = {}
     for sub in subparsers(parser):
         if sub.description:     # the page gives each command's first sentence; --help has the rest
             sub.description = sub.description.split(". ")[0].rstrip(".") + "."
@@ -170,8 +171,11 @@ def _shared_options(parser: argparse.ArgumentParser) -> dict[str, str]:
             continue
         for group in [g for g in sub._action_groups if g.title in SHARED_GROUPS]:
             sub._action_groups.remove(group)
+            takers.setdefault(group.title or "", []).append(sub.prog.split()[-1])
             for action in group._group_actions:
-                if action in sub._actions:
+                # --board stays in the command's usage line (the board it works on is the point
+                # of the command); the shared sections below say what the rest are.
+                if action in sub._actions and "--board" not in action.option_strings:
                     sub._actions.remove(action)
             if group.title and group.title not in shared:
                 lines = []
@@ -180,7 +184,13 @@ def _shared_options(parser: argparse.ArgumentParser) -> dict[str, str]:
                     metavar = f" {action.metavar}" if isinstance(action.metavar, str) else ""
                     lines += [".TP", f"\\fB{_roff(names)}\\fR{_roff(metavar)}", _roff(action.help or "")]
                 shared[group.title] = "\n".join(lines)
-    return shared
+    return shared, takers
+
+
+def _listing(commands: list[str]) -> str:
+    """"info, read and dump" — from the parser, so never a list that disagrees with it."""
+    names = [_roff(c) for c in commands]
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
 
 
 def manpage(parser: argparse.ArgumentParser) -> str:
@@ -188,16 +198,16 @@ def manpage(parser: argparse.ArgumentParser) -> str:
 
     import amdflash
 
-    shared = _shared_options(parser)
+    shared, takers = _shared_options(parser)
     page = Manpage(parser, _data={"project_name": "amdflash", "version": amdflash.__version__,
                                   "manual_title": "amdflash manual", "manual_section": 1,
                                   "description": "dump, verify and recover the SPI flash of AMD Navi31 boards"})
-    page.add_section("board options", "=", "Every command that works on boards (info, read, dump, verify, flash, "
-                     "resume, probe, ifwi\\-all, restore) takes these.\n" + shared.get("boards", ""))
-    page.add_section("rom_sw engine options", "=", "info, read, dump, verify and flash take these.\n"
+    page.add_section("board options", "=", "Every command that works on boards takes these: "
+                     f"{_listing(takers.get('boards', []))}.\n" + shared.get("boards", ""))
+    page.add_section("rom_sw engine options", "=", f"{_listing(takers.get('ROM_SW engine', []))} take these.\n"
                      + shared.get("ROM_SW engine", ""))
-    page.add_section("hardware report option", "=", "info, read, dump, verify, flash, restore\\-original and "
-                     "resume take this.\n" + shared.get("hardware report", ""))
+    page.add_section("hardware report option", "=", f"{_listing(takers.get('hardware report', []))} take this.\n"
+                     + shared.get("hardware report", ""))
     for heading, content in MAN_SECTIONS.items():
         page.add_section(heading, "=", content)
     return str(page)
