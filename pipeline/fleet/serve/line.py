@@ -153,6 +153,7 @@ class Line:
         self.stop = threading.Event()
         self.listeners: list[Callable[[], None]] = []
         self.memory = Memory.load(state)
+        self.notifier.keep_in(self.memory.outbox)     # what waits to be delivered is saved with it
         self._state_problem: str | None = None
         self.error: str | None = None
         self._thread: threading.Thread | None = None
@@ -182,7 +183,7 @@ class Line:
         if self.memory.seen_id is not None and self.memory.seen_id > last:
             self.log(f"notification state {self.memory.path}: the record holds fewer rows than it remembers "
                      "(a record made afresh): starting from the record's newest row")
-            self.memory = Memory(self.memory.path)
+            self.memory = Memory(self.memory.path, outbox=self.memory.outbox)   # undelivered: still due
         if self.memory.seen_id is None:       # the first read ever: what was already there is not news
             self.memory.seen_id = self.last_id
             self.memory.save()
@@ -300,8 +301,8 @@ class Line:
             self._thread.join(timeout=10)
         if self._ends_thread is not None:
             self._ends_thread.join(timeout=30)
+        self.notifier.close()             # first: what it delivered meanwhile leaves the saved outbox
         self.memory.save(wait=True)
-        self.notifier.close()
 
     def _run(self) -> None:
         from amdflash.store import central
