@@ -263,14 +263,14 @@ def cmd_enroll(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from amdflash.pipeline.cli.trail import cell, print_runs, run_filter, run_line
+    from amdflash.pipeline.cli.trail import cell, print_runs, run_cells, run_filter
     from amdflash.store.central import runs
 
     keep = run_filter(args.status, args.board, args.since, args.run_command)     # as `runs` filters
     rows = [r for r in runs(_url(args.source, "--from"), args.host) if keep(r)]
     filtered = any((args.status, args.board, args.since, args.run_command))
     return print_runs(rows, args.format, "no run matches" if filtered else "no runs in the central database",
-                      lambda r: f"{cell(r['host']):16} {run_line(r)}")
+                      lambda r: [cell(r["host"]), *run_cells(r)])
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from amdflash.stages.terminal import printable
 from amdflash.pipeline.engine.auditdb import legacy_version
 from amdflash.pipeline.commands.checks import output_option, writable_output, write_output
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
+from amdflash.stages.open_transport import BoardSpecError, parse_spec
 from amdflash.store.read_checks import describe as describe_reads
 from amdflash.store.status import ENDS
 
@@ -55,7 +57,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def cmd_runs(args: argparse.Namespace) -> int:
     keep = run_filter(args.status, args.board, args.since, args.run_command)
     rows = [r for r in commands.runs(commands.db_path(args)) if keep(r)]
-    return print_runs(rows, args.format, "no runs recorded" if keep is _every else "no run matches", run_line)
+    return print_runs(rows, args.format, "no runs recorded" if keep is _every else "no run matches", run_cells)
 
 
 def _every(row: dict[str, Any]) -> bool:
@@ -78,12 +80,40 @@ def run_filter(status: str | None = None, board: str | None = None, since: str |
         if after.tzinfo is None:
             after = after.replace(tzinfo=dt.UTC)
 
+    boards = board_names(board) if board else set()
+
     def keep(r: dict[str, Any]) -> bool:
         return ((not status or r["status"] == status)
-                and (not board or board in (r["board_spec"], r.get("unique_id")))
+                and (not board or bool(boards & _recorded_names(r)))
                 and (not command or r["command"] == command)
                 and (after is None or (started := _started(r)) is not None and started >= after))
     return keep
+
+
+def board_names(board: str) -> set[str]:
+    """The names `runs --board` matches, read as a board command reads its --board: the text as
+    given (a unique ID, a spec as recorded), a sim: path made absolute (`sim:b8` is the b8 of
+    the current directory) and the board directory it resolves to (a link to a board is that
+    board, with the same lock)."""
+    names = {board}
+    try:
+        spec = parse_spec(board)
+    except BoardSpecError:
+        return names                  # not a spec: a unique ID, or a spec as some host recorded it
+    names.add(str(spec))
+    if spec.kind == "sim":
+        names.add(f"sim:{os.path.realpath(spec.selector)}")
+    return names
+
+
+def _recorded_names(r: dict[str, Any]) -> set[str]:
+    """A run's board as recorded (its spec, its flash's unique ID) and, for an emulated board,
+    the directory its spec resolves to now."""
+    spec, uid = r.get("board_spec"), r.get("unique_id")
+    names = {x for x in (spec, uid) if isinstance(x, str)}
+    if isinstance(spec, str) and spec.startswith("sim:/"):
+        names.add(f"sim:{os.path.realpath(spec[4:])}")
+    return names
 
 
 def _started(r: dict[str, Any]) -> dt.datetime | None:
@@ -96,16 +126,28 @@ def _started(r: dict[str, Any]) -> dt.datetime | None:
     return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)
 
 
-def print_runs(rows: list[dict[str, Any]], fmt: str, none: str, line: Callable[[dict[str, Any]], str]) -> int:
-    """A list of runs as `runs` prints it: JSON, or one `line` per run (`none` if there is none)."""
+def print_runs(rows: list[dict[str, Any]], fmt: str, none: str,
+               cells: Callable[[dict[str, Any]], list[str]]) -> int:
+    """A list of runs as `runs` prints it: JSON, or one line per run of its `cells` in columns
+    as wide as their widest cell (`none` if there is none)."""
     if fmt == "json":
         output.result_json(rows, indent=2)
         return EXIT_OK
     if not rows:
         output.note(none)
-    for r in rows:
-        output.result(line(r))
+    for line in columns([cells(r) for r in rows]):
+        output.result(line)
     return EXIT_OK
+
+
+def columns(table: list[list[str]]) -> list[str]:
+    """Rows of cells as lines whose columns line up: each column as wide as its widest cell
+    (a status that says which run fixed or superseded it is wider than a plain one), the last
+    left as it is."""
+    widths = [max((len(row[i]) for row in table if i < len(row)), default=0)
+              for i in range(max((len(row) for row in table), default=0))]
+    return [" ".join(c.ljust(widths[i]) if i < len(row) - 1 else c for i, c in enumerate(row)).rstrip()
+            for row in table]
 
 
 REASON_WIDTH = 100
@@ -130,11 +172,12 @@ def cell(value: object) -> str:
     return "-" if value is None else printable(value if isinstance(value, str) else repr(value))
 
 
-def run_line(r: dict[str, Any]) -> str:
+def run_cells(r: dict[str, Any]) -> list[str]:
+    """One run's line, by column: run, command, status, start, then its board and the rest."""
     legacy = "  [legacy: recorded by an older amdflash, unsigned]" if r.get("legacy") else ""
     reason = f"  {one_line(r['reason'])}" if r.get("reason") and r.get("status") != "succeeded" else ""
-    return (f"{cell(r['run_id']):26} {cell(r['command']):9} {shown_status(r):12} {cell(r['started']):30} "
-            f"{cell(r['board_spec'])}{legacy}{reason}")
+    return [cell(r["run_id"]), cell(r["command"]), shown_status(r), cell(r["started"]),
+            f"{cell(r['board_spec'])}{legacy}{reason}"]
 
 
 def cmd_report(args: argparse.Namespace) -> int:
