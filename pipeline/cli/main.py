@@ -453,8 +453,9 @@ def entry() -> None:
     """The `amdflash` console script: main(), and a Ctrl-C after it has finished changes nothing."""
     try:
         code = main()
-    except KeyboardInterrupt:   # between main's own handlers (practically never)
+    except KeyboardInterrupt:   # past main's own handlers (it landed while an outcome was printed)
         code = EXIT_INTERRUPTED
+        _say_interrupted("--log-json" in sys.argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         sys.stdout.flush()
