@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from amdflash.pipeline.fleet.serve.guard import BACKLOG, HEADER_TIMEOUT, Limiter, Limits, limits, protocol
 from amdflash.pipeline.fleet.serve.line import Line
 from amdflash.pipeline.fleet.serve.notify import Notifier
 from amdflash.pipeline.fleet.serve.pages import (CSP, SCRIPT, health_page, history_page, line_page, page, render_run,
@@ -21,6 +22,7 @@ from amdflash.store.status import ENDS
 
 HISTORY_FIELDS = ("host", "board", "status", "part", "since", "until")
 INT4 = 2**31 - 1                      # a host id beyond this is no host (PostgreSQL's integer)
+THREADS = 8                           # threads answering run pages, history and metrics at once
 
 
 def history_filters(query: Any) -> dict[str, str]:
@@ -62,10 +64,61 @@ def _history_query(pg: Any, filters: dict[str, str], limit: int = 500) -> list[d
     return runs[:limit]
 
 
-def app(line: Line, url: str, allowed_hosts: list[str] | None = None) -> Any:
+class Table:
+    """The line's table (its rows, the summary, the live stream's event) rendered once per change
+    of the line and shared by every client: `GET /` and every live stream send the same
+    rendering, so the number of viewers never multiplies what a change costs. Rendered on a
+    thread (a long table never holds up the server), one rendering at a time."""
+
+    FRESH = 10.0          # seconds a rendering serves `GET /` with no change (its "stale" marks age)
+
+    def __init__(self, line: Line):
+        self.line = line
+        self.rendered: dict[str, Any] | None = None
+        self._lock: asyncio.Lock | None = None
+        self._changed: asyncio.Event | None = None
+
+    def change(self) -> asyncio.Event:
+        """The event set at the next change of the line (on the server's loop)."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def changed(self) -> None:
+        """The line changed (called on the server's loop): every stream waiting wakes."""
+        event, self._changed = self.change(), asyncio.Event()
+        event.set()
+
+    async def current(self, fresh: float | None = None) -> dict[str, Any]:
+        """The rendering of the line's current version (made now if there is none yet)."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            r = self.rendered
+            if r is None or r["version"] != self.line.version or fresh is not None and \
+                    asyncio.get_running_loop().time() - r["made"] > fresh:
+                r = self.rendered = await asyncio.to_thread(self._render)
+                r["made"] = asyncio.get_running_loop().time()
+            return r
+
+    def _render(self) -> dict[str, Any]:
+        from sse_starlette.sse import ServerSentEvent
+
+        snap = self.line.snapshot()
+        rows, summary = rows_html(snap), summary_html(snap, self.line.error)
+        data = json.dumps({"rows": rows, "summary": summary, "updated": time_text(snap.at), "version": snap.version})
+        return {"version": snap.version, "snap": snap, "rows": rows, "summary": summary,
+                "event": ServerSentEvent(data=data, event="line").encode()}
+
+
+def app(line: Line, url: str, allowed_hosts: list[str] | None = None, caps: Limits | None = None,
+        limiter: Limiter | None = None) -> Any:
     """The Starlette application over `line` (kept current by its thread) and the record at `url`,
     answering only requests whose Host: is one of `allowed_hosts` (default this machine's names:
-    a page of another name is how DNS rebinding reaches a loopback server)."""
+    a page of another name is how DNS rebinding reaches a loopback server). At most `caps.streams`
+    live streams at once (default: as this process's descriptor limit allows, guard.limits)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from sse_starlette.sse import EventSourceResponse
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
@@ -76,46 +129,62 @@ def app(line: Line, url: str, allowed_hosts: list[str] | None = None) -> Any:
 
     from amdflash.pipeline.fleet import metrics
 
+    caps = caps or limits()
+    limiter = limiter or Limiter()
     headers = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
                "Cache-Control": "no-store"}
     loop_box: dict[str, asyncio.AbstractEventLoop] = {}
-    clients: set[asyncio.Queue[int]] = set()
+    table = Table(line)
+    streams = [0]
 
     def wake() -> None:   # from the line's thread
         loop = loop_box.get("loop")
         if loop is not None and not loop.is_closed():
             try:
-                loop.call_soon_threadsafe(_broadcast)
+                loop.call_soon_threadsafe(table.changed)
             except RuntimeError:   # closed between the check and the call: the server has stopped
                 pass
-
-    def _broadcast() -> None:
-        for q in list(clients):
-            if q.empty():
-                q.put_nowait(1)
 
     line.listeners.append(wake)
 
     async def index(request: Request) -> Response:
-        return HTMLResponse(line_page(line.snapshot(), line.window_hours, line.error), headers=headers)
+        r = await table.current(fresh=Table.FRESH)
+        return HTMLResponse(line_page(r["snap"], line.window_hours, line.error, rows=r["rows"], summary=r["summary"]),
+                            headers=headers)
 
     async def events(request: Request) -> Response:
         loop_box["loop"] = asyncio.get_running_loop()
-        mine: asyncio.Queue[int] = asyncio.Queue(maxsize=1)
-        clients.add(mine)
+        if streams[0] >= caps.streams:
+            ok, skipped = limiter.allow("streams")
+            if ok:
+                line.log(f"fleet serve: {caps.streams} live streams open: a new one refused (503)"
+                         f"{limiter.suffix(skipped)}")
+            return PlainTextResponse(f"busy: {caps.streams} live streams open; the page works without one "
+                                     "(reload for the newest)\n", 503, headers={**headers, "Retry-After": "30"})
 
         async def stream() -> Any:
-            try:
-                while True:
-                    snap = line.snapshot()
-                    yield {"event": "line", "data": json.dumps({
-                        "rows": rows_html(snap), "summary": summary_html(snap, line.error),
-                        "updated": time_text(snap.at), "version": snap.version})}
-                    await mine.get()
-            finally:
-                clients.discard(mine)
+            seen = None
+            while True:
+                change = table.change()
+                r = await table.current()
+                if r["version"] != seen:
+                    seen = r["version"]
+                    yield r["event"]          # the same bytes for every client
+                await change.wait()
 
-        return EventSourceResponse(stream(), ping=15, headers={"Cache-Control": "no-store"})
+        class Counted(EventSourceResponse):
+            """A live stream holding its slot until it ends, however it ends (a generator never
+            started, as when the client left at once, would never run a finally of its own)."""
+
+            async def __call__(self, *args: Any) -> None:
+                try:
+                    await super().__call__(*args)
+                finally:
+                    streams[0] -= 1
+
+        streams[0] += 1
+        # A client that stops reading is let go after 30 s (its stream's slot with it).
+        return Counted(stream(), ping=15, headers={"Cache-Control": "no-store"}, send_timeout=30)
 
     async def script(request: Request) -> Response:
         return Response(SCRIPT, media_type="text/javascript", headers=headers)
@@ -156,7 +225,11 @@ def app(line: Line, url: str, allowed_hosts: list[str] | None = None) -> Any:
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> Any:
-        loop_box["loop"] = asyncio.get_running_loop()
+        loop = loop_box["loop"] = asyncio.get_running_loop()
+        loop.set_exception_handler(limiter.exceptions)     # asyncio's lines: rate-limited
+        # Run pages, history and metrics run on threads, each with a database connection and files
+        # open: a pool of its own bounds the descriptors they hold (guard.RESERVE counts them).
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="amdflash-serve"))
         yield
 
     hosts = allowed_hosts if allowed_hosts is not None else ["127.0.0.1", "localhost"]
@@ -189,15 +262,24 @@ def state_file(state_dir: Path, url: str) -> Path:
     return state_dir / f"notified-{hashlib.sha256(no_password(shown_url(url)).encode()).hexdigest()[:16]}.json"
 
 
-def server_config(asgi: Any, host: str, port: int) -> Any:
+def server_config(asgi: Any, host: str, port: int, caps: Limits | None = None, limiter: Limiter | None = None,
+                  log: Callable[[str], None] | None = None) -> Any:
     """uvicorn's configuration for the view. Its own lines (a malformed request, an exception)
     go to the root logger amdflash configured (log_config=None), so they are words like any
     other: one JSON object per line with --log-json, escaped otherwise; uvicorn's default
-    handlers would print its own plain-text format beside them."""
+    handlers would print its own plain-text format beside them. Those any client can cause are
+    rate-limited (guard.Limiter), and connections are held to guard's header timeout and cap."""
+    import logging
+
     import uvicorn
 
+    caps = caps or limits()
+    limiter = limiter or Limiter()
+    limiter.install()
+    say = log or logging.getLogger("amdflash.serve").warning
     return uvicorn.Config(asgi, host=host, port=port, log_level="warning", lifespan="on",
-                          timeout_graceful_shutdown=2, log_config=None)
+                          timeout_graceful_shutdown=2, log_config=None, http=protocol(caps, limiter, say),
+                          backlog=BACKLOG, timeout_keep_alive=int(HEADER_TIMEOUT))
 
 
 def serve(url: str, listen: str, notify: list[str], window_hours: float, silent_after: float, settle: float,
@@ -205,16 +287,25 @@ def serve(url: str, listen: str, notify: list[str], window_hours: float, silent_
           allowed_hosts: list[str] | None = None, stale_after: float = 1800.0) -> int:
     import uvicorn
 
+    from amdflash.pipeline.errors import Refusal
+
     host, port = parse_listen(listen)
+    try:
+        caps = limits()
+    except ValueError as e:
+        raise Refusal(str(e)) from None
+    limiter = Limiter()
     notifier = Notifier(notify, log)
     line = Line(url, window_hours, notifier, silent_after, settle, public_url or f"http://{listen}/", log,
                 state_file(state_dir, url) if state_dir else None, stale_after)
     line.start()
-    server = uvicorn.Server(server_config(app(line, url, allowed(host, allowed_hosts or [])), host, port))
+    view = app(line, url, allowed(host, allowed_hosts or []), caps, limiter)
+    server = uvicorn.Server(server_config(view, host, port, caps, limiter, log))
 
     from amdflash.store.central import shown_url
 
-    log(f"serving the line at http://{host}:{port}/ (read-only, from {no_password(shown_url(url))})")
+    log(f"serving the line at http://{host}:{port}/ (read-only, from {no_password(shown_url(url))}; at most "
+        f"{caps.connections} connections, {caps.streams} live streams, under a limit of {caps.nofile} descriptors)")
     try:
         server.run()
     finally:

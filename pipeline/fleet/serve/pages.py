@@ -46,7 +46,10 @@ SCRIPT = """// Live updates: the server sends the line's table as it changes (se
     document.getElementById("updated").textContent = data.updated;
     document.body.setAttribute("data-version", data.version);
   });
-  source.onerror = function () { document.getElementById("updated").textContent = "reconnecting…"; };
+  source.onerror = function () {   // closed for good (the server had too many streams: 503): say so
+    document.getElementById("updated").textContent = source.readyState === EventSource.CLOSED
+      ? "live updates unavailable: reload for the newest" : "reconnecting…";
+  };
 })();
 """
 
@@ -142,16 +145,21 @@ def summary_html(snap: LineSnapshot, error: str | None = None) -> str:
     return "".join(parts)
 
 
-def line_page(snap: LineSnapshot, window_hours: float, error: str | None = None) -> str:
+def line_page(snap: LineSnapshot, window_hours: float, error: str | None = None, rows: str | None = None,
+              summary: str | None = None) -> str:
+    """The line's page; `rows` and `summary`: the table as already rendered for this snapshot
+    (app.Table: once per change, for every client)."""
+    rows = rows_html(snap) if rows is None else rows
+    summary = summary_html(snap, error) if summary is None else summary
     head = ("<tr><th>host</th><th>place</th><th>state</th><th>job</th><th>stage</th><th>progress</th><th>rate</th>"
             "<th>ETA</th><th>run (report)</th><th>error</th></tr>")
-    body = (f"<p class=\"summary\" id=\"summary\">{summary_html(snap, error)}</p>"
+    body = (f"<p class=\"summary\" id=\"summary\">{summary}</p>"
             f"<p class=\"note\">Every board that said anything in the last {window_hours:g} h, failures first. "
             "<b>signed</b>: the run's end as its signed record says it (pushed, verified by the central "
             "database); <b>live</b>: the host's word, advisory until its record is pushed. "
             f"Updated <span id=\"updated\">{time_text(snap.at)}</span>"
             "<noscript> (live updates need JavaScript: reload for the newest)</noscript>.</p>"
-            f"<table><thead>{head}</thead><tbody id=\"boards\">{rows_html(snap)}</tbody></table>")
+            f"<table><thead>{head}</thead><tbody id=\"boards\">{rows}</tbody></table>")
     return page("amdflash line", body, script=True)
 
 
