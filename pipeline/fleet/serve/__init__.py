@@ -30,12 +30,18 @@ of the runs shown and each host's health. Notifications (Apprise) are decided th
 What a host wrote is read defensively (docs/threat-model.md, "the line view"): its time is read
 as text and its numbers checked, so a row no reader can take (an infinite rate, a time of
 'infinity' or year 10000) is shown as unreadable instead of failing the page or the reader.
-Notifications are decided from the record's rows in order and what was notified is kept in the
-serve's state directory, so a restart, an outage or a reconnect neither loses nor repeats one;
-they carry the record's own fields only, checked and made printable, as plain text.
+Notifications are decided from the record's rows in order and what was decided is kept in the
+serve's state directory (this user's alone), with an outbox of what no service has taken yet,
+retried with backoff: a restart, an outage or a reconnect neither loses nor repeats one; they
+carry the record's own fields only, checked and made printable, as plain text.
+
+Held against one local user (docs/line-view.md): a request head within 5 s or the connection
+goes, connections and live streams capped below the descriptor limit, the table rendered once
+per change for every client, and what clients can make the server log rate-limited.
 
 The rooms: words (what a host wrote, made safe to show), line (the record read into the
 line's state, kept current; notifications decided), ends (a failed or interrupted run's end
 as `fleet report` tells it), notify (Apprise and what was notified), pages (HTML), app (the
-Starlette application, the live stream, `serve`).
+Starlette application, the live stream, `serve`), guard (the connections: header timeout, caps,
+rate-limited logging).
 """

@@ -449,3 +449,19 @@ def test_the_state_is_written_through_a_fresh_name_never_through_a_link(tmp_path
     for _, flags in writes:
         assert flags & os.O_EXCL and flags & os.O_NOFOLLOW
     assert sorted(p.name for p in state.iterdir()) == sorted([path.name, f".{path.name}.{os.getpid()}.tmp"])
+
+
+def test_the_serve_unit_sets_its_own_descriptor_limit_and_the_caps_fit_under_it() -> None:
+    """The unit's LimitNOFILE= is what `fleet serve` derives its caps from: its connections and
+    streams fit under it with the reserve left, and a limit too small is refused before serving."""
+    import configparser
+
+    from amdflash.pipeline.fleet.serve.guard import RESERVE, limits
+
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.read(ROOT / "pipeline" / "fleet" / "units" / "amdflash-serve.service")
+    nofile = int(parser["Service"]["LimitNOFILE"])
+    caps = limits(nofile)
+    assert caps.connections + RESERVE <= nofile and caps.streams < caps.connections
+    with pytest.raises(ValueError, match="file-descriptor limit"):
+        limits(RESERVE + 8)
