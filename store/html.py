@@ -137,6 +137,7 @@ def _identity(rep: dict[str, Any], beside: Path | None) -> str:
         ("resumed_by", "resumed by", _Html(", ".join(f"{_run_link(r['run_id'], beside)} ({escape(r['status'])})"
                                                      for r in rep.get("resumed_by") or [])) or None),
         ("finished_by", "fixed by", _run_link(rep.get("finished_by"), beside)),
+        ("superseded_by", "superseded by", _run_link(rep.get("superseded_by"), beside)),
         ("operator", "operator (OS account)", rep["operator"]),
         ("operator_claimed", "operator (claimed, --operator)", rep.get("operator_claimed")),
         ("host", "host", rep["host"]),
@@ -164,6 +165,7 @@ def _identity(rep: dict[str, Any], beside: Path | None) -> str:
         ("backups", "backup", "; ".join(f"{x['sha256']} {x['path']}" for x in rep["backups"]) or None),
         ("board_detail", "transport detail", _pairs(b["detail"]) if b.get("detail") else None),
         ("error", "error", rep["error"]),
+        ("registers_put_back", "registers put back first", "; ".join(rep.get("registers_put_back") or ()) or None),
     ]
     cells = "".join(
         f"<tr><th>{escape(label)}</th><td data-field=\"{escape(key)}\"{_MONO_ATTR if key in _MONO else ''}>"
@@ -178,13 +180,15 @@ def _outcome(end: dict[str, Any] | None, beside: Path | None) -> str:
     if not end:
         return ""
     fixed = end.get("fixed_by")
+    superseded = end.get("superseded_by")     # a later run wrote the board: no step of this run's is left
     backup, first = end.get("backup"), end.get("original")
     rows: list[tuple[str, str, Any]] = [
-        ("flash_state", "state when the run ended" if fixed else "state", end.get("state")),
+        ("flash_state", "state when the run ended" if fixed or superseded else "state", end.get("state")),
         ("backup", "backup", _backup_words(backup, backup["content"]) if backup else None),
         ("original", "the board's original", _backup_words(first, None) if first else None),
-        ("next_step", "next step", None if fixed else end.get("next_step")),
+        ("next_step", "next step", None if fixed or superseded else end.get("next_step")),
         ("fixed_by", "fixed by", _run_link(fixed, beside)),
+        ("superseded_by", "superseded by", _run_link(superseded, beside)),
     ]
     cells = "".join(f"<tr><th>{escape(label)}</th><td data-field=\"{escape(key)}\">{_value(value)}</td></tr>"
                     for key, label, value in rows if value)

@@ -19,8 +19,8 @@ from typing import Any
 
 import sqlite_utils
 
-from amdflash.store.queries import (RunNotFound, first_board, newest_verified, open_readonly, run_chain, runs,
-                                    status_of, unit_states)
+from amdflash.store.queries import (RunNotFound, changed_nothing, first_board, lineage_changed_nothing,
+                                    newest_verified, open_readonly, run_chain, runs, status_of, unit_states)
 from amdflash.store.run_rows import RunRows, RunUnverified, open_run
 from amdflash.store.verify import snapshot
 from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, UNIT
@@ -159,7 +159,8 @@ def _board_runs(db: sqlite_utils.Database, key: BoardKey) -> set[str]:
 
 def _history(db: sqlite_utils.Database, key: BoardKey, exclude: str | None) -> BoardHistory:
     mine = _board_runs(db, key)
-    writes = [r for r in runs(db) if r["run_id"] in mine and r["run_id"] != exclude and r["command"] in WRITES]
+    writes = [r for r in runs(db, superseded=False) if r["run_id"] in mine and r["run_id"] != exclude
+              and r["command"] in WRITES]
     original: list[Backup] = []
     opened: dict[str, RunRows] = {}
     for r in writes:       # every backup up to the first whole one: together they hold each unit as first found
@@ -187,7 +188,10 @@ def _history(db: sqlite_utils.Database, key: BoardKey, exclude: str | None) -> B
         board = first_board(db, rows, ("unique_id", "chip"))
         return board is not None and (board["unique_id"], board["chip"]) == (key.unique_id, key.chip)
 
-    newest = newest_verified(db, [r["run_id"] for r in writes], wrote_this_board, ("refused",), opened)
+    # A flash stopped before it changed the flash (its whole lineage) is looked past as a refused
+    # one is: it is not unfinished, and an older unfinished flash under it still is.
+    newest = newest_verified(db, [r["run_id"] for r in writes], wrote_this_board, ("refused",), opened,
+                             lineage_changed_nothing)
     unfinished = _unfinished(db, {"run_id": newest[0], "status": newest[1] or "not verified"}) if newest else None
     return BoardHistory(tuple(original), unfinished, changed)
 
@@ -195,12 +199,16 @@ def _history(db: sqlite_utils.Database, key: BoardKey, exclude: str | None) -> B
 def _wrote(db: sqlite_utils.Database, run_id: str, opened: dict[str, RunRows]) -> bool:
     """Whether a flash run of the board is on record as writing it: its rows verify, a
     checkpoint seals some of them (the writer seals before the first write), and its own
-    sealed rows do not say it was refused (a refused run wrote nothing)."""
+    sealed rows do not say it was refused (a refused run wrote nothing) nor that it stopped
+    before it changed the flash (queries.wrote_nothing)."""
     try:
         rows = opened.get(run_id) or open_run(db.conn, run_id)
     except RunUnverified:
         return False
-    return rows.sealed is not None and status_of(db, rows) != "refused"
+    if rows.sealed is None:
+        return False
+    status = status_of(db, rows)
+    return status != "refused" and not (status in ("failed", "interrupted") and changed_nothing(db, rows))
 
 
 def _unfinished(db: sqlite_utils.Database, newest: dict[str, Any]) -> Unfinished | None:
@@ -216,8 +224,10 @@ def _unfinished(db: sqlite_utils.Database, newest: dict[str, Any]) -> Unfinished
     for rows in lineage:
         touched |= {a for a, u in unit_states(db, rows, sealed_only=True).items() if u["intended"]}
     written = len(touched)
-    if newest["status"] != "interrupted" and not written:
-        return None        # failed before it changed anything: the board is as it found it
+    if all(changed_nothing(db, rows) for rows in lineage):
+        # Failed or stopped (Ctrl-C, killed) before it changed anything — no unit's erase begun,
+        # no status register written: the board is as it found it, and nothing is unfinished.
+        return None
     backup = next((b for b in map(lambda rows: _first_backup(db, rows), lineage) if b is not None), None)
     return Unfinished(newest["run_id"], newest["status"], tuple(r.run_id for r in lineage), written, backup)
 

@@ -67,11 +67,13 @@ def resolve_run(db: sqlite_utils.Database, run_id: str) -> str:
     return run_id if run_id in rows else rows[0]
 
 
-def runs(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+def runs(db: sqlite_utils.Database, superseded: bool = True) -> list[dict[str, Any]]:
     """Every run, oldest first, with its status as store.status.run_status decides it (a run
     whose process is gone is "interrupted", never "running" for ever), the detail of its last
     status row (`reason`: the error or refusal) and, for a run that did not succeed, the resume
-    that finished its work (`fixed_by`). One query: a trail of many runs is listed in one pass."""
+    that finished its work (`fixed_by`) or else (`superseded`: worked out) the later run that
+    wrote its board since (`superseded_by`). One query: a trail of many runs is listed in one
+    pass; a run is verified only where a decision needs it."""
     with snapshot(db.conn):
         rows = [dict(r) for r in db.query("""
             SELECT r.seq, r.run_id, r.command, r.board_spec, r.at AS started, r.image_sha256, r.resumes_run_id,
@@ -99,6 +101,10 @@ def runs(db: sqlite_utils.Database) -> list[dict[str, Any]]:
                           for r in rows if not r["resumes_run_id"] or said[r["seq"]] is not None])
         for r in rows:
             r["fixed_by"] = fixed.get(r["run_id"])
+            # A flash no resume finished, whose board a later run wrote since: its resume would be
+            # refused, so what it left is no longer its business (superseded_by).
+            r["superseded_by"] = (superseded_by(db, r["run_id"], related) if superseded and not r["fixed_by"]
+                                  and r["command"] in WRITES and r["status"] in UNFINISHED else None)
             del r["seq"]
     return rows
 
@@ -144,20 +150,24 @@ def latest_unfinished(db: sqlite_utils.Database, board_spec: str) -> str | None:
     def of_board(own: dict[str, Any], rows: RunRows | None) -> bool:
         return bool(own["board_spec"] == board_spec and own["command"] in ("flash", "resume"))
 
-    newest = newest_verified(db, named, of_board, skip=("refused",))      # a refused run wrote nothing
+    # A refused run wrote nothing, nor did one stopped before it changed the flash: neither is unfinished.
+    newest = newest_verified(db, named, of_board, skip=("refused",), passed_over=lineage_changed_nothing)
     return None if newest is None or newest[1] == "succeeded" else newest[0]
 
 
 def newest_verified(db: sqlite_utils.Database, run_ids: Iterable[str],
                     accept: Callable[[dict[str, Any], RunRows | None], bool], skip: tuple[str, ...] = (),
-                    opened: dict[str, RunRows] | None = None) -> tuple[str, str | None] | None:
+                    opened: dict[str, RunRows] | None = None,
+                    passed_over: Callable[[sqlite_utils.Database, RunRows, str], bool] | None = None) \
+        -> tuple[str, str | None] | None:
     """(run id, status) of the newest of `run_ids` — by its own runs row, the one its
     checkpoints seal, not a second row INSERTed with its id — that `accept` takes (its own
     runs row, and its rows once verified) and whose status (from its own verified rows) is
     not in `skip`. A run that does not verify is returned with status None: the caller says
     so rather than look past it. A run no checkpoint seals any of is passed over: the writer
     seals a run's rows before its first write, so it wrote nothing and vouches for nothing.
-    `opened`: runs the caller already verified (each verified once: O(its rows))."""
+    `opened`: runs the caller already verified (each verified once: O(its rows)); `passed_over`
+    (db, its rows, its status): a verified run it says True of is looked past, as a skipped one."""
     related = _Related(db)
     keyed = []
     for run_id in set(run_ids):
@@ -176,9 +186,101 @@ def newest_verified(db: sqlite_utils.Database, run_ids: Iterable[str],
         if rows.sealed is None or rows.key != key or not accept(own, rows):
             continue
         status = status_of(db, rows, related)
-        if status not in skip:
+        if status not in skip and not (passed_over is not None and passed_over(db, rows, status)):
             return run_id, status
     return None
+
+
+# -- what a write run changed, and which later run took its board over --------------------------
+
+WRITES = ("flash", "resume")
+WRITERS = ("flash", "resume", "ifwi-all")      # what a resume checks has not written its board since
+UNFINISHED = ("failed", "interrupted")
+
+
+def changed_nothing(db: sqlite_utils.Database, rows: RunRows) -> bool:
+    """Whether a verified run's own sealed rows show it changed nothing on the flash: no unit
+    past `planned` or `verified` (a unit's intent is sealed before its erase begins, so a unit
+    erased even in part, or programmed, has one) and no status-register write (a CMP clear is
+    on record, sealed, before it is sent). Rows in an unsealed tail never reached the board."""
+    unit = db.conn.execute(f"SELECT 1 FROM units WHERE {rows.sealed_sql} AND state NOT IN ('planned', 'verified') "
+                           "LIMIT 1", rows.sealed_args).fetchone()
+    status_write = db.conn.execute(f"SELECT 1 FROM stages WHERE {rows.sealed_sql} AND stage = 'clear_cmp' LIMIT 1",
+                                   rows.sealed_args).fetchone()
+    return unit is None and status_write is None
+
+
+def lineage_changed_nothing(db: sqlite_utils.Database, rows: RunRows, status: str) -> bool:
+    """A run that ended without finishing (`status` failed or interrupted) whose flash — it and
+    the runs it resumes — changed nothing: the board is as that flash found it, so it is not
+    unfinished (a new flash is not refused over it, nor does it hide an older unfinished one).
+    False where a run of its lineage does not verify: such a one is named, never looked past."""
+    if status not in UNFINISHED:
+        return False
+    try:
+        return all(changed_nothing(db, r) for r in run_chain(db, rows.run_id))
+    except (RunUnverified, RunNotFound):
+        return False
+
+
+def wrote_nothing(db: sqlite_utils.Database, run_id: str) -> bool:
+    """Whether a run is on record, in its own verified and sealed rows, as having ended without
+    finishing and changed nothing on the flash: a resume of an earlier flash of the board may
+    go on after it (it wrote nothing the resume would overwrite)."""
+    try:
+        rows = open_run(db.conn, run_id)
+    except RunUnverified:
+        return False
+    return rows.sealed is not None and status_of(db, rows) in UNFINISHED and changed_nothing(db, rows)
+
+
+def superseded_by(db: sqlite_utils.Database, run_id: str, related: _Related | None = None) -> str | None:
+    """The later run that wrote the board of this unfinished flash (a start-over, a
+    restore-original, a later flash or ifwi-all), found as `resume` finds what refuses it —
+    after the first run of its lineage, on its board (flash unique ID, else its spec), outside
+    the lineage, neither refused nor stopped before it changed the flash — so that its report
+    offers no resume that would be refused. Only a run that speaks for itself does: its own runs
+    row, its rows verified and sealed (under this host's key, for a board command), and signed
+    by no key but those that signed the flash it supersedes — a row INSERTed or sealed by
+    someone else never hides an unfinished flash."""
+    related = related or _Related(db)
+    try:
+        chain = run_chain(db, newest_resume(db, run_id))
+    except (RunUnverified, RunNotFound):
+        return None
+    ids = [r.run_id for r in chain]
+    identity = next((b for b in map(lambda r: _identified(db, r), chain) if b["unique_id"] or b["chip"]), None)
+    if identity is None:
+        return None         # it never identified its board: it wrote nothing, and resume asks no more
+    signers = {k for r in chain for k in r.check.signers}
+    if identity["unique_id"]:
+        later = db.conn.execute(
+            "SELECT DISTINCT r.run_id, r.seq FROM runs r JOIN boards b ON b.run_id = r.run_id WHERE r.seq > ? "
+            f"AND b.unique_id = ? AND r.command IN {WRITERS} ORDER BY r.seq", (chain[0].key, identity["unique_id"]))
+    else:                   # a part without a readable unique ID is known by its spec
+        spec = run_row(db, chain[-1].key)["board_spec"]
+        later = db.conn.execute(f"SELECT run_id, seq FROM runs WHERE seq > ? AND board_spec = ? AND command IN "
+                                f"{WRITERS} ORDER BY seq", (chain[0].key, spec))
+    for other, seq in list(later):
+        if other in ids or not isinstance(other, str):
+            continue
+        status = related.speaks(other, seq)
+        rows = related.opened.get(other)
+        if status in (None, "refused") or rows is None:
+            continue
+        if status in UNFINISHED and changed_nothing(db, rows):
+            continue
+        if signers and not set(rows.check.signers) <= signers:
+            continue        # sealed by a key the flash's own host did not use
+        return other
+    return None
+
+
+def _identified(db: sqlite_utils.Database, rows: RunRows) -> dict[str, Any]:
+    """The board a run identified, as its sealed rows record it (the last row naming a chip)."""
+    found = db.conn.execute(f"SELECT unique_id, chip FROM boards WHERE {rows.sealed_sql} ORDER BY chip IS NULL, "
+                            "CASE WHEN chip IS NULL THEN seq ELSE -seq END LIMIT 1", rows.sealed_args).fetchone()
+    return {"unique_id": found[0] or "", "chip": found[1] or ""} if found else {"unique_id": "", "chip": ""}
 
 
 def unit_states(db: sqlite_utils.Database, rows: RunRows, sealed_only: bool = False) -> dict[int, dict[str, Any]]:
@@ -256,6 +358,7 @@ class _Related:
     def __init__(self, db: sqlite_utils.Database, keyfiles: list[Path] | None = None):
         self.db, self.keyfiles = db, keyfiles
         self._found: dict[str, tuple[str, int] | None] = {}
+        self.opened: dict[str, RunRows] = {}       # the runs that verified, as verified
 
     def verified(self, run_id: str) -> tuple[str, int] | None:
         """(status as store.status.run_status gives it, the seq of its runs row), or None if
@@ -267,6 +370,7 @@ class _Related:
             except RunUnverified:
                 return None
             if rows.sealed is not None:
+                self.opened[run_id] = rows
                 self._found[run_id] = (status_of(self.db, rows, self), rows.key)
         return self._found[run_id]
 
@@ -527,9 +631,11 @@ def transactions_between(db: sqlite_utils.Database, rows: RunRows, after: int, b
 
 def writes_since(db: sqlite_utils.Database, first: RunRows, unique_id: str, lineage: list[str]) -> list[dict[str, Any]]:
     """Runs that may have written the board (same flash unique ID) after `first` began,
-    other than those in `lineage` (the run and its resumes)."""
+    other than those in `lineage` (the run and its resumes) and those on record as having
+    changed nothing (wrote_nothing)."""
     rows = db.query(
         "SELECT DISTINCT r.run_id, r.command, r.at FROM runs r JOIN boards b ON b.run_id = r.run_id "
         "WHERE r.seq > ? AND b.unique_id = ? AND r.command IN ('flash', 'resume', 'ifwi-all') ORDER BY r.seq",
         [first.key, unique_id])
-    return [dict(r) for r in rows if r["run_id"] not in lineage]
+    # One that stopped before it changed the flash wrote nothing a resume would overwrite.
+    return [dict(r) for r in rows if r["run_id"] not in lineage and not wrote_nothing(db, r["run_id"])]

@@ -184,7 +184,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="write a flash part that is not in the chip table, using only its SFDP facts (erase "
                         "types and times, page size); refused if they are missing or protection knowledge is needed")
     p.add_argument("--start-over", action="store_true",
-                   help="flash a board whose last flash never finished (killed, or failed after it began writing) "
+                   help="flash a board whose last flash never finished (stopped or failed after it began writing) "
                         "instead of refusing and naming the 'amdflash resume' that finishes it; the backup this "
                         "run makes is then the content as found, and the board's original stays the earlier one")
     board_options(p)

@@ -162,6 +162,8 @@ def one_line(text: str, width: int = REASON_WIDTH) -> str:
 def shown_status(r: dict[str, Any]) -> str:
     """The status as a line shows it: a run another (resume) run fixed says which."""
     status = cell(r.get("status") or "?")
+    if r.get("superseded_by"):      # a later run wrote its board: nothing of it is left to finish
+        return f"{status} (superseded by {cell(r['superseded_by'])})"
     return f"{status} (fixed by {cell(r['fixed_by'])})" if r.get("fixed_by") else status
 
 
@@ -235,6 +237,10 @@ def render_text(rep: dict[str, Any]) -> str:
         lines.insert(1, f"legacy     {legacy}")
     if rep.get("finished_by"):
         lines.append(f"fixed by   {rep['finished_by']} (the resume that finished this run's work)")
+    if rep.get("superseded_by"):
+        lines.append(f"superseded {rep['superseded_by']} wrote this board since: nothing of this run is left to finish")
+    for words in rep.get("registers_put_back") or ():
+        lines.append(f"registers  {words} (before this run did anything)")
     reads = describe_reads(rep["reads"]) if rep.get("reads") is not None else None
     if reads:
         lines.append(f"reads      {reads}")
@@ -266,11 +272,13 @@ def end_lines(end: dict[str, Any] | None) -> list[str]:
         return []
     from amdflash.pipeline.commands.run_end import backup_words
 
-    when = " (when the run ended)" if end.get("fixed_by") else ""
+    when = " (when the run ended)" if end.get("fixed_by") or end.get("superseded_by") else ""
     lines = [f"state      {end['state']}{when}" if end.get("state") else None,
              f"backup     {backup_words(end)}" if backup_words(end) else None,
              f"next       {end['next_step']}" if end.get("next_step") else None,
-             f"next       none: fixed by {end['fixed_by']}" if end.get("fixed_by") else None]
+             f"next       none: fixed by {end['fixed_by']}" if end.get("fixed_by") else None,
+             f"next       none: superseded by {end['superseded_by']} (what the board holds now is that run's)"
+             if end.get("superseded_by") else None]
     return [line for line in lines if line]
 
 

@@ -16,7 +16,7 @@ from amdflash.pipeline.engine.jobs import place
 from amdflash.pipeline.engine.next_step import command
 from amdflash.stages.open_transport import BoardSpec
 from amdflash.store.queries import (RunNotFound, has_intents, latest_unfinished, newest_resume, report, resolve_run,
-                                    run_chain, runs, unit_states, unvouched, writes_since)
+                                    run_chain, runs, unit_states, unvouched, writes_since, wrote_nothing)
 from amdflash.store.run_rows import RunRows
 from amdflash.store.verify import snapshot
 
@@ -150,4 +150,4 @@ def _spec_writes_since(db: Any, lineage: list[str], spec: str) -> list[dict[str,
     all_runs = runs(db)
     first = next(i for i, r in enumerate(all_runs) if r["run_id"] == lineage[0])
     return [r for r in all_runs[first + 1:] if r["board_spec"] == spec and r["run_id"] not in lineage
-            and r["command"] in ("flash", "resume", "ifwi-all")]
+            and r["command"] in ("flash", "resume", "ifwi-all") and not wrote_nothing(db, r["run_id"])]

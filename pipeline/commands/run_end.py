@@ -23,7 +23,7 @@ import sqlite_utils
 from amdflash.pipeline.engine import jobs
 from amdflash.pipeline.engine import next_step
 from amdflash.store.originals import Backup, _first_backup
-from amdflash.store.queries import RunNotFound, lineage_units, newest_resume, run_chain
+from amdflash.store.queries import RunNotFound, lineage_units, newest_resume, run_chain, superseded_by
 from amdflash.store.run_rows import RunUnverified
 
 ENDED_BADLY = ("failed", "interrupted")
@@ -56,11 +56,36 @@ def _where(step: str | None) -> str | None:
 
 def add(db: sqlite_utils.Database, rep: dict[str, Any],
         original: Callable[[], tuple[str, str, str] | None]) -> None:
-    """Put the run's end into its report: `fixed_by`, and `outcome` (None for a run that
-    succeeded, was refused or still runs). `original`: the board's original for the advice, as
-    commands finds it for a board run's (called only for a flash or resume that needs it)."""
+    """Put the run's end into its report: `fixed_by`, `superseded_by` (store.queries: a later
+    run that wrote the board of a flash no resume finished), `registers_put_back` and `outcome`
+    (None for a run that succeeded, was refused or still runs). `original`: the board's original
+    for the advice, as commands finds it for a board run's (called only for a flash or resume
+    that needs it)."""
     rep["fixed_by"] = rep.get("finished_by")
+    rep["superseded_by"] = (superseded_by(db, rep["run_id"]) if not rep["fixed_by"] and wanted(rep)
+                            and rep.get("command") in next_step.WRITES else None)
+    rep["registers_put_back"] = put_back_words(rep)
     rep["outcome"] = outcome(db, rep, _board_original(rep, original)) if wanted(rep) else None
+
+
+def put_back_words(rep: dict[str, Any]) -> list[str]:
+    """What the run put back, before anything else, of the registers an earlier run left
+    changed (stages/restore.put_back's sealed record), in the words the command line said."""
+    import json
+
+    words = []
+    for row in rep.get("stages") or ():
+        if row.get("stage") != "restore_stranded" or row.get("event") != "end":
+            continue
+        try:
+            said = json.loads(row.get("detail") or "")
+            done, run = said.get("put_back") or {}, str(said.get("run"))
+            if done:
+                words.append(f"put back the registers run {run} left changed: "
+                             + ", ".join(f"{name} {was} -> {now}" for name, (was, now) in done.items()))
+        except (ValueError, TypeError, AttributeError):
+            continue        # not a row amdflash wrote: it says nothing
+    return words
 
 
 def _board_original(rep: dict[str, Any], original: Callable[[], tuple[str, str, str] | None]) \
@@ -83,11 +108,14 @@ def outcome(db: sqlite_utils.Database, rep: dict[str, Any], original: tuple[str,
     """The run's end: `state` (what the flash holds, for a flash or resume), `backup` (the
     content the run's lineage found, with the command that writes it back), `original` (the
     board's original, when another backup holds it), `next_step` (next_step.advice: the words
-    and command the run printed) and `fixed_by` (the resume that finished its work, if any:
-    then there is no next step). `original`: (path, run, put-back command) as commands gives
-    it to the advice."""
+    and command the run printed), `fixed_by` (the resume that finished its work, if any: then
+    there is no next step) and `superseded_by` (else the later run that wrote its board since:
+    no next step either, for resuming would be refused; the board is that run's business).
+    `original`: (path, run, put-back command) as commands gives it to the advice."""
     spec = (rep.get("board") or {}).get("spec") or ""
     fixed = rep.get("finished_by")
+    # A later run wrote the board: resuming would be refused, and what the board holds is its business.
+    superseded = None if fixed else rep.get("superseded_by")
     writes = rep.get("command") in next_step.WRITES
     mine = _lineage_backup(db, rep["run_id"]) if writes else None
     backup = first = None
@@ -96,8 +124,7 @@ def outcome(db: sqlite_utils.Database, rep: dict[str, Any], original: tuple[str,
         backup = {"path": mine.path, "run_id": mine.run_id, "sha256": mine.sha256,
                   "content": "the board's original content" if is_original else "the content as found",
                   # Until the flash is finished, a new flash of the board needs --start-over.
-                  "put_back": original[2] if is_original and original else
-                  jobs.restore_command(mine, spec, start_over=not fixed)}
+                  "put_back": original[2] if is_original and original else jobs.restore_command(mine, spec)}
     if original is not None and (backup is None or backup["content"] != "the board's original content"):
         first = {"path": original[0], "run_id": original[1], "put_back": original[2]}
     now, carried_by = (_flash_now(db, rep) if writes and not fixed else (rep, rep["run_id"]))
@@ -105,9 +132,10 @@ def outcome(db: sqlite_utils.Database, rep: dict[str, Any], original: tuple[str,
         "state": next_step.flash_state(now) if writes else None,
         "backup": backup,
         "original": first,
-        "next_step": None if fixed else _where(next_step.advice(now, *(original or (None,)), run_id=carried_by,
-                                                                spec=spec)),
+        "next_step": None if fixed or superseded else _where(next_step.advice(now, *(original or (None,)),
+                                                                              run_id=carried_by, spec=spec)),
         "fixed_by": fixed,
+        "superseded_by": superseded,
     }
 
 

@@ -17,7 +17,7 @@ import anyio
 from amdflash.pipeline.engine import board_report, next_step, output_files as outputs
 from amdflash.pipeline.engine.board_report import BoardReport
 from amdflash.pipeline.errors import Refusal
-from amdflash.pipeline.engine.runner import RunInfo, stage
+from amdflash.pipeline.engine.runner import RunInfo, say_now, stage
 from amdflash.stages.image import part_check
 from amdflash.stages.confirm import Expectation, confirm_whole
 from amdflash.stages.device import Device, Interrupted
@@ -318,7 +318,9 @@ class FlashJob:
             stage(dev.recorder, "backup", "fail", f"stopped after {len(units)} of {n} units")
             raise Interrupted(dev.stop.reason or "interrupted")
         if self.backup_dir:
-            info.output.append(await self._store_backup(dev, units, history, str(info.spec)))
+            kept = await self._store_backup(dev, units, history, str(info.spec))
+            info.output.append(kept)
+            say_now(info, kept)     # now: a run killed from here on printed nothing else that names it
         stage(dev.recorder, "backup", "end")
 
         # Backup -> plan -> erase -> program -> verify, through bounded queues: pipeline/engine/flash_graph.py
@@ -449,8 +451,10 @@ def place(data: bytes, start_sector: int) -> bytes:
     return b"\xff" * start + data + b"\xff" * (FLASH_SIZE - start - len(data))
 
 
-def restore_command(backup: Backup, spec: str, start_over: bool = False) -> str:
-    """The command that writes `backup` back to the board it was read from: its own sectors."""
+def restore_command(backup: Backup, spec: str, start_over: bool = True) -> str:
+    """The command that writes `backup` back to the board it was read from: its own sectors.
+    With --start-over: pasted at any later time, a flash of the board left unfinished since
+    (this very run, killed) must not refuse it — putting the backup back is the way out of one."""
     sectors = [] if backup.whole else ["--start-sector", str(backup.start_sector),
                                        "--sector-count", str(backup.sector_count)]
     return next_step.command("flash", backup.path, *sectors, "--board", spec, "--yes", "--force",

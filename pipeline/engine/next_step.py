@@ -55,9 +55,19 @@ def _units(report: dict[str, Any]) -> dict[str, int]:
     return counts
 
 
-def _touched(report: dict[str, Any]) -> bool:
-    n = _units(report)
-    return bool(n.get("intent", 0) + n.get("erased", 0) + n.get("programmed", 0) + n.get("failed", 0))
+def _cmp_cleared(report: dict[str, Any]) -> bool:
+    """Whether the run wrote the status register (a CMP clear is on record before it is sent)."""
+    return any(row.get("stage") == "clear_cmp" for row in report.get("stages") or ())
+
+
+def changed(report: dict[str, Any]) -> bool:
+    """Whether a flash or resume run changed the flash, by its units' recorded states: a unit's
+    intent is on record before its erase begins, so a unit erased even in part counts, as does
+    one written and verified since (only a unit found already equal is verified unwritten) and
+    a status-register write. What store.queries.changed_nothing decides from the sealed rows."""
+    written = any(u["state"] != "planned" and not (u["state"] == "verified" and u.get("action") == "skip")
+                  for u in report.get("units") or ())
+    return written or _cmp_cleared(report)
 
 
 def flash_state(report: dict[str, Any]) -> str:
@@ -67,8 +77,9 @@ def flash_state(report: dict[str, Any]) -> str:
     programmed, failed = n.get("programmed", 0), n.get("failed", 0)
     if not (erased or programmed or failed):
         verified = n.get("verified", 0)
-        return (f"the flash holds the image in {plural(verified, 'unit')} verified so far; the rest is as it was"
+        said = (f"the flash holds the image in {plural(verified, 'unit')} verified so far; the rest is as it was"
                 if verified else "the flash was not changed")
+        return said + (" (but SR2.CMP was cleared)" if _cmp_cleared(report) else "")
     parts = []
     if erased:
         parts.append(f"{plural(erased, 'unit')} erased (or about to be) and not programmed")
@@ -82,20 +93,32 @@ def flash_state(report: dict[str, Any]) -> str:
 def advice(report: dict[str, Any], backup: str | None, made_by: str | None = None, put_back: str | None = None, *,
            run_id: str, spec: str) -> str | None:
     """The next step after a run that did not succeed (None when there is nothing to add).
-    `backup`: the board's original content, made by run `made_by`, written back by `put_back`."""
+    `backup`: the board's original content, made by run `made_by`, written back by `put_back`.
+    A report that already tells its run's end (commands.run_end: `outcome`, worked out from the
+    flash as the run's whole lineage left it) is taken at its word: the command line and the
+    report say the same step."""
+    end = report.get("outcome")
+    if isinstance(end, dict) and "next_step" in end:
+        return end["next_step"]
     status, ran = report.get("status"), report.get("command")
     if status in (None, "succeeded", "refused"):
         return None        # a refusal wrote nothing and says why; success needs no advice
     resume = command("resume", run_id, "--board", spec, "--yes")
     if ran in WRITES:
         state = flash_state(report)
+        back = put_back or (command('flash', backup, '--board', spec, '--yes', '--force', '--start-over')
+                            if backup else None)
         if status == "interrupted":
-            return f"{state}. To finish the flash: {resume}"
-        if not _touched(report):
+            if not changed(report):
+                # Not unfinished: a new flash of the board is not refused over it (store.originals).
+                return f"{state}: nothing to finish; to write the image, run the same command again"
+            undo = f"; or put back the original content, backup {backup} (run {made_by or run_id}): {back}" \
+                if backup else ""
+            return f"{state}. To finish the flash: {resume}{undo}"
+        if not changed(report):
             return f"{state}. Fix the cause, then finish the flash: {resume}"
-        original = (f"The original content is backup {backup} (run {made_by or run_id}): to put it back, "
-                    f"{put_back or command('flash', backup, '--board', spec, '--yes', '--force')}" if backup else
-                    "No backup of the original content is on record")
+        original = (f"The original content is backup {backup} (run {made_by or run_id}): to put it back, {back}"
+                    if backup else "No backup of the original content is on record")
         return f"{state}. {original}; or fix the cause and finish the flash: {resume}"
     if ran == "hardware-report":
         left = scratch_left(report)
@@ -104,6 +127,11 @@ def advice(report: dict[str, Any], backup: str | None, made_by: str | None = Non
     if ran == "ifwi-all":
         return ("the PSP bootloader may hold a partial stream: power the board off and on (all rails) before "
                 f"the next command (an emulated board: {command('sim', 'power-cycle', sim_dir(spec))})")
+    if ran == "verify" and status == "failed" and (report.get("verifies") or {}).get("failed"):
+        image = (report.get("arguments") or {}).get("image") or report.get("image_path")
+        if image:       # the board read fine and holds something else: writing the image is the way
+            return (f"the flash was not changed (verify only reads it), and it differs from the image; to write "
+                    f"the image: {command('flash', str(image), '--board', spec, '--yes')}")
     if ran in READS:
         again = "run the command again" if status == "interrupted" else "fix the cause, then run the command again"
         return f"the flash was not changed ({ran} only reads it); {again}"

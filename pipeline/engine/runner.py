@@ -68,6 +68,13 @@ class RunResult:
     output: list[str]
 
 
+def say_now(info: RunInfo, line: str) -> None:
+    """A line on stderr at once, not with the run's other lines at its end: what must be known
+    even if the process is killed next (the backup's path), or what the end does not show for a
+    run that did not succeed. Printed and flushed at once, on a terminal or not (logsetup)."""
+    logger(run_id=info.run_id, board=str(info.spec)).info(f"{info.spec}: {line}")
+
+
 def new_run_id() -> str:
     # 32 random bits, as uuid4().hex[:8] gave (its version bits lie beyond them), without uuid
     # (which loads platform and its regexes).
@@ -92,6 +99,7 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
     progress = ui.reporter(str(info.spec), info.run_id)
 
     dev: Device | None = None
+    settled: list[str] = []     # what was put back of an earlier run's registers, in words
     lock = None
     registers = False   # a board reached through amdgpu has no BAR5: no registers to snapshot or restore
     status, code, error, summary = "failed", EXIT_FAILED, None, {}
@@ -108,7 +116,8 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
         dev.extra["command"] = next_step.command    # a step the board layer suggests carries --db/--config
         if registers:
             # Registers an earlier run left changed go back first; then the "before" snapshot.
-            info.output += await settle_registers(dev, getattr(writer, "path", None))
+            settled = await settle_registers(dev, getattr(writer, "path", None))
+            info.output += settled
         # The run and the registers as found are on record before the first register write:
         # a host that dies at that write still leaves a run to resume and values to restore.
         await anyio.to_thread.run_sync(recorder.durable)
@@ -162,6 +171,11 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
                 error = error or _message(e)
                 status, code = "failed", EXIT_FAILED
             log.debug("run ended", status=status, error=error)
+            if status != "succeeded":
+                # The run's lines are shown only on success: a refused or failed run still wrote
+                # these registers back, before anything else, and says so.
+                for line in settled:
+                    say_now(info, line)
     return RunResult(info.run_id, str(info.spec), status, code, error, summary, info.output)
 
 

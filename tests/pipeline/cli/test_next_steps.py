@@ -81,7 +81,7 @@ def test_ifwi_all_that_fails_says_a_power_cycle_is_needed(amdflash, make_board, 
 
 
 def test_info_after_a_killed_flash_names_the_unfinished_run_and_the_resume(amdflash, make_board, image):
-    board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=30000"])
+    board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=52000"])  # past the backup: while writing
     killed = subprocess.run([sys.executable, "-m", "amdflash", "-q", "flash", str(image), "--yes", "--force",
                              "--board", f"sim:{board}"], capture_output=True, text=True, env=dict(os.environ))
     assert killed.returncode != 0
@@ -94,7 +94,7 @@ def test_info_after_a_killed_flash_names_the_unfinished_run_and_the_resume(amdfl
 
 @pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
 def test_resume_after_the_image_moved_suggests_naming_it(amdflash, make_board, image, tmp_path):
-    board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=30000"])
+    board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=52000"])  # past the backup: while writing
     subprocess.run([sys.executable, "-m", "amdflash", "-q", "flash", str(image), "--yes", "--force",
                     "--board", f"sim:{board}"], capture_output=True, text=True, env=dict(os.environ))
     run = last_run(amdflash)["run_id"]
@@ -289,7 +289,7 @@ def test_the_steps_name_a_database_chosen_by_the_environment_or_the_config_file(
 
 
 def test_info_names_a_resume_that_works_pasted_elsewhere(amdflash, make_board, image, tmp_path):
-    board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=30000"])
+    board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=52000"])  # past the backup: while writing
     db = tmp_path / "a dir" / "trail's db.sqlite"              # a space and a quote to survive the shell
     db.parent.mkdir()
     subprocess.run([sys.executable, "-m", "amdflash", "-q", "--db", str(db), "flash", str(image), "--yes",

@@ -87,19 +87,20 @@ def _interrupt_then_finish(tmp_path: Path, make_board, delay: float) -> None:  #
     assert "Traceback" not in r.stderr and "KeyboardInterrupt" not in r.stderr, r.stderr
     if r.returncode == 130:
         lines = r.stderr.strip().splitlines()
-        if lines[-1].startswith("  next: "):          # a run was on record: how to finish it
-            assert f"To finish the flash: amdflash --db {os.environ['AMDFLASH_DB']} resume " in lines[-1] and lines[-2].startswith("error: "), r.stderr
+        if lines[-1].startswith("  next: "):          # a run was on record: how to finish it, or that none is needed
+            assert (f"To finish the flash: amdflash --db {os.environ['AMDFLASH_DB']} resume " in lines[-1]
+                    or "nothing to finish" in lines[-1]) and lines[-2].startswith("error: "), r.stderr
         else:
             assert lines[-1].startswith("error: "), r.stderr
         # What follows the Ctrl-C is no signal's business: this process runs it.
         listed = cli.run("runs", "--json", cwd=tmp_path)
         runs = json.loads(listed.stdout) if listed.returncode == 0 else []     # 2: no audit database yet
-        if runs:                                    # stopped once the run had begun: resume it
+        if runs and "nothing to finish" not in r.stderr:     # stopped once it had changed the flash: resume it
             assert runs[-1]["status"] == "interrupted"
             assert (f"To finish the flash: amdflash --db {os.environ['AMDFLASH_DB']} resume {runs[-1]['run_id']} "
                     f"--board sim:{board} --yes") in r.stderr
             done = cli.run("resume", "--yes", "--board", f"sim:{board}", "-q", cwd=tmp_path)
-        else:                                       # stopped before: flash again
+        else:                                       # stopped before it changed anything: flash again (not refused)
             done = cli.run(*argv, "-q", cwd=tmp_path)
         assert done.returncode == 0, done.stderr
     assert flash_content(board)[:48 * 0x1000] == image.read_bytes()[:48 * 0x1000]

@@ -52,7 +52,7 @@ def test_a_killed_then_resumed_flash_reads_the_same_centrally_as_locally(cli, db
                                                f"{killed['backup']}" in text, text
 
     # The step as the central report says it, pasted on the host, finishes the flash.
-    pasted = there["outcome"]["next_step"].split("To finish the flash: ")[1].split(" (run there")[0]
+    pasted = there["outcome"]["next_step"].split("To finish the flash: ")[1].split(" (run there")[0].split("; ")[0]
     assert shlex.split(pasted) == ["amdflash", "resume", run, "--board", f"sim:{board}", "--yes"]
     done = across.run_printed(cli, pasted)
     assert done.code == 0, done.err
@@ -216,7 +216,7 @@ def test_the_line_tells_a_killed_flash_s_end_and_the_resume_that_fixed_it(cli, d
             wait_for(lambda: any(run in t for t in receiver.titles()), 60, "the killed flash notified")
             [told] = [x["message"] for x in receiver.got if run in x["title"]]
             step = next(s for s in told.splitlines() if s.startswith("next: on hosta: "))
-            pasted = step.split("To finish the flash: ")[1].split(" (run there")[0]
+            pasted = step.split("To finish the flash: ")[1].split(" (run there")[0].split("; ")[0]
             assert pasted == f"amdflash resume {run} --board sim:{killed['board']} --yes", told
             m.undo()
             assert across.run_printed(cli, pasted).code == 0
