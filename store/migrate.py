@@ -54,6 +54,13 @@ V1_TABLES: dict[str, tuple[str, ...]] = {
 }
 V1_GENESIS = "0" * 64
 _DOUBLE = struct.Struct(">d")
+# The most one version-1 value may hold, in bytes (text as UTF-8). The largest value version 1
+# recorded is a backed-up 4 KiB unit; its texts (arguments, register snapshots, details) are a
+# few hundred bytes. Neither schema has a limit of its own, but every legacy value is hashed,
+# copied and (boards.detail) parsed whole: a value no amdflash wrote, put there by whoever
+# could write the unsigned file, is refused by name rather than loaded (a 100 kB detail ran
+# Python's parser out of memory).
+LEGACY_VALUE_LIMIT = 64 * 1024
 
 
 LEGACY_NOTE = ("rows up to v1_head_seq were recorded by an older amdflash, unsigned; their version-1 chain "
@@ -84,6 +91,26 @@ def _v1_rows(conn: sqlite3.Connection, prefix: str) -> Iterator[tuple[int, str, 
     return heapq.merge(*(table(t) for t in V1_TABLES), key=lambda x: x[0])
 
 
+def oversized(conn: sqlite3.Connection, path: str, prefix: str = "v1_") -> None:
+    """MigrationRefused naming the first value (by seq) over LEGACY_VALUE_LIMIT bytes: its
+    table, seq, column and size. Measured by SQLite, one value at a time; none is handed to
+    Python whole. `prefix` as verify_v1's."""
+    found: tuple[int, str, str, int] | None = None
+    for table, columns in V1_TABLES.items():
+        names = (*columns, "hash")
+        sizes = ", ".join(f'coalesce(length(CAST("{c}" AS BLOB)), 0) AS "{c}"' for c in names)
+        over = " OR ".join(f'"{c}" > {LEGACY_VALUE_LIMIT}' for c in names)
+        row = conn.execute(f"SELECT * FROM (SELECT seq, {sizes} FROM {prefix}{table}) "
+                           f"WHERE {over} ORDER BY seq LIMIT 1").fetchone()
+        if row is not None and (found is None or row[0] < found[0]):
+            column, size = next((c, n) for c, n in zip(names, row[1:], strict=True) if n > LEGACY_VALUE_LIMIT)
+            found = (row[0], table, column, size)
+    if found is not None:
+        seq, table, column, size = found
+        raise MigrationRefused(f"cannot upgrade {path}: {table} seq {seq}, column {column}, holds {size} bytes, "
+                               f"more than the {LEGACY_VALUE_LIMIT} one value may hold; nothing was changed")
+
+
 def verify_v1(conn: sqlite3.Connection, prefix: str = "v1_") -> tuple[int, str]:
     """(head seq, head hash) of an intact version-1 chain; MigrationRefused naming the first bad row.
     `prefix`: of the version-1 tables' names (renamed "v1_..." during the upgrade; "" when a
@@ -109,7 +136,10 @@ def _detail_json(text: str | None) -> tuple[str | None, int]:
         return None, 0
     try:
         value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, RecursionError, MemoryError):
+        # Nested past what the parser takes (a few thousand unary signs): no detail amdflash
+        # wrote, and kept as text like any other. Within LEGACY_VALUE_LIMIT the MemoryError is
+        # the parser's own stack, not the machine's.
         return json.dumps({"text": text}), 0
     return json.dumps(value, sort_keys=True, default=str), int(bool(isinstance(value, dict) and value.get("emulated")))
 
@@ -128,6 +158,7 @@ def migrate(conn: sqlite3.Connection, path: str, signer: Signer) -> Checkpoint |
             conn.execute(f"DROP TRIGGER {trigger}")
         for table in (*V1_TABLES, "meta", "chain_head"):
             conn.execute(f"ALTER TABLE {table} RENAME TO v1_{table}")
+        oversized(conn, path)         # again, under the lock: changed since upgrade() looked?
         head_seq, head_hash = verify_v1(conn)
         schema.create(conn)
         writer = ChainWriter(conn, signer, None)
@@ -197,7 +228,15 @@ def prepare(path: str, key_path: Path | None = None) -> None:
 
 def upgrade(path: str, key_path: Path) -> Checkpoint | None:
     """`audit upgrade`: migrate the version-1 database at `path` (its owner's, checked by the
-    caller), signing the migration checkpoint with the host key at `key_path`."""
+    caller), signing the migration checkpoint with the host key at `key_path`. A value over
+    LEGACY_VALUE_LIMIT is refused first, read-only: before the file is opened for writing
+    (which would change its journal mode) or the key is made."""
+    conn = sqlite3.connect(reader_uri(path), uri=True, timeout=30.0, isolation_level=None)
+    try:
+        if schema.version(conn) == 1:
+            oversized(conn, path, "")
+    finally:
+        conn.close()
     done: Checkpoint | None = None
 
     def run(conn: sqlite3.Connection) -> None:
