@@ -19,9 +19,10 @@ the transaction of the push:
 
 Any failure raises and the whole batch is rolled back, naming the first checkpoint or row
 that does not verify. Every table refuses UPDATE, DELETE and TRUNCATE (triggers, for the
-owner too); the bookkeeping tables (`run_owners`, `blob_usage`) are written only by the push
-checks (a run ID's owner never changes, a host's blob bytes only grow); only an
-administrator enrols host keys.
+owner too). Everything in the schema belongs to `amdflash_owner`, a role nobody can log in
+as; the checks run as it (SECURITY DEFINER), and the bookkeeping tables (`blob_usage`,
+`progress_usage`) take a write only from within them (a host's blob bytes only grow); only
+an administrator enrols host keys (bounds.py).
 
 Who pushes what, and who reads what, is decided by the database too:
 
@@ -29,8 +30,9 @@ Who pushes what, and who reads what, is decided by the database too:
   (`hosts.login`); a checkpoint or blob of a host is accepted only from that login (the
   session's `session_user`, which SET ROLE cannot change) or from an administrator (a
   superuser) — a push login that holds another host's stolen key still cannot push for it;
-* a run ID belongs to the host whose push stored it first (`run_owners`): another host's
-  push of the same run ID is refused;
+* a run is named by its host and its run ID: each host's run IDs are its own (a host pushing
+  a run ID another host also used names its own run, never the other's), and every reader —
+  `fleet runs`, `fleet report HOST/RUN`, the line view, its notifications — keys runs so;
 * every host has a blob quota (its own, set at enrolment, else the default set at setup):
   a push whose blobs would take the host over it is refused, naming the host and the quota;
 * push logins (members of `amdflash_push`) may INSERT into the tables but not read them:
@@ -52,8 +54,10 @@ with a payload-free NOTIFY for listeners (`fleet serve`) on a channel whose rand
 reviewers read (progress_channel()). It is advisory: unsigned, the host's word. A push login
 inserts rows only for the host bound to it (the same `session_user` check as the
 checkpoints), never reads another host's, and cannot change or remove a row; the database
-refuses a value no view could take (PROGRESS_SHAPES, PROGRESS_BOUNDS, the host's clock near
-its own); the signed trail stays the truth, and every view says which it shows.
+refuses a value no view could take (PROGRESS_SHAPES, PROGRESS_BOUNDS, no control or format
+character, the host's clock near its own), and keeps each host within a rate and a daily
+quota of rows (progress_limits); the signed trail stays the truth, and every view says which
+it shows.
 
 The package is split by what each part does — schema (the DDL, the roles, central-setup,
 enrolment, connecting), pushing (what a host sends, and the host's checks before the
@@ -62,6 +66,7 @@ every public name of the three here: the fleet modules use the central record as
 """
 from __future__ import annotations
 
+from amdflash.store.central.bounds import BOARDS_PAGE, BOARDS_PER_HOST, CONTROLS, OWNER_ROLE, PROGRESS_LIMITS
 from amdflash.store.central.schema import (
     CENTRAL_VERSION, DEFAULT_BLOB_QUOTA, NS, PLACE_SHAPE, PROGRESS_AHEAD, PROGRESS_BEHIND, PROGRESS_BOUNDS,
     PROGRESS_CHANNEL, PROGRESS_LENGTHS, PROGRESS_SHAPES, PROGRESS_STATES, PUSH_ROLE, READ_ROLE, RUN_ID_SHAPE,
@@ -84,5 +89,6 @@ __all__ = [
     "central_checkpoints", "Comparison", "compare", "verify_against", "PROGRESS_COLUMNS", "host_for_trail",
     "publishable", "publish_progress", "published_ends", "runs", "select_runs", "image_parts", "shown_url",
     "not_a_reader", "line_progress", "progress_after", "last_progress_id", "signed_status", "hosts_health",
-    "line_totals", "AmbiguousRun", "split_run", "resolve", "materialize", "materialized_host",
+    "line_totals", "AmbiguousRun", "split_run", "resolve", "materialize", "materialized_host", "BOARDS_PAGE",
+    "BOARDS_PER_HOST", "CONTROLS", "OWNER_ROLE", "PROGRESS_LIMITS",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 
 from amdflash.store.chain import Checkpoint, load_checkpoints
 from amdflash.store.schema import PHYSICAL, PLAIN
+from amdflash.store.central.bounds import CONTROLS
 from amdflash.store.central.schema import (NS, PG_TYPES, PROGRESS_BOUNDS, PROGRESS_LENGTHS, PROGRESS_SHAPES, RUN_KINDS,
                                            CentralError, connect, first_line, need_schema, quoted)
 
@@ -395,6 +396,8 @@ def publishable(row: dict[str, Any]) -> dict[str, Any]:
     bounds, a name not of its shape) left out, so that one odd value of the host's — a place
     named after an unusual host name — costs that value, not the whole batch of rows."""
     out = dict(row)
+    if isinstance(out.get("error"), str):      # an error's lines and odd characters become spaces
+        out["error"] = _CONTROL.sub(" ", out["error"])
     for column, bound in PROGRESS_BOUNDS.items():
         value = out.get(column)
         if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)
@@ -411,18 +414,30 @@ def publishable(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_CONTROL = re.compile(f"[{CONTROLS}]")
+PUBLISH_BATCH = 100      # rows a statement: well within the database's bounds of a host's rate
+
+
 def publish_progress(pg: Any, host_id: int, rows: list[dict[str, Any]], checkpoint: int | None) -> None:
-    """Insert progress rows for the host (one statement: one NOTIFY); the database checks that
-    this login may speak for the host, and stamps each row's arrival and sender itself."""
-    if not rows:
-        return
-    rows = [publishable(r) for r in rows]
-    names = ", ".join(PROGRESS_COLUMNS)
-    one = "(" + ", ".join(["%s"] * (len(PROGRESS_COLUMNS) + 2)) + ", 0, now(), '')"
-    values = [v for r in rows for v in (host_id, checkpoint, *(r.get(c) for c in PROGRESS_COLUMNS))]
-    # id, received_at, sent_by: set by the database's trigger (whatever a client sends)
-    pg.execute(f"INSERT INTO {NS}.progress (host_id, checkpoint, {names}, id, received_at, sent_by) "
-               f"VALUES {', '.join([one] * len(rows))}", values)
+    """Insert progress rows for the host, up to PUBLISH_BATCH a statement (one NOTIFY each); the
+    database checks that this login may speak for the host, keeps it within its bounds, and
+    stamps each row's arrival and sender itself. On an autocommit connection each statement's
+    rows are taken out of `rows` once stored, so that after a refusal (over the host's rate, a
+    backlog sent after an outage) `rows` holds what is still to send, and nothing twice."""
+    stored_each = bool(getattr(pg, "autocommit", False))
+    start = 0
+    while start < len(rows):
+        batch = [publishable(r) for r in rows[start:start + PUBLISH_BATCH]]
+        names = ", ".join(PROGRESS_COLUMNS)
+        one = "(" + ", ".join(["%s"] * (len(PROGRESS_COLUMNS) + 2)) + ", 0, now(), '')"
+        values = [v for r in batch for v in (host_id, checkpoint, *(r.get(c) for c in PROGRESS_COLUMNS))]
+        # id, received_at, sent_by: set by the database's trigger (whatever a client sends)
+        pg.execute(f"INSERT INTO {NS}.progress (host_id, checkpoint, {names}, id, received_at, sent_by) "
+                   f"VALUES {', '.join([one] * len(batch))}", values)
+        if stored_each:
+            del rows[:len(batch)]
+        else:
+            start += len(batch)
 
 
 def published_ends(pg: Any, host_id: int, run_ids: list[str]) -> set[str]:

@@ -11,6 +11,7 @@ from typing import Any
 from amdflash.store import schema as host_schema
 from amdflash.store.chain import LEGACY
 from amdflash.store.schema import PHYSICAL, PLAIN
+from amdflash.store.central.bounds import BOARDS_PAGE, BOARDS_PER_HOST
 from amdflash.store.central.schema import NS, READ_ROLE, CentralError, connect, need_schema, quoted
 
 def runs(url: str, host: str | None = None) -> list[dict[str, Any]]:
@@ -141,13 +142,18 @@ def not_a_reader(pg: Any) -> str | None:
     return None
 
 
-def line_progress(pg: Any, hours: float) -> list[dict[str, Any]]:
-    """The newest progress row of every board that said anything in the last `hours`."""
+def line_progress(pg: Any, hours: float, page: int = 0) -> list[dict[str, Any]]:
+    """The newest progress row of every board that said anything in the last `hours`: a page of
+    at most BOARDS_PAGE boards (page 0 the newest), at most BOARDS_PER_HOST of one host."""
     cur = pg.execute(f"""
-        SELECT DISTINCT ON (p.host_id, coalesce(p.board, p.run_id)) p.*, h.name AS host
-        FROM {NS}.progress p JOIN {NS}.hosts h ON h.id = p.host_id
-        WHERE p.received_at > now() - make_interval(secs => %s) AND p.run_id IS NOT NULL
-        ORDER BY p.host_id, coalesce(p.board, p.run_id), p.id DESC""", (hours * 3600,))
+        SELECT p.*, h.name AS host FROM (
+            SELECT *, row_number() OVER (PARTITION BY host_id ORDER BY id DESC) AS nth FROM (
+                SELECT DISTINCT ON (host_id, coalesce(board, run_id)) * FROM {NS}.progress
+                WHERE received_at > now() - make_interval(secs => %s) AND run_id IS NOT NULL
+                ORDER BY host_id, coalesce(board, run_id), id DESC) b) p
+        JOIN {NS}.hosts h ON h.id = p.host_id
+        WHERE p.nth <= {int(BOARDS_PER_HOST)} ORDER BY p.id DESC LIMIT {int(BOARDS_PAGE)} OFFSET %s""",
+                     (hours * 3600, int(page) * BOARDS_PAGE))
     names = [d.name for d in cur.description]
     return [dict(zip(names, row, strict=True)) for row in cur]
 

@@ -8,9 +8,10 @@ from typing import Any
 
 from amdflash.store import schema as host_schema
 from amdflash.store.schema import PHYSICAL, PLAIN
+from amdflash.store.central.bounds import CONTROLS, NO_CONTROLS, OWNER_ROLE, bounds_sql, guard_sql, owner_sql
 
 NS = "amdflash"                       # the PostgreSQL schema holding everything
-CENTRAL_VERSION = 3
+CENTRAL_VERSION = 4
 # NOTIFY channel of progress wake-ups: this prefix and a random part made at setup, readable
 # only by reviewers and administrators (progress_channel()), so a push login can neither listen
 # to other hosts' activity nor wake the views (LISTEN and NOTIFY take no privilege).
@@ -24,11 +25,13 @@ PROGRESS_STATES = ("running", "succeeded", "failed", "interrupted", "refused", "
 # central was out of reach arrives late, with the time the host's trail gave it).
 RUN_ID_SHAPE = r"\A[0-9]{8}T[0-9]{6}-[0-9a-f]{8}\Z"          # pipeline.runner.new_run_id
 PLACE_SHAPE = r"\A[A-Za-z0-9][A-Za-z0-9._-]*\Z"         # EXPORTER-GROUP (fleet.live.places_from)
-_PRINTABLE = r"\A[^\x01-\x1f\x7f]*\Z"                           # no control characters
+# Text a host writes holds no control or format character (Unicode Cc and Cf: C0, C1, bidi
+# overrides, zero-width; bounds.CONTROLS), since schema version 4.
 PROGRESS_SHAPES = {
     "run_id": RUN_ID_SHAPE, "resumes": RUN_ID_SHAPE, "place": PLACE_SHAPE,
-    "board": r"\A(sim|usb|pci):[^\x01-\x1f\x7f]+\Z",            # a board spec
-    "command": r"\A[a-z][a-z0-9_-]{0,39}\Z", "stage": _PRINTABLE, "image_sha256": r"\A[0-9a-f]{64}\Z",
+    "board": rf"\A(sim|usb|pci):[^{CONTROLS}]+\Z",                # a board spec
+    "command": r"\A[a-z][a-z0-9_-]{0,39}\Z", "stage": NO_CONTROLS, "error": NO_CONTROLS,
+    "image_sha256": r"\A[0-9a-f]{64}\Z",
     "started": r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9:.]{5,18}(Z|[+-][0-9]{2}:?[0-9]{2})?\Z",   # ISO 8601
 }
 PROGRESS_BOUNDS = {"bytes_done": 1 << 40, "bytes_total": 1 << 40, "rate": float(1 << 40),   # bytes, bytes/s
@@ -222,10 +225,9 @@ CREATE TABLE {NS}.hosts (id serial PRIMARY KEY, public_key bytea NOT NULL UNIQUE
 -- no push can learn from the dedup whether another host holds some bytes.
 CREATE TABLE {NS}.blobs (host_id integer NOT NULL, sha256 bytea NOT NULL, data bytea NOT NULL,
                          PRIMARY KEY (host_id, sha256));
--- Bookkeeping, not record: the bytes of each host's blobs (for its quota), and which host
--- stored each run ID first.
+-- Bookkeeping, not record: the bytes of each host's blobs (for its quota). (A run is named by
+-- its host and its run ID: each host's run IDs are its own, so no host can take another's.)
 CREATE TABLE {NS}.blob_usage (host_id integer PRIMARY KEY, bytes bigint NOT NULL);
-CREATE TABLE {NS}.run_owners (run_id text PRIMARY KEY, host_id integer NOT NULL);
 CREATE TABLE {NS}.checkpoints (
     host_id integer NOT NULL REFERENCES {NS}.hosts, id bigint NOT NULL, kind text NOT NULL, run bigint,
     run_id text, rows bigint, last_seq bigint, head bytea, at text NOT NULL, detail text,
@@ -313,25 +315,6 @@ BEGIN
 END $fn$;
 CREATE TRIGGER blobs_owned AFTER INSERT ON {NS}.blobs REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION {NS}.blobs_owned();
-
--- A run ID is the host's that stored it first: the first push inserts it here, any other
--- host's push of the same run ID then finds it taken (and a concurrent one waits on the key).
-CREATE FUNCTION {NS}.runs_owned() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $fn$
-DECLARE bad record;
-BEGIN
-    INSERT INTO {NS}.run_owners (run_id, host_id)
-        SELECT DISTINCT ON (run_id) run_id, host_id FROM new_rows ORDER BY run_id, seq ON CONFLICT (run_id) DO NOTHING;
-    SELECT n.run_id, n.host_id, o.host_id AS owner INTO bad FROM new_rows n
-      JOIN {NS}.run_owners o ON o.run_id = n.run_id WHERE o.host_id <> n.host_id ORDER BY n.seq LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'refused: run % of host %: that run ID was stored first by host %; a run ID belongs to the '
-                        'host that sealed and pushed it first', bad.run_id, {NS}.host_name(bad.host_id),
-            {NS}.host_name(bad.owner) USING ERRCODE = 'unique_violation';
-    END IF;
-    RETURN NULL;
-END $fn$;
-CREATE TRIGGER runs_owned AFTER INSERT ON {NS}.runs REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION {NS}.runs_owned();
 
 CREATE FUNCTION {NS}.check_checkpoint() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $fn$
 DECLARE
@@ -481,16 +464,14 @@ def _progress_checks() -> dict[str, str]:
 def _hardening_sql(existing: bool) -> str:
     """What keeps the central record's word beyond the record's own tables: progress values
     checked (CHECK constraints named `progress_<column>_checked`; on an existing table NOT
-    VALID, which checks every new row and leaves the stored ones), the secret NOTIFY channel,
-    and the bookkeeping tables (`run_owners`, `blob_usage`) changed only by the push checks."""
+    VALID, which checks every new row and leaves the stored ones) and the secret NOTIFY channel.
+    (The bookkeeping tables' guard and the progress bounds: _version_4_sql.)"""
     not_valid = " NOT VALID" if existing else ""
     # Idempotent (whatever part a database already has is made again): DROP ... IF EXISTS first.
     constraints = ",\n".join(f"    DROP CONSTRAINT IF EXISTS progress_{c}_checked,\n"
                               f"    ADD CONSTRAINT progress_{c}_checked CHECK ({check}){not_valid}"
                               for c, check in _progress_checks().items())
-    triggers = [("run_owners", "kept", "INSERT OR UPDATE OR DELETE", "ROW", "bookkeeping_only"),
-                ("blob_usage", "kept", "INSERT OR UPDATE OR DELETE", "ROW", "bookkeeping_only"),
-                ("progress_channel", "insert_only", "UPDATE OR DELETE", "ROW", "refuse_change")]
+    triggers = [("progress_channel", "insert_only", "UPDATE OR DELETE", "ROW", "refuse_change")]
     triggers += [(t, "no_truncate", "TRUNCATE", "STATEMENT", "refuse_change") for t, *_ in triggers]
     made = "\n".join(f"DROP TRIGGER IF EXISTS {t}_{name} ON {NS}.{t};\n"
                       f"CREATE TRIGGER {t}_{name} BEFORE {ops} ON {NS}.{t} FOR EACH {each} "
@@ -502,28 +483,8 @@ CREATE TABLE IF NOT EXISTS {NS}.progress_channel (
     name text NOT NULL CHECK (name ~ '\\A{PROGRESS_CHANNEL}_[0-9a-f]{{32}}\\Z'));
 INSERT INTO {NS}.progress_channel SELECT '{PROGRESS_CHANNEL}_' || replace(gen_random_uuid()::text, '-', '')
     WHERE NOT EXISTS (SELECT FROM {NS}.progress_channel);
--- Which host owns a run ID, and the bytes each host's blobs take: written only by the push
--- checks (runs_owned, blobs_owned: a statement run from within a trigger), never by a
--- statement of anyone's own, the owner's too; a run ID's owner never changes, and a quota
--- count only grows, so neither can reopen a run ID or a quota.
 ALTER TABLE {NS}.blob_usage DROP CONSTRAINT IF EXISTS blob_usage_bytes_checked,
     ADD CONSTRAINT blob_usage_bytes_checked CHECK (bytes >= 0){not_valid};
-CREATE OR REPLACE FUNCTION {NS}.bookkeeping_only() RETURNS trigger LANGUAGE plpgsql AS $fn$
-DECLARE kept boolean := pg_trigger_depth() >= 2 AND TG_OP <> 'DELETE';
-BEGIN
-    IF kept AND TG_OP = 'UPDATE' THEN      -- (only blob_usage has bytes: tested apart)
-        kept := TG_TABLE_NAME = 'blob_usage';
-        IF kept THEN
-            kept := NEW.host_id = OLD.host_id AND NEW.bytes >= OLD.bytes;
-        END IF;
-    END IF;
-    IF NOT kept THEN
-        RAISE EXCEPTION 'refused: % on %: it is kept by the push checks only (a run ID stays the host''s that '
-                        'pushed it first; a host''s blob bytes only grow)', TG_OP, TG_TABLE_NAME
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    RETURN NEW;
-END $fn$;
 {made}
 """
 
@@ -550,7 +511,7 @@ def _own_views() -> str:
 
 def _roles_sql() -> str:
     data = ", ".join(f"{NS}.{t}" for t in ("blobs", "checkpoints", *PHYSICAL))
-    everything = f"{data}, {NS}.hosts, {NS}.blob_usage, {NS}.run_owners"
+    everything = f"{data}, {NS}.hosts, {NS}.blob_usage"
     own = ", ".join(f"{NS}.own_{t}" for t in ("hosts", "blob_usage", "blobs", "checkpoints", *PHYSICAL))
     create = "\n".join(f"""DO $do$ BEGIN
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN CREATE ROLE {role} NOLOGIN; END IF;
@@ -608,22 +569,22 @@ def installed(pg: Any) -> bool:
 
 
 def setup(url: str, blob_quota: int = DEFAULT_BLOB_QUOTA) -> str:
-    """Create the central schema, its checks and the roles (once, as an administrator).
-    `blob_quota`: the bytes of blobs each host may store unless its enrolment says otherwise."""
+    """Create the central schema, its checks and the roles (once, as an administrator), or
+    upgrade a database of version 2 or 3 in place. `blob_quota`: the bytes of blobs each host
+    may store unless its enrolment says otherwise."""
     with connect(url) as pg:
         import psycopg  # connect() said so if it is missing
 
         if installed(pg):
             version = pg.execute(f"SELECT value FROM {NS}.meta WHERE key = 'central_version'").fetchone()
-            if version is not None and version[0] == "2":
-                return _upgrade_from_2(pg)
-            if version is not None and version[0] == "3" and not _hardened(pg):
-                return _harden_in_place(pg)
+            if version is not None and version[0] in ("2", "3"):
+                return _upgrade(pg, int(version[0]))
             return f"the central database is already set up (version {version[0] if version else '?'})"
         try:
             pg.execute(_schema_sql())
             pg.execute(f"INSERT INTO {NS}.meta VALUES ('blob_quota', %s)", (str(blob_quota),))
             pg.execute(_roles_sql())
+            pg.execute(_version_4_sql())
             _self_test(pg)
             pg.commit()
         except psycopg.Error as e:
@@ -631,56 +592,53 @@ def setup(url: str, blob_quota: int = DEFAULT_BLOB_QUOTA) -> str:
             if "plpython3u" in str(e) or "cryptography" in str(e):
                 hint = " (the server needs PL/Python: apt-get install postgresql-plpython3-NN python3-cryptography)"
             raise CentralError(f"cannot set up the central database: {first_line(e)}{hint}") from None
-    return (f"central database set up: schema {NS}, roles {PUSH_ROLE} (hosts push: INSERT, and read their own "
-            f"host's rows) and {READ_ROLE} (reviewers: SELECT); {blob_quota} bytes of blobs per host; enrol each "
-            "host's key and login with 'amdflash fleet enroll'")
+    return (f"central database set up: schema {NS}, owned by role {OWNER_ROLE} (no login); roles {PUSH_ROLE} "
+            f"(hosts push: INSERT, and read their own host's rows) and {READ_ROLE} (reviewers: SELECT); "
+            f"{blob_quota} bytes of blobs per host; enrol each host's key and login with 'amdflash fleet enroll'")
 
 
-def _upgrade_from_2(pg: Any) -> str:
-    """Version 2 → 3: the progress table, its checks and grants are added; nothing stored
-    changes but the version in `meta` (the administrator lifts meta's insert-only trigger for
-    that one row, in the same transaction)."""
+def _version_4_sql() -> str:
+    """Version 4: a run is named by its host and run ID (run_owners, which gave a run ID to
+    the host that pushed it first, is dropped: each host's run IDs are its own); progress rows
+    bounded per host; everything owned by a role that cannot log in, the bookkeeping written
+    only from within the checks (store/central/bounds.py)."""
+    return f"""
+DROP TRIGGER IF EXISTS runs_owned ON {NS}.runs;
+DROP FUNCTION IF EXISTS {NS}.runs_owned();
+DROP TABLE IF EXISTS {NS}.run_owners;
+{bounds_sql(NS, _DEFINER, READ_ROLE)}
+{guard_sql(NS)}
+{owner_sql(NS)}
+"""
+
+
+def _upgrade(pg: Any, version: int) -> str:
+    """Version 2 or 3 → 4, in place: what each version lacks is added (version 2: the progress
+    table; a version 3 set up before its progress checks: them), then version 4's parts. No row
+    of the record changes; progress rows already stored are not checked again (CHECK ... NOT
+    VALID); run_owners is dropped. The version in `meta` is set by lifting meta's insert-only
+    trigger for that one row, in the same transaction."""
     import psycopg
 
     try:
-        pg.execute(_progress_sql())
-        pg.execute(_hardening_sql(existing=False))
+        if version == 2:
+            pg.execute(_progress_sql())
+        else:
+            pg.execute(_progress_functions())
+        pg.execute(_hardening_sql(existing=version == 3))
         pg.execute(_progress_grants())
+        pg.execute(_version_4_sql())
         pg.execute(f"ALTER TABLE {NS}.meta DISABLE TRIGGER meta_insert_only")
         pg.execute(f"UPDATE {NS}.meta SET value = %s WHERE key = 'central_version'", (str(CENTRAL_VERSION),))
         pg.execute(f"ALTER TABLE {NS}.meta ENABLE TRIGGER meta_insert_only")
         pg.commit()
     except psycopg.Error as e:
         raise CentralError(f"cannot upgrade the central database: {first_line(e)}") from None
-    return (f"central database upgraded from version 2 to {CENTRAL_VERSION}: table {NS}.progress added (live "
-            "progress, advisory; insert-only, each push login only its own host's); nothing stored was changed")
-
-
-def _hardened(pg: Any) -> bool:
-    """Whether this version 3 database has the progress checks, the secret NOTIFY channel and
-    the kept bookkeeping tables (a database set up before them lacks all three)."""
-    return bool(pg.execute(
-        "SELECT to_regclass(%s) IS NOT NULL AND EXISTS (SELECT FROM pg_trigger WHERE tgname = 'run_owners_kept') "
-        "AND EXISTS (SELECT FROM pg_constraint WHERE conname = 'progress_rate_checked')",
-        (f"{NS}.progress_channel",)).fetchone()[0])
-
-
-def _harden_in_place(pg: Any) -> str:
-    """A version 3 database set up before its progress rows were checked: the checks, the
-    channel and the bookkeeping triggers are added; nothing stored changes (progress rows
-    already stored are not checked again: CHECK ... NOT VALID)."""
-    import psycopg
-
-    try:
-        pg.execute(_progress_functions())
-        pg.execute(_hardening_sql(existing=True))
-        pg.execute(_progress_grants())
-        pg.commit()
-    except psycopg.Error as e:
-        raise CentralError(f"cannot bring the central database up to date: {first_line(e)}") from None
-    return ("central database (version 3) brought up to date: progress rows are checked (finite numbers, names of "
-            "their shape, the host's clock near the server's), progress wake-ups go to a channel only reviewers "
-            "know, and run_owners and blob_usage are changed only by the push checks; nothing stored was changed")
+    added = f"table {NS}.progress (live progress, advisory) added; " if version == 2 else ""
+    return (f"central database upgraded from version {version} to {CENTRAL_VERSION}: {added}runs are named by their "
+            f"host and run ID (run_owners dropped: no host can take another's run ID); progress rows are checked "
+            f"and bounded per host ({NS}.progress_limits); everything is owned by role {OWNER_ROLE} (no login); "
+            "no row of the record was changed")
 
 
 def progress_channel(pg: Any) -> str:
@@ -751,10 +709,11 @@ def need_schema(pg: Any) -> None:
                            "as its administrator first")
     version = pg.execute(f"SELECT value FROM {NS}.meta WHERE key = 'central_version'").fetchone()
     if version is None or version[0] != str(CENTRAL_VERSION):
-        if version is not None and version[0] == "2":
-            raise CentralError(f"the central database has version 2 of the central schema; this amdflash needs "
-                               f"version {CENTRAL_VERSION} (live progress): its administrator upgrades it in place "
-                               "with 'amdflash fleet central-setup URL' (adds a table, changes nothing stored)")
+        if version is not None and version[0] in ("2", "3"):
+            raise CentralError(f"the central database has version {version[0]} of the central schema; this amdflash "
+                               f"needs version {CENTRAL_VERSION} (runs named by host, bounded progress): its "
+                               "administrator upgrades it in place with 'amdflash fleet central-setup URL' (no row "
+                               "of the record changes)")
         raise CentralError(f"the central database has version {version[0] if version else '?'} of the central "
                            f"schema; this amdflash needs version {CENTRAL_VERSION} (host logins, per-host blobs, "
                            "live progress): set up a new central database with 'amdflash fleet central-setup'")

@@ -54,9 +54,6 @@ def check_row(row: dict[str, Any]) -> dict[str, Any]:
     row["received"] = _epoch(row.get("received"))
     if row["received"] is None:
         why = why or "its arrival time is not a time"
-    owner = row.pop("owner", None)
-    if owner is not None and owner != row.get("host_id"):     # a host speaks for its own runs only
-        why = why or "its run id is another host's run (as the signed record holds it)"
     row["unreadable"] = why
     return row
 
@@ -70,19 +67,24 @@ def progress_rows(pg: Any, where: str, params: tuple[Any, ...], distinct: str = 
     cur = pg.execute(
         f"SELECT {distinct} p.id, p.host_id, h.name AS host, p.run_id, p.state, p.command, p.board, p.place, "
         "p.stage, p.bytes_done, p.bytes_total, p.rate, p.eta, p.error, p.resumes, p.started, p.checkpoint, "
-        "extract(epoch FROM p.at)::float8 AS at, extract(epoch FROM p.received_at)::float8 AS received, "
-        "o.host_id AS owner "
-        f"FROM {NS}.progress p JOIN {NS}.hosts h ON h.id = p.host_id "
-        f"LEFT JOIN {NS}.run_owners o ON o.run_id = p.run_id WHERE {where} ORDER BY {order}", params)
+        "extract(epoch FROM p.at)::float8 AS at, extract(epoch FROM p.received_at)::float8 AS received "
+        f"FROM {NS}.progress p JOIN {NS}.hosts h ON h.id = p.host_id WHERE {where} ORDER BY {order}", params)
     names = [d.name for d in cur.description]
     return [check_row(dict(zip(names, r, strict=True))) for r in cur]
 
 
-def window_rows(pg: Any, hours: float) -> list[dict[str, Any]]:
-    """The newest progress row of every board heard from in the last `hours`."""
-    return progress_rows(pg, "p.received_at > now() - make_interval(secs => %s) AND p.run_id IS NOT NULL",
-                         (hours * 3600,), "DISTINCT ON (p.host_id, coalesce(p.board, p.run_id))",
-                         "p.host_id, coalesce(p.board, p.run_id), p.id DESC")
+def window_rows(pg: Any, hours: float, page: int = 0) -> list[dict[str, Any]]:
+    """The newest progress row of every board heard from in the last `hours`, a bounded page of
+    them (page 0: the newest): at most BOARDS_PER_HOST boards of one host, so that one host's
+    flood of boards neither slows the view nor hides another host's, and BOARDS_PAGE in all."""
+    from amdflash.store.central import BOARDS_PAGE, BOARDS_PER_HOST, NS
+
+    newest = (f"SELECT id FROM (SELECT id, row_number() OVER (PARTITION BY host_id ORDER BY id DESC) AS n "
+              f"FROM (SELECT DISTINCT ON (host_id, coalesce(board, run_id)) id, host_id FROM {NS}.progress "
+              "WHERE received_at > now() - make_interval(secs => %s) AND run_id IS NOT NULL "
+              "ORDER BY host_id, coalesce(board, run_id), id DESC) b) w "
+              f"WHERE n <= {int(BOARDS_PER_HOST)} ORDER BY id DESC LIMIT {int(BOARDS_PAGE)} OFFSET %s")
+    return progress_rows(pg, f"p.id IN ({newest})", (hours * 3600, int(page) * BOARDS_PAGE))
 
 
 def rows_after(pg: Any, last_id: int, limit: int = BATCH) -> list[dict[str, Any]]:
@@ -200,6 +202,12 @@ class Line:
         board = self.boards.get(key)
         if board is not None and board.row["id"] > row["id"]:
             return None                       # an older row (read again to decide it): the board shows newer
+        if board is None:                     # a host's boards, as window_rows bounds them: its newest
+            from amdflash.store.central import BOARDS_PER_HOST
+
+            mine = [k for k in self.boards if k[0] == key[0]]
+            if len(mine) >= BOARDS_PER_HOST:
+                del self.boards[min(mine, key=lambda k: self.boards[k].row["id"])]
         if board is not None and board.row.get("run_id") == row["run_id"]:
             board.row = row
         else:

@@ -4,23 +4,21 @@
   shape, the host's clock near the server's; a row no view could read is refused, naming the field;
 * a push login can neither listen to the progress wake-ups nor send one: their channel's name is
   the reviewers' to read, and a wake-up carries nothing;
-* `run_owners` and `blob_usage` change only by the push checks: the owner's own UPDATE, DELETE,
-  INSERT or TRUNCATE is refused, so no run ID is reopened and no quota count lowered.
+* `blob_usage` and `progress_usage` change only by the push checks: the administrator's own
+  UPDATE, DELETE, INSERT or TRUNCATE is refused, so no quota count is lowered (the upgrade of a
+  version 3 database: test_central_bounds.py).
 """
 from __future__ import annotations
 
 import datetime as dt
 import os
-import sqlite3
 import time
 
 import pytest
-from amdflash.store import keys
 
-from tests.pipeline.fleet.central_trail import central_counts, psql
+from tests.pipeline.fleet.central_trail import psql
 from tests.pipeline.fleet.test_central import flash, make_central, push
 from tests.pipeline.fleet.test_central_trust import as_login, become, enrol, host_id
-from tests.store.test_forgery import forge
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip install '.[test]' brings it)")
 
@@ -123,51 +121,23 @@ def test_a_push_login_can_neither_listen_to_nor_send_progress_wake_ups(cli, cent
         psql(central, "UPDATE amdflash.progress_channel SET name = 'amdflash_progress_' || repeat('0', 32)")
 
 
-def test_run_owners_and_blob_usage_refuse_change_even_from_their_owner(cli, make_board, image, central, tmp_path,
-                                                                       monkeypatch):
-    """Item 13: the administrator (a superuser, the tables' owner) empties run_owners, then hostb
-    pushes a copy of hosta's run re-signed with its own key: still refused, naming hosta."""
-    db_a, _ = become(monkeypatch, tmp_path, "hosta")
-    run_id = flash(cli, make_board, image)
+def test_the_bookkeeping_refuses_change_even_from_the_administrator(cli, make_board, image, central, tmp_path,
+                                                                     monkeypatch):
+    """Item 13: the administrator (a superuser) cannot lower a host's blob count or refill its
+    progress buckets by a statement of its own: only the push checks write them."""
+    become(monkeypatch, tmp_path, "hosta")
+    flash(cli, make_board, image)
     enrol(cli, central, tmp_path, "hosta")
     assert push(cli, central)[0].code == 0
-    owners, usage = (psql(central, f"SELECT * FROM amdflash.{t} ORDER BY 1") for t in ("run_owners", "blob_usage"))
-    assert owners and usage
-    for sql in ("TRUNCATE amdflash.run_owners", "DELETE FROM amdflash.run_owners", "UPDATE amdflash.run_owners "
-                "SET host_id = host_id + 1", "INSERT INTO amdflash.run_owners VALUES ('20991231T000000-00000000', 1)",
-                "TRUNCATE amdflash.blob_usage", "DELETE FROM amdflash.blob_usage", "UPDATE amdflash.blob_usage "
-                "SET bytes = 0", "INSERT INTO amdflash.blob_usage VALUES (99, -1)"):
+    _insert(central, host_id(central, "hosta"))
+    tables = ("blob_usage", "progress_usage")
+    kept = [psql(central, f"SELECT * FROM amdflash.{t} ORDER BY 1") for t in tables]
+    assert all(kept)
+    for sql in ("TRUNCATE amdflash.blob_usage", "DELETE FROM amdflash.blob_usage", "UPDATE amdflash.blob_usage "
+                "SET bytes = 0", "INSERT INTO amdflash.blob_usage VALUES (99, -1)",
+                "TRUNCATE amdflash.progress_usage", "DELETE FROM amdflash.progress_usage",
+                "UPDATE amdflash.progress_usage SET rows_left = 1e9, day_rows = 0",
+                "INSERT INTO amdflash.progress_usage VALUES (99, 1e9, 1e9, now(), current_date, 0)"):
         with pytest.raises(psycopg.Error, match="refused: .*(insert-only|kept by the push checks only)"):
             psql(central, sql)
-    assert [psql(central, f"SELECT * FROM amdflash.{t} ORDER BY 1") for t in ("run_owners", "blob_usage")] == \
-        [owners, usage]
-
-    db_b, key_b = become(monkeypatch, tmp_path, "hostb")
-    enrol(cli, central, tmp_path, "hostb")
-    with sqlite3.connect(db_a) as src, sqlite3.connect(db_b) as dst:
-        src.backup(dst)
-    forge(db_b, run_id, keys.load_private(key_b))
-    before = central_counts(central)
-    r, _ = push(cli, as_login(central, "hostb"))
-    assert r.code == 1 and f"run {run_id} of host hostb: that run ID was stored first by host hosta" in r.err, r.err
-    assert central_counts(central) == before
-
-
-def test_a_version_3_database_set_up_before_the_checks_is_brought_up_to_date(cli, central, tmp_path, monkeypatch):
-    """`fleet central-setup` again on a database set up before these checks adds them in place
-    (the progress rows it holds are kept as they are)."""
-    psql(central, "DROP TRIGGER run_owners_kept ON amdflash.run_owners;"
-                  "DROP TRIGGER run_owners_no_truncate ON amdflash.run_owners;"
-                  "ALTER TABLE amdflash.progress DROP CONSTRAINT progress_rate_checked")
-    become(monkeypatch, tmp_path, "hosta")
-    enrol(cli, central, tmp_path, "hosta")
-    a = host_id(central, "hosta")
-    _insert(central, a, rate="NaN")                   # stored before the checks
-    done = cli("fleet", "central-setup", central)
-    assert done.code == 0 and "brought up to date" in done.out, done
-    with pytest.raises(psycopg.errors.CheckViolation, match="progress_rate_checked"):
-        _insert(central, a, rate="Infinity")
-    with pytest.raises(psycopg.Error, match="refused: the central audit tables are insert-only"):
-        psql(central, "TRUNCATE amdflash.run_owners")
-    assert psql(central, "SELECT count(*) FROM amdflash.progress WHERE rate = 'NaN'") == "1"
-    assert "already set up" in cli("fleet", "central-setup", central).out
+    assert [psql(central, f"SELECT * FROM amdflash.{t} ORDER BY 1") for t in tables] == kept

@@ -217,7 +217,8 @@ def test_the_readme_sets_up_the_central_record_as_written(tmp_path, cluster, db,
     assert sum(d.startswith("amdflash") for d in done) == 7, done
     central = cluster.dsn.replace("/postgres?", "/amdflash?")
     assert psql(central, "SELECT name || ' ' || login FROM amdflash.hosts") == "hosta hosta"
-    assert psql(central, f"SELECT count(*) FROM amdflash.run_owners WHERE run_id = '{line.run_id}'") == "1"
+    assert psql(central, f"SELECT h.name FROM amdflash.runs r JOIN amdflash.hosts h ON h.id = r.host_id "
+                         f"WHERE r.run_id = '{line.run_id}'") == "hosta"
     said = {name: next(r for c, r in line.outputs if f" {name} " in f" {c} ")
             for name in ("fleet runs", "fleet report", "audit push", "audit verify")}
     assert line.run_id in said["fleet runs"].out and "hosta" in said["fleet runs"].out

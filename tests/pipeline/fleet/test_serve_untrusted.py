@@ -254,26 +254,30 @@ def test_a_notification_carries_only_the_records_checked_words_as_plain_text(two
 
 
 def test_a_host_speaks_only_for_its_own_runs(request):
-    """hostb says hosta's pushed run failed (a run id of the right shape): the record holds that
-    run as hosta's, so the row is shown unreadable and nothing is notified of it; hostb's own
-    failure is notified."""
+    """hostb says a run under hosta's pushed run id failed: a run is named by its host and run id,
+    so that is hostb's own run (and its own failure, notified naming hostb, linking hostb's run);
+    hosta's run of that id keeps its signed status and nothing is said of it (issue 41 item 1)."""
     from amdflash.pipeline.fleet.serve.notify import Notifier
 
     r = request.getfixturevalue("line_record")
     receiver = Receiver()
     line = _line(r["url"], notifier=Notifier([receiver.url], lambda m: None))
     try:
+        say(r["url"], "hosta", r["a"], r["ok"], "succeeded", board="sim:/a/0", place="hosta-sim-0")
         say(r["url"], "hostb", r["b"], r["ok"], "failed", board="sim:/b/9", place="hostb-sim-9", error="it broke")
-        say(r["url"], "hostb", r["b"], r["unpushed"], "failed", board="sim:/b/8", place="hostb-sim-8")
-        wait_for(lambda: any(r["unpushed"] in t for t in receiver.titles()), 20, "hostb's own failure notified")
+        wait_for(lambda: any(f"run {r['ok']} failed on hostb" in t for t in receiver.titles()), 20,
+                 "hostb's failure notified as its own")
         with _client(line, r["url"]) as client:
             page = client.get("/").text
     finally:
         line.close()
         receiver.close()
-    assert not any(r["ok"] in m["title"] + m["message"] for m in receiver.got), receiver.got
-    assert {x["place"]: x["state"] for x in _rows(page)}["hostb-sim-9"] == "unreadable"
-    assert "its run id is another host&#x27;s run" in page
+    told = next(m for m in receiver.got if f"run {r['ok']} failed on hostb" in m["title"])
+    assert f"runs/{r['b']}/{r['ok']}.html" in told["message"], told
+    assert not any("on hosta" in m["title"] for m in receiver.got), receiver.got
+    states = {x["place"]: x["state"] for x in _rows(page)}
+    assert states["hosta-sim-0"] == "succeeded" and states["hostb-sim-9"] == "failed", states
+    assert "another host" not in page
 
 
 # -- attack 11: a leftover running row --------------------------------------------------------
