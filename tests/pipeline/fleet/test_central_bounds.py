@@ -344,3 +344,31 @@ def test_a_version_3_database_is_upgraded_in_place(cli, make_board, image, postg
     listed = json.loads(cli("fleet", "runs", "--from", url, "--format", "json").out)
     assert sorted(x["host"] for x in listed if x["run_id"] == run_id) == ["hosta", "hostb"]
     assert "already set up (version 4)" in cli("fleet", "central-setup", url).out
+
+
+# -- the signed record's own text ------------------------------------------------------------------
+
+def test_the_signed_records_text_is_kept_as_signed_and_shown_printable(cli, make_board, image, central, tmp_path,
+                                                                     monkeypatch):
+    """A host (its account and key) signs a board spec with an escape sequence and a bidi
+    override into its trail and pushes it: the record keeps it as signed (refusing it would
+    strand every later checkpoint of the host), and the readers show it made printable."""
+    from amdflash.store.schema import drop_triggers
+
+    db, key = become(monkeypatch, tmp_path, "hosta")
+    run_id = flash(cli, make_board, image)
+    hostile = "sim:/x\x1b]8;;https://evil.example/\x07\u202egnp.exe"
+    con = sqlite3.connect(db, isolation_level=None)
+    con.execute("BEGIN")
+    drop_triggers(con)
+    con.execute("UPDATE runs SET board_spec = ? WHERE run_id = ?", (hostile, run_id))
+    con.execute("COMMIT")
+    con.close()
+    forge(db, run_id, keys.load_private(key), anchor=Path(f"{db}.anchor"))
+    enrol(cli, central, tmp_path, "hosta")
+    r, _ = push(cli, as_login(central, "hosta"))
+    assert r.code == 0, r.err
+    assert psql(central, "SELECT board_spec FROM amdflash.runs") == hostile
+    for shown in (cli("fleet", "runs", "--from", central), cli("fleet", "report", run_id, "--from", central)):
+        assert run_id in shown.out, shown.err
+        assert not any(c in shown.out for c in "\x1b\x07\u202e"), shown.out
