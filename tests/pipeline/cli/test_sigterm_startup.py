@@ -11,6 +11,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -126,3 +128,33 @@ def test_a_signal_during_the_imports_exits_130_with_one_line(tmp_path, signum):
             assert _in_python_start_up(r, signum, state), outcome     # never a silent death in amdflash
     assert not db.exists()
     assert len(landed) >= 2, landed
+
+
+# The console script's way in, with a SIGTERM sent at the moment the finished runs are being
+# reported (as test_sigint does for Ctrl-C, here in a process of its own: the signal's default
+# would end the test run).
+SIGTERM_WHILE_REPORTING = """\
+import os, signal, sys
+from amdflash.pipeline import launch
+from amdflash.pipeline.commands import board as commands
+
+reports = commands._reports
+
+def sigterm_then_report(*args):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return reports(*args)
+
+commands._reports = sigterm_then_report
+sys.argv = ["amdflash", *sys.argv[1:]]
+launch.run()
+"""
+
+
+def test_a_sigterm_once_the_runs_are_on_record_changes_nothing(tmp_path, make_board):
+    """As Ctrl-C then: the run succeeded and says so, exit 0. The runs' signal watcher left
+    SIGTERM at its default, so it ended the process by the signal, without a word."""
+    board = make_board(transport="ideal")
+    r = subprocess.run([sys.executable, "-c", SIGTERM_WHILE_REPORTING, "--db", str(tmp_path / "audit.sqlite"),
+                        "info", "--board", f"sim:{board}"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    assert "succeeded" in r.stdout + r.stderr and "interrupted" not in r.stderr, r.stderr
