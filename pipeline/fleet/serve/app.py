@@ -73,8 +73,12 @@ class Table:
     FRESH = 10.0          # seconds a rendering serves `GET /` with no change (its "stale" marks age)
 
     def __init__(self, line: Line):
+        from concurrent.futures import ThreadPoolExecutor
+
         self.line = line
         self.rendered: dict[str, Any] | None = None
+        # A thread of its own: run pages keeping the shared pool busy never hold up the line's page.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="amdflash-serve-table")
         self._lock: asyncio.Lock | None = None
         self._changed: asyncio.Event | None = None
 
@@ -97,7 +101,7 @@ class Table:
             r = self.rendered
             if r is None or r["version"] != self.line.version or fresh is not None and \
                     asyncio.get_running_loop().time() - r["made"] > fresh:
-                r = self.rendered = await asyncio.to_thread(self._render)
+                r = self.rendered = await asyncio.get_running_loop().run_in_executor(self._thread, self._render)
                 r["made"] = asyncio.get_running_loop().time()
             return r
 

@@ -108,6 +108,7 @@ class Notifier:
         self.outbox = Outbox()
         self._targets: dict[str, Any] = {}
         self._retry: dict[str, tuple[int, float]] = {}     # target → (failures in a row, next try, monotonic)
+        self._refused: dict[str, int] = {}                 # target → the notification it last did not take
         self._closing = False
         self._thread: threading.Thread | None = None
         if urls:
@@ -155,12 +156,17 @@ class Notifier:
                 failures, due = self._retry.get(target, (0, 0.0))
                 if due > now:
                     continue
-                for item in self.outbox.waiting_for(target):
+                waiting = self.outbox.waiting_for(target)
+                last = self._refused.get(target)
+                for item in [n for n in waiting if id(n) != last] + [n for n in waiting if id(n) == last]:
+                    # the one it last refused goes last: a notification a service will never take
+                    # (it answers 400 to it) does not hold up the others
                     if self._deliver(target, item, types):
                         self.outbox.delivered(item, target, targets)
                         failures = 0
                         continue
                     failures += 1
+                    self._refused[target] = id(item)
                     wait = min(RETRY_FIRST * 2 ** (failures - 1), RETRY_LONGEST)
                     self._retry[target] = (failures, time.monotonic() + wait)
                     self.log(f"notification not delivered to {self._shown(target)}: {item['title']} (tried "

@@ -465,3 +465,34 @@ def test_the_serve_unit_sets_its_own_descriptor_limit_and_the_caps_fit_under_it(
     assert caps.connections + RESERVE <= nofile and caps.streams < caps.connections
     with pytest.raises(ValueError, match="file-descriptor limit"):
         limits(RESERVE + 8)
+
+
+def test_a_notification_a_service_refuses_does_not_hold_up_the_others_and_is_kept() -> None:
+    """A webhook that answers 400 to one notification (and always will): the ones after it are
+    still delivered, and the refused one is kept to be tried again, not dropped as sent."""
+    from amdflash.pipeline.fleet.serve.notify import Notifier
+
+    port = free_port()
+    webhook = Webhook(port)
+    real = webhook.server.RequestHandlerClass.do_POST
+
+    def picky(handler) -> None:
+        if int(handler.headers["Content-Length"]) > 0 and b"refused" in handler.rfile.peek(4096):
+            handler.rfile.read(int(handler.headers["Content-Length"]))
+            handler.send_response(400)
+            handler.end_headers()
+            return
+        real(handler)
+
+    webhook.server.RequestHandlerClass.do_POST = picky
+    said: list[str] = []
+    notifier = Notifier([f"json://127.0.0.1:{port}/hook"], said.append)
+    try:
+        notifier.send("amdflash: refused", "this one the service refuses")
+        notifier.send("amdflash: taken", "this one it takes")
+        wait_for(lambda: "amdflash: taken" in webhook.titles(), 30, "the second notification")
+        assert [n["title"] for n in notifier.outbox.items] == ["amdflash: refused"]
+        assert any("not delivered" in line and "amdflash: refused" in line for line in said), said
+    finally:
+        notifier.close(grace=0)
+        webhook.close()
