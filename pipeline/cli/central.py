@@ -327,6 +327,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             os.close(open_state_dir(state_dir))
         except StateDirError as e:
             raise UsageError(f"--state-dir {e}") from None
+    from amdflash.pipeline.fleet.serve.guard import limits
+
+    try:
+        limits()              # its connections' cap fits under its descriptor limit: said before serving
+    except ValueError as e:
+        raise Refusal(str(e)) from None
     from amdflash.store.central import connect, need_schema, not_a_reader
 
     with connect(url) as pg:

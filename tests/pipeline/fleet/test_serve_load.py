@@ -496,3 +496,19 @@ def test_a_notification_a_service_refuses_does_not_hold_up_the_others_and_is_kep
     finally:
         notifier.close(grace=0)
         webhook.close()
+
+
+def test_a_descriptor_limit_too_small_for_the_caps_is_refused_before_anything_is_made(central, tmp_path) -> None:
+    """Under a file-descriptor limit that leaves room for too few connections, `fleet serve`
+    says so in one line, exit 2, and makes nothing (not its state directory)."""
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (280, 280))
+
+    state = tmp_path / "state"
+    done = subprocess.run([sys.executable, "-m", "amdflash.pipeline.cli", "fleet", "serve", "--from", central,
+                           "--state-dir", str(state)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120, preexec_fn=limit)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "imghdr" not in line and line.strip()]
+    assert len(lines) == 1 and "file-descriptor limit (280)" in lines[0], done.stderr
+    assert not state.exists()
