@@ -55,9 +55,10 @@ reviewers read (progress_channel()). It is advisory: unsigned, the host's word. 
 inserts rows only for the host bound to it (the same `session_user` check as the
 checkpoints), never reads another host's, and cannot change or remove a row; the database
 refuses a value no view could take (PROGRESS_SHAPES, PROGRESS_BOUNDS, no control or format
-character, the host's clock near its own), and keeps each host within a rate and a daily
-quota of rows (progress_limits); the signed trail stays the truth, and every view says which
-it shows.
+character, the host's clock near its own), and keeps each host within a rate, a daily quota
+of rows and a quota of rows stored, for which it drops the host's own oldest rows
+(progress_limits, bounds.py); the signed trail stays the truth, and every view says which it
+shows.
 
 The package is split by what each part does — schema (the DDL, the roles, central-setup,
 enrolment, connecting), pushing (what a host sends, and the host's checks before the

@@ -5,10 +5,11 @@ DDL the schema module runs at setup and when it upgrades a database in place:
   Cf: C0, C1, bidi overrides and isolates, zero-width characters), as one regex class that
   PostgreSQL and Python read alike (CONTROLS);
 * a host's progress rows are bounded by the database itself, per host: a rate (a token bucket
-  of rows, and one of ends, which are what notifications are sent for) and a quota of rows a
-  day (progress_limits: a default row, host 0, and any host's own; progress_usage: the
-  buckets), so one push login can neither flood the view and its notifications nor fill the
-  disk every host shares;
+  of rows, and one of ends, which are what notifications are sent for), a quota of rows a day,
+  and a quota of rows stored, reached only after the host's oldest rows (older than
+  keep_days) are dropped to make room (progress_limits: a default row, host 0, and any host's
+  own; progress_usage: the buckets and counts), so one push login can neither flood the view
+  and its notifications nor fill the disk every host shares;
 * everything in the schema belongs to a role that cannot log in (OWNER_ROLE): the checks
   run as it (SECURITY DEFINER), and the bookkeeping tables (blob_usage, progress_usage) take
   a write only from within them — not from a trigger or statement of anyone else's, whoever
@@ -45,8 +46,10 @@ def control_ranges() -> tuple[tuple[int, int], ...]:
 # The default bounds of a host's progress rows (progress_limits' host 0). An honest host sends
 # a running run's row at most once a second and every end once (pipeline/fleet/live.py): a
 # host of 16 boards flashing without a pause sends about 16 rows a second and 1.4 million a day.
+# Rows stored: an honest host of 16 boards keeps under half of it in keep_days, so its oldest rows
+# make room long before the quota refuses anything; a flood is held at about 3 GB a host.
 PROGRESS_LIMITS = {"rows_per_second": 30.0, "rows_burst": 3000, "ends_per_second": 2.0, "ends_burst": 500,
-                   "rows_per_day": 2_000_000}
+                   "rows_per_day": 2_000_000, "rows_stored": 10_000_000, "keep_days": 3.0}
 # The line view shows at most this many boards of one host, and this many in all (the newest).
 BOARDS_PER_HOST, BOARDS_PAGE = 256, 2000
 
@@ -54,7 +57,7 @@ BOARDS_PER_HOST, BOARDS_PAGE = 256, 2000
 def bounds_sql(ns: str, definer: str, read_role: str) -> str:
     """The progress bounds: their tables (made if missing, the default row put if missing), the
     statement trigger that enforces them, and who may read them."""
-    limits = PROGRESS_LIMITS
+    names, values = ", ".join(PROGRESS_LIMITS), ", ".join(repr(v) for v in PROGRESS_LIMITS.values())
     return f"""
 -- How many progress rows a host may send: host 0's row for every host without its own. The
 -- administrator changes them with UPDATE (or INSERT a host's own row).
@@ -64,26 +67,29 @@ CREATE TABLE IF NOT EXISTS {ns}.progress_limits (
     rows_burst bigint NOT NULL CHECK (rows_burst > 0),
     ends_per_second double precision NOT NULL CHECK (ends_per_second > 0 AND ends_per_second < 1e6),
     ends_burst bigint NOT NULL CHECK (ends_burst > 0),
-    rows_per_day bigint NOT NULL CHECK (rows_per_day > 0));
-INSERT INTO {ns}.progress_limits VALUES (0, {limits['rows_per_second']}, {limits['rows_burst']},
-    {limits['ends_per_second']}, {limits['ends_burst']}, {limits['rows_per_day']}) ON CONFLICT DO NOTHING;
--- Bookkeeping: each host's buckets (rows and ends left, as of refilled_at) and its rows today (UTC).
+    rows_per_day bigint NOT NULL CHECK (rows_per_day > 0),
+    rows_stored bigint NOT NULL CHECK (rows_stored > 0),
+    keep_days double precision NOT NULL CHECK (keep_days > 0 AND keep_days < 1e5));
+INSERT INTO {ns}.progress_limits ({names}, host_id) VALUES ({values}, 0) ON CONFLICT DO NOTHING;
+-- Bookkeeping: each host's buckets (rows and ends left, as of refilled_at), its rows today
+-- (UTC) and its rows stored.
 CREATE TABLE IF NOT EXISTS {ns}.progress_usage (
     host_id integer PRIMARY KEY, rows_left double precision NOT NULL, ends_left double precision NOT NULL,
-    refilled_at timestamptz NOT NULL, day date NOT NULL, day_rows bigint NOT NULL CHECK (day_rows >= 0));
+    refilled_at timestamptz NOT NULL, day date NOT NULL, day_rows bigint NOT NULL CHECK (day_rows >= 0),
+    stored bigint NOT NULL CHECK (stored >= 0));
 CREATE OR REPLACE FUNCTION {ns}.progress_bounded() RETURNS trigger LANGUAGE plpgsql {definer} AS $fn$
 DECLARE
-    grp record; lim record; u record; at timestamptz := clock_timestamp(); today date; elapsed double precision;
-    rows_now double precision; ends_now double precision; used bigint;
+    grp record; lim record; u record; now_at timestamptz := clock_timestamp(); today date; elapsed double precision;
+    rows_now double precision; ends_now double precision; used bigint; kept_rows bigint; pruned bigint;
 BEGIN
-    today := (at AT TIME ZONE 'UTC')::date;
+    today := (now_at AT TIME ZONE 'UTC')::date;
     FOR grp IN SELECT host_id, count(*) AS n, count(*) FILTER (WHERE state NOT IN ('running', 'alive')) AS ends
                  FROM new_rows GROUP BY host_id ORDER BY host_id LOOP
         SELECT * INTO lim FROM {ns}.progress_limits WHERE host_id IN (grp.host_id, 0) ORDER BY host_id DESC LIMIT 1;
-        INSERT INTO {ns}.progress_usage VALUES (grp.host_id, lim.rows_burst, lim.ends_burst, at, today, 0)
-            ON CONFLICT (host_id) DO NOTHING;
+        INSERT INTO {ns}.progress_usage VALUES (grp.host_id, lim.rows_burst, lim.ends_burst, now_at, today, 0,
+            (SELECT count(*) FROM {ns}.progress WHERE host_id = grp.host_id) - grp.n) ON CONFLICT (host_id) DO NOTHING;
         SELECT * INTO u FROM {ns}.progress_usage WHERE host_id = grp.host_id FOR UPDATE;
-        elapsed := greatest(0, extract(epoch FROM at - u.refilled_at));
+        elapsed := greatest(0, extract(epoch FROM now_at - u.refilled_at));
         rows_now := least(lim.rows_burst, u.rows_left + elapsed * lim.rows_per_second);
         ends_now := least(lim.ends_burst, u.ends_left + elapsed * lim.ends_per_second);
         used := CASE WHEN u.day = today THEN u.day_rows ELSE 0 END;
@@ -101,11 +107,38 @@ BEGIN
             RAISE EXCEPTION 'refused: progress of host %: over its quota of % rows a day (% sent today, UTC)',
                 {ns}.host_name(grp.host_id), lim.rows_per_day, used USING ERRCODE = 'program_limit_exceeded';
         END IF;
+        kept_rows := u.stored;
+        IF kept_rows + grp.n > lim.rows_stored THEN      -- room made from the host's own oldest rows
+            WITH gone AS (DELETE FROM {ns}.progress WHERE id IN (
+                SELECT id FROM {ns}.progress WHERE host_id = grp.host_id
+                   AND received_at < now_at - make_interval(secs => lim.keep_days * 86400)
+                 ORDER BY id LIMIT kept_rows + grp.n - lim.rows_stored) RETURNING 1)
+            SELECT count(*) INTO pruned FROM gone;
+            kept_rows := kept_rows - pruned;
+        END IF;
+        IF kept_rows + grp.n > lim.rows_stored THEN
+            RAISE EXCEPTION 'refused: progress of host %: over its quota of % rows stored (% stored, none older than '
+                            '% days to make room)', {ns}.host_name(grp.host_id), lim.rows_stored, kept_rows,
+                lim.keep_days USING ERRCODE = 'program_limit_exceeded';
+        END IF;
         UPDATE {ns}.progress_usage SET rows_left = rows_now - grp.n, ends_left = ends_now - grp.ends,
-               refilled_at = at, day = today, day_rows = used + grp.n WHERE host_id = grp.host_id;
+               refilled_at = now_at, day = today, day_rows = used + grp.n, stored = kept_rows + grp.n
+         WHERE host_id = grp.host_id;
     END LOOP;
     RETURN NULL;
 END $fn$;
+-- Progress is insert-only, but for the bounds' own pruning (a DELETE from within them).
+CREATE OR REPLACE FUNCTION {ns}.progress_kept() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF TG_OP = 'DELETE' AND current_user = '{OWNER_ROLE}' AND pg_trigger_depth() >= 2 THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'refused: the central audit tables are insert-only (% on %)', TG_OP, TG_TABLE_NAME
+        USING ERRCODE = 'insufficient_privilege';
+END $fn$;
+DROP TRIGGER IF EXISTS progress_insert_only ON {ns}.progress;
+CREATE TRIGGER progress_insert_only BEFORE UPDATE OR DELETE ON {ns}.progress FOR EACH ROW
+    EXECUTE FUNCTION {ns}.progress_kept();
 DROP TRIGGER IF EXISTS progress_bounded ON {ns}.progress;
 CREATE TRIGGER progress_bounded AFTER INSERT ON {ns}.progress REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION {ns}.progress_bounded();

@@ -59,6 +59,17 @@ def _many(url: str, host: int, n: int, state: str = "running", first: int = 0, b
                    "FROM generate_series(%s::int, %s::int) g", (host, state, first + 1, first + n))
 
 
+def limits(url: str, host: int, **bounds) -> None:
+    """The host's own progress bounds (the administrator's INSERT into progress_limits): the
+    defaults (host 0's), but for `bounds`."""
+    with psycopg.connect(url, autocommit=True) as pg:
+        cur = pg.execute("SELECT * FROM amdflash.progress_limits WHERE host_id = 0")
+        row = {**dict(zip([d.name for d in cur.description], cur.fetchone(), strict=True)), **bounds,
+               "host_id": host}
+        pg.execute(f"INSERT INTO amdflash.progress_limits ({', '.join(row)}) VALUES ({', '.join(['%s'] * len(row))})",
+                   list(row.values()))
+
+
 def _copy_resigned(src: Path, dst: Path, run_id: str, key: Path) -> None:
     """The attacker's trail: a copy of the victim's, every checkpoint re-signed with its own key."""
     with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
@@ -129,7 +140,7 @@ def test_one_push_login_cannot_flood_the_progress_rows(cli, central, tmp_path, m
     assert psql(central, "SELECT count(*) FROM amdflash.progress") == "0"
 
     # Smaller bounds of hosta's own (an administrator's INSERT), refilled slowly: the test does not race the clock.
-    psql(central, f"INSERT INTO amdflash.progress_limits VALUES ({a}, 0.001, 300, 0.001, 50, 1000000)")
+    limits(central, a, rows_per_second=0.001, rows_burst=300, ends_per_second=0.001, ends_burst=50)
     for i in range(5):
         _many(as_a, a, 10, "failed", first=10 * i)
     with pytest.raises(psycopg.errors.ProgramLimitExceeded, match=r"10 end\(s\) at once, over its rate of ends"):
@@ -142,11 +153,31 @@ def test_one_push_login_cannot_flood_the_progress_rows(cli, central, tmp_path, m
     assert psql(central, "SELECT host_id, count(*) FROM amdflash.progress GROUP BY 1 ORDER BY 1") == \
         f"{a}|300\n{b}|100"
 
-    psql(central, f"INSERT INTO amdflash.progress_limits VALUES ({b}, 1000, 1000, 1000, 1000, 150)")
+    limits(central, b, rows_per_day=150)
     with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="over its quota of 150 rows a day"):
         _many(as_login(central, "hostb"), b, 51)
     with pytest.raises(psycopg.Error, match="kept by the push checks only"):
         psql(central, "UPDATE amdflash.progress_usage SET day_rows = 0")    # the administrator too
+
+
+def test_a_hosts_stored_progress_rows_are_bounded_its_oldest_making_room(cli, central, tmp_path, monkeypatch):
+    """The disk: hosta may keep 100 rows (its own bounds): the 101st is refused while none is old
+    enough to go; once its oldest are older than keep_days, new rows take their place."""
+    import time
+
+    become(monkeypatch, tmp_path, "hosta")
+    enrol(cli, central, tmp_path, "hosta")
+    a, as_a = host_id(central, "hosta"), as_login(central, "hosta")
+    limits(central, a, rows_stored=100, keep_days=1000.0)
+    _many(as_a, a, 100)
+    with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="over its quota of 100 rows stored"):
+        _many(as_a, a, 1, first=100)
+    psql(central, f"UPDATE amdflash.progress_limits SET keep_days = 0.00001 WHERE host_id = {a}")   # 0.86 s
+    time.sleep(1.5)
+    _many(as_a, a, 40, first=100)
+    assert psql(central, "SELECT count(*), min(run_id) FROM amdflash.progress") == f"100|{_run(41)}"
+    with pytest.raises(psycopg.Error, match="insert-only"):
+        psql(central, "DELETE FROM amdflash.progress")      # the pruning is the bounds' own
 
 
 def test_the_follow_service_sends_a_backlog_within_the_bounds(cli, central, tmp_path, monkeypatch):
@@ -276,7 +307,7 @@ def test_the_bookkeeping_is_written_only_through_the_push_checks(cli, make_board
     assert psql(central, "SELECT count(*) FROM pg_auth_members WHERE roleid = 'amdflash_owner'::regrole") == "0"
 
     for sql in ("INSERT INTO amdflash.blob_usage VALUES (99, 0)", "UPDATE amdflash.blob_usage SET bytes = 0",
-                "INSERT INTO amdflash.progress_usage VALUES (99, 1e9, 1e9, now(), current_date, 0)"):
+                "INSERT INTO amdflash.progress_usage VALUES (99, 1e9, 1e9, now(), current_date, 0, 0)"):
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             psql(as_login(central, "hosta"), sql)            # a push login's own SQL
 

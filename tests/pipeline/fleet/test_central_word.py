@@ -137,7 +137,7 @@ def test_the_bookkeeping_refuses_change_even_from_the_administrator(cli, make_bo
                 "SET bytes = 0", "INSERT INTO amdflash.blob_usage VALUES (99, -1)",
                 "TRUNCATE amdflash.progress_usage", "DELETE FROM amdflash.progress_usage",
                 "UPDATE amdflash.progress_usage SET rows_left = 1e9, day_rows = 0",
-                "INSERT INTO amdflash.progress_usage VALUES (99, 1e9, 1e9, now(), current_date, 0)"):
+                "INSERT INTO amdflash.progress_usage VALUES (99, 1e9, 1e9, now(), current_date, 0, 0)"):
         with pytest.raises(psycopg.Error, match="refused: .*(insert-only|kept by the push checks only)"):
             psql(central, sql)
     assert [psql(central, f"SELECT * FROM amdflash.{t} ORDER BY 1") for t in tables] == kept
