@@ -31,7 +31,8 @@ def _terminated(signum: int, frame: object) -> None:
     """SIGTERM: what Ctrl-C does at this moment. Starting: the line and 130 at once; in
     `main()`: KeyboardInterrupt, handled as Ctrl-C is (also when Ctrl-C itself is ignored);
     once the runs are on record or the command has ended: nothing (Ctrl-C is then ignored).
-    A board run takes SIGTERM over for its duration (engine/runner.py)."""
+    A board run takes SIGTERM over for its duration (engine/runner.py), and once its runs are
+    on record engine/interrupts.py holds it back."""
     ctrl_c = _signal.getsignal(_signal.SIGINT)
     if _CTRL_C_IGNORED and ctrl_c == _signal.SIG_IGN:
         ctrl_c = _signal.default_int_handler if _main_began else _interrupted_while_starting
@@ -89,8 +90,8 @@ def run() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise
     except KeyboardInterrupt:
-        # Only a SIGTERM with Ctrl-C ignored from the start, in the instant after main() had
-        # returned: interrupted all the same, without a traceback.
+        # A Ctrl-C or SIGTERM in the instant after main() returned, before entry ignores them
+        # (or a SIGTERM then, Ctrl-C ignored from the start): interrupted, without a traceback.
         os.write(2, b'{"event": "interrupted", "level": "error"}\n' if "--log-json" in sys.argv
                  else b"error: interrupted\n")
         os._exit(130)
