@@ -193,6 +193,10 @@ ALTER ROLE {OWNER_ROLE} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS;
 DO $do$
 DECLARE r record;
 BEGIN
+    -- Nobody may become it (SET ROLE), but a superuser, who may become anyone.
+    FOR r IN SELECT member::regrole AS name FROM pg_auth_members WHERE roleid = '{OWNER_ROLE}'::regrole LOOP
+        EXECUTE format('REVOKE {OWNER_ROLE} FROM %s', r.name);
+    END LOOP;
     FOR r IN SELECT c.oid::regclass AS name, c.relkind FROM pg_class c
               WHERE c.relnamespace = '{ns}'::regnamespace AND c.relkind IN ('r', 'v', 'S')
                 AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid

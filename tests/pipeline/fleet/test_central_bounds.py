@@ -355,6 +355,9 @@ def test_a_version_3_database_is_upgraded_in_place(cli, make_board, image, postg
     _progress(url, host_id(url, "hosta"), error="stored before: \x1b[31mred")
     before = central_counts(url)
 
+    # A role of that name made before, with a member (roles are the cluster's): nobody may become it.
+    psql(url, "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'amdflash_owner') THEN "
+              "CREATE ROLE amdflash_owner; END IF; END $$; GRANT amdflash_owner TO hosta")
     r, _ = push(cli, as_login(url, "hosta"))
     assert r.code == 1 and "version 3 of the central schema" in r.err and "central-setup" in r.err, r.err
     done = cli("fleet", "central-setup", url)
@@ -367,6 +370,7 @@ def test_a_version_3_database_is_upgraded_in_place(cli, make_board, image, postg
         _progress(url, host_id(url, "hosta"), error="\x1b[31mred")
     assert psql(url, "SELECT DISTINCT pg_get_userbyid(relowner) FROM pg_class WHERE relnamespace = "
                      "'amdflash'::regnamespace AND relkind IN ('r', 'v')") == "amdflash_owner"
+    assert psql(url, "SELECT count(*) FROM pg_auth_members WHERE roleid = 'amdflash_owner'::regrole") == "0"
 
     db_b, key_b = become(monkeypatch, tmp_path, "hostb")     # hostb's run under hosta's run ID: its own
     _copy_resigned(db_a, db_b, run_id, key_b)
