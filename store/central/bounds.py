@@ -48,7 +48,7 @@ def control_ranges() -> tuple[tuple[int, int], ...]:
 # host of 16 boards flashing without a pause sends about 16 rows a second and 1.4 million a day.
 # Rows stored: an honest host of 16 boards keeps under half of it in keep_days, so its oldest rows
 # make room long before the quota refuses anything; a flood is held at about 3 GB a host.
-PROGRESS_LIMITS = {"rows_per_second": 30.0, "rows_burst": 3000, "ends_per_second": 2.0, "ends_burst": 500,
+PROGRESS_LIMITS = {"rows_per_second": 30.0, "rows_burst": 3000, "ends_per_second": 2.0, "ends_burst": 100,
                    "rows_per_day": 2_000_000, "rows_stored": 10_000_000, "keep_days": 3.0}
 # The line view shows at most this many boards of one host, and this many in all (the newest).
 BOARDS_PER_HOST, BOARDS_PAGE = 256, 2000
@@ -64,9 +64,9 @@ def bounds_sql(ns: str, definer: str, read_role: str) -> str:
 CREATE TABLE IF NOT EXISTS {ns}.progress_limits (
     host_id integer PRIMARY KEY CHECK (host_id >= 0),
     rows_per_second double precision NOT NULL CHECK (rows_per_second > 0 AND rows_per_second < 1e6),
-    rows_burst bigint NOT NULL CHECK (rows_burst > 0),
+    rows_burst bigint NOT NULL CHECK (rows_burst >= 20),
     ends_per_second double precision NOT NULL CHECK (ends_per_second > 0 AND ends_per_second < 1e6),
-    ends_burst bigint NOT NULL CHECK (ends_burst > 0),
+    ends_burst bigint NOT NULL CHECK (ends_burst >= 20),          -- pushing.PUBLISH_BATCH at least
     rows_per_day bigint NOT NULL CHECK (rows_per_day > 0),
     rows_stored bigint NOT NULL CHECK (rows_stored > 0),
     keep_days double precision NOT NULL CHECK (keep_days > 0 AND keep_days < 1e5));

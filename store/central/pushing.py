@@ -415,7 +415,9 @@ def publishable(row: dict[str, Any]) -> dict[str, Any]:
 
 
 _CONTROL = re.compile(f"[{CONTROLS}]")
-PUBLISH_BATCH = 100      # rows a statement: well within the database's bounds of a host's rate
+# Rows a statement: well within the database's bounds of a host (a bucket of ends smaller than
+# this would refuse a backlog of ends for good: progress_limits says at most how many at once).
+PUBLISH_BATCH = 20
 
 
 def publish_progress(pg: Any, host_id: int, rows: list[dict[str, Any]], checkpoint: int | None) -> None:

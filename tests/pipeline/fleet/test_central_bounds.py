@@ -190,12 +190,12 @@ def test_the_follow_service_sends_a_backlog_within_the_bounds(cli, central, tmp_
     a = host_id(central, "hosta")
     now = dt.datetime.now(dt.UTC).isoformat()
     backlog = [{"run_id": _run(i), "state": "failed", "error": f"line {i}\nsecond line", "at": now}
-               for i in range(650)]
+               for i in range(150)]
     with connect(as_login(central, "hosta"), autocommit=True) as pg:
         with pytest.raises(psycopg.errors.ProgramLimitExceeded):
             publish_progress(pg, a, backlog, None)
-    assert len(backlog) == 150                               # 500 stored (the bucket of ends), 150 left
-    assert psql(central, "SELECT count(DISTINCT run_id), count(*) FROM amdflash.progress") == "500|500"
+    assert len(backlog) == 50                                # 100 stored (the bucket of ends), 50 left
+    assert psql(central, "SELECT count(DISTINCT run_id), count(*) FROM amdflash.progress") == "100|100"
     assert psql(central, "SELECT error FROM amdflash.progress ORDER BY id LIMIT 1") == "line 0 second line"
 
 
