@@ -9,10 +9,12 @@ a zero-width or control character: those are shown as escapes (`\\u202e`), as on
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,25 +186,38 @@ def _outcome(end: dict[str, Any] | None, beside: Path | None) -> str:
     backup, first = end.get("backup"), end.get("original")
     rows: list[tuple[str, str, Any]] = [
         ("flash_state", "state when the run ended" if fixed or superseded else "state", end.get("state")),
-        ("backup", "backup", _backup_words(backup, backup["content"]) if backup else None),
-        ("original", "the board's original", _backup_words(first, None) if first else None),
-        ("next_step", "next step", None if fixed or superseded else end.get("next_step")),
+        ("backup", "backup", _backup_words(backup, backup["content"], beside) if backup else None),
+        ("original", "the board's original", _backup_words(first, None, beside) if first else None),
+        ("next_step", "next step", None if fixed or superseded else _words(end.get("next_step"))),
         ("fixed_by", "fixed by", _run_link(fixed, beside)),
         ("superseded_by", "superseded by", _run_link(superseded, beside)),
     ]
-    cells = "".join(f"<tr><th>{escape(label)}</th><td data-field=\"{escape(key)}\">{_value(value)}</td></tr>"
-                    for key, label, value in rows if value)
+    cells = "".join(f"<tr><th>{escape(label)}</th><td data-field=\"{escape(key)}\"{_CMD if key == 'next_step' else ''}>"
+                    f"{_value(value)}</td></tr>" for key, label, value in rows if value)
     return f"<section id=\"outcome\"><h2>What the run left, and the way out</h2><table class=\"kv\">{cells}</table>" \
            "</section>"
 
 
-def _backup_words(backup: dict[str, Any], content: str | None) -> _Html:
+_CMD = ' class="cmd"'      # words with commands in them: wrapped only between words (CSS)
+
+
+def _backup_words(backup: dict[str, Any], content: str | None, beside: Path | None = None) -> _Html:
     """A backup file, what it holds and the command that writes it back (its own element:
     data-field put-back, to copy as it is)."""
     what = f"{escape(content)}: " if content else ""
     return _Html(f"{what}<span class=\"mono\">{escape(backup['path'])}</span> (run "
-                 f"<span class=\"mono\">{escape(backup['run_id'])}</span>); to put it back: "
-                 f"<code data-field=\"put-back\">{escape(backup['put_back'])}</code>")
+                 f"{_run_link(backup['run_id'], beside)}); to put it back: "
+                 f"<code data-field=\"put-back\" class=\"cmd mono\">{_words(backup['put_back'])}</code>")
+
+
+def _words(text: str | None) -> _Html | None:
+    """A command (or words around one) that wraps only between its words: each word kept on one
+    line (a browser would also break after a '/' or a '-' of a path or an option), so what is
+    read is what is pasted; a word too long for the line scrolls (CSS). The text copied is the
+    text given: its words joined by the same single spaces."""
+    if not text:
+        return None
+    return _Html(" ".join(f"<span class=\"w\">{escape(word)}</span>" if word else "" for word in text.split(" ")))
 
 
 _MONO = {"run_id", "jedec", "unique_id", "bridge_serial", "status_registers", "image_sha256", "result_sha256",
@@ -279,9 +294,37 @@ def _run_link(run_id: str | None, beside: Path | None) -> _Html | None:
         return None
     if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):     # a forged row may hold a BLOB
         return _Html(escape(str(run_id)))
-    if beside is not None and not (beside / f"{run_id}.html").is_file():
-        return _Html(f"<span class=\"mono\">{run_id}</span>")
+    if beside is not None and run_id not in _TOGETHER.get() and not (beside / f"{run_id}.html").is_file():
+        return _Html(f"<span class=\"mono run\">{run_id}</span>")
     return _Html(f"<a class=\"mono\" href=\"{run_id}.html\">{run_id}</a>")
+
+
+# The pages being written together into one directory (`report --pages DIR`): each links to the
+# others, though they are written one after the other.
+_TOGETHER: ContextVar[frozenset[str]] = ContextVar("pages_written_together", default=frozenset())
+
+
+@contextlib.contextmanager
+def written_together(run_ids: Iterable[str]) -> Iterator[None]:
+    """Render pages that are about to be written beside each other: their links to each other
+    lead somewhere once they are all written."""
+    token = _TOGETHER.set(frozenset(run_ids))
+    try:
+        yield
+    finally:
+        _TOGETHER.reset(token)
+
+
+def related_runs(rep: dict[str, Any]) -> list[str]:
+    """The other runs a run's page names (and links): the run it resumes, the resumes of it,
+    the run that fixed or superseded it, the runs whose backups it names — run ids only (a
+    recorded value of any other shape is shown, never followed)."""
+    end = rep.get("outcome") or {}
+    named = [rep.get("resumes_run_id"), *[r.get("run_id") for r in rep.get("resumed_by") or []],
+             rep.get("finished_by"), rep.get("superseded_by"), end.get("fixed_by"), end.get("superseded_by"),
+             *[(end.get(k) or {}).get("run_id") for k in ("backup", "original")]]
+    found = [r for r in named if isinstance(r, str) and RUN_ID.fullmatch(r) and r != rep.get("run_id")]
+    return list(dict.fromkeys(found))
 
 
 @dataclass(frozen=True)
@@ -740,9 +783,16 @@ span.badge.warn { background: #8f4f00; color: #fff; }   /* span.warn's text colo
 p.ok, td.ok { color: #23703c; } p.warn, span.warn { color: #8f4f00; font-weight: 600; }
 p.bad, td.bad { color: var(--failed); font-weight: 600; } td.open { color: #c77b12; }
 table { border-collapse: collapse; }
+/* Fixed columns: a long value wraps inside its cell instead of widening the page. Only a word
+   longer than its cell (a hash, a path) is broken; a command is never broken inside a word — it
+   wraps between words, and a word too long for the line scrolls (what is copied stays whole). */
+table.kv { width: 100%; table-layout: fixed; }
 table.kv th { text-align: left; font-weight: 500; color: var(--muted); padding: 2px 16px 2px 0; vertical-align: top;
-              white-space: nowrap; }
-table.kv td { padding: 2px 0; word-break: break-all; }
+              width: 15em; }
+table.kv td { padding: 2px 0; overflow-wrap: break-word; }
+.cmd { overflow-wrap: normal; word-break: normal; overflow-x: auto; }
+code.cmd { display: block; margin: 2px 0; white-space: normal; }
+.cmd .w, .run, a.mono { white-space: nowrap; }   /* a run id is one word */
 table.stages { width: 100%; }
 table.grid { min-width: 50%; }
 table.grid th, table.stages th { text-align: left; font-weight: 600; border-bottom: 1px solid var(--line);
@@ -791,6 +841,7 @@ footer { color: var(--muted); font-size: 12px; margin-top: 18px; }
   * { -webkit-print-color-adjust: exact; print-color-adjust: exact; }
   .cell:hover { outline: none; }
   a { color: inherit; text-decoration: none; }
-  table.kv td, td.detail { word-break: break-all; }
+  table.kv td, td.detail { overflow-wrap: break-word; }
+  .cmd { overflow-x: visible; }
 }
 """

@@ -14,6 +14,7 @@ from amdflash.stages.terminal import printable
 from amdflash.pipeline.engine.auditdb import legacy_version
 from amdflash.pipeline.commands.checks import output_option, writable_output, write_output
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
+from amdflash.stages.files import write_new
 from amdflash.stages.open_transport import BoardSpecError, parse_spec
 from amdflash.store.read_checks import describe as describe_reads
 from amdflash.store.status import ENDS
@@ -49,6 +50,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="text (default), json (the object every board command prints with --json) or html")
     p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
     output_option(p, "write the report to FILE (default stdout)")
+    p.add_argument("--pages", type=Path, metavar="DIR",
+                   help="write the HTML pages of RUN_ID and of the runs its page names (the run it resumes, its "
+                        "resumes, the run that fixed or superseded it, the runs whose backups it names, and theirs) "
+                        "into the directory DIR, each as RUN.html, linked to each other (an existing page is "
+                        "replaced only with --overwrite)")
     p.add_argument("--key", type=Path, action="append", metavar="PUBFILE",
                    help="check the run's signatures against this public key")
     p.set_defaults(func=cmd_report)
@@ -183,6 +189,8 @@ def run_cells(r: dict[str, Any]) -> list[str]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.pages is not None:
+        return _write_pages(args)
     if args.output is not None:
         writable_output(args.output, "report", args.overwrite)
     rep, page = commands.report(args.run_id, commands.db_path(args), html=args.format == "html", keys=args.key,
@@ -200,6 +208,44 @@ def cmd_report(args: argparse.Namespace) -> int:
         output.note(f"wrote {args.output}")
     else:
         output.result(text)
+    return EXIT_OK
+
+
+MAX_PAGES = 64       # pages one --pages writes: a run's whole story, not the whole trail
+
+
+def _write_pages(args: argparse.Namespace) -> int:
+    """`report RUN --pages DIR`: the page of RUN and of every run reached from it through the runs
+    a page names, each DIR/RUN.html, linked to each other (store.html: a page links another only
+    when that page is there). Every name is checked before any page is written."""
+    from amdflash.store.html import related_runs, written_together
+    from amdflash.store.run_rows import RunUnverified
+
+    if args.output is not None:
+        raise Refusal("--pages DIR and -o FILE: one or the other")
+    if not args.pages.is_dir():
+        raise Refusal(f"--pages {printable(str(args.pages))}: not a directory")
+    db = commands.db_path(args)
+    first, _ = commands.report(args.run_id, db, keys=args.key)       # the run named: refused if unknown
+    reports: dict[str, dict[str, Any]] = {}
+    queue = [first["run_id"]]
+    while queue and len(reports) < MAX_PAGES:
+        run = queue.pop(0)
+        if run in reports:
+            continue
+        try:
+            reports[run] = first if run == first["run_id"] else commands.report(run, db, keys=args.key)[0]
+        except (Refusal, RunUnverified):
+            continue          # not in this trail, or it does not verify: named on the pages as text, not linked
+        queue += [r for r in related_runs(reports[run]) if r not in reports]
+    targets = {run: args.pages / f"{run}.html" for run in reports}
+    for path in targets.values():
+        writable_output(path, "report page", args.overwrite)
+    with written_together(targets):
+        for run, path in targets.items():
+            _, page = commands.report(run, db, html=True, keys=args.key, beside=args.pages)
+            write_new(path, page or "", overwrite=args.overwrite)
+    output.note(f"wrote {len(targets)} linked page(s) in {args.pages}: " + ", ".join(p.name for p in targets.values()))
     return EXIT_OK
 
 
