@@ -35,19 +35,21 @@ signatures, hashes or counts is BROKEN (exit 1), naming the first record that do
 from __future__ import annotations
 
 import csv
+import gzip
 import hashlib
-import heapq
+import io
 import json
 import re
 import sqlite3
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from amdflash.store import keys
+from amdflash.store import export_rows, keys
 from amdflash.store.chain import (
     GENESIS,
     Broken,
@@ -59,7 +61,7 @@ from amdflash.store.chain import (
     check_checkpoint_chain,
     load_checkpoints,
 )
-from amdflash.store.schema import PHYSICAL, PLAIN, RUN_END_SQL, SCHEMA_VERSION
+from amdflash.store.schema import PHYSICAL, SCHEMA_VERSION
 from amdflash.store.verify import RUN_KINDS, _base, snapshot
 
 FORMATS = ("jsonl", "csv")
@@ -87,13 +89,10 @@ class ExportSummary:
     runs: list[str] = field(default_factory=list)
     head: Checkpoint | None = None
     unsealed: int = 0        # rows recorded after their run's last checkpoint: not exported
+    blob_ids: Bits = field(default_factory=lambda: Bits())     # the blobs written (their ids here)
 
 
 # -- writing ---------------------------------------------------------------------------------------
-
-def _json_value(value: Any) -> Any:
-    return {"hex": bytes(value).hex()} if isinstance(value, (bytes, bytearray, memoryview)) else value
-
 
 def checkpoint_record(cp: Checkpoint, prev: bytes) -> dict[str, Any]:
     return {"record": "checkpoint", "id": cp.id, "kind": cp.kind, "run_id": cp.run_id, "rows": cp.rows,
@@ -117,15 +116,27 @@ class _Out:
         self.digests = {kind: hashlib.sha256() for kind in SEALED}
 
     def write(self, record: dict[str, Any]) -> None:
-        text = json.dumps(record, separators=(",", ":"))
-        self.digests[record["record"]].update(text.encode() + b"\n")
-        self._put(record, text)
+        self.write_text(record["record"], json.dumps(record, separators=(",", ":")), record)
 
-    def _put(self, record: dict[str, Any], text: str) -> None:
+    def write_text(self, kind: str, text: str, record: dict[str, Any] | None = None) -> None:
+        """A record already written as JSON text (a row's table and seq go to the CSV columns)."""
+        self.digests[kind].update(text.encode() + b"\n")
         if self.csv:
-            self.csv.writerow([record["record"], record.get("table", ""), record.get("seq", ""), text])
+            record = record or {}
+            self.csv.writerow([kind, record.get("table", ""), record.get("seq", ""), text])
         else:
             self.out.write(text + "\n")
+
+    def rows(self, rows: list[tuple[str, int, str]]) -> None:
+        """Row records (table, seq, JSON text), in order: one digest update, one write."""
+        if not rows:
+            return
+        chunk = "\n".join(text for _, _, text in rows) + "\n"
+        self.digests["row"].update(chunk.encode())
+        if self.csv:
+            self.csv.writerows(("row", table, seq, text) for table, seq, text in rows)
+        else:
+            self.out.write(chunk)
 
     def seal(self, key: Ed25519PrivateKey) -> None:
         """The last record: every record before it, signed with the exporting host's key."""
@@ -133,13 +144,47 @@ class _Out:
         digests = {kind: h.hexdigest() for kind, h in self.digests.items()}
         record = {"record": "seal", "public_key": public.hex(), "digests": digests,
                   "sig": key.sign(seal_message(digests, public)).hex()}
-        self._put(record, json.dumps(record, separators=(",", ":")))
+        text = json.dumps(record, separators=(",", ":"))
+        if self.csv:
+            self.csv.writerow(["seal", "", "", text])
+        else:
+            self.out.write(text + "\n")
+
+
+class Bits:
+    """A set of small non-negative integers (blob ids), one bit each: an export of a year's
+    trail remembers which blobs it wrote in megabytes, not gigabytes."""
+
+    def __init__(self) -> None:
+        self.bits = bytearray()
+
+    def has(self, n: int) -> bool:
+        i = n >> 3
+        return i < len(self.bits) and bool(self.bits[i] >> (n & 7) & 1)
+
+    def add(self, n: int) -> None:
+        i = n >> 3
+        if i >= len(self.bits):
+            self.bits.extend(bytes(max(i + 1 - len(self.bits), len(self.bits))))
+        self.bits[i] |= 1 << (n & 7)
+
+    def discard(self, n: int) -> None:
+        i = n >> 3
+        if i < len(self.bits):
+            self.bits[i] &= ~(1 << (n & 7)) & 255
+
+    def __iter__(self) -> Iterator[int]:
+        for i, byte in enumerate(self.bits):
+            if byte:
+                yield from (i * 8 + b for b in range(8) if byte >> b & 1)
 
 
 def export(conn: sqlite3.Connection, out: TextIO, fmt: str, key: Ed25519PrivateKey, run_ids: list[str] | None = None,
-           scope: str | None = None, through: int | None = None) -> ExportSummary:
+           scope: str | None = None, through: int | None = None,
+           progress: Callable[[int, int, int], None] | None = None) -> ExportSummary:
     """Write the trail, or the runs `run_ids`, to `out` (a text stream opened with newline=''),
-    sealed with `key` (the exporting host's).
+    sealed with `key` (the exporting host's). Rows are written as they are read: memory does
+    not grow with the trail. `progress(rows, runs begun, runs)` is called now and then.
 
     scope "archive": the runs and the checkpoints from the database's start up to `through`
     (store.archive makes sure those are exactly the archived runs' checkpoints)."""
@@ -173,23 +218,8 @@ def export(conn: sqlite3.Connection, out: TextIO, fmt: str, key: Ed25519PrivateK
         # Only sealed rows: what a run recorded after its last checkpoint cannot be verified yet.
         sealed: dict[Any, Any] = {c.run: c.last_seq for c in all_cps if c.kind in RUN_KINDS}
         sealed.update({c.run_id: c.last_seq for c in all_cps if c.kind in RUN_KINDS})
-        seen_blobs: set[int] = set()
-        for table, seq, row in _rows(conn, None if run_ids is None else [keys_of_runs[r] for r in runs], runs):
-            if seq > sealed.get(row[0], -1):
-                summary.unsealed += 1
-                continue
-            values = {}
-            for (column, kind), value in zip(PHYSICAL[table], row, strict=True):
-                if kind == "ref" and value is not None:
-                    sha, data = conn.execute("SELECT sha256, data FROM blobs WHERE id = ?", (value,)).fetchone()
-                    if value not in seen_blobs:
-                        seen_blobs.add(value)
-                        writer.write({"record": "blob", "sha256": sha.hex(), "data": bytes(data).hex()})
-                        summary.blobs += 1
-                    value = {"sha256": sha.hex()}
-                values[column] = _json_value(value)
-            writer.write({"record": "row", "table": table, "seq": seq, "values": values})
-            summary.rows += 1
+        selection = None if run_ids is None else [(keys_of_runs[r], r) for r in runs]
+        _write_rows(conn, writer, summary, export_rows.rows(conn, selection), sealed, progress, len(runs))
         for cp in cps:
             writer.write(checkpoint_record(cp, prev_of[cp.id]))
         summary.checkpoints = len(cps)
@@ -200,36 +230,72 @@ def export(conn: sqlite3.Connection, out: TextIO, fmt: str, key: Ed25519PrivateK
     return summary
 
 
-def _rows(conn: sqlite3.Connection, keys_: list[int] | None, run_ids: list[str]) -> Iterator[tuple[str, int, tuple]]:
-    """Physical rows in seq order: all of them, or those of the runs `keys_` (each found by
-    its seq span, which costs that run)."""
-    def table_rows(table: str) -> Iterator[tuple[int, str, tuple]]:
-        columns = ", ".join(c for c, _ in PHYSICAL[table])
-        if keys_ is None:
-            for row in conn.execute(f"SELECT seq, {columns} FROM {table} ORDER BY seq"):
-                yield row[0], table, row[1:]
-            return
-        queries = []
-        for key, run_id in zip(keys_, run_ids, strict=True):
-            if table in PLAIN:
-                # From its runs row on: nothing recorded before a run began is its.
-                queries.append(conn.execute(f"SELECT seq, {columns} FROM {table} WHERE run_id = ? AND seq >= ? "
-                                            "ORDER BY seq", (run_id, key)))
-            else:
-                last = conn.execute(f"SELECT {RUN_END_SQL} FROM runs r WHERE r.seq = ?", (key,)).fetchone()[0]
-                queries.append(conn.execute(f"SELECT seq, {columns} FROM {table} WHERE seq BETWEEN ? AND ? "
-                                            "AND +run = ? ORDER BY seq", (key, last, key)))
-        for row in heapq.merge(*queries, key=lambda r: r[0]):
-            yield row[0], table, row[1:]
+PROGRESS_ROWS = 200_000      # how often export's progress callback is called
 
-    for seq, table, row in heapq.merge(*(table_rows(t) for t in PHYSICAL), key=lambda x: x[0]):
-        yield table, seq, row
+
+def _write_rows(conn: sqlite3.Connection, writer: _Out, summary: ExportSummary, rows: Iterator[tuple],
+                sealed: dict[Any, Any], progress: Callable[[int, int, int], None] | None, total_runs: int) -> None:
+    """Each row record, each blob record before the first row that uses it (once)."""
+    seen, python, nothing = summary.blob_ids, export_rows.PYTHON, [None] * export_rows.MAX_REFS
+    pending: list[tuple[str, int, str]] = []     # row records not written yet: written together, in order
+    runs_begun = 0
+    for row in rows:
+        seq, run, text, table, *blobs = row
+        if seq > sealed.get(run, -1):
+            summary.unsealed += 1
+            continue
+        if blobs != nothing:
+            for blob in blobs:
+                if blob is not None and not seen.has(blob):
+                    seen.add(blob)
+                    writer.rows(pending)
+                    pending = []
+                    _write_blob(conn, writer, blob, table, seq)
+                    summary.blobs += 1
+        elif table == "runs":
+            runs_begun += 1
+        if python in text:
+            text = export_rows.python_row(conn, table, seq)
+        pending.append((table, seq, text))
+        summary.rows += 1
+        if len(pending) >= export_rows.BATCH:
+            writer.rows(pending)
+            pending = []
+            if progress is not None and summary.rows % PROGRESS_ROWS < export_rows.BATCH:
+                progress(summary.rows, runs_begun, total_runs)
+    writer.rows(pending)
+    if progress is not None:
+        progress(summary.rows, runs_begun, total_runs)
+
+
+def _write_blob(conn: sqlite3.Connection, writer: _Out, blob: int, table: str, seq: int) -> None:
+    found = conn.execute("SELECT sha256, data FROM blobs WHERE id = ?", (blob,)).fetchone()
+    if found is None:
+        raise ValueError(f"{table} seq {seq} refers to blob {blob}, which the database does not hold")
+    sha, data = bytes(found[0]).hex(), bytes(found[1]).hex()
+    writer.write_text("blob", f'{{"record":"blob","sha256":"{sha}","data":"{data}"}}')
 
 
 # -- reading ---------------------------------------------------------------------------------------
 
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def open_text(path: Path) -> TextIO:
+    """The export's text, whether written plain or gzip-compressed (told apart by content)."""
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic[:2] == GZIP_MAGIC:
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+    if magic == ZSTD_MAGIC:
+        raise ExportFormatError(0, "a zstd-compressed file: decompress it first (zstd -d FILE), or export it "
+                                   "with --compress (gzip), which 'audit verify --export' reads as it is")
+    return open(path, encoding="utf-8", newline="")
+
+
 def _sniff(path: Path) -> str:
-    with open(path, encoding="utf-8", newline="") as f:
+    with open_text(path) as f:
         start = f.read(64).lstrip("\ufeff \t\r\n")
     if start.startswith("{"):
         return "jsonl"
@@ -245,32 +311,45 @@ def read_export(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield n, record
 
 
-def read_records(path: Path) -> Iterator[tuple[int, dict[str, Any], str]]:
-    """(line, record, its JSON text) of an exported file; ExportFormatError for anything that
-    is not one (text that is not UTF-8, JSON or CSV, a record that is not an object)."""
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, JSON text) of each record, read a line at a time; ExportFormatError for a file
+    that is not UTF-8 text, JSONL or CSV (or readable gzip), Broken for compressed bytes that
+    end in the middle."""
     try:
         fmt = _sniff(path)
-        with open(path, encoding="utf-8", newline="") as f:
+        with open_text(path) as f:
             if fmt == "jsonl":
-                lines: Iterator[tuple[int, str]] = ((n, text.rstrip("\r\n")) for n, text in enumerate(f, 1)
-                                                    if text.strip())
+                for n, text in enumerate(f, 1):
+                    if text.strip():
+                        yield n, text.rstrip("\r\n")
             else:
                 reader = csv.reader(f)
                 next(reader, None)
-                lines = ((reader.line_num, cells[-1] if cells else "") for cells in reader)
-            for n, text in lines:
-                try:
-                    record = json.loads(text)
-                except (ValueError, RecursionError) as e:   # JSONDecodeError, an over-long number, deep nesting
-                    raise ExportFormatError(n, f"not valid JSON ({getattr(e, 'msg', None) or type(e).__name__})") \
-                        from None
-                if not isinstance(record, dict) or not isinstance(record.get("record"), str):
-                    raise ExportFormatError(n, "not an export record (a JSON object with a 'record' field)")
-                yield n, record, text
+                for cells in reader:
+                    yield reader.line_num, cells[-1] if cells else ""
     except UnicodeDecodeError as e:
         raise ExportFormatError(0, f"byte {e.start}: the file is not UTF-8 text") from None
     except csv.Error as e:
         raise ExportFormatError(0, f"not a readable CSV export ({e})") from None
+    except (gzip.BadGzipFile, zlib.error) as e:
+        raise ExportFormatError(0, f"not a readable gzip file ({e})") from None
+    except EOFError:
+        raise Broken("end of file: the compressed export ends in the middle: it is truncated or incomplete") \
+            from None
+
+
+def read_records(path: Path) -> Iterator[tuple[int, dict[str, Any], str]]:
+    """(line, record, its JSON text) of an exported file; ExportFormatError for anything that
+    is not one (text that is not UTF-8, JSON or CSV, a record that is not an object)."""
+    for n, text in _lines(path):
+        try:
+            record = json.loads(text)
+        except (ValueError, RecursionError) as e:   # JSONDecodeError, an over-long number, deep nesting
+            raise ExportFormatError(n, f"not valid JSON ({getattr(e, 'msg', None) or type(e).__name__})") \
+                from None
+        if not isinstance(record, dict) or not isinstance(record.get("record"), str):
+            raise ExportFormatError(n, "not an export record (a JSON object with a 'record' field)")
+        yield n, record, text
 
 
 # -- the shape of each record: anything else is malformed ---------------------------------------
@@ -395,117 +474,224 @@ def _checkpoint(r: dict[str, Any]) -> tuple[Checkpoint, bytes]:
     return cp, bytes.fromhex(r["prev"])
 
 
+class _Shas:
+    """The SHA-256s of the blobs read so far: in memory up to LIMIT, then in a temporary
+    SQLite file, so that a year's export verifies in bounded memory."""
+
+    LIMIT = 1 << 18
+
+    def __init__(self) -> None:
+        self.mem: set[bytes] = set()
+        self.db: sqlite3.Connection | None = None
+        self.count = 0
+
+    def __contains__(self, sha: bytes) -> bool:
+        if sha in self.mem:
+            return True
+        return self.db is not None and self.db.execute("SELECT 1 FROM s WHERE sha = ?", (sha,)).fetchone() is not None
+
+    def add(self, sha: bytes) -> None:
+        if sha in self:
+            return
+        self.count += 1
+        self.mem.add(sha)
+        if len(self.mem) >= self.LIMIT:
+            if self.db is None:
+                self.db = sqlite3.connect("")       # "": a private temporary file, gone when closed
+                self.db.execute("CREATE TABLE s (sha BLOB PRIMARY KEY) WITHOUT ROWID")
+            self.db.executemany("INSERT INTO s VALUES (?)", ((s,) for s in self.mem))
+            self.mem.clear()
+
+    def close(self) -> None:
+        if self.db is not None:
+            self.db.close()
+
+
 @dataclass
 class _Read:
-    """An export as read: its records checked for shape, its seal's digests recomputed."""
+    """An export as read: its records checked for shape, its seal's digests recomputed; the
+    rows themselves are hashed as they are read, never held."""
 
     header: dict[str, Any] | None = None
     end: dict[str, Any] | None = None
     seal: tuple[int, dict[str, Any]] | None = None
-    rows: list[tuple[str, int, Any, bytes]] = field(default_factory=list)
+    rows: int = 0
+    run_keys: dict[int, Any] = field(default_factory=dict)    # seq of each runs row -> its run_id
     checkpoints: list[tuple[int, Checkpoint, bytes]] = field(default_factory=list)
-    blobs: set[bytes] = field(default_factory=set)
+    blobs: _Shas = field(default_factory=_Shas)
     lines: dict[str, int] = field(default_factory=dict)     # kind -> line of its first record
     digests: dict[str, Any] = field(default_factory=lambda: {kind: hashlib.sha256() for kind in SEALED})
+    error: Exception | None = None       # the first malformed or misplaced record: ends the reading
 
 
-def _read(path: Path) -> _Read:
-    """Every record, in order; ExportFormatError for a malformed one, Broken for records out
-    of place or bytes that do not match their hash."""
-    got = _Read()
-    for line, r, text in read_records(path):
-        check_shape(line, r)
-        kind = r["record"]
-        if got.seal is not None:
-            raise Broken(f"line {line}: a record after the seal, the export's last record")
-        if kind != "seal" and got.end is not None:
-            raise Broken(f"line {line}: a record after the end record")
-        if got.header is None and kind != "header":
-            raise Broken(f"line {line}: the file does not start with a header record")
-        if kind != "seal":
-            got.digests[kind].update(text.encode() + b"\n")
-            got.lines.setdefault(kind, line)
-        if kind == "header":
-            if got.header is not None:
-                raise Broken(f"line {line}: a second header record")
-            if r["format"] != FORMAT_NAME or r["version"] != SCHEMA_VERSION:
-                raise ExportFormatError(line, f"not an {FORMAT_NAME} of version {SCHEMA_VERSION} (format "
-                                              f"{r['format'][:40]!r}, version {r['version']})")
-            got.header = r
-        elif kind == "blob":
-            data = bytes.fromhex(r["data"])
-            if hashlib.sha256(data).hexdigest() != r["sha256"]:
-                raise Broken(f"line {line}: blob bytes do not match their sha256")
-            got.blobs.add(bytes.fromhex(r["sha256"]))
-        elif kind == "row":
-            table, seq, values = r["table"], r["seq"], r["values"]
-            if set(values) != {c for c, _ in PHYSICAL[table]}:
-                raise ExportFormatError(line, f"{table} seq {seq}: its columns are not those of the schema")
-            vals = tuple(_value(line, c, k, values[c]) for c, k in PHYSICAL[table])
-            for (c, k), v in zip(PHYSICAL[table], vals, strict=True):
-                if k == "ref" and v is not None and v not in got.blobs:
-                    raise Broken(f"line {line} ({table} seq {seq}): column {c} refers to bytes not in the file")
-            got.rows.append((table, seq, vals[0], canonical(table, seq, vals)))
-        elif kind == "checkpoint":
-            cp, prev = _checkpoint(r)
-            got.checkpoints.append((line, cp, prev))
-        elif kind == "end":
-            got.end = r
-        elif kind == "seal":
-            got.seal = line, r
-    return got
+def _records(path: Path, got: _Read) -> Iterator[tuple[str, int, Any, bytes]]:
+    """Every record, in order, into `got`; yields each row (table, seq, run, canonical text)
+    to be hashed. The first malformed record (ExportFormatError), record out of place or bytes
+    that do not match their hash (Broken) is kept in got.error and ends the reading."""
+    try:
+        for line, r, text in read_records(path):
+            check_shape(line, r)
+            kind = r["record"]
+            if got.seal is not None:
+                raise Broken(f"line {line}: a record after the seal, the export's last record")
+            if kind != "seal" and got.end is not None:
+                raise Broken(f"line {line}: a record after the end record")
+            if got.header is None and kind != "header":
+                raise Broken(f"line {line}: the file does not start with a header record")
+            if kind != "seal":
+                got.digests[kind].update(text.encode() + b"\n")
+                got.lines.setdefault(kind, line)
+            if kind == "row":
+                table, seq, values = r["table"], r["seq"], r["values"]
+                vals = _row_values(line, table, seq, values, got.blobs)
+                got.rows += 1
+                if table == "runs":
+                    got.run_keys[seq] = vals[0]
+                yield table, seq, vals[0], canonical(table, seq, vals)
+            elif kind == "header":
+                if got.header is not None:
+                    raise Broken(f"line {line}: a second header record")
+                if r["format"] != FORMAT_NAME or r["version"] != SCHEMA_VERSION:
+                    raise ExportFormatError(line, f"not an {FORMAT_NAME} of version {SCHEMA_VERSION} (format "
+                                                  f"{r['format'][:40]!r}, version {r['version']})")
+                got.header = r
+            elif kind == "blob":
+                data = bytes.fromhex(r["data"])
+                if hashlib.sha256(data).hexdigest() != r["sha256"]:
+                    raise Broken(f"line {line}: blob bytes do not match their sha256")
+                got.blobs.add(bytes.fromhex(r["sha256"]))
+            elif kind == "checkpoint":
+                cp, prev = _checkpoint(r)
+                got.checkpoints.append((line, cp, prev))
+            elif kind == "end":
+                got.end = r
+            elif kind == "seal":
+                got.seal = line, r
+    except (ExportFormatError, Broken) as e:
+        got.error = e
+
+
+def _row_values(line: int, table: str, seq: int, values: dict[str, Any], blobs: _Shas) -> tuple:
+    if set(values) != {c for c, _ in PHYSICAL[table]}:
+        raise ExportFormatError(line, f"{table} seq {seq}: its columns are not those of the schema")
+    vals = tuple(_value(line, c, k, values[c]) for c, k in PHYSICAL[table])
+    for (c, k), v in zip(PHYSICAL[table], vals, strict=True):
+        if k == "ref" and v is not None and v not in blobs:
+            raise Broken(f"line {line} ({table} seq {seq}): column {c} refers to bytes not in the file")
+    return vals
+
+
+def _prescan(path: Path) -> tuple[list[tuple[int, Checkpoint, bytes]], dict[int, Any]]:
+    """What hashing the rows as they are read needs first, from a quick first reading: the
+    checkpoints (after the rows in the file) and the runs rows. Only lines that can hold one
+    are parsed (a record of either kind names it in its text, or escapes a character); nothing
+    is judged here: the full reading checks every record, and that it found these same ones."""
+    checkpoints: list[tuple[int, Checkpoint, bytes]] = []
+    run_keys: dict[int, Any] = {}
+    try:
+        for line, text in _lines(path):
+            if "checkpoint" not in text and '"runs"' not in text and "\\u" not in text:
+                continue
+            try:
+                r = json.loads(text)
+                if not isinstance(r, dict) or not isinstance(r.get("record"), str):
+                    continue
+                check_shape(line, r)
+                if r["record"] == "checkpoint":
+                    checkpoints.append((line, *_checkpoint(r)))
+                elif r["record"] == "row" and r["table"] == "runs" and set(r["values"]) == set(_RUNS_COLUMNS):
+                    run_keys[r["seq"]] = _value(line, "run_id", "text", r["values"]["run_id"])
+            except (ValueError, RecursionError, KeyError, TypeError):
+                continue
+    except (ExportFormatError, Broken):
+        pass
+    return checkpoints, run_keys
+
+
+_RUNS_COLUMNS = tuple(c for c, _ in PHYSICAL["runs"])
+assert PHYSICAL["runs"][0] == ("run_id", "text")
 
 
 def verify_export(path: Path, keyfiles: list[Path] | None = None) -> ExportReport:
     """Recompute every run's chain from the exported rows, check every checkpoint's hash and
     signature, the header and counts against what the file holds, and the export's seal;
-    name the first record that does not match. Raises ExportFormatError for a malformed file."""
+    name the first record that does not match. Raises ExportFormatError for a malformed file.
+
+    The file is read twice, a line at a time (first for its checkpoints, which follow the rows,
+    then in full): memory does not grow with the number of rows."""
     report = ExportReport(False)
     check = KeyCheck([keys.read_public(p) for p in keyfiles] if keyfiles else None)
     report.trusted = check.trusted is not None
+    got = _Read()
     try:
-        got = _read(path)
-        header, end, rows, checkpoints = got.header, got.end, got.rows, got.checkpoints
+        early_cps, early_keys = _prescan(path)
+        # Run keys: a run's rows carry the seq of its runs row (or its run_id, in plain tables).
+        chains = _chains(early_cps, early_keys)
+        hasher = SegmentHasher(chains)
+        rows = _records(path, got)
+        unmatched: Broken | None = None      # the first row the chains do not take, named in its turn
+        try:
+            hasher.feed_many(rows)
+        except Broken as e:
+            unmatched = e
+            for _ in rows:                   # the rest of the file is still read and checked
+                pass
+        if got.error is not None:
+            raise got.error
+        header, end, checkpoints = got.header, got.end, got.checkpoints
         if header is None or end is None:
             raise Broken("end of file: no end record: the export is truncated or incomplete")
-        counts = {"rows": len(rows), "blobs": len(got.blobs), "checkpoints": len(checkpoints)}
+        counts = {"rows": got.rows, "blobs": got.blobs.count, "checkpoints": len(checkpoints)}
         for name, n in counts.items():
             if end[name] != n:
                 raise Broken(f"end record (line {got.lines['end']}): it counts {end[name]} {name}, the file holds {n}")
         report.scope, report.runs = header["scope"], list(header["runs"])
         _check_export_checkpoints(header, checkpoints, check)
-        by_run: dict[str, list[Checkpoint]] = {}
-        for _, cp, _ in checkpoints:
-            if cp.kind in RUN_KINDS and cp.run_id:
-                by_run.setdefault(cp.run_id, []).append(cp)
+        by_run = _by_run(checkpoints)
         missing = [r for r in report.runs if r not in by_run]
         if missing:
             raise Broken(f"run {missing[0]}: no checkpoint in the file")
-        # Run keys: a run's rows carry the seq of its runs row (or its run_id, in plain tables).
-        chains: dict[Any, RunChain] = {}
-        run_keys = {seq: run for table, seq, run, _ in rows if table == "runs"}
-        for seq, run_id in run_keys.items():
-            if run_id in by_run:
-                chains[seq] = chains[run_id] = RunChain(run_id, by_run[run_id])
-        hasher = SegmentHasher(chains)
-        hasher.feed_many((table, seq, run, text) for table, seq, run, text in rows)
+        if checkpoints != early_cps or got.run_keys != early_keys:
+            raise Broken("the file changed while it was being verified (its checkpoints or runs rows differ between "
+                         "two readings): verify it again once nothing writes it")
+        if unmatched is not None:
+            raise unmatched
         if set(by_run) - set(chains):
             raise Broken(f"run {sorted(set(by_run) - set(chains))[0]}: checkpoints but no runs row in the file")
         for run_id in by_run:
             hasher.check(chains[run_id])
-        held = list(dict.fromkeys(run_keys.values()))
+        held = list(dict.fromkeys(got.run_keys.values()))
         if sorted(held) != sorted(report.runs):
             extra = sorted(set(held) - set(report.runs)) or sorted(set(report.runs) - set(held))
             raise Broken(f"header (line {got.lines['header']}): its runs field does not list the runs the file holds "
                          f"(run {extra[0]})")
         report.sealed_by = keys.fingerprint(_check_seal(got, check))
-        report.rows, report.checkpoints = len(rows), len(checkpoints)
+        report.rows, report.checkpoints = got.rows, len(checkpoints)
         report.head = {"id": checkpoints[-1][1].id, "hash": checkpoints[-1][1].hash.hex()} if checkpoints else None
         report.ok = True
     except Broken as e:
         report.first_bad = str(e)
+    finally:
+        got.blobs.close()
     report.signers = {keys.fingerprint(k): n for k, n in check.signers.items()}
     return report
+
+
+def _by_run(checkpoints: list[tuple[int, Checkpoint, bytes]]) -> dict[str, list[Checkpoint]]:
+    by_run: dict[str, list[Checkpoint]] = {}
+    for _, cp, _ in checkpoints:
+        if cp.kind in RUN_KINDS and cp.run_id:
+            by_run.setdefault(cp.run_id, []).append(cp)
+    return by_run
+
+
+def _chains(checkpoints: list[tuple[int, Checkpoint, bytes]], run_keys: dict[int, Any]) -> dict[Any, RunChain]:
+    by_run = _by_run(checkpoints)
+    chains: dict[Any, RunChain] = {}
+    for seq, run_id in run_keys.items():
+        if run_id in by_run:
+            chains[seq] = chains[run_id] = RunChain(run_id, by_run[run_id])
+    return chains
 
 
 def _check_seal(got: _Read, check: KeyCheck) -> bytes:
