@@ -114,9 +114,10 @@ class LinkInPath(NotADirectoryError):
         return str(self.strerror)
 
 
-def open_dir(path: str | os.PathLike[str]) -> int:
-    """A descriptor (read-only) of the directory at `path`, reached from / one name at a time
-    with no symbolic link followed anywhere on the way. Callers that accept a link as the name
+def open_dir(path: str | os.PathLike[str], readable: bool = True) -> int:
+    """A descriptor of the directory at `path`, reached from / one name at a time with no
+    symbolic link followed anywhere on the way: read-only, or without `readable` O_PATH (enough
+    to open, create and rename the files in it, as search permission is). Callers that accept a link as the name
     they were given resolve it once (os.path.realpath) and hand this the result: a link found
     here was put there since. Files are then opened relative to the descriptor (dir_fd), so the
     directory they land in is the one opened, whatever is renamed or linked at its path later."""
@@ -127,7 +128,7 @@ def open_dir(path: str | os.PathLike[str]) -> int:
         for i, name in enumerate(parts):
             # O_PATH on the way (search permission is enough); the directory itself read-only.
             last = i == len(parts) - 1
-            flags = (os.O_RDONLY if last else os.O_PATH) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            flags = (os.O_RDONLY if last and readable else os.O_PATH) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
             try:
                 step = os.open(name, flags, dir_fd=fd)
             except OSError as e:
@@ -139,7 +140,7 @@ def open_dir(path: str | os.PathLike[str]) -> int:
                                  where) from None
             os.close(fd)
             fd = step
-        if not parts:
+        if not parts and readable:
             step = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             os.close(fd)
             fd = step

@@ -106,7 +106,7 @@ def open_board_dir(path: str | os.PathLike[str]) -> int:
     file of the board is opened relative to it, so a directory swapped for a link meanwhile by
     whoever owns its parent is never where they are read or written."""
     try:
-        return open_dir(os.path.realpath(path))
+        return open_dir(os.path.realpath(path), readable=False)     # what opening its files by path needed
     except LinkInPath as e:
         raise BoardFileError(f"{path}: {e}") from None
     except (FileNotFoundError, NotADirectoryError):
