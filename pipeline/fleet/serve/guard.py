@@ -1,6 +1,7 @@
 """The line view's connections, held against one local user (issue 41): every connection must
 send a whole request head within HEADER_TIMEOUT of connecting or of its last answer (a client
-that sends half a request and waits, or nothing, is dropped); connections are capped below the
+that sends half a request and waits, or nothing, is dropped) and take its answer within
+RESPONSE_TIMEOUT (but a live stream); connections are capped below the
 process's file-descriptor limit (Limits), and at the cap a new one takes the place of the oldest
 that is still waiting for its request, else it is answered 503 at once; and what clients can make
 the server log (malformed requests, accept errors when descriptors run out) is logged at most
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 HEADER_TIMEOUT = 5.0          # seconds a connection has to send a whole request head
+RESPONSE_TIMEOUT = 60.0       # seconds an answer (but a live stream) may take to be made and taken
+STREAMS = ("/events",)        # paths whose answer never ends (a client that stops reading: sse's send_timeout)
 BACKLOG = 100                 # connections the kernel queues; also what asyncio accepts in one go
 RESERVE = 64 + 2 * BACKLOG    # descriptors kept for all but connections: PostgreSQL, files, the
 #                               threads' copies of runs, and connections accepted in one go and closing
@@ -37,6 +40,7 @@ class Limits:
     connections: int              # open at once
     streams: int                  # live streams (/events) at once, of those
     header_timeout: float = HEADER_TIMEOUT
+    response_timeout: float = RESPONSE_TIMEOUT
     nofile: int = 0               # the file-descriptor limit they were derived from
 
 
@@ -119,6 +123,7 @@ def protocol(caps: Limits, limiter: Limiter, log: Callable[[str], None]) -> type
 
     class Guarded(H11Protocol):  # type: ignore[misc]
         _deadline: Any = None
+        _answer_by: Any = None
         _refused = False
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
@@ -141,6 +146,7 @@ def protocol(caps: Limits, limiter: Limiter, log: Callable[[str], None]) -> type
             if self._refused:
                 return
             self._disarm()
+            self._answered()
             super().connection_lost(exc)
 
         def handle_events(self) -> None:
@@ -148,9 +154,14 @@ def protocol(caps: Limits, limiter: Limiter, log: Callable[[str], None]) -> type
             super().handle_events()
             if self.cycle is not answering:  # a request's head arrived whole
                 self._disarm()
+                self._answered()
+                if self.scope.get("path") not in STREAMS:    # its answer made and taken in time
+                    self._answer_by = self.loop.call_later(caps.response_timeout, self._too_slow)
 
         def on_response_complete(self) -> None:
             answered = self.cycle
+            if not self.transport.get_write_buffer_size():   # else: made, but not taken yet
+                self._answered()
             super().on_response_complete()
             if not self.transport.is_closing() and self.cycle is answered:
                 self._arm()                  # the next request's head: within the timeout too
@@ -166,10 +177,27 @@ def protocol(caps: Limits, limiter: Limiter, log: Callable[[str], None]) -> type
                 self._deadline = None
             waiting.pop(self, None)
 
+        def _answered(self) -> None:
+            if self._answer_by is not None:
+                self._answer_by.cancel()
+                self._answer_by = None
+
+        def _too_slow(self) -> None:
+            """An answer not made and taken within the response timeout (a client reading a long
+            page a byte at a time holds its connection, and no new one may take its place)."""
+            self._answer_by = None
+            if self.cycle is not None and not self.cycle.response_complete or self.transport.get_write_buffer_size():
+                say("slow", f"fleet serve: an answer not taken within {caps.response_timeout:g} s: its "
+                    "connection closed")
+                self.transport.abort()
+
         def _drop(self, force: bool = False) -> None:
             self._disarm()
             if not force and self.cycle is not None and not self.cycle.response_complete:
                 return                       # answering a request: not the head's timeout
+            if not force and self.transport.get_write_buffer_size():
+                self._arm()                  # its answer still being taken: the response timeout's
+                return
             self.transport.abort()
 
     return Guarded

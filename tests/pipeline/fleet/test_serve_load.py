@@ -512,3 +512,61 @@ def test_a_descriptor_limit_too_small_for_the_caps_is_refused_before_anything_is
     lines = [line for line in done.stderr.splitlines() if "imghdr" not in line and line.strip()]
     assert len(lines) == 1 and "file-descriptor limit (280)" in lines[0], done.stderr
     assert not state.exists()
+
+
+@pytest.mark.slow
+def test_an_answer_not_taken_within_the_response_timeout_closes_its_connection() -> None:
+    """A client that asks for a long page and reads none of it holds a connection no new one may
+    take over (it is being answered): the view's own protocol closes it once the answer has not
+    been taken within the response timeout (here 20 s; a live stream has sse's send timeout). A
+    client that reads the same page slowly but steadily, for longer than the header timeout,
+    gets it whole."""
+    import uvicorn
+
+    from amdflash.pipeline.fleet.serve.app import server_config
+    from amdflash.pipeline.fleet.serve.guard import Limits
+
+    big = b"x" * (12 << 20)
+
+    async def view(scope, receive, send):     # a stand-in for a long page (a run's report, the history)
+        if scope["type"] == "lifespan":
+            while (message := await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": big})
+
+    def asking(port: int, window: int) -> socket.socket:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, window)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        return s
+
+    port = free_port()
+    server = uvicorn.Server(server_config(view, "127.0.0.1", port, Limits(64, 8, response_timeout=20.0),
+                                          log=lambda m: None))
+    threading.Thread(target=server.run, daemon=True).start()
+    socks: list[socket.socket] = []
+    try:
+        wait_for(lambda: server.started, 30, "the server")
+        started = time.monotonic()
+        slow, steady = asking(port, 4096), asking(port, 65536)
+        socks += [slow, steady]
+        got = 0
+        steady.settimeout(10)
+        while got < len(big):                 # a window's worth every 0.05 s: over 5 s for the page
+            data = steady.recv(1 << 20)
+            assert data, f"cut after {got} bytes, {time.monotonic() - started:.1f} s"
+            got += len(data)
+            time.sleep(0.05)
+        took = time.monotonic() - started
+        print(f"\nthe steady reader took its 12 MiB in {took:.1f} s")
+        assert HEADER_TIMEOUT < took < 20.0, took
+        time.sleep(max(0.0, 22.0 - (time.monotonic() - started)))
+        assert _closed_by_server(slow)
+    finally:
+        for s in socks:
+            s.close()
+        server.should_exit = True
