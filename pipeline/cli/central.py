@@ -64,9 +64,10 @@ def add_fleet_parsers(fsub: argparse._SubParsersAction) -> None:
                     "the hosts' trails, the checks that verify every push (PL/pgSQL, sha256(), and an Ed25519 "
                     "check in PL/Python — the server needs postgresql-plpython3 and python3-cryptography), and "
                     "the roles amdflash_push (INSERT; each login reads only its own host's rows, through the "
-                    "own_* views) and amdflash_read (SELECT on everything). Run once, as a superuser; run again "
-                    "on a database set up by an earlier amdflash to bring its checks up to date in place "
-                    "(nothing stored changes).")
+                    "own_* views) and amdflash_read (SELECT on everything), everything owned by amdflash_owner, a "
+                    "role that cannot log in; each host's progress rows bounded (amdflash.progress_limits). Run "
+                    "once, as a superuser; run again on a database set up by an earlier amdflash (central schema "
+                    "version 2 or 3) to upgrade it in place (no row of the record changes).")
     p.add_argument("url", metavar="URL", nargs="?", help=f"the central database (default ${ENV_CENTRAL})")
     p.add_argument("--blob-quota", type=byte_size, default=None, metavar="SIZE",
                    help="bytes of blobs (backups, data read and written) each host may store unless its enrolment "
