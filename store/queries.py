@@ -150,8 +150,9 @@ def latest_unfinished(db: sqlite_utils.Database, board_spec: str) -> str | None:
     def of_board(own: dict[str, Any], rows: RunRows | None) -> bool:
         return bool(own["board_spec"] == board_spec and own["command"] in ("flash", "resume"))
 
-    # A refused run wrote nothing, nor did one stopped before it changed the flash: neither is unfinished.
-    newest = newest_verified(db, named, of_board, skip=("refused",), passed_over=lineage_changed_nothing)
+    # A refused run wrote nothing. (One stopped before it changed the flash is not unfinished either,
+    # but resuming it is still the way to finish its job: a bare resume takes it.)
+    newest = newest_verified(db, named, of_board, skip=("refused",))
     return None if newest is None or newest[1] == "succeeded" else newest[0]
 
 
@@ -196,18 +197,22 @@ def newest_verified(db: sqlite_utils.Database, run_ids: Iterable[str],
 WRITES = ("flash", "resume")
 WRITERS = ("flash", "resume", "ifwi-all")      # what a resume checks has not written its board since
 UNFINISHED = ("failed", "interrupted")
+# Stages that change the flash without a unit's intent: a CMP clear, the amdgpu driver's flash,
+# the PSP bootloader's stream (ifwi-all): each on record before it begins.
+OTHER_WRITES = ("clear_cmp", "psp_vbflash", "ifwi_all")
 
 
 def changed_nothing(db: sqlite_utils.Database, rows: RunRows) -> bool:
     """Whether a verified run's own sealed rows show it changed nothing on the flash: no unit
     past `planned` or `verified` (a unit's intent is sealed before its erase begins, so a unit
-    erased even in part, or programmed, has one) and no status-register write (a CMP clear is
-    on record, sealed, before it is sent). Rows in an unsealed tail never reached the board."""
+    erased even in part, or programmed, has one), no status-register write (a CMP clear is on
+    record, sealed, before it is sent) and no flash handed to the amdgpu driver or streamed to
+    the PSP (OTHER_WRITES: no units). Rows in an unsealed tail never reached the board."""
     unit = db.conn.execute(f"SELECT 1 FROM units WHERE {rows.sealed_sql} AND state NOT IN ('planned', 'verified') "
                            "LIMIT 1", rows.sealed_args).fetchone()
-    status_write = db.conn.execute(f"SELECT 1 FROM stages WHERE {rows.sealed_sql} AND stage = 'clear_cmp' LIMIT 1",
-                                   rows.sealed_args).fetchone()
-    return unit is None and status_write is None
+    other = db.conn.execute(f"SELECT 1 FROM stages WHERE {rows.sealed_sql} AND stage IN {OTHER_WRITES} LIMIT 1",
+                            rows.sealed_args).fetchone()
+    return unit is None and other is None
 
 
 def lineage_changed_nothing(db: sqlite_utils.Database, rows: RunRows, status: str) -> bool:
@@ -243,6 +248,8 @@ def superseded_by(db: sqlite_utils.Database, run_id: str, related: _Related | No
     row, its rows verified and sealed (under this host's key, for a board command), and signed
     by no key but those that signed the flash it supersedes — a row INSERTed or sealed by
     someone else never hides an unfinished flash."""
+    if not _written_after(db, run_id):
+        return None         # the common case, the board's newest flash: decided without verifying a run
     related = related or _Related(db)
     try:
         chain = run_chain(db, newest_resume(db, run_id))
@@ -274,6 +281,20 @@ def superseded_by(db: sqlite_utils.Database, run_id: str, related: _Related | No
             continue        # sealed by a key the flash's own host did not use
         return other
     return None
+
+
+def _written_after(db: sqlite_utils.Database, run_id: str) -> bool:
+    """Whether any run after this one, of any kind that writes, names its board (its spec, or a
+    unique ID any boards row of it names): what superseded_by then decides from verified rows."""
+    first = db.conn.execute("SELECT seq, board_spec FROM runs WHERE run_id = ? ORDER BY seq LIMIT 1",
+                            (run_id,)).fetchone()
+    if first is None:
+        return False
+    return db.conn.execute(
+        f"SELECT 1 FROM runs r WHERE r.seq > ? AND r.command IN {WRITERS} AND (r.board_spec = ? OR EXISTS ("
+        "SELECT 1 FROM boards b JOIN boards mine ON mine.unique_id = b.unique_id WHERE b.run_id = r.run_id "
+        "AND mine.run_id = ? AND b.unique_id IS NOT NULL AND b.unique_id != '')) LIMIT 1",
+        (first[0], first[1], run_id)).fetchone() is not None
 
 
 def _identified(db: sqlite_utils.Database, rows: RunRows) -> dict[str, Any]:

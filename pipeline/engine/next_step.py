@@ -60,14 +60,20 @@ def _cmp_cleared(report: dict[str, Any]) -> bool:
     return any(row.get("stage") == "clear_cmp" for row in report.get("stages") or ())
 
 
+def _through_the_driver(report: dict[str, Any]) -> bool:
+    """Whether the run handed the image to the amdgpu driver (psp_vbflash: no units recorded)."""
+    return any(row.get("stage") == "psp_vbflash" for row in report.get("stages") or ())
+
+
 def changed(report: dict[str, Any]) -> bool:
     """Whether a flash or resume run changed the flash, by its units' recorded states: a unit's
     intent is on record before its erase begins, so a unit erased even in part counts, as does
-    one written and verified since (only a unit found already equal is verified unwritten) and
-    a status-register write. What store.queries.changed_nothing decides from the sealed rows."""
+    one written and verified since (only a unit found already equal is verified unwritten), a
+    status-register write and a flash handed to the amdgpu driver (which records no units).
+    What store.queries.changed_nothing decides from the sealed rows."""
     written = any(u["state"] != "planned" and not (u["state"] == "verified" and u.get("action") == "skip")
                   for u in report.get("units") or ())
-    return written or _cmp_cleared(report)
+    return written or _cmp_cleared(report) or _through_the_driver(report)
 
 
 def flash_state(report: dict[str, Any]) -> str:

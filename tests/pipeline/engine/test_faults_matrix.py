@@ -170,6 +170,11 @@ def fault_spec(rig: Rig, fault: str, reference: dict[str, float]) -> list[str]:
         return [f"stall-after={max(1, int(reference['spi_transactions'] * 0.5))}"]
     if fault == "usb-disconnect-after":
         return [f"usb-disconnect-after={int(reference['usb_transfers'] * 0.5)}"]
+    if fault == "kill-after-writes" and rig.command == "flash":
+        # Half-way through the erases and programs: a flash killed in its backup (most of its
+        # writes) changed nothing, and is not unfinished (a new flash goes ahead).
+        whole, reads = flash_writes(rig.work.parent, rig.spec.startswith("usb:"))
+        return [f"kill-after-writes={int(reads + (whole - reads) * 0.5)}"]
     if fault == "kill-after-writes":
         return [f"kill-after-writes={max(1, int(reference['reg_writes'] * 0.5))}"]
     return ["psp-error=0x8:0xc"]

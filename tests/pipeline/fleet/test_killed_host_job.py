@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,21 @@ from tests.pipeline.fleet.lab import FleetOutcome, Lab, wait_for
 from tests.pipeline.fleet.test_line import _wait_mid_flash, host_runs, place_of, two_hosts
 
 pytestmark = pytest.mark.slow
+
+
+def _wait_writing(db: Path) -> None:
+    """Until the host's flash has erased or programmed a unit: a flash killed before (in its
+    backup) changed nothing, and is not unfinished (issue 40 item 6)."""
+    def writing() -> bool:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return con.execute("SELECT 1 FROM units WHERE state IN ('erased', 'programmed') LIMIT 1").fetchone() \
+                is not None
+        except sqlite3.OperationalError:         # not there yet
+            return False
+        finally:
+            con.close()
+    wait_for(writing, 120, "the flash to write a unit", interval=0.05)
 
 
 def _argv(pid: int) -> list[str]:
@@ -90,6 +106,7 @@ def test_an_unfinished_flash_of_another_image_is_refused_with_its_next_step_unti
     board = lab.hosts["hosta"].boards[0]
     running = lab.fleet_popen("flash", str(fleet_image), "--where", "line=c", "--yes")
     _wait_mid_flash(board)
+    _wait_writing(lab.hosts["hosta"].db)
     os.kill(job_processes(board)[0], signal.SIGKILL)
     killed = FleetOutcome.parse(running.returncode, *running.communicate(timeout=300))
     assert killed.statuses() == {place: "interrupted"}, killed.boards
