@@ -271,7 +271,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     rows = [r for r in runs(_url(args.source, "--from"), args.host) if keep(r)]
     filtered = any((args.status, args.board, args.since, args.run_command))
     return print_runs(rows, args.format, "no run matches" if filtered else "no runs in the central database",
-                      lambda r: [cell(r["host"]), *run_cells(r)])
+                      lambda r: [f"{cell(r['host']):16}", *run_cells(r)])     # each line: runs' line, host first
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
