@@ -27,7 +27,9 @@ def test_without_q_the_result_is_on_stdout_and_the_run_on_stderr(amdflash, make_
     assert r.code == 0
     assert "part number check: expected" in r.out
     assert r.out.splitlines()[-1].startswith("flashed 512 units:")
-    [line] = r.err_lines
+    # On stderr: the backup, named the moment it is complete (a run killed after it said it), then the run.
+    [backup, line] = r.err_lines
+    assert backup.startswith(f"sim:{board}: backup of the original content: "), backup
     assert line.startswith("run ") and line.endswith(": succeeded")
 
 
