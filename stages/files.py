@@ -108,7 +108,10 @@ def create_new(path: Path, mode: int = PRIVATE, dir_fd: int | None = None) -> in
 
 class LinkInPath(NotADirectoryError):
     """A directory to be reached without following links has a link (or a non-directory) on its
-    way: another user may have swapped a directory for a link to one of their choosing."""
+    way: another user may have swapped a directory for a link to one of their choosing.
+    `link`: a link is what is there (else a file that is not a directory)."""
+
+    link = False
 
     def __str__(self) -> str:
         return str(self.strerror)
@@ -135,9 +138,11 @@ def open_dir(path: str | os.PathLike[str], readable: bool = True) -> int:
                 if e.errno not in (errno.ENOTDIR, errno.ELOOP):
                     raise
                 reached = "/" + "/".join(parts[:i + 1])
-                what = "a symbolic link" if _is_link(name, fd) else "not a directory"
-                raise LinkInPath(e.errno, f"{reached} is {what}: a directory reached without following links",
-                                 where) from None
+                link = _is_link(name, fd)
+                what = "a symbolic link" if link else "not a directory"
+                error = LinkInPath(e.errno, f"{reached} is {what}: a directory reached without following links", where)
+                error.link = link
+                raise error from None
             os.close(fd)
             fd = step
         if not parts and readable:

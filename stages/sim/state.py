@@ -108,7 +108,10 @@ def open_board_dir(path: str | os.PathLike[str]) -> int:
     try:
         return open_dir(os.path.realpath(path), readable=False)     # what opening its files by path needed
     except LinkInPath as e:
-        raise BoardFileError(f"{path}: {e}") from None
+        if e.link:
+            raise BoardFileError(f"{path}: {e}") from None
+        raise FileNotFoundError(f"{path} is not an emulated board (not a directory); "
+                                "create one with 'amdflash sim create'") from None
     except (FileNotFoundError, NotADirectoryError):
         raise FileNotFoundError(f"{path} is not an emulated board (no board.json); "
                                 "create one with 'amdflash sim create'") from None

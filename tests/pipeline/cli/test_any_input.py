@@ -133,11 +133,27 @@ def test_any_argument_vector_at_length(scene, capsys, monkeypatch, data):
 
 
 def test_a_failure_under_v_shows_where_it_came_from_and_nothing_else_is_a_traceback(scene, capsys, monkeypatch):
-    """Found by the long run (600 drawn vectors): `sim stats -v FILE` fails (exit 1) with its
-    error line and, as -v asks, the traceback at debug level, which is not a crash."""
+    """Found by the long run (600 drawn vectors): `sim stats -v FILE` failed (exit 1) with its
+    error line and, as -v asks, the traceback at debug level, which is not a crash. FILE is now
+    refused (exit 2, one line: a board is a directory); a system error reading a board stands in."""
+    import errno
+
+    from amdflash.pipeline.cli import sim as sim_cli
+
     monkeypatch.chdir(scene["root"])
     image = str(scene["image"])
     for tokens in (["sim", "stats", "-v", image], ["--log-json", "-v", "sim", "stats", image]):
+        capsys.readouterr()
+        assert main(tokens) == 2
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err and len(err.splitlines()) == 1 and out == "", err
+
+    def unreadable(path: object) -> None:
+        raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(sim_cli, "BoardFiles", unreadable)
+    board = str(scene["board"])
+    for tokens in (["sim", "stats", "-v", board], ["--log-json", "-v", "sim", "stats", board]):
         capsys.readouterr()
         assert main(tokens) == 1
         out, err = capsys.readouterr()
