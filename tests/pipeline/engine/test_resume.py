@@ -143,9 +143,12 @@ def _killed_flash(board, image, env) -> str:  # noqa: ANN001
 
 
 def test_resume_refuses_when_another_run_wrote_the_board_since(cli, make_board, image, tmp_path):
-    board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=19000"])
+    # Killed once it writes units (its backup, about 48,400 writes, is over): a flash killed
+    # before it changed anything is not unfinished, and a new flash would not be refused.
+    board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=49100"])
     env = {"PYTHONPATH": str(ROOT)}
     killed = _killed_flash(board, image, env)
+    assert flash_content(board) != damaged(image.read_bytes())
     other = tmp_path / "other.bin"
     other.write_bytes(synthetic_ifwi(4321))
     # A new flash of a board with an unfinished one is an override (the default refuses, naming the resume).
