@@ -32,8 +32,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="text: one line per run (default); json: one array of objects")
     p.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
     p.add_argument("--status", choices=STATUSES, help="only runs with this status")
-    p.add_argument("--board", metavar="BOARD", help="only runs of this board: its --board spec or its flash's "
-                                                    "unique ID")
+    p.add_argument("--board", metavar="BOARD", help="only runs of this board: its --board spec, read as board "
+                                                    "commands read it (sim:PATH from the current directory, a link "
+                                                    "to a board is that board), or its flash's unique ID")
     p.add_argument("--since", metavar="DATE", help="only runs started at or after DATE: ISO date or time (UTC), "
                                                    "e.g. 2026-01-01")
     p.add_argument("--command", dest="run_command", metavar="COMMAND", help="only runs of this command (flash, "
