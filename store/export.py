@@ -35,6 +35,7 @@ signatures, hashes or counts is BROKEN (exit 1), naming the first record that do
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import gzip
 import hashlib
 import io
@@ -228,6 +229,22 @@ def export(conn: sqlite3.Connection, out: TextIO, fmt: str, key: Ed25519PrivateK
                       "unsealed_rows_left_out": summary.unsealed})
         writer.seal(key)
     return summary
+
+
+def runs_started(conn: sqlite3.Connection, since: dt.datetime | None, until: dt.datetime | None) -> list[str]:
+    """The run ids, in the trail's order, of the runs that started at or after `since` and
+    before `until` (either may be None): whole runs, chosen by their start time."""
+    chosen = []
+    for run_id, at in conn.execute("SELECT run_id, at FROM runs ORDER BY seq"):
+        try:
+            started = dt.datetime.fromisoformat(at)
+        except (TypeError, ValueError):
+            continue
+        if started.tzinfo is None:
+            started = started.replace(tzinfo=dt.UTC)
+        if (since is None or started >= since) and (until is None or started < until):
+            chosen.append(run_id)
+    return chosen
 
 
 PROGRESS_ROWS = 200_000      # how often export's progress callback is called

@@ -38,9 +38,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     "the bytes they refer to, and the signed checkpoints that seal them, with the signing hosts' "
                     "public keys, the whole file sealed with this host's key. The file can be checked later on "
                     "its own, without the database: 'amdflash audit verify --export FILE [--key PUBFILE]'; one "
-                    "run's export is that run's complete record. Reads the database only.")
+                    "run's export is that run's complete record. Rows are written as they are read: memory does "
+                    "not grow with the trail. Reads the database only.")
     p.add_argument("--run", metavar="RUN_ID", help="only this run (a unique prefix is enough)")
+    p.add_argument("--since", metavar="DATE",
+                   help="only the runs that started at or after DATE (ISO date or time, UTC unless it says "
+                        "otherwise): whole runs, chosen by their start time")
+    p.add_argument("--until", metavar="DATE",
+                   help="only the runs that started before DATE (whole runs, by their start time)")
     p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", help="default jsonl")
+    p.add_argument("--compress", action="store_true",
+                   help="gzip the export (also when FILE ends in .gz); 'audit verify --export' reads it as it is")
     output_option(p, "write to FILE (default stdout)")
     p.set_defaults(func=review.cmd_audit_export)
 
@@ -75,12 +83,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     "from the database, leaving a signed seal so that the database's chain still verifies "
                     "across the gap. Runs interleaved with newer ones stay until those can go too. Backup "
                     "images of archived runs stay where they are (--backups keep, default) or move into "
-                    "FILE.backups/ (--backups move). The database file is compacted afterwards.")
+                    "FILE.backups/ (--backups move). Flashes on this host keep recording while the archive is "
+                    "written: the database is read from a snapshot, and held only while the archived rows are "
+                    "deleted and the seal written. Progress goes to stderr. The database file keeps its size "
+                    "(new runs reuse the space) unless --compact is given.")
     p.add_argument("--before", required=True, metavar="DATE", help="ISO date or time (UTC), e.g. 2026-01-01")
     p.add_argument("-o", "--output", required=True, type=output_file, metavar="FILE",
                    help="the archive file (JSONL); a new file, never one that exists")
     p.add_argument("--backups", choices=("keep", "move"), default="keep",
                    help="backup images of archived runs: keep them in place (default) or move them beside FILE")
+    p.add_argument("--compact", action="store_true",
+                   help="shrink the database file afterwards (VACUUM): it rewrites the whole file and holds the "
+                        "database meanwhile, so flashes on this host wait for it")
     p.set_defaults(func=cmd_archive)
 
     p = audit_sub.add_parser(
@@ -176,6 +190,20 @@ def cmd_key(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _every_second(say):
+    """`say`, at most once a second (and always for a message not about rows)."""
+    import time
+
+    last = [0.0]
+
+    def progress(message: str) -> None:
+        now = time.monotonic()
+        if " rows written " not in message or now - last[0] >= 1.0:
+            last[0] = now
+            say(message)
+    return progress
+
+
 def cmd_archive(args: argparse.Namespace) -> int:
     import datetime as dt
 
@@ -192,7 +220,8 @@ def cmd_archive(args: argparse.Namespace) -> int:
     path = db_path(args)
     open_for_reading(path).conn.close()   # refuses a missing or foreign database; upgrades an old one
     try:
-        result = archive(path, host_key_path(path), before, args.output, move_backups=args.backups == "move")
+        result = archive(path, host_key_path(path), before, args.output, move_backups=args.backups == "move",
+                         compact=args.compact, progress=_every_second(output.note))
     except ArchiveRefused as e:
         raise Refusal(str(e)) from None
     output.result(result.describe())

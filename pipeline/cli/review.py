@@ -59,12 +59,43 @@ def _open_db(args: argparse.Namespace):
     return open_for_reading(db_path(args))
 
 
+def parse_when(text: str | None, option: str):
+    """An ISO date or time (UTC unless it says otherwise), or a refusal naming the option."""
+    import datetime as dt
+
+    if text is None:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise Refusal(f"{option} {text!r} is not an ISO date or time (e.g. 2026-01-01 or 2026-01-01T08:00)") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)
+
+
+def _compressed(args: argparse.Namespace) -> bool:
+    """gzip on request (--compress) or by the output's name (FILE.gz)."""
+    suffix = args.output.suffix.lower() if args.output is not None else ""
+    if suffix in (".zst", ".zstd"):
+        raise Refusal(f"export {args.output}: zstd is not built in; name the file .gz (or give --compress) for a "
+                      "gzip-compressed export, which 'audit verify --export' reads as it is")
+    if args.compress and args.output is None and sys.stdout.isatty():
+        raise Refusal("--compress writes gzip bytes: redirect stdout to a file, or give -o FILE.gz")
+    return args.compress or suffix == ".gz"
+
+
 def cmd_audit_export(args: argparse.Namespace) -> int:
     from amdflash.pipeline.engine.auditdb import host_key_path
-    from amdflash.store.export import export
+    from amdflash.store.export import export, runs_started
     from amdflash.store.keys import KeyError_, load_or_create
     from amdflash.store.queries import RunNotFound, resolve_run
 
+    since, until = parse_when(args.since, "--since"), parse_when(args.until, "--until")
+    if args.run and (since or until):
+        raise Refusal("--run exports one run, --since/--until the runs that started between two times: give one "
+                      "or the other")
+    if since and until and until <= since:
+        raise Refusal(f"--until {args.until} is not after --since {args.since}: no run can have started between")
+    compress = _compressed(args)
     if args.output is not None:
         writable_output(args.output, "export", args.overwrite)
     try:
@@ -73,15 +104,24 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
         raise Refusal(str(e)) from None
     db = _open_db(args)
     try:
-        run_id = None
+        run_ids, scope = None, "the whole trail"
         if args.run:
             try:
-                run_id = resolve_run(db, args.run)
+                run_ids = [resolve_run(db, args.run)]
             except RunNotFound as e:
                 raise Refusal(str(e)) from None
+            scope = f"run {run_ids[0]}"
+        elif since or until:
+            run_ids = runs_started(db.conn, since, until)
+            window = " and ".join(w for w in (f"from {args.since}" if since else "", f"before {args.until}"
+                                              if until else "") if w)
+            if not run_ids:
+                raise Refusal(f"no run of the trail started {window}: nothing to export")
+            scope = f"{len(run_ids)} run(s) started {window}"
         if args.output is None:
             try:
-                summary = export(db.conn, sys.stdout, args.format, key, [run_id] if run_id else None)
+                summary = _export_to(sys.stdout.buffer if compress else None, compress,
+                                     lambda out: export(db.conn, out, args.format, key, run_ids))
                 sys.stdout.flush()
             except BrokenPipeError:
                 # The reader stopped early (| head): no traceback, and none again at exit.
@@ -90,19 +130,33 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
         else:
             # Written aside and renamed: an interrupted export never leaves a plausible file.
             with new_file(args.output, overwrite=args.overwrite) as raw:
-                text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
-                summary = export(db.conn, text, args.format, key, [run_id] if run_id else None)
-                text.flush()
-                text.detach()      # new_file closes (and fsyncs) the file itself
+                summary = _export_to(raw, compress, lambda out: export(db.conn, out, args.format, key, run_ids))
     finally:
         db.conn.close()
-    scope = f"run {run_id}" if run_id else "the whole trail"
     where = f"wrote {args.output}" if args.output else "exported"
     head = f"; last checkpoint #{summary.head.id} hash {summary.head.hash.hex()}" if summary.head else ""
     left = f"; {summary.unsealed} rows not sealed yet were left out" if summary.unsealed else ""
     output.note(f"{where}: {summary.rows} rows and {summary.checkpoints} signed checkpoints of {scope}, "
-                f"{args.format}{head}{left}")
+                f"{args.format}{', gzip' if compress else ''}{head}{left}")
     return EXIT_OK
+
+
+def _export_to(raw, compress: bool, write):
+    """Run write(text stream) into the binary stream `raw` (None: sys.stdout as it is), through
+    gzip when `compress`; the stream is left open (its owner closes it)."""
+    import gzip
+
+    if raw is None:
+        return write(sys.stdout)
+    # mtime 0 and no file name in the header: the same export compresses to the same bytes.
+    gz = gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=6, mtime=0) if compress else None
+    text = io.TextIOWrapper(gz or raw, encoding="utf-8", newline="")
+    summary = write(text)
+    text.flush()
+    text.detach()      # the binary stream stays open
+    if gz is not None:
+        gz.close()     # writes gzip's trailer; `raw` itself stays open
+    return summary
 
 
 def cmd_verify_export(path: Path, keyfiles: list[Path] | None = None) -> int:

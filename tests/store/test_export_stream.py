@@ -1,0 +1,151 @@
+"""audit export / verify --export on a trail of many runs (issue 42): memory bounded by one run,
+not the trail; gzip-compressed exports; whole runs chosen by their start time."""
+from __future__ import annotations
+
+import gzip
+import json
+import sqlite3
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from amdflash.store.export import read_export, verify_export
+from tests.pipeline.engine.conftest import cli, db  # noqa: F401 - fixtures: in-process CLI with its own database
+
+
+def _flash(cli, make_board, image: Path) -> None:  # noqa: F811
+    from amdflash.stages.sim.synth import PART_KEY
+
+    board = make_board(content="blank", transport="ideal")
+    r = cli("flash", image, "--yes", "--force", "--start-sector", "0x20", "--sector-count", "16",
+            "--expect-part", PART_KEY, "--board", f"sim:{board}")
+    assert r.code == 0, r.err
+
+
+def _image(tmp_path: Path) -> Path:
+    from amdflash.stages.sim.synth import synthetic_ifwi
+
+    image = tmp_path / "image.bin"
+    image.write_bytes(synthetic_ifwi(21))
+    return image
+
+
+def _verify_peak(path: Path) -> int:
+    """Python's peak allocation while verifying `path` (bytes)."""
+    tracemalloc.start()
+    try:
+        report = verify_export(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert report.ok, report.first_bad
+    return peak
+
+
+def _rows(path: Path) -> int:
+    return sum(1 for _, r in read_export(path) if r["record"] == "row")
+
+
+@pytest.mark.slow
+def test_verifying_an_export_holds_no_more_for_many_runs_than_for_few(cli, make_board, tmp_path):  # noqa: F811
+    image = _image(tmp_path)
+    for _ in range(2):
+        _flash(cli, make_board, image)
+    few = tmp_path / "few.jsonl"
+    assert cli("audit", "export", "-o", few).code == 0
+    for _ in range(6):
+        _flash(cli, make_board, image)
+    many = tmp_path / "many.jsonl"
+    assert cli("audit", "export", "-o", many).code == 0
+    assert _rows(many) > 3.5 * _rows(few)
+    verify_export(few)                   # warm: imports and caches are not what is measured
+    small, large = _verify_peak(few), _verify_peak(many)
+    # Holding the rows (as before) grows with them: 4x the rows, about 4x the peak. A margin
+    # of 1.25x and 200 kB keeps the test from flaking on allocator noise.
+    assert large < 1.25 * small + 200_000, (small, large)
+
+
+def test_a_compressed_export_verifies_as_it_is_and_holds_the_same_records(cli, make_board, tmp_path):  # noqa: F811
+    _flash(cli, make_board, _image(tmp_path))
+    plain, packed = tmp_path / "audit.jsonl", tmp_path / "audit.jsonl.gz"
+    assert cli("audit", "export", "-o", plain).code == 0
+    r = cli("audit", "export", "-o", packed)                # by its name
+    assert r.code == 0, r.err
+    assert packed.read_bytes()[:2] == b"\x1f\x8b"
+    assert gzip.decompress(packed.read_bytes()) == plain.read_bytes()
+    csv_packed = tmp_path / "audit.csv.z"
+    assert cli("audit", "export", "--format", "csv", "--compress", "-o", csv_packed).code == 0   # by --compress
+    for path in (packed, csv_packed):
+        r = cli("audit", "verify", "--export", path)
+        assert r.code == 0 and "export intact" in r.out, r.out
+    # Tampered inside the compression: found, as in a plain file.
+    text = plain.read_text()
+    changed = tmp_path / "changed.jsonl.gz"
+    changed.write_bytes(gzip.compress(text.replace('"state":"verified"', '"state":"failed"', 1).encode()))
+    r = cli("audit", "verify", "--export", changed)
+    assert r.code == 1 and "do not match checkpoint" in r.out, r.out
+    # Cut short: BROKEN (exit 1), as a truncated plain export is; bytes that are not gzip: exit 2.
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(packed.read_bytes()[: len(packed.read_bytes()) // 2])
+    r = cli("audit", "verify", "--export", cut)
+    assert r.code == 1 and "truncated" in r.out, r.out
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(b"\x1f\x8b" + b"\x00" * 64)
+    r = cli("audit", "verify", "--export", bad)
+    assert r.code == 2 and r.err.startswith("error: ") and "gzip" in r.err, r.err
+    # zstd is not built in: refused before anything is written.
+    r = cli("audit", "export", "-o", tmp_path / "audit.jsonl.zst")
+    assert r.code == 2 and "zstd" in r.err and not (tmp_path / "audit.jsonl.zst").exists()
+
+
+def _started(db: Path) -> list[tuple[str, str]]:  # noqa: F811
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT run_id, at FROM runs ORDER BY seq").fetchall()
+    finally:
+        con.close()
+
+
+def test_since_and_until_export_whole_runs_by_their_start_time(cli, db, make_board, tmp_path):  # noqa: F811
+    image = _image(tmp_path)
+    for _ in range(3):
+        _flash(cli, make_board, image)
+    (first, _), (second, at2), (third, at3) = _started(db)
+    out = tmp_path / "window.jsonl"
+    r = cli("audit", "export", "--since", at2, "--until", at3, "-o", out)
+    assert r.code == 0, r.err
+    header = next(rec for _, rec in read_export(out))
+    assert header["scope"] == "run" and header["runs"] == [second]
+    assert {rec["values"].get("run_id") for _, rec in read_export(out) if rec["record"] == "row"} <= {second, None}
+    assert cli("audit", "verify", "--export", out).code == 0
+    r = cli("audit", "export", "--since", at2, "-o", tmp_path / "since.jsonl")
+    assert r.code == 0 and next(rec for _, rec in read_export(tmp_path / "since.jsonl"))["runs"] == [second, third]
+    r = cli("audit", "export", "--until", at2, "-o", tmp_path / "until.jsonl")
+    assert r.code == 0 and next(rec for _, rec in read_export(tmp_path / "until.jsonl"))["runs"] == [first]
+    # Refusals: before anything is written.
+    for args in (("--since", "2999-01-01"), ("--since", "yesterday"), ("--since", at3, "--until", at2),
+                 ("--run", first, "--since", at2)):
+        r = cli("audit", "export", *args, "-o", tmp_path / "refused.jsonl")
+        assert r.code == 2 and r.err.startswith("error: "), (args, r.err)
+        assert not (tmp_path / "refused.jsonl").exists()
+    assert "start time" in cli("audit", "export", "--help").out
+
+
+def test_the_blob_set_spills_to_disk_and_still_finds_a_missing_blob(cli, make_board, tmp_path, monkeypatch):  # noqa: F811
+    from amdflash.store import export as export_module
+
+    _flash(cli, make_board, _image(tmp_path))
+    out = tmp_path / "audit.jsonl"
+    assert cli("audit", "export", "-o", out).code == 0
+    monkeypatch.setattr(export_module._Shas, "LIMIT", 4)     # every few blobs go to the temporary file
+    assert verify_export(out).ok
+    # A blob record removed (and the counts and seal left as they were): its first use is named.
+    lines = out.read_text().splitlines(keepends=True)
+    blobs = [i for i, line in enumerate(lines) if line.startswith('{"record":"blob"')]
+    assert len(blobs) > 8
+    del lines[blobs[6]]
+    out.write_text("".join(lines))
+    report = verify_export(out)
+    assert not report.ok and "refers to bytes not in the file" in report.first_bad, report.first_bad
+    assert json.loads(lines[0])["record"] == "header"
