@@ -18,13 +18,15 @@ import json
 import os
 import shutil
 import sqlite3
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from amdflash.store import schema
 from amdflash.store.chain import Checkpoint, load_checkpoints
-from amdflash.store.export import export, verify_export
-from amdflash.store.verify import RUN_KINDS, _base
+from amdflash.store.export import Bits, ExportSummary, export, verify_export
+from amdflash.store.export_rows import run_spans
+from amdflash.store.verify import RUN_KINDS, _base, snapshot
 from amdflash.store.writer.database import default_anchor
 from amdflash.store.writer.sealer import ChainWriter, Signer, now_iso, sign_and_insert
 from amdflash.stages.files import PRIVATE, create_new, private_dir
@@ -45,25 +47,33 @@ class ArchiveResult:
     backups_moved: list[str] = field(default_factory=list)
     bytes_before: int = 0
     bytes_after: int = 0
+    compacted: bool = False
 
     def describe(self) -> str:
+        size = (f"it shrank from {self.bytes_before} to {self.bytes_after} bytes" if self.compacted else
+                f"its file keeps its size ({self.bytes_after} bytes: new runs reuse the space freed; --compact "
+                "shrinks it)")
         lines = [f"archived {len(self.runs)} run(s), {self.rows} rows and {self.checkpoints} checkpoints to "
                  f"{self.path} (sha256 {self.sha256})",
-                 f"the database keeps seal checkpoint #{self.seal}; it shrank from {self.bytes_before} to "
-                 f"{self.bytes_after} bytes",
+                 f"the database keeps seal checkpoint #{self.seal}; {size}",
                  f"check the archive at any time: amdflash audit verify --export {self.path} --key PUBFILE"]
         if self.backups_moved:
             lines.append(f"moved {len(self.backups_moved)} backup image(s) to {self.path}.backups/")
         return "\n".join(lines)
 
 
-def archive(db_path: str, key_path: Path, before: dt.datetime, out: Path, move_backups: bool = False) -> ArchiveResult:
+def archive(db_path: str, key_path: Path, before: dt.datetime, out: Path, move_backups: bool = False,
+            compact: bool = False, progress: Callable[[str], None] | None = None) -> ArchiveResult:
+    """Write the runs that can go to `out` from a snapshot (flashes keep recording meanwhile),
+    then, under the write lock only for that, check the trail still agrees, delete those runs'
+    rows by their seq spans, seal, and commit. VACUUM only if `compact`."""
+    say = progress or (lambda _: None)
     signer = Signer.load(key_path)
     size_before = os.path.getsize(db_path)
     conn = schema.connect(db_path)
+    partial = out.with_name(out.name + ".partial")
     try:
-        conn.execute("BEGIN IMMEDIATE")     # no writer appends while runs are moved out
-        try:
+        with snapshot(conn):             # a read transaction: no lock a writer waits for
             checkpoints = load_checkpoints(conn)
             through = _base(checkpoints)[0]
             runs = _archivable(conn, before)
@@ -71,15 +81,32 @@ def archive(db_path: str, key_path: Path, before: dt.datetime, out: Path, move_b
             if not chosen:
                 raise ArchiveRefused(f"no run can be archived before {before.isoformat()}: none ended by then "
                                      "(with its whole resume lineage), or they are interleaved with newer runs")
+            ordered = sorted(chosen, key=lambda r: runs[r])
             by_id = {c.id: c for c in checkpoints}
-            result = _write(conn, out, sorted(chosen, key=lambda r: runs[r]), k, signer)
+            summary = _write(conn, partial, ordered, k, signer, say)
+            seen_seq = conn.execute("SELECT seq FROM chain_head WHERE id = 1").fetchone()[0]
+            say(f"archive: {summary.rows} rows of {len(ordered)} run(s) written; finding the bytes only they use")
+            orphans = _orphans(conn, summary.blob_ids, {runs[r] for r in chosen})
+        digest = _check_file(partial, say)
+        say("archive: removing the archived runs from the database")
+        placed = False
+        conn.execute("BEGIN IMMEDIATE")     # from here on, writers wait: deletes and the seal only
+        try:
+            checkpoints = _unchanged(conn, before, chosen, through, by_id[k])
+            for (ref,) in _refs_since(conn, seen_seq):      # bytes a row recorded meanwhile uses stay
+                orphans.discard(ref)
             moved = _backups(conn, chosen, out) if move_backups else []
-            rows = _prune(conn, chosen, k)
+            rows = _prune(conn, {r: runs[r] for r in chosen}, k, orphans)
+            if rows != summary.rows + summary.unsealed:
+                raise ArchiveRefused(f"the archived runs hold {rows} rows now, {summary.rows + summary.unsealed} "
+                                     "when they were written: the trail changed meanwhile; nothing was removed, "
+                                     "run audit archive again")
+            by_id = {c.id: c for c in checkpoints}
             last = checkpoints[-1]
             seal = Checkpoint(last.id + 1, "archive", None, rows, None, by_id[k].hash, signer.public, now_iso(),
                               json.dumps({"through_checkpoint": k, "through_hash": by_id[k].hash.hex(),
-                                          "after_checkpoint": through, "runs": result.runs, "file": str(out),
-                                          "file_sha256": result.sha256, "rows": rows,
+                                          "after_checkpoint": through, "runs": ordered, "file": str(out),
+                                          "file_sha256": digest, "rows": rows,
                                           "backups": "moved" if move_backups else "kept", "moved": moved,
                                           # appended to the anchor after the commit, like every seal
                                           "anchor": os.path.abspath(default_anchor(db_path))},
@@ -87,22 +114,30 @@ def archive(db_path: str, key_path: Path, before: dt.datetime, out: Path, move_b
             sign_and_insert(conn, signer, seal, last.hash)
             conn.execute("UPDATE chain_head SET checkpoint = ?, hash = ? WHERE id = 1", (seal.id, seal.hash))
             schema.add_triggers(conn)
+            os.replace(partial, out)
+            placed = True
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            out.with_name(out.name + ".partial").unlink(missing_ok=True)
+            if placed:            # nothing was removed: no archive file either
+                out.unlink(missing_ok=True)
             raise
         for path in moved:
             target = out.with_name(out.name + ".backups") / Path(path).name
             private_dir(target.parent)
             shutil.move(path, target)
         ChainWriter(conn, signer, default_anchor(db_path))._write_anchor(seal)
-        conn.execute("VACUUM")
+        if compact:
+            say("archive: compacting the database (VACUUM)")
+            conn.execute("VACUUM")
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     finally:
         conn.close()
-    return ArchiveResult(out, result.sha256, result.runs, rows, k - through, seal.id, moved, size_before,
-                         os.path.getsize(db_path))
+    return ArchiveResult(out, digest, ordered, rows, k - through, seal.id, moved, size_before,
+                         os.path.getsize(db_path), compact)
 
 
 def _archivable(conn: sqlite3.Connection, before: dt.datetime) -> dict[str, int]:
@@ -154,26 +189,77 @@ def _prefix(conn: sqlite3.Connection, checkpoints: list[Checkpoint], runs: dict[
         k = min(c.id for c in checkpoints if c.run_id == late[0].run_id) - 1
 
 
-def _write(conn: sqlite3.Connection, out: Path, runs: list[str], k: int, signer: Signer) -> _Written:
-    partial = out.with_name(out.name + ".partial")
+def _write(conn: sqlite3.Connection, partial: Path, runs: list[str], k: int, signer: Signer,
+           say: Callable[[str], None]) -> ExportSummary:
     partial.unlink(missing_ok=True)
+
+    def progress(rows: int, begun: int, total: int) -> None:
+        say(f"archive: {rows} rows written ({begun} of {total} runs begun)")
+
     # The record itself (rows and the flash content they refer to): the owner's alone.
     with os.fdopen(create_new(partial, PRIVATE), "w", encoding="utf-8", newline="") as f:
-        export(conn, f, "jsonl", signer.key, runs, scope="archive", through=k)
+        summary = export(conn, f, "jsonl", signer.key, runs, scope="archive", through=k, progress=progress)
         f.flush()
         os.fsync(f.fileno())
+    return summary
+
+
+def _check_file(partial: Path, say: Callable[[str], None]) -> str:
+    """The archive written verifies on its own; its SHA-256 (read in chunks, not whole)."""
+    say(f"archive: verifying {partial}")
     check = verify_export(partial)
     if not check.ok:
         raise ArchiveRefused(f"the archive written does not verify ({check.first_bad}); nothing was removed")
-    digest = hashlib.sha256(partial.read_bytes()).hexdigest()
-    os.replace(partial, out)
-    return _Written(runs, digest)
+    digest = hashlib.sha256()
+    with open(partial, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
-@dataclass
-class _Written:
-    runs: list[str]
-    sha256: str
+def _unchanged(conn: sqlite3.Connection, before: dt.datetime, chosen: set[str], through: int,
+               last_archived: Checkpoint) -> list[Checkpoint]:
+    """Under the write lock: what the archive was written from still holds — no other archive
+    meanwhile, its last checkpoint the same, no archived run resumed or sealed again since.
+    Returns the checkpoints as they are now."""
+    checkpoints = load_checkpoints(conn)
+    now = {c.id: c for c in checkpoints}
+    again = [c for c in checkpoints if c.id > last_archived.id and c.run_id in chosen]
+    resumed = chosen - set(_archivable(conn, before))
+    if _base(checkpoints)[0] != through or getattr(now.get(last_archived.id), "hash", None) != last_archived.hash \
+            or again or resumed:
+        raise ArchiveRefused("the trail changed while the archive was written (another archive, or an archived run "
+                             "resumed or sealed again); nothing was removed: run audit archive again")
+    return checkpoints
+
+
+_REF_TABLES = {t: [c for c, k in cols if k == "ref"] for t, cols in schema.PHYSICAL.items()
+               if any(k == "ref" for _, k in cols)}
+assert not set(_REF_TABLES) & schema.PLAIN      # every table with references carries run keys
+
+
+def _orphans(conn: sqlite3.Connection, archived: Bits, keys: set[int]) -> Bits:
+    """The blobs archived rows use and no other row does (read in the snapshot: the rows
+    recorded after it are looked at under the lock)."""
+    orphans = Bits()
+    orphans.bits = bytearray(archived.bits)
+    for table, columns in _REF_TABLES.items():
+        cursor = conn.execute(f"SELECT run, {', '.join(columns)} FROM {table} WHERE "
+                              + " OR ".join(f"{c} IS NOT NULL" for c in columns))
+        while batch := cursor.fetchmany(4096):
+            for run, *refs in batch:
+                if run not in keys:
+                    for ref in refs:
+                        if ref is not None:
+                            orphans.discard(ref)
+    return orphans
+
+
+def _refs_since(conn: sqlite3.Connection, seq: int) -> Iterator[tuple[int]]:
+    """Blob ids used by rows recorded after `seq` (a rowid range: costs those rows)."""
+    for table, columns in _REF_TABLES.items():
+        for column in columns:
+            yield from conn.execute(f"SELECT {column} FROM {table} WHERE seq > ? AND {column} IS NOT NULL", (seq,))
 
 
 def _backups(conn: sqlite3.Connection, runs: set[str], out: Path) -> list[str]:
@@ -187,19 +273,20 @@ def _backups(conn: sqlite3.Connection, runs: set[str], out: Path) -> list[str]:
                   if p and Path(p).is_file() and not Path(p).is_symlink() and Path(p).resolve().parent == own)
 
 
-def _prune(conn: sqlite3.Connection, runs: set[str], k: int) -> int:
-    """Delete the archived runs' rows, checkpoints up to K and blobs nobody refers to any more."""
+def _prune(conn: sqlite3.Connection, runs: dict[str, int], k: int, orphans: Bits) -> int:
+    """Delete the archived runs' rows — exactly those the archive read: a plain table's by the
+    run's id (indexed), a bulk table's by the run's seq span (the rowid: the bulk tables carry
+    no run index, and need none) — checkpoints up to K and the blobs only those rows used."""
     schema.drop_triggers(conn)
-    marks = ",".join("?" * len(runs))
-    keys = [key for (key,) in conn.execute(f"SELECT seq FROM runs WHERE run_id IN ({marks})", list(runs))]
-    key_marks = ",".join("?" * len(keys))
+    ends = run_spans(conn, list(runs.values()))
     removed = 0
-    for table in schema.PHYSICAL:
-        column, values = ("run_id", list(runs)) if table in schema.PLAIN else ("run", keys)
-        removed += conn.execute(f"DELETE FROM {table} WHERE {column} IN ({marks if column == 'run_id' else key_marks})",
-                                values).rowcount
+    for run_id, key in runs.items():
+        for table in schema.PHYSICAL:
+            if table in schema.PLAIN:
+                removed += conn.execute(f"DELETE FROM {table} WHERE run_id = ? AND seq >= ?", (run_id, key)).rowcount
+            else:
+                removed += conn.execute(f"DELETE FROM {table} WHERE seq BETWEEN ? AND ? AND run = ?",
+                                        (key, ends[key], key)).rowcount
     conn.execute("DELETE FROM checkpoints WHERE id <= ?", (k,))
-    refs = " UNION ".join(f"SELECT {c} FROM {t} WHERE {c} IS NOT NULL"
-                          for t, cols in schema.PHYSICAL.items() for c, kind in cols if kind == "ref")
-    conn.execute(f"DELETE FROM blobs WHERE id NOT IN ({refs})")
+    conn.executemany("DELETE FROM blobs WHERE id = ?", ((blob,) for blob in orphans))
     return removed
