@@ -8,7 +8,7 @@ from pathlib import Path
 
 from amdflash.pipeline.engine.auditdb import host_key_path, open_for_reading
 from amdflash.pipeline.commands.checks import output_file, output_option, writable_output, write_output
-from amdflash.pipeline.errors import EXIT_OK, Refusal
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
 from amdflash.pipeline.cli import output
 
 
@@ -110,6 +110,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_upgrade)
 
     verify.add_argument("--run", metavar="RUN_ID", help="verify only this run (a unique prefix is enough)")
+    verify.add_argument("--since", metavar="DATE",
+                        help="verify only the runs that started at or after DATE (ISO date or time, UTC unless it "
+                             "says otherwise), each as --run does: whole runs, chosen by their start time")
+    verify.add_argument("--until", metavar="DATE",
+                        help="verify only the runs that started before DATE (whole runs, by their start time)")
     verify.add_argument("--key", type=Path, action="append", metavar="PUBFILE",
                         help="trusted public key(s) ('amdflash audit key -o FILE'); repeatable")
     verify.add_argument("--anchor", type=Path, metavar="FILE",
@@ -166,9 +171,48 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _verify_database_or_export(args: argparse.Namespace) -> int:
     from amdflash.pipeline.cli import review, trail
 
+    if getattr(args, "since", None) or getattr(args, "until", None):
+        return _verify_window(args)
     if args.export is None:
         return trail.cmd_audit_verify(args)
     return review.cmd_verify_export(args.export, getattr(args, "key", None))
+
+
+def _verify_window(args: argparse.Namespace) -> int:
+    """`audit verify --since/--until`: each run that started in the window, as --run verifies
+    it (each costs that run, not the trail); exit 1 if any does not hold."""
+    from amdflash.pipeline.cli import review
+    from amdflash.pipeline.commands import board as commands
+    from amdflash.pipeline.engine.auditdb import legacy_version
+    from amdflash.store.export import runs_started
+
+    since, until = review.parse_when(args.since, "--since"), review.parse_when(args.until, "--until")
+    if args.run or args.export is not None:
+        raise Refusal("--since/--until choose the runs to verify by their start time: not with --run or --export")
+    if since and until and until <= since:
+        raise Refusal(f"--until {args.until} is not after --since {args.since}: no run can have started between")
+    path = commands.db_path(args)
+    if legacy_version(path):
+        raise Refusal(f"audit database {path} is an older amdflash's (no per-run seals): 'audit verify' checks it "
+                      "whole")
+    db = open_for_reading(path)
+    try:
+        runs = runs_started(db.conn, since, until)
+    finally:
+        db.conn.close()
+    window = " and ".join(w for w in (f"from {args.since}" if since else "", f"before {args.until}" if until else "")
+                          if w)
+    if not runs:
+        raise Refusal(f"no run of the trail started {window}: nothing to verify")
+    broken = []
+    for run_id in runs:
+        result = commands.audit_verify(path, run_id, args.key, args.anchor)
+        output.result(result.describe())
+        if not result.ok:
+            broken.append(run_id)
+    output.result(f"{len(runs)} run(s) started {window}: " + (f"{len(broken)} BROKEN (first: {broken[0]})" if broken
+                                                               else "every one intact"))
+    return EXIT_FAILED if broken else EXIT_OK
 
 
 def cmd_key(args: argparse.Namespace) -> int:

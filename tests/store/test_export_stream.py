@@ -149,3 +149,30 @@ def test_the_blob_set_spills_to_disk_and_still_finds_a_missing_blob(cli, make_bo
     report = verify_export(out)
     assert not report.ok and "refers to bytes not in the file" in report.first_bad, report.first_bad
     assert json.loads(lines[0])["record"] == "header"
+
+
+def test_audit_verify_since_and_until_verify_the_runs_that_started_then(cli, db, make_board, tmp_path):  # noqa: F811
+    image = _image(tmp_path)
+    for _ in range(3):
+        _flash(cli, make_board, image)
+    (first, _), (second, at2), (third, at3) = _started(db)
+    r = cli("audit", "verify", "--since", at2)
+    assert r.code == 0 and "2 run(s) started" in r.out and "every one intact" in r.out, r.out
+    assert second in r.out and third in r.out and first not in r.out
+    # A row of the third run changed: only a window holding it says so.
+    con = sqlite3.connect(db)
+    key = con.execute("SELECT seq FROM runs WHERE run_id = ?", (third,)).fetchone()[0]
+    con.execute("DROP TRIGGER log_units_no_update")
+    con.execute("UPDATE log_units SET state = 'failed' WHERE seq = (SELECT min(seq) FROM log_units WHERE run = ?)",
+                (key,))
+    con.execute("CREATE TRIGGER log_units_no_update BEFORE UPDATE ON log_units "
+                "BEGIN SELECT RAISE(ABORT, 'audit rows are append-only (log_units)'); END")
+    con.commit()
+    con.close()
+    r = cli("audit", "verify", "--since", at3)
+    assert r.code == 1 and "1 BROKEN" in r.out and third in r.out, r.out
+    assert cli("audit", "verify", "--until", at3).code == 0
+    for args in (("--since", "2999-01-01"), ("--since", at2, "--run", first), ("--until", "soon")):
+        r = cli("audit", "verify", *args)
+        assert r.code == 2 and r.err.startswith("error: "), (args, r.err)
+    assert "start time" in cli("audit", "verify", "--help").out
