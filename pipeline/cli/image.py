@@ -107,4 +107,8 @@ def cmd_image_info(args: argparse.Namespace) -> int:
             for note in report["notes"]:
                 output.result(f"note          {note}")
             output.result(f"no part number: {report['error']}")
-    return EXIT_OK if report["part_number"] else EXIT_FAILED
+    if report["part_number"]:
+        return EXIT_OK
+    # Exit 1 says, as every failure does, why in one `error:` line on stderr (stdout keeps the report).
+    output.error(f"image {args.file}: its part number cannot be told: {report['error']}")
+    return EXIT_FAILED

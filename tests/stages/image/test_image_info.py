@@ -45,6 +45,8 @@ def test_says_why_when_there_is_no_part_number(cli, tmp_path):
     junk.write_bytes(b"hello")
     r = cli("image", "info", junk)
     assert r.code == 1 and "no part number: the EFS" in r.out and "problem" in r.out
+    [line] = r.err.splitlines()          # exit 1 says why in one error line, as every failure does
+    assert line.startswith("error: image ") and "part number cannot be told: the EFS" in line, r.err
 
 
 def test_unreadable_file_is_a_refusal(cli, tmp_path):
