@@ -110,8 +110,8 @@ class Limiter:
 
 
 def protocol(caps: Limits, limiter: Limiter, log: Callable[[str], None]) -> type:
-    """uvicorn's H11Protocol with the header timeout and the connection cap of `caps`."""
-    import h11  # noqa: F401 - uvicorn's own HTTP/1.1 (httptools, when installed, would not have this)
+    """uvicorn's H11Protocol (named whatever else is installed: httptools would have none of
+    this) with the header and response timeouts and the connection cap of `caps`."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     waiting: dict[Any, None] = {}       # connections waiting for a request head, oldest first
