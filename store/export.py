@@ -40,6 +40,7 @@ import gzip
 import hashlib
 import io
 import json
+import operator
 import re
 import sqlite3
 import zlib
@@ -106,6 +107,9 @@ def seal_message(digests: dict[str, str], public_key: bytes) -> bytes:
     return "|".join([SEAL_PREFIX, *(f"{kind}:{digests[kind]}" for kind in SEALED), public_key.hex()]).encode()
 
 
+_TEXT = operator.itemgetter(2)
+
+
 class _Out:
     def __init__(self, out: TextIO, fmt: str):
         if fmt not in FORMATS:
@@ -128,16 +132,18 @@ class _Out:
         else:
             self.out.write(text + "\n")
 
-    def rows(self, rows: list[tuple[str, int, str]]) -> None:
-        """Row records (table, seq, JSON text), in order: one digest update, one write."""
+    def rows(self, rows: list[tuple]) -> int:
+        """Row records ((seq, run, JSON text, table, ...) each), in order: one digest update, one
+        write. Returns how many."""
         if not rows:
-            return
-        chunk = "\n".join(text for _, _, text in rows) + "\n"
+            return 0
+        chunk = "\n".join(map(_TEXT, rows)) + "\n"
         self.digests["row"].update(chunk.encode())
         if self.csv:
-            self.csv.writerows(("row", table, seq, text) for table, seq, text in rows)
+            self.csv.writerows(("row", r[3], r[0], r[2]) for r in rows)
         else:
             self.out.write(chunk)
+        return len(rows)
 
     def seal(self, key: Ed25519PrivateKey) -> None:
         """The last record: every record before it, signed with the exporting host's key."""
@@ -252,35 +258,35 @@ PROGRESS_ROWS = 200_000      # how often export's progress callback is called
 
 def _write_rows(conn: sqlite3.Connection, writer: _Out, summary: ExportSummary, rows: Iterator[tuple],
                 sealed: dict[Any, Any], progress: Callable[[int, int, int], None] | None, total_runs: int) -> None:
-    """Each row record, each blob record before the first row that uses it (once)."""
-    seen, python, nothing = summary.blob_ids, export_rows.PYTHON, [None] * export_rows.MAX_REFS
-    pending: list[tuple[str, int, str]] = []     # row records not written yet: written together, in order
+    """Each row record, each blob record before the first row that uses it (once). The rows
+    are export_rows.rows' tuples, kept as they are until written (this loop is per row)."""
+    seen, python, batch = summary.blob_ids, export_rows.PYTHON, export_rows.BATCH
+    pending: list[tuple] = []       # rows not written yet: written together, in order
     runs_begun = 0
     for row in rows:
-        seq, run, text, table, *blobs = row
+        seq, run, text, table, blob1, blob2 = row       # export_rows.MAX_REFS blob ids
         if seq > sealed.get(run, -1):
             summary.unsealed += 1
             continue
-        if blobs != nothing:
-            for blob in blobs:
+        if blob1 is not None or blob2 is not None:
+            for blob in (blob1, blob2):
                 if blob is not None and not seen.has(blob):
                     seen.add(blob)
-                    writer.rows(pending)
+                    summary.rows += writer.rows(pending)
                     pending = []
                     _write_blob(conn, writer, blob, table, seq)
                     summary.blobs += 1
         elif table == "runs":
             runs_begun += 1
         if python in text:
-            text = export_rows.python_row(conn, table, seq)
-        pending.append((table, seq, text))
-        summary.rows += 1
-        if len(pending) >= export_rows.BATCH:
-            writer.rows(pending)
+            row = (seq, run, export_rows.python_row(conn, table, seq), table)
+        pending.append(row)
+        if len(pending) >= batch:
+            summary.rows += writer.rows(pending)
             pending = []
-            if progress is not None and summary.rows % PROGRESS_ROWS < export_rows.BATCH:
+            if progress is not None and summary.rows % PROGRESS_ROWS < batch:
                 progress(summary.rows, runs_begun, total_runs)
-    writer.rows(pending)
+    summary.rows += writer.rows(pending)
     if progress is not None:
         progress(summary.rows, runs_begun, total_runs)
 
@@ -547,8 +553,10 @@ def _records(path: Path, got: _Read) -> Iterator[tuple[str, int, Any, bytes]]:
     that do not match their hash (Broken) is kept in got.error and ends the reading."""
     try:
         for line, r, text in read_records(path):
-            check_shape(line, r)
             kind = r["record"]
+            if not (kind == "row" and len(r) == 4 and type(r.get("seq")) is int and type(r.get("values")) is dict
+                    and type(r.get("table")) is str and r["table"] in PHYSICAL):
+                check_shape(line, r)        # every record but a well-formed row (checked just above)
             if got.seal is not None:
                 raise Broken(f"line {line}: a record after the seal, the export's last record")
             if kind != "seal" and got.end is not None:
@@ -588,14 +596,25 @@ def _records(path: Path, got: _Read) -> Iterator[tuple[str, int, Any, bytes]]:
         got.error = e
 
 
+_COLUMN_SETS = {table: {c for c, _ in columns} for table, columns in PHYSICAL.items()}
+_PLAIN_KINDS = {"int": int, "text": str}      # a value of these kinds is its JSON value as it is
+
+
 def _row_values(line: int, table: str, seq: int, values: dict[str, Any], blobs: _Shas) -> tuple:
-    if set(values) != {c for c, _ in PHYSICAL[table]}:
+    if values.keys() != _COLUMN_SETS[table]:
         raise ExportFormatError(line, f"{table} seq {seq}: its columns are not those of the schema")
-    vals = tuple(_value(line, c, k, values[c]) for c, k in PHYSICAL[table])
-    for (c, k), v in zip(PHYSICAL[table], vals, strict=True):
-        if k == "ref" and v is not None and v not in blobs:
+    vals, refs = [], []
+    for c, k in PHYSICAL[table]:
+        v = values[c]
+        if v is not None and type(v) is not _PLAIN_KINDS.get(k):       # else: _value would return it as it is
+            v = _value(line, c, k, v)
+            if k == "ref":
+                refs.append((c, v))
+        vals.append(v)
+    for c, v in refs:          # after every value is read: a malformed one is named first, as it always was
+        if v not in blobs:
             raise Broken(f"line {line} ({table} seq {seq}): column {c} refers to bytes not in the file")
-    return vals
+    return tuple(vals)
 
 
 def _prescan(path: Path) -> tuple[list[tuple[int, Checkpoint, bytes]], dict[int, Any]]:

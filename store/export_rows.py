@@ -40,6 +40,7 @@ def _column_sql(column: str, kind: str) -> str:
 
 
 MAX_REFS = max(sum(k == "ref" for _, k in columns) for columns in PHYSICAL.values())
+assert MAX_REFS == 2, "store.export._write_rows unpacks two blob ids per row"
 
 
 def row_sql(table: str) -> str:
