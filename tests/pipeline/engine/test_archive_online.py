@@ -103,3 +103,48 @@ def test_archive_says_how_far_it_is_and_compacts_only_when_asked(cli_shown, make
     assert db.stat().st_size < size
     assert [x["run_id"] for x in json.loads(cli_shown("runs", "--format", "json").out)] == [runs[2]["run_id"]]
     assert cli_shown("audit", "verify").code == 0
+
+
+def test_an_archive_made_meanwhile_makes_the_held_one_remove_nothing(cli, make_board, image, db, tmp_path,
+                                                                   monkeypatch):
+    from amdflash.pipeline.engine.auditdb import host_key_path
+
+    for _ in range(2):
+        _flash(cli, make_board(content="blank", transport="ideal"), image)
+    _flash(cli, make_board(content="blank", transport="ideal"), image)
+    con = sqlite3.connect(db)
+    before = con.execute("SELECT at FROM runs ORDER BY seq DESC LIMIT 1").fetchone()[0]
+    con.close()
+    written, go = threading.Event(), threading.Event()
+    real_export = archive_module.export
+
+    def export_then_wait(*args, **kwargs):
+        summary = real_export(*args, **kwargs)
+        written.set()
+        go.wait(60)
+        return summary
+
+    monkeypatch.setattr(archive_module, "export", export_then_wait)
+    held, outcome = tmp_path / "held.jsonl", {}
+
+    def run_archive() -> None:
+        try:
+            outcome["result"] = archive_module.archive(str(db), host_key_path(str(db)),
+                                                       dt.datetime.fromisoformat(before), held)
+        except archive_module.ArchiveRefused as e:
+            outcome["refused"] = str(e)
+
+    thread = threading.Thread(target=run_archive)
+    thread.start()
+    try:
+        assert written.wait(120)
+        monkeypatch.setattr(archive_module, "export", real_export)
+        r = cli("audit", "archive", "--before", before, "-o", tmp_path / "first.jsonl")
+        assert r.code == 0, r.err
+    finally:
+        go.set()
+        thread.join(120)
+    assert "the trail changed while the archive was written" in outcome.get("refused", ""), outcome
+    assert not held.exists() and not held.with_name(held.name + ".partial").exists()
+    r = cli("audit", "verify")
+    assert r.code == 0 and "intact" in r.out, r.out
