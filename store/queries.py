@@ -247,18 +247,27 @@ def superseded_by(db: sqlite_utils.Database, run_id: str, related: _Related | No
     offers no resume that would be refused. Only a run that speaks for itself does: its own runs
     row, its rows verified and sealed (under this host's key, for a board command), and signed
     by no key but those that signed the flash it supersedes — a row INSERTed or sealed by
-    someone else never hides an unfinished flash."""
+    someone else never hides an unfinished flash (later_writers)."""
+    return later_writers(db, run_id, related)[0]
+
+
+def later_writers(db: sqlite_utils.Database, run_id: str, related: _Related | None = None) \
+        -> tuple[str | None, object]:
+    """(superseded_by, unvouched): the run that superseded this flash, else the first later run
+    on record as writing its board that nothing verified vouches for — not superseding it, yet
+    `resume` refuses over it (it may have written), so the flash's report must not offer the
+    resume as the way. (None, None) when neither: the resume is the way."""
     if not _written_after(db, run_id):
-        return None         # the common case, the board's newest flash: decided without verifying a run
+        return None, None   # the common case, the board's newest flash: decided without verifying a run
     related = related or _Related(db)
     try:
         chain = run_chain(db, newest_resume(db, run_id))
     except (RunUnverified, RunNotFound):
-        return None
+        return None, None
     ids = [r.run_id for r in chain]
     identity = next((b for b in map(lambda r: _identified(db, r), chain) if b["unique_id"] or b["chip"]), None)
     if identity is None:
-        return None         # it never identified its board: it wrote nothing, and resume asks no more
+        return None, None   # it never identified its board: it wrote nothing, and resume asks no more
     signers = {k for r in chain for k in r.check.signers}
     if identity["unique_id"]:
         later = db.conn.execute(
@@ -268,19 +277,21 @@ def superseded_by(db: sqlite_utils.Database, run_id: str, related: _Related | No
         spec = run_row(db, chain[-1].key)["board_spec"]
         later = db.conn.execute(f"SELECT run_id, seq FROM runs WHERE seq > ? AND board_spec = ? AND command IN "
                                 f"{WRITERS} ORDER BY seq", (chain[0].key, spec))
+    unvouched: object = None
     for other, seq in list(later):
-        if other in ids or not isinstance(other, str):
+        if other in ids:
             continue
-        status = related.speaks(other, seq)
-        rows = related.opened.get(other)
-        if status in (None, "refused") or rows is None:
+        status = related.speaks(other, seq) if isinstance(other, str) else None
+        rows = related.opened.get(other) if isinstance(other, str) else None
+        if status == "refused" and rows is not None:
+            continue        # it wrote nothing, by its own sealed rows
+        if status is None or rows is None or (signers and not set(rows.check.signers) <= signers):
+            unvouched = other if unvouched is None else unvouched      # sealed by no key the flash's host used
             continue
         if status in UNFINISHED and changed_nothing(db, rows):
             continue
-        if signers and not set(rows.check.signers) <= signers:
-            continue        # sealed by a key the flash's own host did not use
-        return other
-    return None
+        return other, None
+    return None, unvouched
 
 
 def _written_after(db: sqlite_utils.Database, run_id: str) -> bool:

@@ -23,7 +23,7 @@ import sqlite_utils
 from amdflash.pipeline.engine import jobs
 from amdflash.pipeline.engine import next_step
 from amdflash.store.originals import Backup, _first_backup
-from amdflash.store.queries import RunNotFound, lineage_units, newest_resume, run_chain, superseded_by
+from amdflash.store.queries import RunNotFound, later_writers, lineage_units, newest_resume, run_chain
 from amdflash.store.run_rows import RunUnverified
 
 ENDED_BADLY = ("failed", "interrupted")
@@ -62,10 +62,12 @@ def add(db: sqlite_utils.Database, rep: dict[str, Any],
     for the advice, as commands finds it for a board run's (called only for a flash or resume
     that needs it)."""
     rep["fixed_by"] = rep.get("finished_by")
-    rep["superseded_by"] = (superseded_by(db, rep["run_id"]) if not rep["fixed_by"] and wanted(rep)
-                            and rep.get("command") in next_step.WRITES else None)
+    later: tuple[str | None, object] = (None, None)
+    if not rep["fixed_by"] and wanted(rep) and rep.get("command") in next_step.WRITES:
+        later = later_writers(db, rep["run_id"])
+    rep["superseded_by"] = later[0]
     rep["registers_put_back"] = put_back_words(rep)
-    rep["outcome"] = outcome(db, rep, _board_original(rep, original)) if wanted(rep) else None
+    rep["outcome"] = outcome(db, rep, _board_original(rep, original), later[1]) if wanted(rep) else None
 
 
 def put_back_words(rep: dict[str, Any]) -> list[str]:
@@ -104,14 +106,18 @@ def wanted(rep: dict[str, Any]) -> bool:
     return rep.get("status") in ENDED_BADLY
 
 
-def outcome(db: sqlite_utils.Database, rep: dict[str, Any], original: tuple[str, str, str] | None) -> dict[str, Any]:
+def outcome(db: sqlite_utils.Database, rep: dict[str, Any], original: tuple[str, str, str] | None,
+            unvouched: object = None) -> dict[str, Any]:
     """The run's end: `state` (what the flash holds, for a flash or resume), `backup` (the
     content the run's lineage found, with the command that writes it back), `original` (the
     board's original, when another backup holds it), `next_step` (next_step.advice: the words
     and command the run printed), `fixed_by` (the resume that finished its work, if any: then
     there is no next step) and `superseded_by` (else the later run that wrote its board since:
     no next step either, for resuming would be refused; the board is that run's business).
-    `original`: (path, run, put-back command) as commands gives it to the advice."""
+    `original`: (path, run, put-back command) as commands gives it to the advice; `unvouched`: a
+    later run on record as writing the board that nothing verified vouches for (queries.
+    later_writers): resuming is refused over it, so the step says so and offers the put-back
+    (`resume_blocked_by`) — the flash is still told as unfinished, never as superseded."""
     spec = (rep.get("board") or {}).get("spec") or ""
     fixed = rep.get("finished_by")
     # A later run wrote the board: resuming would be refused, and what the board holds is its business.
@@ -132,11 +138,25 @@ def outcome(db: sqlite_utils.Database, rep: dict[str, Any], original: tuple[str,
         "state": next_step.flash_state(now) if writes else None,
         "backup": backup,
         "original": first,
-        "next_step": None if fixed or superseded else _where(next_step.advice(now, *(original or (None,)),
-                                                                              run_id=carried_by, spec=spec)),
+        "next_step": None if fixed or superseded else _where(
+            _blocked(now, unvouched, backup, first) if unvouched is not None else
+            next_step.advice(now, *(original or (None,)), run_id=carried_by, spec=spec)),
         "fixed_by": fixed,
         "superseded_by": superseded,
+        "resume_blocked_by": None if unvouched is None else str(unvouched),
     }
+
+
+def _blocked(now: dict[str, Any], unvouched: object, backup: dict[str, Any] | None,
+             first: dict[str, Any] | None) -> str:
+    """The step when a later run nothing verified vouches for is on record as writing the board:
+    not the resume (it refuses), but the put-back, which does not."""
+    held = first if first is not None else backup
+    way = (f"to put back the original content: {held['put_back']}" if held is not None else
+           "to flash it anew: the flash command with --start-over")
+    return (f"{next_step.flash_state(now)}. A later run, {unvouched!s}, is on record as writing this board, but "
+            f"nothing this host signed vouches for it: resuming this flash is refused while it stands (the refusal "
+            f"says why); {way}")
 
 
 def _flash_now(db: sqlite_utils.Database, rep: dict[str, Any]) -> tuple[dict[str, Any], str]:

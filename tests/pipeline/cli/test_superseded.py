@@ -133,11 +133,13 @@ def _forge_a_start_over(db: Path, run: str, forged: str, at: str) -> None:
     con.close()
 
 
-def test_a_forged_later_flash_never_supersedes_the_killed_one(amdflash, killed, isolated):
+def test_a_forged_later_flash_never_supersedes_the_killed_one(amdflash, killed, isolated, tmp_path):
     """A later flash of the board that "succeeded", INSERTed without the key, and another sealed
     with a key of the forger's own added to the database (every signature in the file then
-    verifies): neither makes the killed flash look superseded, in any view — its resume stays."""
-    run = killed["run"]
+    verifies): neither makes the killed flash look superseded, in any view — it is still told as
+    partly written. Resuming it is refused over them (they may have written), so its report says
+    so and offers the put-back instead, which works pasted."""
+    board, run = killed["board"], killed["run"]
     db = isolated / "audit.sqlite"
     at = "2099-12-31T23:59:59+00:00"
     _forge_a_start_over(db, run, "20991231T235959-0badc0de", at)
@@ -154,7 +156,18 @@ def test_a_forged_later_flash_never_supersedes_the_killed_one(amdflash, killed, 
     listed = _runs(amdflash)
     assert listed[run]["superseded_by"] is None and listed[run]["status"] == "interrupted", listed[run]
     rep = json.loads(amdflash("report", run, "--json").out)
-    assert rep["superseded_by"] is None and rep["outcome"]["superseded_by"] is None
-    assert "To finish the flash: " in rep["outcome"]["next_step"], rep["outcome"]
+    end = rep["outcome"]
+    assert rep["superseded_by"] is None and end["superseded_by"] is None
+    assert end["resume_blocked_by"] in ("20991231T235959-0badc0de", sealed), end
+    assert end["next_step"].startswith(end["state"] + ". A later run, "), end
+    assert end["state"].startswith("the flash is partly written"), end
     text = amdflash("report", run).out
-    assert "superseded" not in text and "To finish the flash: " in text, text
+    assert "superseded" not in text and f"next       {end['next_step']}" in text, text
+    resumed = amdflash("--no-progress", "resume", run, "--board", f"sim:{board}", "--yes")
+    assert resumed.code in (1, 2) and "does not verify" in resumed.err, resumed.err   # as the step says
+    steps = _commands(end["next_step"])
+    assert steps, end["next_step"]
+    for step in steps:
+        done = pasted(step, tmp_path)
+        assert done.returncode == 0, (step, done.stderr)
+    assert flash_content(board) == killed["first"]
