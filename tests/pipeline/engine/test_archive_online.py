@@ -34,7 +34,7 @@ def test_a_flash_records_while_the_archive_is_written(cli, make_board, image, db
     def export_then_wait(*args, **kwargs):
         summary = real_export(*args, **kwargs)
         written.set()
-        held["flash_recorded_meanwhile"] = flashed.wait(60)
+        held["flash_recorded_meanwhile"] = flashed.wait(180)
         return summary
 
     held: dict[str, object] = {}
@@ -54,17 +54,15 @@ def test_a_flash_records_while_the_archive_is_written(cli, make_board, image, db
     try:
         assert written.wait(120), "the archive did not get to writing its file"
         assert "error" not in outcome, outcome
-        started = time.monotonic()
-        # The same image as the archived runs: its pages are the same blobs.
+        # The same image as the archived runs: its pages are the same blobs. (Before, the archive
+        # held the write lock here, and the flash was refused: "database is locked".)
         _flash(cli, make_board(content="blank", transport="ideal"), image)
-        took = time.monotonic() - started
         flashed.set()
     finally:
         flashed.set()
-        thread.join(120)
+        thread.join(240)
     assert "error" not in outcome, outcome
     assert held["flash_recorded_meanwhile"], "the flash did not finish while the archive was being written"
-    assert took < 30, took
     result = outcome["result"]
     assert sorted(result.runs) == sorted(old)
 
