@@ -176,3 +176,49 @@ def test_audit_verify_since_and_until_verify_the_runs_that_started_then(cli, db,
         r = cli("audit", "verify", *args)
         assert r.code == 2 and r.err.startswith("error: "), (args, r.err)
     assert "start time" in cli("audit", "verify", "--help").out
+
+
+def test_each_row_is_written_as_json_dumps_wrote_it_whatever_its_values(tmp_path):
+    """SQLite writes a row's JSON text where it can be exactly what the Python encoder wrote
+    before (byte-for-byte compatible exports); any other row is left to the Python encoder."""
+    from amdflash.store import export_rows, schema
+
+    con = sqlite3.connect(tmp_path / "t.sqlite", isolation_level=None)
+    con.execute("BEGIN")
+    schema.create(con)
+    schema.drop_triggers(con)
+    con.execute("INSERT INTO blobs VALUES (1, ?, ?)", (b"\x01" * 32, b"data"))
+    texts = ["plain", "", 'quote " and \\ backslash', "é non-ASCII", "tab\there", "nl\nthere", "del\x7f", "\x01ctl",
+             "\u2028", "emoji \U0001F600", "%s %d printf"]
+    for i, text in enumerate(texts):
+        con.execute("INSERT INTO stages (seq, run_id, stage, event, detail, at) VALUES (?, ?, ?, ?, ?, ?)",
+                    (10 + i, f"run-{i}", text, "start", None, text))
+    odd = [(1.5, None), (1e20, "x"), (b"\x00\xff", 3), (-7, "y"), (2**62, "z")]
+    for i, (value, state) in enumerate(odd):      # a REAL, a BLOB or a big int where an int belongs
+        con.execute("INSERT INTO log_units (seq, run, address, size, state, action, wanted_sha256, detail, clock) "
+                    "VALUES (?, 1, ?, 4096, ?, 'write', ?, NULL, 5)", (100 + i, value, state, b"\xab" * 32))
+    con.execute("INSERT INTO log_writes (seq, run, offset, value, data, clock) VALUES (200, 1, 5, 6, 1, 7)")
+    con.execute("INSERT INTO log_writes (seq, run, offset, value, data, clock) VALUES (201, 1, 5, 6, NULL, 7)")
+    con.execute("COMMIT")
+
+    def as_before(table: str, seq: int) -> str:       # the export's encoder before issue 42, verbatim
+        columns = schema.PHYSICAL[table]
+        row = con.execute(f"SELECT {', '.join(c for c, _ in columns)} FROM {table} WHERE seq = ?", (seq,)).fetchone()
+        values = {}
+        for (column, kind), value in zip(columns, row, strict=True):
+            if kind == "ref" and value is not None:
+                value = {"sha256": bytes(con.execute("SELECT sha256 FROM blobs WHERE id = ?", (value,))
+                                         .fetchone()[0]).hex()}
+            values[column] = {"hex": bytes(value).hex()} if isinstance(value, bytes) else value
+        return json.dumps({"record": "row", "table": table, "seq": seq, "values": values}, separators=(",", ":"))
+
+    written = list(export_rows.rows(con, None))
+    assert [r[0] for r in written] == sorted(r[0] for r in written) and len(written) == len(texts) + len(odd) + 2
+    by_sqlite = 0
+    for seq, _, text, table, *_ in written:
+        if export_rows.PYTHON in text:
+            text = export_rows.python_row(con, table, seq)
+        else:
+            by_sqlite += 1
+        assert text == as_before(table, seq), (table, seq)
+    assert by_sqlite >= 6        # the plain rows: SQLite wrote them
