@@ -9,6 +9,11 @@ gap and the anchor file's older entries are accounted for.
 
 A run goes only with its whole resume lineage (the run it resumed, the runs that resumed
 it), and only when every run of the lineage ended — or was resumed — before the date.
+
+The host's line keeps recording while an archive is made: the file is written and verified
+from a snapshot (a read transaction), and the write lock is taken only to check that what it
+was written from still holds, delete the archived rows (by each run's seq span, the rowid)
+and the blobs only they used, and write the seal. VACUUM only on request (--compact).
 """
 from __future__ import annotations
 

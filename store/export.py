@@ -27,6 +27,9 @@ that run: its rows and every checkpoint that sealed them. Rows and checkpoints a
 for by the recording hosts' signatures; the header (scope, runs, where the chain starts),
 the host records and the end counts by the seal, so an edit of any field is named.
 
+An export is written as its rows are read and verified a line at a time (memory does not grow
+with the trail); a gzip-compressed one (audit export --compress, or FILE.gz) is read as it is.
+
 A file that cannot be read as an export (not UTF-8, not JSON, a record of unknown kind, a
 missing field or one of the wrong type) is malformed: ExportFormatError, which the command
 line shows as `error: ...` with exit 2. A well-formed file that does not match its
