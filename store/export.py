@@ -543,7 +543,10 @@ class _Read:
     seal: tuple[int, dict[str, Any]] | None = None
     rows: int = 0
     run_keys: dict[int, Any] = field(default_factory=dict)    # seq of each runs row -> its run_id
-    checkpoints: list[tuple[int, Checkpoint, bytes]] = field(default_factory=list)
+    checkpoints: int = 0
+    # The checkpoint records' lines and text: the first reading parsed them, this one checks
+    # they are the same (one copy of the checkpoints in memory, not two).
+    checkpoint_text: Any = field(default_factory=hashlib.sha256)
     blobs: _Shas = field(default_factory=_Shas)
     lines: dict[str, int] = field(default_factory=dict)     # kind -> line of its first record
     digests: dict[str, Any] = field(default_factory=lambda: {kind: hashlib.sha256() for kind in SEALED})
@@ -589,8 +592,8 @@ def _records(path: Path, got: _Read) -> Iterator[tuple[str, int, Any, bytes]]:
                     raise Broken(f"line {line}: blob bytes do not match their sha256")
                 got.blobs.add(bytes.fromhex(r["sha256"]))
             elif kind == "checkpoint":
-                cp, prev = _checkpoint(r)
-                got.checkpoints.append((line, cp, prev))
+                got.checkpoints += 1
+                got.checkpoint_text.update(b"%d:%s\n" % (line, text.encode()))
             elif kind == "end":
                 got.end = r
             elif kind == "seal":
@@ -620,13 +623,14 @@ def _row_values(line: int, table: str, seq: int, values: dict[str, Any], blobs: 
     return tuple(vals)
 
 
-def _prescan(path: Path) -> tuple[list[tuple[int, Checkpoint, bytes]], dict[int, Any]]:
+def _prescan(path: Path) -> tuple[list[tuple[int, Checkpoint, bytes]], dict[int, Any], bytes]:
     """What hashing the rows as they are read needs first, from a quick first reading: the
     checkpoints (after the rows in the file) and the runs rows. Only lines that can hold one
     are parsed (a record of either kind names it in its text, or escapes a character); nothing
     is judged here: the full reading checks every record, and that it found these same ones."""
     checkpoints: list[tuple[int, Checkpoint, bytes]] = []
     run_keys: dict[int, Any] = {}
+    text_of_checkpoints = hashlib.sha256()
     try:
         for line, text in _lines(path):
             if "checkpoint" not in text and '"runs"' not in text and "\\u" not in text:
@@ -638,13 +642,14 @@ def _prescan(path: Path) -> tuple[list[tuple[int, Checkpoint, bytes]], dict[int,
                 check_shape(line, r)
                 if r["record"] == "checkpoint":
                     checkpoints.append((line, *_checkpoint(r)))
+                    text_of_checkpoints.update(b"%d:%s\n" % (line, text.encode()))
                 elif r["record"] == "row" and r["table"] == "runs" and set(r["values"]) == set(_RUNS_COLUMNS):
                     run_keys[r["seq"]] = _value(line, "run_id", "text", r["values"]["run_id"])
             except (ValueError, RecursionError, KeyError, TypeError):
                 continue
     except (ExportFormatError, Broken):
         pass
-    return checkpoints, run_keys
+    return checkpoints, run_keys, text_of_checkpoints.digest()
 
 
 _RUNS_COLUMNS = tuple(c for c, _ in PHYSICAL["runs"])
@@ -663,9 +668,9 @@ def verify_export(path: Path, keyfiles: list[Path] | None = None) -> ExportRepor
     report.trusted = check.trusted is not None
     got = _Read()
     try:
-        early_cps, early_keys = _prescan(path)
+        checkpoints, early_keys, early_text = _prescan(path)
         # Run keys: a run's rows carry the seq of its runs row (or its run_id, in plain tables).
-        chains = _chains(early_cps, early_keys)
+        chains = _chains(checkpoints, early_keys)
         hasher = SegmentHasher(chains)
         rows = _records(path, got)
         unmatched: Broken | None = None      # the first row the chains do not take, named in its turn
@@ -677,10 +682,13 @@ def verify_export(path: Path, keyfiles: list[Path] | None = None) -> ExportRepor
                 pass
         if got.error is not None:
             raise got.error
-        header, end, checkpoints = got.header, got.end, got.checkpoints
+        if got.checkpoint_text.digest() != early_text or got.run_keys != early_keys:
+            raise Broken("the file changed while it was being verified (its checkpoints or runs rows differ between "
+                         "two readings): verify it again once nothing writes it")
+        header, end = got.header, got.end
         if header is None or end is None:
             raise Broken("end of file: no end record: the export is truncated or incomplete")
-        counts = {"rows": got.rows, "blobs": got.blobs.count, "checkpoints": len(checkpoints)}
+        counts = {"rows": got.rows, "blobs": got.blobs.count, "checkpoints": got.checkpoints}
         for name, n in counts.items():
             if end[name] != n:
                 raise Broken(f"end record (line {got.lines['end']}): it counts {end[name]} {name}, the file holds {n}")
@@ -690,9 +698,6 @@ def verify_export(path: Path, keyfiles: list[Path] | None = None) -> ExportRepor
         missing = [r for r in report.runs if r not in by_run]
         if missing:
             raise Broken(f"run {missing[0]}: no checkpoint in the file")
-        if checkpoints != early_cps or got.run_keys != early_keys:
-            raise Broken("the file changed while it was being verified (its checkpoints or runs rows differ between "
-                         "two readings): verify it again once nothing writes it")
         if unmatched is not None:
             raise unmatched
         if set(by_run) - set(chains):

@@ -222,3 +222,25 @@ def test_each_row_is_written_as_json_dumps_wrote_it_whatever_its_values(tmp_path
             by_sqlite += 1
         assert text == as_before(table, seq), (table, seq)
     assert by_sqlite >= 6        # the plain rows: SQLite wrote them
+
+
+def test_a_file_replaced_between_the_two_readings_is_named(cli, db, make_board, tmp_path, monkeypatch):  # noqa: F811
+    from amdflash.store import export as export_module
+
+    image = _image(tmp_path)
+    for _ in range(2):
+        _flash(cli, make_board, image)
+    (first, _), (second, _) = _started(db)
+    one, other = tmp_path / "one.jsonl", tmp_path / "other.jsonl"
+    assert cli("audit", "export", "--run", first, "-o", one).code == 0
+    assert cli("audit", "export", "--run", second, "-o", other).code == 0
+    real = export_module._prescan
+
+    def prescan_then_swap(path: Path):
+        found = real(path)
+        path.write_bytes(other.read_bytes())      # a whole, valid export: but not the one first read
+        return found
+
+    monkeypatch.setattr(export_module, "_prescan", prescan_then_swap)
+    report = verify_export(one)
+    assert not report.ok and "the file changed while it was being verified" in report.first_bad, report.first_bad
