@@ -201,20 +201,19 @@ def export(conn: sqlite3.Connection, out: TextIO, fmt: str, key: Ed25519PrivateK
     writer = _Out(out, fmt)
     summary = ExportSummary()
     with snapshot(conn):
-        all_cps = load_checkpoints(conn)
-        base_id, base_hash, _ = _base(all_cps)
-        prev_of = {}
-        prev = base_hash
-        for cp in all_cps:
-            prev_of[cp.id] = prev
-            prev = cp.hash
+        # The checkpoints are read twice, a batch at a time (a year's trail holds a million).
+        base_id, base_hash, _ = _base(load_checkpoints(conn, "WHERE c.kind = 'archive'"))
         if scope == "archive":
-            cps = [c for c in all_cps if c.id <= (through or 0)]
+            def take(c: Checkpoint) -> bool:
+                return c.id <= (through or 0)
         elif run_ids is None:
-            cps = all_cps
+            def take(c: Checkpoint) -> bool:
+                return True
         else:
             wanted = set(run_ids)
-            cps = [c for c in all_cps if c.run_id in wanted and c.kind in RUN_KINDS]
+
+            def take(c: Checkpoint) -> bool:
+                return c.run_id in wanted and c.kind in RUN_KINDS
         scope = scope or ("database" if run_ids is None else "run")
         keys_of_runs = {r[1]: r[0] for r in conn.execute("SELECT seq, run_id FROM runs")}
         runs = list(keys_of_runs) if run_ids is None else run_ids
@@ -226,18 +225,34 @@ def export(conn: sqlite3.Connection, out: TextIO, fmt: str, key: Ed25519PrivateK
             writer.write({"record": "host", "id": ident, "public_key": public.hex(), "hostname": hostname,
                           "machine_id": machine, "first_seen": first_seen})
         # Only sealed rows: what a run recorded after its last checkpoint cannot be verified yet.
-        sealed: dict[Any, Any] = {c.run: c.last_seq for c in all_cps if c.kind in RUN_KINDS}
-        sealed.update({c.run_id: c.last_seq for c in all_cps if c.kind in RUN_KINDS})
+        by_key: dict[Any, Any] = {}
+        by_id: dict[Any, Any] = {}
+        for c in _checkpoints(conn):
+            if c.kind in RUN_KINDS:
+                by_key[c.run], by_id[c.run_id] = c.last_seq, c.last_seq
+        sealed = {**by_key, **by_id}
         selection = None if run_ids is None else [(keys_of_runs[r], r) for r in runs]
         _write_rows(conn, writer, summary, export_rows.rows(conn, selection), sealed, progress, len(runs))
-        for cp in cps:
-            writer.write(checkpoint_record(cp, prev_of[cp.id]))
-        summary.checkpoints = len(cps)
-        summary.head = cps[-1] if cps else None
-        writer.write({"record": "end", "rows": summary.rows, "blobs": summary.blobs, "checkpoints": len(cps),
+        prev = base_hash
+        for cp in _checkpoints(conn):
+            if take(cp):
+                writer.write(checkpoint_record(cp, prev))
+                summary.checkpoints += 1
+                summary.head = cp
+            prev = cp.hash
+        writer.write({"record": "end", "rows": summary.rows, "blobs": summary.blobs, "checkpoints": summary.checkpoints,
                       "unsealed_rows_left_out": summary.unsealed})
         writer.seal(key)
     return summary
+
+
+def _checkpoints(conn: sqlite3.Connection) -> Iterator[Checkpoint]:
+    """Every checkpoint in id order, as chain.load_checkpoints reads them, a batch at a time."""
+    cursor = conn.execute(
+        "SELECT c.id, c.kind, c.run_id, c.rows, c.last_seq, c.head, h.public_key, c.at, c.detail, c.hash, c.sig, "
+        "c.run, c.host FROM checkpoints c LEFT JOIN hosts h ON h.id = c.host ORDER BY c.id")
+    while batch := cursor.fetchmany(4096):
+        yield from (Checkpoint(*row) for row in batch)
 
 
 def runs_started(conn: sqlite3.Connection, since: dt.datetime | None, until: dt.datetime | None) -> list[str]:
