@@ -5,7 +5,8 @@ encoder and one blob query per reference for 101 flashes). Here SQLite writes ea
 record's JSON text itself, exactly as json.dumps(..., separators=(",", ":")) would (ints,
 NULL, printable-ASCII text, blobs as {"hex": ...}, references as {"sha256": ...}); a row
 holding anything else (non-ASCII or control characters in text, a REAL, a reference to a
-missing blob) gets NULL there and is written by the Python encoder instead, the same text.
+missing blob) gets the marker PYTHON in its text and is written by the Python encoder
+instead: the same text json.dumps writes.
 
 Rows are read with fetchmany and yielded one at a time: nothing holds more than a batch.
 A selection of runs is read run by run (each by its seq span, which costs that run), each
