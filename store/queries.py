@@ -257,7 +257,7 @@ def later_writers(db: sqlite_utils.Database, run_id: str, related: _Related | No
     on record as writing its board that nothing verified vouches for — not superseding it, yet
     `resume` refuses over it (it may have written), so the flash's report must not offer the
     resume as the way. (None, None) when neither: the resume is the way."""
-    if not _written_after(db, run_id):
+    if not isinstance(run_id, str) or not _written_after(db, run_id):
         return None, None   # the common case, the board's newest flash: decided without verifying a run
     related = related or _Related(db)
     try:
