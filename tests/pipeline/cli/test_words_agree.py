@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -52,7 +53,10 @@ def test_ctrl_c_before_the_flash_was_written_leaves_nothing_unfinished(amdflash,
     async def ctrl_c_then_check(self, dev, ident):
         os.kill(os.getpid(), signal.SIGINT)       # pressed before the backup: nothing written yet
         import anyio
-        await anyio.sleep(0.05)
+        for _ in range(1000):                     # until the run's signal watcher has taken it
+            if dev.stop:
+                break
+            await anyio.sleep(0.01)
         return await checked(self, dev, ident)
 
     monkeypatch.setattr(jobs.FlashJob, "_check_protection", ctrl_c_then_check)
@@ -148,6 +152,22 @@ def test_a_killed_flash_named_its_backup_before_it_died(amdflash, image, tmp_pat
     assert flash_content(board) == first
 
 
+def _wait_until_a_unit_is_erased(db: Path) -> None:
+    """Until the running flash has erased a unit (its intent sealed before): it changed the flash."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            if con.execute("SELECT 1 FROM units WHERE state = 'erased' LIMIT 1").fetchone():
+                return
+        except sqlite3.OperationalError:
+            pass
+        finally:
+            con.close()
+        time.sleep(0.02)
+    raise AssertionError("the flash erased nothing in 120 s")
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM])
 def test_sigterm_offers_the_resume_and_the_put_back(amdflash, image, tmp_path, signum):
     first = across.content(image.read_bytes())
@@ -166,7 +186,7 @@ def test_sigterm_offers_the_resume_and_the_put_back(amdflash, image, tmp_path, s
         if "backup of the original content: " in line:
             break
     assert seen and "backup of the original content: " in seen[-1], seen
-    time.sleep(0.5)                     # units are being erased and programmed
+    _wait_until_a_unit_is_erased(Path(os.environ["AMDFLASH_DB"]))
     p.send_signal(signum)
     out, rest = p.communicate(timeout=120)
     err = "".join(seen) + rest
