@@ -171,3 +171,29 @@ def test_a_forged_later_flash_never_supersedes_the_killed_one(amdflash, killed, 
         done = pasted(step, tmp_path)
         assert done.returncode == 0, (step, done.stderr)
     assert flash_content(board) == killed["first"]
+
+
+def test_a_failed_flash_started_over_is_superseded_too(amdflash, make_board, image, tmp_path):
+    """A flash that failed verify (a stuck bit) after writing: its resume is the step until a
+    start-over writes the board; then `runs` and its report say which run superseded it."""
+    img = image.read_bytes()
+    stuck = next(a for a in range(0x2000, 0x4000) if img[a] == 0x00)
+    board = make_board(content="blank", transport="ideal", faults=[f"stuck-bit={stuck:#x}:7"])
+    spec = f"sim:{board}"
+    assert amdflash("--no-progress", *_flash_args(image, spec)).code == 1
+    failed = list(_runs(amdflash))[-1]
+    assert "finish the flash: " in json.loads(amdflash("report", failed, "--json").out)["outcome"]["next_step"]
+    assert amdflash("sim", "fault", board, "--clear").code == 0
+    over = amdflash("--no-progress", *_flash_args(image, spec), "--start-over")
+    assert over.code == 0, over.err
+    new = list(_runs(amdflash))[-1]
+    listed = _runs(amdflash)[failed]
+    assert (listed["status"], listed["superseded_by"]) == ("failed", new), listed
+    end = json.loads(amdflash("report", failed, "--json").out)["outcome"]
+    assert end["superseded_by"] == new and end["next_step"] is None, end
+    text = amdflash("report", failed).out
+    assert f"next       none: superseded by {new}" in text and " resume " not in text, text
+
+
+def _flash_args(image: Path, spec: str) -> tuple[object, ...]:
+    return ("flash", image, "--yes", "--expect-part", PART_KEY, "--sector-count", "8", "--board", spec)
