@@ -105,4 +105,7 @@ def verify_command(conn: sqlite3.Connection, run_id: object) -> str:
     connection reads, by its absolute path (a message printed here may be read anywhere, and
     the database may not be the default one)."""
     files = [row[2] for row in conn.execute("PRAGMA database_list") if row[1] == "main" and row[2]]
-    return shlex.join(["amdflash", *(["--db", files[0]] if files else []), "audit", "verify", "--run", str(run_id)])
+    run = str(run_id)
+    # Bound to its option when it starts with '-': a run INSERTed as '--config=/x' stays a value.
+    return shlex.join(["amdflash", *(["--db", files[0]] if files else []), "audit", "verify",
+                       *([f"--run={run}"] if run.startswith("-") else ["--run", run])])

@@ -361,7 +361,7 @@ def show(args: argparse.Namespace, results: Sequence[RunOutcome]) -> int:
             # One structured end per run, for whatever reads the JSON lines.
             output.note("run ended", event_kind="run_end", run_id=r.run_id or None, board=r.board,
                         command=r.command, status=r.status, exit_code=r.exit_code, error=r.error,
-                        report=next_step.command("report", r.run_id) if r.run_id else None)
+                        report=next_step.command("report", args=[r.run_id]) if r.run_id else None)
         elif r.ok and r.run_id:
             output.note(f"run {r.run_id}: {r.status}")
     return commands.exit_code(results)
@@ -390,7 +390,7 @@ def probe_lines(r: ProbeResult) -> list[str]:
         lines.append(f"{names.get(key, key):15} {said}")
     transfer_error, transfer = r.answers.get("transfer_type", (0, 0))
     if transfer_error == STATE_MACHINE_ERROR:
-        cycle = next_step.command("sim", "power-cycle", next_step.sim_dir(r.board))
+        cycle = next_step.command("sim", "power-cycle", args=[next_step.sim_dir(r.board)])
         lines.append("the bootloader takes no stream (it finished or abandoned one): power the board off and on "
                      f"before streaming again (an emulated board: {cycle})")
     if TRANSFER_TYPE_GATED in (transfer_error, transfer):

@@ -242,7 +242,7 @@ def _unfinished(db_path: str, result: InfoResult) -> list[str]:
         check = next_step.command("audit", "verify", "--run", gone.run_id)
         said = (f"{gone.status}, {next_step.plural(gone.written, 'unit')} written" if gone.written is not None else
                 f"{gone.status}; its record does not verify: {check}")
-        resume = next_step.command("resume", gone.run_id, "--board", result.board, "--yes")
+        resume = next_step.command("resume", "--board", result.board, "--yes", args=[gone.run_id])
         return [*lines, f"unfinished flash {gone.run_id} on this board ({said}; {original}): to finish it, {resume}"]
     finally:
         reader.conn.close()

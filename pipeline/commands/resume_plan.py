@@ -85,7 +85,7 @@ def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | N
     except Refusal as e:
         if image_override is not None:
             raise
-        again = command("resume", run_id, "--board", str(spec), "--image", "FILE", "--yes")
+        again = command("resume", "--board", str(spec), "--image", "FILE", "--yes", args=[run_id])
         raise Refusal(f"{e}; if the image has moved, name it: {again}") from None
     sha = hashlib.sha256(image).hexdigest()
     if sha != rep["image_sha256"]:

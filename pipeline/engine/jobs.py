@@ -359,7 +359,7 @@ class FlashJob:
         gone = history.unfinished
         if gone is not None and not self.start_over and not self.resuming:
             raise Refusal(f"{unfinished_words(gone, history)}. Finish it: "
-                          f"{next_step.command('resume', gone.run_id, '--board', str(info.spec), '--yes')}; "
+                          f"{next_step.command('resume', '--board', str(info.spec), '--yes', args=[gone.run_id])}; "
                           "or start a new flash anyway: the same command with --start-over")
         return history
 
@@ -457,8 +457,8 @@ def restore_command(backup: Backup, spec: str, start_over: bool = True) -> str:
     (this very run, killed) must not refuse it — putting the backup back is the way out of one."""
     sectors = [] if backup.whole else ["--start-sector", str(backup.start_sector),
                                        "--sector-count", str(backup.sector_count)]
-    return next_step.command("flash", backup.path, *sectors, "--board", spec, "--yes", "--force",
-                             *(["--start-over"] if start_over else []))
+    return next_step.command("flash", *sectors, "--board", spec, "--yes", "--force",
+                             *(["--start-over"] if start_over else []), args=[backup.path])
 
 
 def unfinished_words(gone: Any, history: BoardHistory | None, short: bool = False) -> str:

@@ -38,9 +38,53 @@ def restore_globals(before: list[str]) -> None:
     _globals[:] = before
 
 
-def command(*words: str) -> str:
-    """`amdflash [--db X] [--config Y] WORDS…`, each word shell-quoted: a line to paste."""
-    return shlex.join(["amdflash", *_globals, *words])
+# The documented shapes of what a printed command may carry from the trail, a board, a file
+# or the network (a run id, a board spec, a path): anything else is not offered as a command.
+RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}-[0-9a-f]{8}")
+SPEC = re.compile(r"(auto|usb|pci|amdgpu)(:[0-9A-Za-z.:]{1,32})?|sim:/.+", re.DOTALL)
+# Options whose value is the next word, and the shape each value must have.
+VALUES: dict[str, re.Pattern[str] | None] = {
+    "--board": SPEC, "--run": RUN_ID, "--start-sector": re.compile(r"[0-9]+"),
+    "--sector-count": re.compile(r"[0-9]+"), "--image": None, "-o": None,
+}
+
+
+class NotOffered(ValueError):
+    """A value that does not have its documented shape: no command is printed with it."""
+
+
+def command(*words: str, args: tuple[str, ...] | list[str] = ()) -> str:
+    """`amdflash [--db X] [--config Y] WORDS… -- ARGS…`, each word shell-quoted: a line to paste.
+
+    WORDS are the command and its options, each option's value right after it; ARGS its
+    positionals, after `--`, so that no value from the trail is ever read as an option when
+    pasted (a run INSERTed as `--config=/x/c.toml` would move the key its runs are checked
+    against). A run id, board spec or path of another shape is not offered: the words say so
+    instead (`checked`)."""
+    try:
+        checked(words, args)
+    except NotOffered as e:
+        return f"(no command offered: {e})"
+    return shlex.join(["amdflash", *_globals, *words, *(["--", *args] if args else [])])
+
+
+def checked(words: tuple[str, ...], args: tuple[str, ...] | list[str]) -> None:
+    """Every value in WORDS and ARGS has its documented shape (NotOffered names one that has not)."""
+    for option, value in zip(words, words[1:]):
+        shape = VALUES.get(option)
+        if option in VALUES and (value.startswith("-") or (shape is not None and not shape.fullmatch(value))):
+            raise NotOffered(f"{option} {shown(value)} is not of the form {option} takes")
+    verb = words[0] if words else ""
+    for value in args:
+        if verb in ("resume", "report") and not RUN_ID.fullmatch(value):
+            raise NotOffered(f"run id {shown(value)} is not of amdflash's form YYYYMMDDTHHMMSS-xxxxxxxx")
+        if verb not in ("resume", "report") and not value.startswith("/") and value not in ("FILE", "DIR"):
+            raise NotOffered(f"{shown(value)} is not an absolute path")
+
+
+def shown(value: str) -> str:
+    """A value as printed in a refusal: one line, controls escaped."""
+    return repr(value)[1:-1] if not value.isprintable() else value
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:
@@ -109,10 +153,10 @@ def advice(report: dict[str, Any], backup: str | None, made_by: str | None = Non
     status, ran = report.get("status"), report.get("command")
     if status in (None, "succeeded", "refused"):
         return None        # a refusal wrote nothing and says why; success needs no advice
-    resume = command("resume", run_id, "--board", spec, "--yes")
+    resume = command("resume", "--board", spec, "--yes", args=[run_id])
     if ran in WRITES:
         state = flash_state(report)
-        back = put_back or (command('flash', backup, '--board', spec, '--yes', '--force', '--start-over')
+        back = put_back or (command('flash', '--board', spec, '--yes', '--force', '--start-over', args=[backup])
                             if backup else None)
         if status == "interrupted":
             if not changed(report):
@@ -132,12 +176,12 @@ def advice(report: dict[str, Any], backup: str | None, made_by: str | None = Non
             return scratch_advice(*next(iter(left.items())), spec)
     if ran == "ifwi-all":
         return ("the PSP bootloader may hold a partial stream: power the board off and on (all rails) before "
-                f"the next command (an emulated board: {command('sim', 'power-cycle', sim_dir(spec))})")
+                f"the next command (an emulated board: {command('sim', 'power-cycle', args=[sim_dir(spec)])})")
     if ran == "verify" and status == "failed" and (report.get("verifies") or {}).get("failed"):
         image = (report.get("arguments") or {}).get("image") or report.get("image_path")
         if image:       # the board read fine and holds something else: writing the image is the way
             return (f"the flash was not changed (verify only reads it), and it differs from the image; to write "
-                    f"the image: {command('flash', str(image), '--board', spec, '--yes')}")
+                    f"the image: {command('flash', '--board', spec, '--yes', args=[str(image)])}")
     if ran in READS:
         again = "run the command again" if status == "interrupted" else "fix the cause, then run the command again"
         return f"the flash was not changed ({ran} only reads it); {again}"
@@ -179,7 +223,7 @@ def scratch_advice(block: int, backup: tuple[str, str], spec: str) -> str:
         return (f"{where}, and its backup {path} is {'gone' if found is None else 'not the file the run wrote'} "
                 "(sha256 differs): its content is on no file amdflash knows of")
     # Quoted: the report's name (and so the backup's) is whatever the user chose.
-    put_back = command("flash", path, "--start-sector", str(block // 0x1000), "--sector-count", "16",
-                       "--board", spec, "--yes", "--force")
+    put_back = command("flash", "--start-sector", str(block // 0x1000), "--sector-count", "16",
+                       "--board", spec, "--yes", "--force", args=[path])
     return (f"{where}: its content is in {path} (a whole-flash image holding only that block, sha256 checked); "
             f"to put it back: {put_back}")

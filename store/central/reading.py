@@ -33,7 +33,42 @@ def runs(url: str, host: str | None = None) -> list[dict[str, Any]]:
         fixed = fixed_by(host_rows)
         for r in host_rows:
             r["fixed_by"] = fixed.get(r["run_id"])
+            r["superseded_by"] = None
+        for r in host_rows:
+            if _maybe_superseded(r, host_rows):
+                r["superseded_by"] = _superseded(url, r)
     return rows
+
+
+def _maybe_superseded(run: dict[str, Any], host_rows: list[dict[str, Any]]) -> bool:
+    """Whether an unfinished flash has a later run of its host that writes its board (its spec
+    or its unique ID): only then is the host's verdict (store.queries.superseded_by) asked for."""
+    from amdflash.store.originals import WRITES
+    from amdflash.store.queries import UNFINISHED, WRITERS
+
+    if run["fixed_by"] or run["command"] not in WRITES or run["status"] not in UNFINISHED:
+        return False
+    return any(r["started"] > run["started"] and r["command"] in WRITERS and r["run_id"] != run["run_id"]
+               and (r["board_spec"] == run["board_spec"] or (run["unique_id"] and r["unique_id"] == run["unique_id"]))
+               for r in host_rows)
+
+
+def _superseded(url: str, run: dict[str, Any]) -> str | None:
+    """The run that superseded this unfinished flash, decided as its host's `runs` decides it:
+    on the run and the board's flashes materialized into a trail nobody else can open, their
+    chains and signatures checked there again (store.queries.superseded_by)."""
+    import tempfile
+
+    from amdflash.store.queries import open_readonly, superseded_by
+
+    with tempfile.TemporaryDirectory(prefix="amdflash-central-") as tmp:
+        path = Path(tmp) / "run.sqlite"
+        run_id = materialize(url, run["run_id"], path, run["host"])
+        db = open_readonly(str(path))
+        try:
+            return superseded_by(db, run_id)
+        finally:
+            db.conn.close()
 
 
 def select_runs(pg: Any, host: str | None = None, board: str | None = None, since: str | None = None,

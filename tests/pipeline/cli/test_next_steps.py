@@ -39,8 +39,8 @@ def test_a_flash_that_fails_verify_says_what_is_half_written_and_how_back(amdfla
     backup = next(Path(tmp_path).glob("**/backups/*.bin"))
     assert f"The original content is backup {backup.resolve()}" in advice
     db = os.environ["AMDFLASH_DB"]                  # the run's own database, named in every step
-    assert f"amdflash --db {db} flash {backup.resolve()} --board sim:{board} --yes --force" in advice
-    assert f"amdflash --db {db} resume {run['run_id']} --board sim:{board} --yes" in advice
+    assert f"amdflash --db {db} flash --board sim:{board} --yes --force --start-over -- {backup.resolve()}" in advice
+    assert f"amdflash --db {db} resume --board sim:{board} --yes -- {run['run_id']}" in advice
     assert run["status"] == "failed"
 
 
@@ -66,7 +66,7 @@ def test_a_link_lost_mid_flash_says_the_same(amdflash, make_board, image, monkey
     run = last_run(amdflash)
     assert "disconnected" in r.err and run["status"] == "failed", r.err
     assert "  next: the flash is partly written" in r.err, r.err
-    assert f"amdflash --db {os.environ['AMDFLASH_DB']} resume {run['run_id']} --board usb:0 --yes" in r.err
+    assert f"amdflash --db {os.environ['AMDFLASH_DB']} resume --board usb:0 --yes -- {run['run_id']}" in r.err
 
 
 def test_ifwi_all_that_fails_says_a_power_cycle_is_needed(amdflash, make_board, tmp_path):
@@ -77,7 +77,7 @@ def test_ifwi_all_that_fails_says_a_power_cycle_is_needed(amdflash, make_board, 
     assert r.code == 1, r.err
     assert "  next: the PSP bootloader may hold a partial stream: power the board off and on" in r.err, r.err
     [cycle] = pasted(r.err_lines[-1])
-    assert cycle == ["amdflash", "--db", os.environ["AMDFLASH_DB"], "sim", "power-cycle", str(board)], cycle
+    assert cycle == ["amdflash", "--db", os.environ["AMDFLASH_DB"], "sim", "power-cycle", "--", str(board)], cycle
 
 
 def test_info_after_a_killed_flash_names_the_unfinished_run_and_the_resume(amdflash, make_board, image):
@@ -89,7 +89,7 @@ def test_info_after_a_killed_flash_names_the_unfinished_run_and_the_resume(amdfl
     r = amdflash("info", "--board", f"sim:{board}")
     assert r.code == 0, r.err
     assert (f"unfinished flash {run['run_id']} on this board" in r.out
-            and f"amdflash --db {os.environ['AMDFLASH_DB']} resume {run['run_id']} --board sim:{board} --yes" in r.out), r.out
+            and f"amdflash --db {os.environ['AMDFLASH_DB']} resume --board sim:{board} --yes -- {run['run_id']}" in r.out), r.out
 
 
 @pytest.mark.slow   # a long scenario: CI runs it (pytest -m slow)
@@ -156,7 +156,7 @@ def test_a_disk_that_fills_during_a_flash_fails_the_run_on_record(amdflash, make
     assert f"audit database {db}: the file system has" in r.err and "free some space" in r.err, r.err
     [run] = json.loads(amdflash("runs", "--format", "json", "--db", db).out)
     assert run["status"] == "failed"
-    assert "  next: " in r.err and f"amdflash --db {db} resume {run['run_id']}" in r.err
+    assert "  next: " in r.err and f"amdflash --db {db} resume --board sim:{board} --yes -- {run['run_id']}" in r.err
 
 
 def test_sim_power_cycle_restarts_the_bootloader_after_ifwi_all(amdflash, make_board, tmp_path):
@@ -167,7 +167,7 @@ def test_sim_power_cycle_restarts_the_bootloader_after_ifwi_all(amdflash, make_b
     r = amdflash("probe", "--board", f"sim:{board}")
     assert "error 0x11" in r.out and " sim power-cycle " in r.out, r.out
     [cycle] = pasted(r.out)                       # the step as printed, run elsewhere
-    assert cycle == ["amdflash", "--db", os.environ["AMDFLASH_DB"], "sim", "power-cycle", str(board)], cycle
+    assert cycle == ["amdflash", "--db", os.environ["AMDFLASH_DB"], "sim", "power-cycle", "--", str(board)], cycle
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     done = run_pasted(cycle, elsewhere)
@@ -250,7 +250,8 @@ def test_the_steps_after_a_failed_flash_work_pasted_elsewhere_with_their_db(amdf
     assert [(x["command"], x["status"]) for x in runs] == [("flash", "failed"), ("resume", "succeeded")]
     done = run_pasted(put_back, elsewhere)
     assert done.returncode == 0, done.stderr
-    assert flash_content(board) == Path(put_back[4]).read_bytes()   # and this put the backup back
+    assert put_back[-2] == "--"
+    assert flash_content(board) == Path(put_back[-1]).read_bytes()   # and this put the backup back
 
 
 @pytest.mark.parametrize("chosen", ["environment", "config file"])

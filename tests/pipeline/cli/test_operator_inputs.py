@@ -111,7 +111,7 @@ def test_log_json_ends_each_run_with_a_structured_event(amdflash, make_board):
     events = [json.loads(line) for line in r.err.splitlines()]
     [end] = [e for e in events if e.get("event_kind") == "run_end"]
     assert end["status"] == "succeeded" and end["exit_code"] == 0 and end["run_id"] == runs(amdflash)[0]["run_id"]
-    assert end["report"] == f"amdflash --db {os.environ['AMDFLASH_DB']} report {end['run_id']}" and end["board"] == f"sim:{board}"
+    assert end["report"] == f"amdflash --db {os.environ['AMDFLASH_DB']} report -- {end['run_id']}" and end["board"] == f"sim:{board}"
     assert not any(str(e.get("event", "")).startswith("run ") and "succeeded" in e["event"] for e in events)
 
 

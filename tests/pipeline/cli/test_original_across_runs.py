@@ -102,7 +102,7 @@ def test_a_fresh_flash_after_a_killed_one_refuses_naming_the_resume_and_the_orig
     assert flash_content(board) == killed["half"]                 # nothing was written
     # The resume step, as printed (with the --db this command was given), finishes the flash.
     resume = printed(r.err, "Finish it: ")
-    assert shlex.split(resume) == ["amdflash", "--db", str(db), "resume", run, "--board", f"sim:{board}", "--yes"]
+    assert shlex.split(resume) == ["amdflash", "--db", str(db), "resume", "--board", f"sim:{board}", "--yes", "--", run]
     done = run_printed(amdflash, resume)
     assert done.code == 0, done.err
     assert flash_content(board) == image.read_bytes()
@@ -126,7 +126,7 @@ def test_a_flash_whose_resume_was_killed_too_is_finished_from_either_run(amdflas
         end = json.loads(amdflash("report", run, "--format", "json").out)["outcome"]
         assert end["state"].startswith("the flash is partly written: "), (run, end)
         resume = printed(end["next_step"], "To finish the flash: ")
-        assert shlex.split(resume)[3:] == ["resume", second["run_id"], "--board", f"sim:{board}", "--yes"], resume
+        assert shlex.split(resume)[3:] == ["resume", "--board", f"sim:{board}", "--yes", "--", second["run_id"]], resume
     done = amdflash("--no-progress", "resume", first, "--yes", "--board", f"sim:{board}")
     assert done.code == 0, done.err
     assert flash_content(board) == image.read_bytes()
@@ -171,7 +171,7 @@ def test_info_names_the_unfinished_flash_its_original_and_the_resume(amdflash, k
     [line] = [x for x in r.out.splitlines() if x.startswith("unfinished flash")]
     assert f"unfinished flash {killed['run']} on this board (interrupted, " in line, line
     assert f"the board's original: backup {killed['backup']} (run {killed['run']})" in line, line
-    assert f"amdflash --db {os.environ['AMDFLASH_DB']} resume {killed['run']} --board sim:{killed['board']} --yes" \
+    assert f"amdflash --db {os.environ['AMDFLASH_DB']} resume --board sim:{killed['board']} --yes -- {killed['run']}" \
         in line, line
     assert f"original    backup {killed['backup']} (run {killed['run']}, intact)" in r.out, r.out
 

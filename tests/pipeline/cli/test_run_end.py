@@ -75,7 +75,7 @@ def test_a_killed_flash_reports_its_state_backup_and_a_next_step_that_works_past
     step = end["next_step"]
     assert step.startswith(end["state"] + ". To finish the flash: "), step
     resume = printed(step, "To finish the flash: ")
-    assert shlex.split(resume) == ["amdflash", "--db", str(db), "resume", run, "--board", f"sim:{board}", "--yes"]
+    assert shlex.split(resume) == ["amdflash", "--db", str(db), "resume", "--board", f"sim:{board}", "--yes", "--", run]
     # The text and the HTML page say the same, in the same words.
     lines = text.stdout.splitlines()
     assert f"state      {end['state']}" in lines, text.stdout

@@ -115,7 +115,7 @@ def test_a_start_over_killed_too_supersedes_the_first_and_its_own_resume_works(a
     _says_superseded(amdflash, run, second, pages)
     step = json.loads(amdflash("report", second, "--json").out)["outcome"]["next_step"]
     resume = across.printed(step, "To finish the flash: ")
-    assert resume.split()[3:5] == ["resume", second], resume
+    assert resume.split()[3] == "resume" and resume.split()[-2:] == ["--", second], resume
     done = pasted(resume, tmp_path)
     assert done.returncode == 0, done.stderr
     assert flash_content(board) == other.read_bytes()

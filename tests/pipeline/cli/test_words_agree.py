@@ -96,7 +96,7 @@ def test_ctrl_c_once_an_erase_began_leaves_the_flash_unfinished(amdflash, make_b
     monkeypatch.setattr(recorder_module.Recorder, "add", add)
     assert pressed and r.code == 130, r.err
     run = _last(amdflash)
-    assert "To finish the flash: " in r.err_lines[-1] and f" resume {run['run_id']} " in r.err_lines[-1], r.err
+    assert "To finish the flash: " in r.err_lines[-1] and f" resume --board sim:{board} --yes -- {run['run_id']}" in r.err_lines[-1], r.err
     again = amdflash(*_flash(board, image, "--sector-count", "256"))
     assert again.code == 2 and "never finished" in again.err, again.err
 
@@ -128,8 +128,8 @@ def test_a_verify_mismatch_says_to_flash_the_image(amdflash, image, tmp_path):
     step = r.err_lines[-1]
     assert "fix the cause" not in step, step
     flash = step.split("to write the image: ", 1)[1]
-    assert shlex.split(flash) == ["amdflash", "--db", os.environ["AMDFLASH_DB"], "flash", str(image.resolve()),
-                                  "--board", f"sim:{board}", "--yes"], flash
+    assert shlex.split(flash) == ["amdflash", "--db", os.environ["AMDFLASH_DB"], "flash", "--board", f"sim:{board}",
+                                  "--yes", "--", str(image.resolve())], flash
     done = _pasted(amdflash, flash)
     assert done.code == 0, done.err
     assert amdflash("--no-progress", "verify", image, "--board", f"sim:{board}").code == 0
@@ -196,7 +196,7 @@ def test_sigterm_offers_the_resume_and_the_put_back(amdflash, image, tmp_path, s
     step = [x for x in err.splitlines() if x.startswith("  next: ")][-1]
     assert "not changed" not in step and "nothing to finish" not in step, step
     resume = across.printed(step, "To finish the flash: ")
-    assert shlex.split(resume)[3:5] == ["resume", run["run_id"]], resume
+    assert shlex.split(resume)[3] == "resume" and shlex.split(resume)[-2:] == ["--", run["run_id"]], resume
     put_back = across.printed(step, f"or put back the original content, backup {backup.resolve()} "
                                     f"(run {run['run_id']}): ")
     assert "--start-over" in shlex.split(put_back), put_back

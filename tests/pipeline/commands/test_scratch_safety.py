@@ -57,9 +57,9 @@ def test_a_host_killed_mid_scratch_leaves_a_backup_that_info_says_how_to_put_bac
     said = amdflash("info", "--board", f"sim:{board}")
     assert said.code == 0 and "left its scratch block" in said.out, said.out
     # The step names the run's database (here $AMDFLASH_DB), as every step does.
-    command = re.search(rf"to put it back: amdflash --db {re.escape(os.environ['AMDFLASH_DB'])} (flash .*--force)",
-                        said.out)
-    assert command and shlex.split(command.group(1))[1] == str(backup), said.out
+    command = re.search(rf"to put it back: amdflash --db {re.escape(os.environ['AMDFLASH_DB'])} (flash .*--force -- .*)$",
+                        said.out, re.M)
+    assert command and shlex.split(command.group(1))[-2:] == ["--", str(backup)], said.out
     assert amdflash(*shlex.split(command.group(1))).code == 0
     assert (board / "flash.bin").read_bytes() == before            # byte-identical again
     assert "left its scratch block" not in amdflash("info", "--board", f"sim:{board}").out   # no longer named

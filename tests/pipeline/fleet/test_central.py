@@ -294,6 +294,32 @@ def test_fleet_runs_and_report_print_what_the_local_commands_print(cli, make_boa
     assert r.code == 1 and "no run 'nosuchrun' in the central database" in r.err
 
 
+def test_fleet_runs_says_a_flash_was_superseded_as_the_host_s_runs_says(cli, make_board, image, db, central,
+                                                                        tmp_path):
+    """Issue 40 item 4 on the line: a failed flash started over reads `superseded by RUN` in
+    `fleet runs` (text and JSON) as in its host's own `runs`, decided on the record's rows
+    verified again, never `failed` with a resume that would be refused."""
+    img = image.read_bytes()
+    stuck = next(a for a in range(0x2000, 0x4000) if img[a] == 0x00)
+    board = make_board(content="blank", transport="ideal", faults=[f"stuck-bit={stuck:#x}:7"])
+    assert cli("flash", image, "--yes", "--sector-count", "8", "--expect-part", PART_KEY,
+               "--board", f"sim:{board}").code == 1
+    assert cli("sim", "fault", board, "--clear").code == 0
+    assert cli("flash", image, "--yes", "--sector-count", "8", "--expect-part", PART_KEY, "--start-over",
+               "--board", f"sim:{board}").code == 0
+    local = json.loads(cli("runs", "--format", "json").out)
+    first, second = local[-2]["run_id"], local[-1]["run_id"]
+    assert local[-2]["superseded_by"] == second, local
+    enroll(cli, central, tmp_path)
+    assert push(cli, central)[0].code == 0
+    remote = json.loads(cli("fleet", "runs", "--from", central, "--format", "json").out)
+    assert [r.pop("host") for r in remote] == ["hosta"] * len(local)
+    assert remote == local
+    lines = cli("fleet", "runs", "--from", central).out.splitlines()
+    assert lines == [f"{'hosta':16} {line}" for line in cli("runs").out.splitlines()]
+    assert any(first in x and f"superseded by {second}" in x for x in lines), lines
+
+
 def test_two_hosts_one_record(cli, make_board, image, db, central, tmp_path, monkeypatch):
     for host in ("hosta", "hostb"):
         monkeypatch.setenv("AMDFLASH_DB", str(tmp_path / f"{host}.sqlite"))

@@ -5,7 +5,9 @@ the same status, the same fixed-by, both runs verifying, and for the run left un
 board's state, its backup and the next step (to be run on that host)."""
 from __future__ import annotations
 
+import html
 import json
+import re
 import shlex
 
 import pytest
@@ -39,7 +41,7 @@ def test_a_killed_then_resumed_flash_reads_the_same_centrally_as_locally(cli, db
     assert there["outcome"]["backup"]["path"] == str(killed["backup"])
     step = here["outcome"]["next_step"]
     assert there["outcome"]["next_step"].startswith("on hosta")
-    assert f"amdflash resume {run} --board sim:{board} --yes" in there["outcome"]["next_step"]
+    assert f"amdflash resume --board sim:{board} --yes -- {run}" in there["outcome"]["next_step"]
     assert step.split("To finish the flash: ")[0] in there["outcome"]["next_step"]
     text = cli("fleet", "report", f"hosta/{run}", "--from", central).out
     [listed] = [r for r in json.loads(cli("fleet", "runs", "--from", central, "--format", "json").out)
@@ -47,13 +49,14 @@ def test_a_killed_then_resumed_flash_reads_the_same_centrally_as_locally(cli, db
     assert listed["status"] == "interrupted" and listed["fixed_by"] is None     # as report says it
     page = tmp_path / "there.html"
     assert cli("fleet", "report", f"hosta/{run}", "--from", central, "--format", "html", "-o", page).code == 0
-    assert "on hosta: the flash is partly written" in page.read_text()
+    # The page wraps a command only between words (each word its own element): read as text.
+    assert "on hosta: the flash is partly written" in html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
     assert "next       on hosta" in text and f"backup     backup of the board's original content: " \
                                                f"{killed['backup']}" in text, text
 
     # The step as the central report says it, pasted on the host, finishes the flash.
     pasted = there["outcome"]["next_step"].split("To finish the flash: ")[1].split(" (run there")[0].split("; ")[0]
-    assert shlex.split(pasted) == ["amdflash", "resume", run, "--board", f"sim:{board}", "--yes"]
+    assert shlex.split(pasted) == ["amdflash", "resume", "--board", f"sim:{board}", "--yes", "--", run]
     done = across.run_printed(cli, pasted)
     assert done.code == 0, done.err
     fix = json.loads(cli("runs", "--format", "json").out)[-1]["run_id"]
@@ -217,7 +220,7 @@ def test_the_line_tells_a_killed_flash_s_end_and_the_resume_that_fixed_it(cli, d
             [told] = [x["message"] for x in receiver.got if run in x["title"]]
             step = next(s for s in told.splitlines() if s.startswith("next: on hosta: "))
             pasted = step.split("To finish the flash: ")[1].split(" (run there")[0].split("; ")[0]
-            assert pasted == f"amdflash resume {run} --board sim:{killed['board']} --yes", told
+            assert pasted == f"amdflash resume --board sim:{killed['board']} --yes -- {run}", told
             m.undo()
             assert across.run_printed(cli, pasted).code == 0
             fix = json.loads(cli("runs", "--format", "json").out)[-1]["run_id"]
