@@ -19,12 +19,28 @@ from labgrid.remote.client import ClientSession, Error as LabgridError
 from labgrid.remote.common import TAG_KEY, Place, Reservation, ReservationState, ResourceEntry
 from labgrid.remote.generated import labgrid_coordinator_pb2 as pb
 
+from amdflash.pipeline.fleet.trust import shown
+
 BOARD_CLASSES = ("NetworkAmdflashBoard", "AmdflashBoard")
 DEFAULT_ADDRESS = "127.0.0.1:20408"   # labgrid's default coordinator port
+#: How long the coordinator has to answer anything asked of it (a real one answers in
+#: milliseconds): one that never answers, or answers a trickle, must not hold the fleet.
+ANSWER_SECONDS = 30.0
+#: The longest place name used (labgrid sets none; a place is HOST-GROUP): a longer one, or
+#: one with control characters, is the coordinator's word, not a place `fleet places` made.
+PLACE_MAX = 200
 
 
 class CoordinatorError(RuntimeError):
     pass
+
+
+class _NoAnswer(Exception):
+    """The coordinator did not answer within ANSWER_SECONDS."""
+
+
+def _place_name_ok(name: str) -> bool:
+    return 0 < len(name) <= PLACE_MAX and name.isprintable()
 
 
 @dataclass
@@ -88,12 +104,28 @@ class Coordinator:
     async def open(self) -> Coordinator:
         self.session = ClientSession(self.address, asyncio.get_running_loop())
         try:
-            await self.session.start()
-        except (LabgridError, grpc.aio.AioRpcError) as e:
+            await asyncio.wait_for(self.session.start(), ANSWER_SECONDS)
+        except (TimeoutError, LabgridError, grpc.aio.AioRpcError) as e:
+            if isinstance(e, TimeoutError):
+                await self.session.stop()
+                why = f"it did not answer within {ANSWER_SECONDS:g} s"
+            else:
+                why = e.details() if isinstance(e, grpc.aio.AioRpcError) else " ".join(map(str, e.args))
             await self.session.close()
-            why = e.details() if isinstance(e, grpc.aio.AioRpcError) else " ".join(map(str, e.args))
-            raise CoordinatorError(f"cannot reach the labgrid coordinator at {self.address} ({why})") from None
+            raise CoordinatorError(f"cannot reach the labgrid coordinator at {self.address} "
+                                   f"({shown(str(why))})") from None
         return self
+
+    async def _ask(self, call: Any) -> Any:
+        """One answer of the coordinator's (a unary call's awaitable, or a sync), in ANSWER_SECONDS."""
+        try:
+            return await asyncio.wait_for(call, ANSWER_SECONDS)
+        except TimeoutError:
+            raise _NoAnswer(f"the coordinator did not answer within {ANSWER_SECONDS:g} s") from None
+
+    async def _sync(self) -> None:
+        assert self.session is not None
+        await self._ask(self.session.sync_with_coordinator())
 
     async def close(self) -> None:
         if self.session is not None:
@@ -140,6 +172,12 @@ class Coordinator:
             tags = {**place.tags, "name": name}
             if any(tags.get(k) != v for k, v in where.items()):
                 continue
+            if not _place_name_ok(name):
+                # Shown shortened and escaped, never taken: its name would be printed, logged and
+                # pasted whole (a megabyte of it, or a newline that starts a line of its own).
+                unusable[shown(name)] = (f"its name is not a place name (at most {PLACE_MAX} printable characters; "
+                                         "'amdflash fleet places' names places HOST-GROUP): not taken")
+                continue
             boards = [(e, g, n, entry) for e, g, n, entry in resources if place.hasmatch((e, g, entry.cls, n))]
             if len(boards) == 1:
                 e, g, n, entry = boards[0]
@@ -170,9 +208,9 @@ class Coordinator:
         if p is None:
             return "place deleted"
         if p.acquired:
-            return f"acquired by {p.acquired}"
+            return f"acquired by {shown(str(p.acquired))}"
         if p.reservation:
-            return f"reserved ({p.reservation})"
+            return f"reserved ({shown(str(p.reservation))})"
         return None
 
     async def take(self, board: BoardPlace, where: dict[str, str]) -> tuple[str | None, str | None]:
@@ -185,21 +223,33 @@ class Coordinator:
         request = pb.CreateReservationRequest(
             filters={"main": pb.Reservation.Filter(filter={**where, "name": board.place})}, prio=0)
         try:
-            response = await stub.CreateReservation(request)
+            response = await self._ask(stub.CreateReservation(request))
         except grpc.aio.AioRpcError as e:
-            return None, f"reservation refused: {e.details()}"
-        reservation = Reservation.from_pb2(response.reservation)
-        if reservation.state is not ReservationState.allocated:
-            await self._cancel(reservation.token)
-            await self.session.sync_with_coordinator()
-            return None, self.holder(board.place) or f"reservation {reservation.state.name}"
+            return None, f"reservation refused: {shown(str(e.details()))}"
+        except _NoAnswer as e:
+            return None, f"reservation not made: {e}"
+        token = response.reservation.token
         try:
-            await stub.AcquirePlace(pb.AcquirePlaceRequest(placename=board.place))
-            await self.session.sync_with_coordinator()
-        except grpc.aio.AioRpcError as e:
-            await self._cancel(reservation.token)
-            await self.session.sync_with_coordinator()
-            return None, self.holder(board.place) or e.details()
+            reservation = Reservation.from_pb2(response.reservation)
+        except (ValueError, TypeError, AssertionError):   # a state labgrid has no name for
+            await self._cancel(token)
+            return None, f"the coordinator's reservation answer is malformed (state {response.reservation.state})"
+        try:
+            if reservation.state is not ReservationState.allocated:
+                await self._cancel(reservation.token)
+                await self._sync()
+                return None, self.holder(board.place) or f"reservation {reservation.state.name}"
+            try:
+                await self._ask(stub.AcquirePlace(pb.AcquirePlaceRequest(placename=board.place)))
+                await self._sync()
+            except grpc.aio.AioRpcError as e:
+                await self._cancel(reservation.token)
+                await self._sync()
+                return None, shown(str(self.holder(board.place) or e.details()))
+        except _NoAnswer as e:
+            # Perhaps acquired: given back as a taken board would be (the cancel and release are bounded too).
+            await self.give_back(board, reservation.token)
+            return None, f"not acquired: {e}"
         return reservation.token, None
 
     async def give_back(self, board: BoardPlace, token: str) -> str | None:
@@ -208,9 +258,11 @@ class Coordinator:
         if self.lost:
             return "coordinator unreachable"
         try:
-            await self.session.stub.ReleasePlace(pb.ReleasePlaceRequest(placename=board.place))
+            await self._ask(self.session.stub.ReleasePlace(pb.ReleasePlaceRequest(placename=board.place)))
         except grpc.aio.AioRpcError as e:
-            return e.details()
+            return shown(str(e.details()))
+        except _NoAnswer as e:
+            return str(e)
         finally:
             await self._cancel(token)
         return None
@@ -218,9 +270,9 @@ class Coordinator:
     async def _cancel(self, token: str) -> None:
         assert self.session is not None
         try:
-            await self.session.stub.CancelReservation(pb.CancelReservationRequest(token=token))
-        except grpc.aio.AioRpcError:
-            pass   # expired or already gone: nothing is held by it
+            await self._ask(self.session.stub.CancelReservation(pb.CancelReservationRequest(token=token)))
+        except (grpc.aio.AioRpcError, _NoAnswer):
+            pass   # expired or already gone (or the coordinator is mute): it expires there by itself
 
     # -- making places --------------------------------------------------------------------------
 
@@ -231,12 +283,14 @@ class Coordinator:
         created = name not in self.places
         try:
             if created:
-                await stub.AddPlace(pb.AddPlaceRequest(name=name))
-                await stub.AddPlaceMatch(pb.AddPlaceMatchRequest(placename=name, pattern=pattern))
+                await self._ask(stub.AddPlace(pb.AddPlaceRequest(name=name)))
+                await self._ask(stub.AddPlaceMatch(pb.AddPlaceMatchRequest(placename=name, pattern=pattern)))
             if tags:
-                await stub.SetPlaceTags(pb.SetPlaceTagsRequest(placename=name, tags=tags))
-            await self.session.sync_with_coordinator()
+                await self._ask(stub.SetPlaceTags(pb.SetPlaceTagsRequest(placename=name, tags=tags)))
+            await self._sync()
         except grpc.aio.AioRpcError as e:
-            raise CoordinatorError(f"place {name}: {e.details()}") from None
+            raise CoordinatorError(f"place {shown(name)}: {shown(str(e.details()))}") from None
+        except _NoAnswer as e:
+            raise CoordinatorError(f"place {shown(name)}: {e}") from None
         return created
 

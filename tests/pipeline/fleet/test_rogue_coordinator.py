@@ -1,0 +1,165 @@
+"""A rogue labgrid coordinator, live on loopback (issue 41, last item): labgrid's own gRPC
+service answering the fleet client with hostile places and resources, a reservation that
+names another place, answers that never come, malformed answers. The client waits for each
+answer a bounded time and says so in one line; it takes, prints and runs only what is of the
+documented shape; it never reaches a host the operator did not allow, nor another place than
+the one it asked for."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from amdflash.pipeline.fleet import coordinator as coordinator_module
+from amdflash.pipeline.fleet import run as run_module
+from amdflash.pipeline.fleet.trust import DEFAULT_DB
+from tests.pipeline.fleet.rogue_coordinator import Script, place, resource, rogue_coordinator
+from tests.support.cli import run
+
+labgrid = pytest.importorskip("labgrid", reason="labgrid is not installed (pip install '.[test]' brings it)")
+from labgrid.remote.generated import labgrid_coordinator_pb2 as pb  # noqa: E402 (after the skip)
+
+BOARD = {"host": "hosta", "kind": "usb", "spec": "usb:0a1b2c3d", "db": DEFAULT_DB}
+HOSTILE = "\x1b]0;owned\x07\x1b[2K\r\x9b31m\u202e"      # OSC title, erase line, CR, C1 CSI, bidi override
+RAW = ("\x1b", "\x07", "\r", "\x9b", "\u202e")
+ANSWER = 2.0        # the client's bound on an answer, for these tests (the product's is 30 s)
+
+
+@pytest.fixture(autouse=True)
+def _short_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(coordinator_module, "ANSWER_SECONDS", ANSWER)
+
+
+@pytest.fixture()
+def started(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Every process the fleet starts for a job, recorded and never run (it exits 255 at once, as
+    ssh to an unreachable host does): what a rogue coordinator can make the fleet run."""
+    argvs: list[list[str]] = []
+    real = run_module.asyncio.create_subprocess_exec
+
+    async def record(*argv: str, **kwargs: object) -> object:
+        argvs.append(list(argv))
+        return await real("sh", "-c", "echo 'ssh: connect to host: Connection refused' >&2; exit 255", **kwargs)
+
+    monkeypatch.setattr(run_module.asyncio, "create_subprocess_exec", record)
+    return argvs
+
+
+def _board(host: str = "hosta", place_name: str | None = None) -> list[pb.UpdateResponse]:
+    return [resource(host, "g", "r", {**BOARD, "host": host}),
+            place(place_name or f"{host}-g", (host, "g", "NetworkAmdflashBoard", "r"))]
+
+
+def _one_line_error(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("script", [{"stall_stream": True}, {"trickle": True}], ids=["silent", "trickle"])
+def test_a_coordinator_that_never_answers_is_a_one_line_error_within_the_bound(script: dict) -> None:
+    # Silent: the stream open, nothing said. Trickle: a new place every 50 ms, the answer never.
+    with rogue_coordinator(Script(**script, lifetime=15)) as address:
+        began = time.monotonic()
+        done = run("fleet", "places", "--hosts", "hosta", "--coordinator", address)
+        took = time.monotonic() - began
+    # Before: it waited as long as the coordinator held the stream open (here 15 s; a rogue: forever).
+    assert took < ANSWER + 5, took
+    assert done.code == 2 and done.out == ""
+    assert "did not answer within 2 s" in _one_line_error(done.err)
+
+
+def test_a_reservation_never_answered_skips_the_board_within_the_bound(started: list) -> None:
+    script = Script(updates=_board(), stall={"CreateReservation"}, lifetime=15)
+    with rogue_coordinator(script) as address:
+        began = time.monotonic()
+        done = run("fleet", "info", "--hosts", "hosta", "--format", "json", "--coordinator", address)
+        took = time.monotonic() - began
+    assert took < ANSWER + 5, took
+    (row,) = json.loads(done.out)["boards"]
+    assert row["status"] == "skipped" and "did not answer within 2 s" in row["error"]
+    assert done.code == 2 and done.err == ""      # no asyncio/grpc callback noise either
+    assert started == [] and ("AcquirePlace", "hosta-g") not in script.calls
+
+
+def test_a_place_whose_acquire_is_never_answered_is_skipped_and_given_back(started: list) -> None:
+    script = Script(updates=_board(), stall={"AcquirePlace"}, lifetime=15)
+    with rogue_coordinator(script) as address:
+        began = time.monotonic()
+        done = run("fleet", "info", "--hosts", "hosta", "--format", "json", "--coordinator", address)
+        took = time.monotonic() - began
+    assert took < ANSWER + 5, took
+    (row,) = json.loads(done.out)["boards"]
+    assert row["status"] == "skipped" and "not acquired: the coordinator did not answer within 2 s" in row["error"]
+    assert started == [] and done.code == 2
+    # Perhaps acquired over there: released and its reservation cancelled, as a taken board's are.
+    assert ("ReleasePlace", "hosta-g") in script.calls and ("CancelReservation", "T0K3N") in script.calls
+
+
+def test_a_place_never_given_back_is_a_note_within_the_bound(started: list) -> None:
+    script = Script(updates=_board(), stall={"ReleasePlace"}, lifetime=15)
+    with rogue_coordinator(script) as address:
+        began = time.monotonic()
+        done = run("fleet", "info", "--hosts", "hosta", "--format", "json", "--coordinator", address)
+        took = time.monotonic() - began
+    assert took < ANSWER + 8, took         # one bounded wait for the release, one for the cancel at most
+    result = json.loads(done.out)
+    assert any("did not answer within 2 s" in note for note in result["notes"]), result["notes"]
+    assert started and {argv[argv.index("--") + 1] for argv in started} == {"hosta"}
+
+
+def test_a_malformed_reservation_answer_skips_the_board_without_a_crash(started: list) -> None:
+    script = Script(updates=_board(), reservation=pb.Reservation(token="t", state=77))
+    with rogue_coordinator(script) as address:
+        done = run("fleet", "info", "--hosts", "hosta", "--format", "json", "--coordinator", address)
+    # Before: `error: 77 is not a valid ReservationState`, exit 1, no row.
+    (row,) = json.loads(done.out)["boards"]
+    assert row["status"] == "skipped" and "reservation answer is malformed" in row["error"]
+    assert done.code == 2 and started == []
+    assert ("CancelReservation", "t") in script.calls and ("AcquirePlace", "hosta-g") not in script.calls
+
+
+@pytest.mark.parametrize("name", [f"hosta-g{HOSTILE}", "hosta-g\nnote: all boards verified OK", "h" * 100_000])
+def test_a_place_whose_name_is_not_a_place_name_is_never_taken(started: list, name: str) -> None:
+    script = Script(updates=_board(place_name=name))
+    with rogue_coordinator(script) as address:
+        done = run("fleet", "info", "--hosts", "hosta", "--coordinator", address)
+        logged = run("--log-json", "fleet", "info", "--hosts", "hosta", "--format", "json", "--coordinator", address)
+    # Before: reserved, acquired and its job started; a 100 kB name printed whole.
+    assert not any(call[0] in ("CreateReservation", "AcquirePlace") for call in script.calls), script.calls
+    assert started == [] and done.code == 2 and logged.code == 2
+    assert "its name is not a place name" in done.out
+    assert not any(c in done.out + done.err + logged.err for c in RAW)
+    assert max(map(len, done.out.splitlines())) < 1000
+    (row,) = json.loads(logged.out)["boards"]
+    assert row["status"] == "unavailable" and len(row["board"]) < 200
+    assert all(json.loads(line) for line in logged.err.splitlines())    # every stderr line one event
+
+
+def test_hostile_names_and_tags_in_fleet_places_are_shown_escaped() -> None:
+    # Holds without a change: names, tags and groups reach the terminal through printable().
+    group = f"g{HOSTILE}"
+    updates = [resource("hosta", group, "r", BOARD),
+               place(f"p{HOSTILE}", ("hosta", group, "NetworkAmdflashBoard", "r"), {"t": f"v{HOSTILE}"})]
+    with rogue_coordinator(Script(updates=updates)) as address:
+        done = run("fleet", "places", "--hosts", "hosta", "--coordinator", address)
+    assert done.code == 0 and done.err == ""
+    assert not any(c in done.out for c in RAW)
+    assert "p\\x1b]0;owned" in done.out and "\\u202e" in done.out and len(done.out.splitlines()) == 1
+
+
+def test_a_reservation_naming_another_place_takes_only_the_place_asked(started: list) -> None:
+    # Holds without a change: the client acquires the place it asked for by name and runs on
+    # that place's checked board; an allocation the coordinator names is never followed.
+    updates = [*_board("hosta"), *_board("hostb")]
+    script = Script(updates=updates, reservation=pb.Reservation(token="t", state=1, allocations={"main": "hostb-g"}))
+    with rogue_coordinator(script) as address:
+        done = run("fleet", "info", "--hosts", "hosta", "--where", "name=hosta-g", "--format", "json",
+                   "--coordinator", address)
+    (row,) = json.loads(done.out)["boards"]
+    assert row["board"] == "hosta-g" and row["host"] == "hosta"
+    assert [c for c in script.calls if c[0] in ("AcquirePlace", "ReleasePlace")] == [
+        ("AcquirePlace", "hosta-g"), ("ReleasePlace", "hosta-g")]
+    assert started and {argv[argv.index("--") + 1] for argv in started} == {"hosta"}
+    assert "hostb" not in done.out
