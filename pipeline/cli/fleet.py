@@ -227,7 +227,7 @@ def cmd_places(args: argparse.Namespace) -> int:
 
 
 async def _places(args: argparse.Namespace, tags: dict[str, str], allow: Any) -> int:
-    from amdflash.pipeline.fleet.coordinator import Coordinator, CoordinatorError
+    from amdflash.pipeline.fleet.coordinator import Coordinator, CoordinatorError, place_name_ok
     from amdflash.pipeline.fleet.trust import board_problem, shown
     from amdflash.stages.terminal import printable
 
@@ -247,13 +247,20 @@ async def _places(args: argparse.Namespace, tags: dict[str, str], allow: Any) ->
                 output.note(f"note: refused the board resource {shown(f'{exporter}/{group}/{name}')}: {refused}")
                 continue
             path = (exporter, group, entry.cls, name)
-            existing = [p for p, place in coordinator.places.items() if place.hasmatch(path)]
+            # A place named otherwise than a place can be (a control character, 100 kB) is not adopted.
+            existing = [p for p, place in coordinator.places.items() if place.hasmatch(path) and place_name_ok(p)]
             place = existing[0] if existing else f"{exporter}-{group}"
+            if not place_name_ok(place):   # `fleet run` would not take it: not made
+                output.note(f"note: refused the board resource {shown(f'{exporter}/{group}/{name}')}: its group "
+                            f"cannot name a place (at most 200 printable characters)")
+                continue
             auto = {"host": exporter, **({"kind": entry.args["kind"]} if entry.args.get("kind") else {})}
             created = await coordinator.ensure_place(place, f"{exporter}/{group}/{entry.cls}/{name}",
                                                      tags if existing else {**auto, **tags})
             listed.append({"place": place, "created": created, "tags": dict(coordinator.places[place].tags),
                            "spec": entry.args.get("spec"), "unique_id": entry.args.get("unique_id")})
+    except CoordinatorError as e:      # a place it would not make, or did not answer for in time
+        raise Refusal(str(e)) from None
     finally:
         await coordinator.close()
     if args.format == "json":

@@ -39,7 +39,8 @@ class _NoAnswer(Exception):
     """The coordinator did not answer within ANSWER_SECONDS."""
 
 
-def _place_name_ok(name: str) -> bool:
+def place_name_ok(name: str) -> bool:
+    """A name the fleet takes a place by: at most PLACE_MAX printable characters."""
     return 0 < len(name) <= PLACE_MAX and name.isprintable()
 
 
@@ -172,7 +173,7 @@ class Coordinator:
             tags = {**place.tags, "name": name}
             if any(tags.get(k) != v for k, v in where.items()):
                 continue
-            if not _place_name_ok(name):
+            if not place_name_ok(name):
                 # Shown shortened and escaped, never taken: its name would be printed, logged and
                 # pasted whole (a megabyte of it, or a newline that starts a line of its own).
                 unusable[shown(name)] = (f"its name is not a place name (at most {PLACE_MAX} printable characters; "
@@ -292,5 +293,7 @@ class Coordinator:
             raise CoordinatorError(f"place {shown(name)}: {shown(str(e.details()))}") from None
         except _NoAnswer as e:
             raise CoordinatorError(f"place {shown(name)}: {e}") from None
+        if name not in self.places:   # a real coordinator publishes it before it answers the sync
+            raise CoordinatorError(f"place {shown(name)}: the coordinator says it made it, and does not publish it")
         return created
 

@@ -50,6 +50,7 @@ class Script:
     updates: list[pb.UpdateResponse] = field(default_factory=list)
     stall_stream: bool = False
     trickle: bool = False            # after the updates, a new place every 50 ms and never the sync
+    publish_added: bool = False      # a place AddPlace made is published (before the next sync), as labgrid's are
     sync_id_offset: int = 0
     stall: set[str] = field(default_factory=set)
     reservation: pb.Reservation | None = None
@@ -60,6 +61,7 @@ class Script:
 class _Rogue(pb_grpc.CoordinatorServicer):
     def __init__(self, script: Script, stop: asyncio.Event):
         self.script, self.stop = script, stop
+        self.pending: list[pb.UpdateResponse] = []
 
     async def _stalled(self, name: str, context: Any) -> bool:
         if name in self.script.stall:
@@ -84,6 +86,9 @@ class _Rogue(pb_grpc.CoordinatorServicer):
                             return
                         yield pb.ClientOutMessage(updates=[place(f"p{n}", ("hosta", f"g{n}", "*", "r"))])
                         await asyncio.sleep(0.05)
+                if self.pending:
+                    yield pb.ClientOutMessage(updates=self.pending)
+                    self.pending = []
                 yield pb.ClientOutMessage(sync=pb.Sync(id=msg.sync.id + self.script.sync_id_offset))
 
     async def CreateReservation(self, request: Any, context: Any) -> Any:
@@ -112,6 +117,8 @@ class _Rogue(pb_grpc.CoordinatorServicer):
     async def AddPlace(self, request: Any, context: Any) -> Any:
         self.script.calls.append(("AddPlace", request.name))
         await self._stalled("AddPlace", context)
+        if self.script.publish_added:
+            self.pending.append(pb.UpdateResponse(place=pb.Place(name=request.name)))
         return pb.AddPlaceResponse()
 
     async def AddPlaceMatch(self, request: Any, context: Any) -> Any:

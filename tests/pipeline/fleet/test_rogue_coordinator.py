@@ -137,16 +137,44 @@ def test_a_place_whose_name_is_not_a_place_name_is_never_taken(started: list, na
     assert all(json.loads(line) for line in logged.err.splitlines())    # every stderr line one event
 
 
-def test_hostile_names_and_tags_in_fleet_places_are_shown_escaped() -> None:
-    # Holds without a change: names, tags and groups reach the terminal through printable().
-    group = f"g{HOSTILE}"
-    updates = [resource("hosta", group, "r", BOARD),
-               place(f"p{HOSTILE}", ("hosta", group, "NetworkAmdflashBoard", "r"), {"t": f"v{HOSTILE}"})]
-    with rogue_coordinator(Script(updates=updates)) as address:
+def test_fleet_places_adopts_no_place_whose_name_is_not_a_place_name() -> None:
+    updates = [resource("hosta", "g", "r", BOARD),
+               place("P" * 100_000 + HOSTILE, ("hosta", "g", "NetworkAmdflashBoard", "r"))]
+    script = Script(updates=updates, publish_added=True)
+    with rogue_coordinator(script) as address:
         done = run("fleet", "places", "--hosts", "hosta", "--coordinator", address)
-    assert done.code == 0 and done.err == ""
-    assert not any(c in done.out for c in RAW)
-    assert "p\\x1b]0;owned" in done.out and "\\u202e" in done.out and len(done.out.splitlines()) == 1
+    # Before: the 100 kB place was adopted for the board and printed whole.
+    assert done.code == 0 and done.err == "", done.err
+    assert done.out.split()[0] == "hosta-g" and len(done.out) < 1000
+    assert ("AddPlace", "hosta-g") in script.calls
+
+
+@pytest.mark.parametrize("script", [{"stall": {"AddPlace"}}, {}], ids=["never-answered", "never-published"])
+def test_a_place_the_coordinator_does_not_make_is_a_one_line_error(script: dict) -> None:
+    with rogue_coordinator(Script(updates=[resource("hosta", "g", "r", BOARD)], lifetime=15, **script)) as address:
+        began = time.monotonic()
+        done = run("fleet", "places", "--hosts", "hosta", "--coordinator", address)
+        took = time.monotonic() - began
+    # Before: held until the coordinator went away, then `internal error`; or `internal error KeyError`.
+    assert took < ANSWER + 5, took
+    assert done.code == 2 and done.out == ""
+    line = _one_line_error(done.err)
+    assert line.startswith("error: place hosta-g: ") and "internal error" not in line
+
+
+def test_hostile_names_and_tags_in_fleet_places_are_shown_escaped() -> None:
+    # The tags of a place it adopts held without a change (printable()); a group that cannot
+    # name a place made `fleet places` make one that `fleet run` refuses: now a note, nothing made.
+    updates = [resource("hosta", "g", "r", BOARD), resource("hosta", f"g{HOSTILE}", "r", BOARD),
+               place("hosta-g", ("hosta", "g", "NetworkAmdflashBoard", "r"), {"t": f"v{HOSTILE}"})]
+    script = Script(updates=updates, publish_added=True)
+    with rogue_coordinator(script) as address:
+        done = run("fleet", "places", "--hosts", "hosta", "--coordinator", address)
+    assert done.code == 0 and not any(c in done.out + done.err for c in RAW)
+    assert "t=v\\x1b]0;owned" in done.out and "\\u202e" in done.out and len(done.out.splitlines()) == 1
+    (note,) = done.err.splitlines()
+    assert note.startswith("note: refused the board resource 'hosta/g\\x1b]0;owned") and "cannot name a place" in note
+    assert not any(call[0] == "AddPlace" for call in script.calls)
 
 
 def test_a_reservation_naming_another_place_takes_only_the_place_asked(started: list) -> None:
