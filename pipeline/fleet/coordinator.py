@@ -29,10 +29,17 @@ ANSWER_SECONDS = 30.0
 #: The longest place name used (labgrid sets none; a place is HOST-GROUP): a longer one, or
 #: one with control characters, is the coordinator's word, not a place `fleet places` made.
 PLACE_MAX = 200
+#: The most places, and board-or-other resources, a line has (a few hundred boards): more is a
+#: coordinator flooding the client, whose memory would grow with every one it is sent.
+ENTRIES_MAX = 20_000
 
 
 class CoordinatorError(RuntimeError):
     pass
+
+
+class _Flooded(Exception):
+    """The coordinator sent more places or resources than ENTRIES_MAX."""
 
 
 class _NoAnswer(Exception):
@@ -101,20 +108,55 @@ class Coordinator:
         self.address = address
         self.session: ClientSession | None = None
         self.lost_at: float | None = None
+        self.flooded: str | None = None
+        self._guard: asyncio.Task[None] | None = None
+
+    def _overflow(self) -> str | None:
+        assert self.session is not None
+        places = len(getattr(self.session, "places", {}))
+        resources = sum(len(g) for groups in getattr(self.session, "resources", {}).values() for g in groups.values())
+        if max(places, resources) > ENTRIES_MAX:
+            return f"it sent {places} places and {resources} resources, more than {ENTRIES_MAX} of either"
+        return None
+
+    async def _start(self) -> None:
+        """labgrid's session start (its first sync), stopped early by a flood of places or resources."""
+        assert self.session is not None
+        start = asyncio.ensure_future(self.session.start())
+        while not start.done():
+            await asyncio.wait({start}, timeout=0.1)
+            self.flooded = self._overflow()
+            if self.flooded:
+                start.cancel()
+                raise _Flooded
+        start.result()
+        self.flooded = self._overflow()   # all of it between two looks
+        if self.flooded:
+            raise _Flooded
+
+    async def _watch(self) -> None:
+        """While the session lasts: a flood after the start ends it (the run goes on as with a lost coordinator)."""
+        assert self.session is not None
+        while not self.session.stopping.is_set():
+            await asyncio.sleep(0.5)
+            if self._overflow():
+                self.flooded = self._overflow()
+                await self.session.stop()
 
     async def open(self) -> Coordinator:
         self.session = ClientSession(self.address, asyncio.get_running_loop())
         try:
-            await asyncio.wait_for(self.session.start(), ANSWER_SECONDS)
-        except (TimeoutError, LabgridError, grpc.aio.AioRpcError) as e:
-            if isinstance(e, TimeoutError):
+            await asyncio.wait_for(self._start(), ANSWER_SECONDS)
+        except (TimeoutError, _Flooded, LabgridError, grpc.aio.AioRpcError) as e:
+            if isinstance(e, (TimeoutError, _Flooded)):
                 await self.session.stop()
-                why = f"it did not answer within {ANSWER_SECONDS:g} s"
+                why = self.flooded or f"it did not answer within {ANSWER_SECONDS:g} s"
             else:
                 why = e.details() if isinstance(e, grpc.aio.AioRpcError) else " ".join(map(str, e.args))
             await self.session.close()
             raise CoordinatorError(f"cannot reach the labgrid coordinator at {self.address} "
                                    f"({shown(str(why))})") from None
+        self._guard = asyncio.ensure_future(self._watch())
         return self
 
     async def _ask(self, call: Any) -> Any:
@@ -129,6 +171,8 @@ class Coordinator:
         await self._ask(self.session.sync_with_coordinator())
 
     async def close(self) -> None:
+        if self._guard is not None:
+            self._guard.cancel()
         if self.session is not None:
             if not self.lost:
                 await self.session.stop()

@@ -70,6 +70,19 @@ def test_a_coordinator_that_never_answers_is_a_one_line_error_within_the_bound(s
     assert "did not answer within 2 s" in _one_line_error(done.err)
 
 
+def test_a_coordinator_that_floods_places_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(coordinator_module, "ENTRIES_MAX", 2_000)
+    flood = [place(f"p{i}", ("hostz", "g", "NetworkAmdflashBoard", f"r{i}")) for i in range(6_000)]
+    with rogue_coordinator(Script(updates=flood)) as address:
+        began = time.monotonic()
+        done = run("fleet", "info", "--hosts", "hosta", "--coordinator", address)
+        took = time.monotonic() - began
+    # Before: every place kept (as many as the coordinator sent in time), and one row for each.
+    assert took < ANSWER + 5, took
+    assert done.code == 2 and done.out == ""
+    assert "more than 2000 of either" in _one_line_error(done.err)
+
+
 def test_a_reservation_never_answered_skips_the_board_within_the_bound(started: list) -> None:
     script = Script(updates=_board(), stall={"CreateReservation"}, lifetime=15)
     with rogue_coordinator(script) as address:
