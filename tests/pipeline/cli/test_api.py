@@ -9,6 +9,7 @@ from amdflash import api
 from tests.pipeline.cli.conftest import flash_content
 
 
+@pytest.mark.slow
 def test_info_dump_verify_flash_return_typed_results(make_board, image, tmp_path):
     board = make_board(content="blank", transport="ideal", cmp=True)
     spec = f"sim:{board}"

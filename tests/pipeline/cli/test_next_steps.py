@@ -101,7 +101,7 @@ def test_resume_after_the_image_moved_suggests_naming_it(amdflash, make_board, i
     moved = tmp_path / "moved.bin"
     image.rename(moved)
     r = amdflash("resume", "--yes", "--board", f"sim:{board}")
-    assert r.code == 2 and f"amdflash --db {os.environ['AMDFLASH_DB']} resume {run} --board sim:{board} --image FILE --yes" \
+    assert r.code == 2 and f"amdflash --db {os.environ['AMDFLASH_DB']} resume --board sim:{board} --image FILE --yes -- {run}" \
         in r.err, r.err
     assert amdflash("resume", "--yes", "--image", moved, "--board", f"sim:{board}").code == 0
 
@@ -226,6 +226,7 @@ def run_pasted(words: list[str], cwd: Path) -> cli.Result:
     return cli.run("--no-progress", *words[1:], cwd=cwd)
 
 
+@pytest.mark.slow
 def test_the_steps_after_a_failed_flash_work_pasted_elsewhere_with_their_db(amdflash, make_board, image, tmp_path,
                                                                            monkeypatch):
     img = image.read_bytes()
@@ -254,6 +255,7 @@ def test_the_steps_after_a_failed_flash_work_pasted_elsewhere_with_their_db(amdf
     assert flash_content(board) == Path(put_back[-1]).read_bytes()   # and this put the backup back
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chosen", ["environment", "config file"])
 def test_the_steps_name_a_database_chosen_by_the_environment_or_the_config_file(amdflash, make_board, image, tmp_path,
                                                                                monkeypatch, chosen):
@@ -289,6 +291,7 @@ def test_the_steps_name_a_database_chosen_by_the_environment_or_the_config_file(
     assert not (tmp_path / "data" / "amdflash").exists()       # the default trail ($XDG_DATA_HOME) never made
 
 
+@pytest.mark.slow
 def test_info_names_a_resume_that_works_pasted_elsewhere(amdflash, make_board, image, tmp_path):
     board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=52000"])  # past the backup: while writing
     db = tmp_path / "a dir" / "trail's db.sqlite"              # a space and a quote to survive the shell

@@ -62,6 +62,7 @@ def test_audit_key_is_the_same_however_the_database_is_named(amdflash, tmp_path,
     assert own_key.is_file() and not (db.parent / "host_key.pem").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", HOW)
 def test_steps_printed_under_any_name_work_pasted_with_none_of_its_variables(amdflash, make_board, image,
                                                                             tmp_path, monkeypatch, how):
@@ -132,6 +133,7 @@ def _older_amdflash(amdflash, db: Path, *args: object) -> cli.Result:
     return amdflash(*args, env={"AMDFLASH_DB": str(db), "AMDFLASH_HOST_KEY": str(db.parent / "host_key.pem")})
 
 
+@pytest.mark.slow
 def test_a_trail_an_older_amdflash_signed_beside_its_database_keeps_working(amdflash, make_board, image,
                                                                           tmp_path, own_key):
     img = image.read_bytes()

@@ -90,6 +90,7 @@ def killed(tmp_path: Path, image: Path) -> dict:
     return {"board": board, "first": first, "run": runs[-1]["run_id"], "backup": backup.resolve(), "half": half}
 
 
+@pytest.mark.slow
 def test_a_fresh_flash_after_a_killed_one_refuses_naming_the_resume_and_the_original(amdflash, image, killed,
                                                                                     isolated):
     board, run = killed["board"], killed["run"]
@@ -136,6 +137,7 @@ def test_a_flash_whose_resume_was_killed_too_is_finished_from_either_run(amdflas
     assert runs[-1]["resumes_run_id"] == second["run_id"]
 
 
+@pytest.mark.slow
 def test_start_over_says_which_backup_holds_the_original_and_restore_original_puts_it_back(amdflash, image,
                                                                                         killed, tmp_path):
     board, run = killed["board"], killed["run"]
@@ -188,6 +190,7 @@ def test_restore_original_refuses_a_backup_that_no_longer_matches_its_record(amd
     assert flash_content(board) == killed["half"]
 
 
+@pytest.mark.slow
 def test_a_range_flash_backup_is_put_back_by_the_command_printed_beside_it(amdflash, make_board, tmp_path):
     board = make_board(transport="ideal")
     first = flash_content(board)
@@ -213,6 +216,7 @@ def test_a_range_flash_backup_is_put_back_by_the_command_printed_beside_it(amdfl
     assert flash_content(board) == first
 
 
+@pytest.mark.slow
 def test_a_flash_that_failed_after_writing_is_refused_too_and_its_advice_puts_the_original_back(amdflash,
                                                                                               make_board, image):
     img = image.read_bytes()
@@ -230,6 +234,7 @@ def test_a_flash_that_failed_after_writing_is_refused_too_and_its_advice_puts_th
     assert flash_content(board) == first
 
 
+@pytest.mark.slow
 def test_a_started_over_flash_that_fails_names_the_first_original_and_its_resume_says_so(amdflash, image,
                                                                                        killed):
     board, run, img = killed["board"], killed["run"], image.read_bytes()
@@ -256,6 +261,7 @@ def test_a_started_over_flash_that_fails_names_the_first_original_and_its_resume
     assert flash_content(board) == killed["first"]
 
 
+@pytest.mark.slow
 def test_a_run_that_never_identified_its_board_names_no_original(amdflash, make_board, image, monkeypatch):
     """`usb:0` reaches whichever bridge is first today. A flash through it recorded board P's
     original; the next day a flash through `usb:0` reached another board whose link never came
@@ -277,6 +283,7 @@ def test_a_run_that_never_identified_its_board_names_no_original(amdflash, make_
     assert "--force" not in said, said
 
 
+@pytest.mark.slow
 def test_restore_original_knows_the_board_only_from_rows_a_checkpoint_seals(amdflash, make_board, image,
                                                                           monkeypatch):
     """`restore-original --board usb:0` takes the board's identity from the newest run that
@@ -306,6 +313,7 @@ def test_restore_original_knows_the_board_only_from_rows_a_checkpoint_seals(amdf
     assert flash_content(other) == before
 
 
+@pytest.mark.slow
 def test_info_counts_as_written_since_only_runs_that_wrote(amdflash, image, killed):
     """After the killed flash, a new flash of the board is refused (it wrote nothing); `info`
     named it as the last run that wrote the board since its original (an attack review). A

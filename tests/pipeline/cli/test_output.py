@@ -153,6 +153,7 @@ def test_every_argument_has_help_text():
 
 # -- words a technician reads at 3 a.m. (issue 27, item 10) -----------------------------------------
 
+@pytest.mark.slow
 def test_the_final_progress_line_says_each_stage_once(amdflash, make_board, image, tmp_path):
     board = make_board(content="blank", transport="ideal")
     img = bytearray(image.read_bytes())

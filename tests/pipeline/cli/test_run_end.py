@@ -14,8 +14,10 @@ import shlex
 import sqlite3
 from pathlib import Path
 
+import pytest
 from amdflash.stages.sim import create_board
 from amdflash.stages.sim.synth import PART_KEY
+
 from tests.pipeline.cli import test_original_across_runs as across
 from tests.pipeline.engine.conftest import flash_content
 from tests.support import cli
@@ -103,6 +105,7 @@ def test_the_put_back_command_of_a_killed_flashs_report_restores_the_original(ki
     assert flash_content(board) == killed["first"]
 
 
+@pytest.mark.slow
 def test_a_killed_flash_fixed_by_a_resume_says_so_in_every_view(amdflash, killed, isolated, tmp_path):
     board, run = killed["board"], killed["run"]
     db = isolated / "audit.sqlite"

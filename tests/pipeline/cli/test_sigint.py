@@ -97,8 +97,8 @@ def _interrupt_then_finish(tmp_path: Path, make_board, delay: float) -> None:  #
         runs = json.loads(listed.stdout) if listed.returncode == 0 else []     # 2: no audit database yet
         if runs and "nothing to finish" not in r.stderr:     # stopped once it had changed the flash: resume it
             assert runs[-1]["status"] == "interrupted"
-            assert (f"To finish the flash: amdflash --db {os.environ['AMDFLASH_DB']} resume {runs[-1]['run_id']} "
-                    f"--board sim:{board} --yes") in r.stderr
+            assert (f"To finish the flash: amdflash --db {os.environ['AMDFLASH_DB']} resume --board sim:{board} "
+                    f"--yes -- {runs[-1]['run_id']}") in r.stderr
             done = cli.run("resume", "--yes", "--board", f"sim:{board}", "-q", cwd=tmp_path)
         else:                                       # stopped before it changed anything: flash again (not refused)
             done = cli.run(*argv, "-q", cwd=tmp_path)

@@ -98,6 +98,7 @@ def test_sigterm_stops_a_program_started_ignoring_ctrl_c(tmp_path):
     assert (r.code, r.out, r.err) == (130, "", LINE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_during_the_imports_exits_130_with_one_line(tmp_path, signum):
     """`runs` on a database that does not exist: imports, then a refusal. The signal sent at

@@ -15,8 +15,10 @@ import signal
 import sqlite3
 from pathlib import Path
 
+import pytest
 from amdflash.stages.sim import Board
 from amdflash.stages.sim.synth import PART_KEY
+
 from tests.pipeline.cli import test_original_across_runs as across
 from tests.pipeline.cli.test_run_end import field, pasted
 from tests.pipeline.engine.conftest import flash_content
@@ -58,6 +60,7 @@ def _says_superseded(amdflash, run: str, by: str, pages: Path) -> str:
     return text
 
 
+@pytest.mark.slow
 def test_a_start_over_supersedes_the_killed_flash_in_every_view(amdflash, killed, isolated, image, tmp_path):
     board, run = killed["board"], killed["run"]
     spec = f"sim:{board}"
@@ -80,6 +83,7 @@ def test_a_start_over_supersedes_the_killed_flash_in_every_view(amdflash, killed
     assert flash_content(board) == killed["first"]          # the killed flash's backup, put back
 
 
+@pytest.mark.slow
 def test_restore_original_supersedes_the_killed_flash(amdflash, killed, isolated, tmp_path):
     board, run = killed["board"], killed["run"]
     back = amdflash("--no-progress", "restore-original", "--board", f"sim:{board}", "--yes")
@@ -91,6 +95,7 @@ def test_restore_original_supersedes_the_killed_flash(amdflash, killed, isolated
     _says_superseded(amdflash, run, restore, pages)
 
 
+@pytest.mark.slow
 def test_a_start_over_killed_too_supersedes_the_first_and_its_own_resume_works(amdflash, killed, isolated,
                                                                                image, tmp_path):
     """The start-over is killed while it writes in turn: the first flash is superseded by it,
@@ -133,6 +138,7 @@ def _forge_a_start_over(db: Path, run: str, forged: str, at: str) -> None:
     con.close()
 
 
+@pytest.mark.slow
 def test_a_forged_later_flash_never_supersedes_the_killed_one(amdflash, killed, isolated, tmp_path):
     """A later flash of the board that "succeeded", INSERTed without the key, and another sealed
     with a key of the forger's own added to the database (every signature in the file then

@@ -119,6 +119,7 @@ def test_a_refused_flash_says_it_put_back_what_a_stranded_run_left(amdflash, mak
     assert f"registers  {said}: " in amdflash("report", refused["run_id"]).out
 
 
+@pytest.mark.slow
 def test_a_verify_mismatch_says_to_flash_the_image(amdflash, image, tmp_path):
     found = bytearray(image.read_bytes())
     found[0x1F0000:0x1F0100] = b"\xff" * 0x100      # a board of the same part, holding something else
@@ -135,6 +136,7 @@ def test_a_verify_mismatch_says_to_flash_the_image(amdflash, image, tmp_path):
     assert amdflash("--no-progress", "verify", image, "--board", f"sim:{board}").code == 0
 
 
+@pytest.mark.slow
 def test_a_killed_flash_named_its_backup_before_it_died(amdflash, image, tmp_path):
     first = across.content(image.read_bytes())
     total = across.reference_writes(tmp_path, image, first)

@@ -208,6 +208,7 @@ def _pages_up_to(db, seq: int, work) -> int:  # noqa: ANN001
     return pages
 
 
+@pytest.mark.slow
 def test_audit_failure_mid_job_stops_hardware_writes_and_restores_registers(cli, make_board, image, db,
                                                                             monkeypatch, tmp_path):
     """The database fills up mid-job (SQLite max_page_count): the job fails, nothing more is
@@ -260,6 +261,7 @@ def test_audit_failure_mid_job_stops_hardware_writes_and_restores_registers(cli,
     assert len(writes_after) <= 14 and set(writes_after) <= restores
 
 
+@pytest.mark.slow
 def test_multi_board_one_failure_does_not_stop_the_others(cli, make_board, image):
     img = image.read_bytes()
     bad_address = next(a for a in range(0x2000, 0x200000) if img[a] == 0x00)
@@ -476,6 +478,7 @@ def test_the_views_triggers_and_constant_tables_are_amdflashs_own(cli, flashed):
         "DROP TRIGGER _byte_no_update", "UPDATE _byte SET b = x'00' WHERE i = 7", trigger)
 
 
+@pytest.mark.slow
 def test_a_killed_hosts_writer_seals_every_row_it_committed(tmp_path):
     """The host dies mid-flash (the board's kill-after-writes fault); its writer outlives it and
     seals what it committed: no row is left unsealed, the chain is intact."""

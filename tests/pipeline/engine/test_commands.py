@@ -67,6 +67,7 @@ def test_read_hex_and_file(cli, make_board, tmp_path):
     assert cli("read", "0x1FFFFF", "2", "--board", f"sim:{board}").code == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("via", ["rom-sw", "aperture"])
 def test_dump_both_paths(cli, make_board, tmp_path, via):
     board = make_board(transport="ideal")
@@ -88,6 +89,7 @@ def test_aperture_dump_refusals_write_no_file(cli, make_board, tmp_path):
         assert r.code == code and not out.exists(), (variant, r.err)
 
 
+@pytest.mark.slow
 def test_verify_match_and_mismatch(cli, make_board, tmp_path):
     board = make_board(transport="ideal")
     good = tmp_path / "good.bin"

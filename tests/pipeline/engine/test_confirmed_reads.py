@@ -152,6 +152,7 @@ def test_a_dump_of_a_noisy_board_is_the_flash_and_every_disagreement_is_recorded
     assert "reads      2 agreeing reads" in text and "READS DISAGREED (" in text and "dump 512" in text
 
 
+@pytest.mark.slow
 def test_reads_1_opts_out_and_says_so(cli, make_board, db, tmp_path):
     board = make_board(transport="ideal", faults=["read-flip=1e-3"])
     out = tmp_path / "dump.bin"

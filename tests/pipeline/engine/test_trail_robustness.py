@@ -113,6 +113,7 @@ def test_a_ctrl_c_inside_the_status_readers_start_leaves_a_writer_the_exit_handl
     assert writer._process is None and started.exitcode == 0 and writer not in process._STARTED
 
 
+@pytest.mark.slow
 def test_readers_never_see_a_torn_chain_while_a_writer_appends(cli_process, cli, make_board, db, tmp_path):
     """audit verify, runs, report and export run again and again beside a flash that is writing
     the same database: every answer is intact."""

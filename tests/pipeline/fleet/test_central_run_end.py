@@ -22,6 +22,7 @@ killed = across.killed        # a board whose flash was killed while writing uni
 central = test_central.central    # a fresh central database, set up
 
 
+@pytest.mark.slow
 def test_a_killed_then_resumed_flash_reads_the_same_centrally_as_locally(cli, db, central, killed, tmp_path):
     board, run = killed["board"], killed["run"]
     enroll(cli, central, tmp_path)

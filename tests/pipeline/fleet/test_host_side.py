@@ -322,6 +322,7 @@ def _host_dies_once_run_ended(db: Path, spec: str, dies: Callable[[object], None
     return die_after
 
 
+@pytest.mark.slow
 def test_a_killed_job_reports_the_end_a_board_recorded_before_the_kill(tmp_path: Path, monkeypatch) -> None:
     """Two boards in one job process: one whose flash has nothing to write ends first, then the
     other board's host-death fault kills the process late in its own flash. The first board's

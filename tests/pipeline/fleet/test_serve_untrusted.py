@@ -150,6 +150,7 @@ def test_a_row_with_an_infinite_rate_or_time_is_shown_unreadable_and_the_rest_of
     assert "Traceback" not in (tmp_path / "serve.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_failure_is_notified_once_through_an_unreadable_row_a_restart_and_an_outage(two_hosts, tmp_path):
     """Notifications are decided from the record's rows in order, what was sent kept in the state
     directory: a row no reader can take does not stop them, a failure while the serve was stopped
