@@ -50,6 +50,7 @@ class Script:
     updates: list[pb.UpdateResponse] = field(default_factory=list)
     stall_stream: bool = False
     trickle: bool = False            # after the updates, a new place every 50 ms and never the sync
+    refuse_with: str | None = None   # CreateReservation refused with these details
     publish_added: bool = False      # a place AddPlace made is published (before the next sync), as labgrid's are
     sync_id_offset: int = 0
     stall: set[str] = field(default_factory=set)
@@ -94,6 +95,8 @@ class _Rogue(pb_grpc.CoordinatorServicer):
     async def CreateReservation(self, request: Any, context: Any) -> Any:
         self.script.calls.append(("CreateReservation", dict(request.filters["main"].filter)))
         await self._stalled("CreateReservation", context)
+        if self.script.refuse_with is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.script.refuse_with)
         reservation = self.script.reservation or pb.Reservation(
             owner="rogue", token="T0K3N", state=1, filters=dict(request.filters),
             allocations={"main": request.filters["main"].filter.get("name", "")})

@@ -133,6 +133,31 @@ def test_a_malformed_reservation_answer_skips_the_board_without_a_crash(started:
     assert ("CancelReservation", "t") in script.calls and ("AcquirePlace", "hosta-g") not in script.calls
 
 
+def test_a_coordinator_s_refusal_is_shown_escaped_and_short(started: list) -> None:
+    script = Script(updates=_board(), refuse_with=HOSTILE + "x" * 6_000)
+    with rogue_coordinator(script) as address:
+        done = run("fleet", "info", "--hosts", "hosta", "--format", "json", "--coordinator", address)
+    (row,) = json.loads(done.out)["boards"]
+    # Before: the coordinator's 6 kB of words, whole, in the row (and on the terminal).
+    assert row["status"] == "skipped" and row["error"].startswith("not taken: reservation refused: '\\x1b]0;owned")
+    assert len(row["error"]) < 200 and not any(c in row["error"] for c in RAW) and started == []
+
+
+@pytest.mark.parametrize("malformed", [
+    {"updates": [pb.UpdateResponse(place=pb.Place(name="x", acquired_resources=["a/b"]))]},
+    {"sync_id_offset": 1000},
+], ids=["bad-place", "unasked-sync"])
+def test_a_malformed_stream_is_a_one_line_error_without_a_traceback(malformed: dict) -> None:
+    # Held without a change: labgrid's session ends on it, and the client says it cannot reach it.
+    with rogue_coordinator(Script(**malformed)) as address:
+        done = run("fleet", "places", "--hosts", "hosta", "--coordinator", address)
+        logged = run("--log-json", "fleet", "places", "--hosts", "hosta", "--coordinator", address)
+    assert done.code == logged.code == 2 and done.out == logged.out == ""
+    assert "cannot reach the labgrid coordinator" in _one_line_error(done.err) and "Traceback" not in done.err
+    (event,) = [json.loads(line) for line in logged.err.splitlines()]
+    assert event["level"] == "error" and "cannot reach the labgrid coordinator" in event["event"]
+
+
 @pytest.mark.parametrize("name", [f"hosta-g{HOSTILE}", "hosta-g\nnote: all boards verified OK", "h" * 100_000])
 def test_a_place_whose_name_is_not_a_place_name_is_never_taken(started: list, name: str) -> None:
     script = Script(updates=_board(place_name=name))
