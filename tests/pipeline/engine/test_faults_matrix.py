@@ -248,7 +248,8 @@ def run_cell(work: Path, command: str, fault: str, reference: dict[str, float]) 
     left = rig.registers() != rig.registers_before
     if outcome == "killed":
         registers = "left changed (host killed)" if left else "as before"
-    elif "left changed" in run.err:
+    elif run.errors and "left changed" in run.errors[0]:     # its own error line: not the line that says it
+        # put back what the killed flash before it left changed (a resume cell's settle)
         names = [NAMES[r] for r in RESTORABLE if NAMES[r] + "=" in run.errors[0]]
         assert names, run.err
         registers = f"reported stranded ({len(names)} named)"
