@@ -123,16 +123,20 @@ class Coordinator:
         """labgrid's session start (its first sync), stopped early by a flood of places or resources."""
         assert self.session is not None
         start = asyncio.ensure_future(self.session.start())
-        while not start.done():
-            await asyncio.wait({start}, timeout=0.1)
-            self.flooded = self._overflow()
+        # Its failure is told by open(), whichever way this ends (a flood, the bound, an error).
+        start.add_done_callback(lambda task: task.cancelled() or task.exception())
+        try:
+            while not start.done():
+                await asyncio.wait({start}, timeout=0.1)
+                self.flooded = self._overflow()
+                if self.flooded:
+                    raise _Flooded
+            start.result()
+            self.flooded = self._overflow()   # all of it between two looks
             if self.flooded:
-                start.cancel()
                 raise _Flooded
-        start.result()
-        self.flooded = self._overflow()   # all of it between two looks
-        if self.flooded:
-            raise _Flooded
+        finally:
+            start.cancel()
 
     async def _watch(self) -> None:
         """While the session lasts: a flood after the start ends it (the run goes on as with a lost coordinator)."""

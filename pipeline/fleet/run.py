@@ -615,7 +615,9 @@ class FleetRun:
     def _coordinator_note(self, coordinator: Coordinator) -> None:
         if coordinator.lost and coordinator.lost_at is not None:
             at = time.strftime("%H:%M:%S", time.localtime(coordinator.lost_at))
-            self.notes.append(f"the coordinator at {self.address} stopped answering at {at}: from then on "
+            flooded = getattr(coordinator, "flooded", None)      # the session ended by a flood of entries
+            how = f"was dropped at {at} ({flooded})" if flooded else f"stopped answering at {at}"
+            self.notes.append(f"the coordinator at {self.address} {how}: from then on "
                               f"exporters and places could not be seen (a board whose exporter went away "
                               f"was not stopped); the jobs ran on and are recorded on their hosts")
 

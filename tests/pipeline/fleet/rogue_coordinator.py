@@ -50,6 +50,7 @@ class Script:
     updates: list[pb.UpdateResponse] = field(default_factory=list)
     stall_stream: bool = False
     trickle: bool = False            # after the updates, a new place every 50 ms and never the sync
+    flood_after_sync: bool = False   # once the first sync is answered, 500 new places every 10 ms
     refuse_with: str | None = None   # CreateReservation refused with these details
     publish_added: bool = False      # a place AddPlace made is published (before the next sync), as labgrid's are
     sync_id_offset: int = 0
@@ -91,6 +92,12 @@ class _Rogue(pb_grpc.CoordinatorServicer):
                     yield pb.ClientOutMessage(updates=self.pending)
                     self.pending = []
                 yield pb.ClientOutMessage(sync=pb.Sync(id=msg.sync.id + self.script.sync_id_offset))
+                for n in itertools.count() if self.script.flood_after_sync else ():
+                    if self.stop.is_set():
+                        return
+                    yield pb.ClientOutMessage(updates=[place(f"f{n}-{i}", ("hostz", "g", "*", "r"))
+                                                       for i in range(500)])
+                    await asyncio.sleep(0.01)
 
     async def CreateReservation(self, request: Any, context: Any) -> Any:
         self.script.calls.append(("CreateReservation", dict(request.filters["main"].filter)))

@@ -83,6 +83,27 @@ def test_a_coordinator_that_floods_places_is_refused(monkeypatch: pytest.MonkeyP
     assert "more than 2000 of either" in _one_line_error(done.err)
 
 
+def test_a_coordinator_that_floods_once_the_run_began_is_dropped_and_the_job_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(coordinator_module, "ENTRIES_MAX", 2_000)
+    ran: list[list[str]] = []
+    real = run_module.asyncio.create_subprocess_exec
+
+    async def job(*argv: str, **kwargs: object) -> object:     # a job that lasts while the flood comes
+        ran.append(list(argv))
+        return await real("sh", "-c", "sleep 3; echo 'ssh: connect to host: Connection refused' >&2; exit 255",
+                          **kwargs)
+
+    monkeypatch.setattr(run_module.asyncio, "create_subprocess_exec", job)
+    with rogue_coordinator(Script(updates=_board(), flood_after_sync=True, lifetime=30)) as address:
+        done = run("fleet", "info", "--hosts", "hosta", "--where", "name=hosta-g", "--format", "json",
+                   "--coordinator", address)
+    result = json.loads(done.out)
+    # Before: every place kept for as long as the job ran (the client's memory growing with them).
+    assert [r["board"] for r in result["boards"]] == ["hosta-g"] and ran
+    assert any("was dropped at" in n and "more than 2000 of either" in n for n in result["notes"]), result["notes"]
+
+
 def test_a_reservation_never_answered_skips_the_board_within_the_bound(started: list) -> None:
     script = Script(updates=_board(), stall={"CreateReservation"}, lifetime=15)
     with rogue_coordinator(script) as address:
