@@ -375,6 +375,7 @@ def test_a_run_whose_host_died(recorded: Recorded) -> None:
     assert "erased + programmed, verified <b>3</b>" in legend and "not verified <b>13</b>" in legend
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_and_the_resume_that_finished_it(tmp_path: Path) -> None:
     """Stopped with Ctrl-C mid-flash: its own stages say which stopped early; units only planned
     are not drawn as touched; the run links to the resume that finished it, and back."""

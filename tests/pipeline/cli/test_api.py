@@ -53,6 +53,7 @@ def test_refusals_before_a_run_raise_refused(make_board, tmp_path):
         api.info(f"sim:{board}", engine=api.EngineOptions(prescale=16))
 
 
+@pytest.mark.slow
 def test_an_interrupted_flash_resumes_through_the_api(make_board, image):
     board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=1"])
     spec = f"sim:{board}"

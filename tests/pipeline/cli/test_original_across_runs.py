@@ -109,6 +109,7 @@ def test_a_fresh_flash_after_a_killed_one_refuses_naming_the_resume_and_the_orig
     assert flash_content(board) == image.read_bytes()
 
 
+@pytest.mark.slow
 def test_a_flash_whose_resume_was_killed_too_is_finished_from_either_run(amdflash, image, killed):
     """The flash killed while writing units, then its resume killed before it wrote: both
     reports say what the flash holds (the flash's half-written units: the resume's own rows

@@ -11,6 +11,8 @@ import html
 import json
 import re
 
+import pytest
+
 from tests.pipeline.cli import test_original_across_runs as across
 
 killed = across.killed        # the fixture: a board whose flash was killed while writing units
@@ -25,6 +27,7 @@ def _field(page: str, name: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", m.group(1)))
 
 
+@pytest.mark.slow
 def test_report_pages_writes_a_run_s_story_linked(amdflash, killed, tmp_path):
     board, run = killed["board"], killed["run"]
     assert amdflash("--no-progress", "resume", run, "--board", f"sim:{board}", "--yes").code == 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import signal
 
+import pytest
+
 from tests.pipeline.engine.conftest import flash_content
 from tests.support import cli
 
@@ -14,6 +16,7 @@ def _runs(amdflash) -> list[dict]:  # noqa: ANN001
     return json.loads(amdflash("runs", "--format", "json").out)
 
 
+@pytest.mark.slow
 def test_a_flash_killed_in_its_backup_does_not_refuse_the_resume_of_the_one_before(amdflash, make_board, image,
                                                                                   tmp_path):
     board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=52000"])   # while writing

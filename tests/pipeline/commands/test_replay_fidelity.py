@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from amdflash.stages.sim import create_board
 from amdflash.stages.sim.synth import synthetic_ifwi
 
@@ -56,6 +57,7 @@ def _slow_board_run(amdflash, tmp_path: Path, *faults: str) -> tuple[str, Path]:
     return re.search(r"run (\S+): succeeded", r.err).group(1), own
 
 
+@pytest.mark.slow
 def test_a_write_the_slow_chip_did_not_take_is_as_listed_only_against_its_own_report(amdflash, tmp_path, isolated):
     """The board's page programs take longer than the chip table says: the driver's timed pages
     are not taken at first (the chip is still busy), the read-back sees it, timed pages go off

@@ -80,6 +80,7 @@ def test_dump_both_paths(cli, make_board, tmp_path, via):
     assert rep["result_sha256"] == hashlib.sha256(flash_content(board)).hexdigest()
 
 
+@pytest.mark.slow
 def test_aperture_dump_refusals_write_no_file(cli, make_board, tmp_path):
     # No raw controller: known from one register read, before anything is read (a refusal);
     # a mirrored aperture only once the whole of it was read (a failure). Neither writes a file.

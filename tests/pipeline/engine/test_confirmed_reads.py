@@ -166,6 +166,7 @@ def test_reads_1_opts_out_and_says_so(cli, make_board, db, tmp_path):
     assert cli("dump", out, "--reads", "0", "--board", f"sim:{board}").code == 2
 
 
+@pytest.mark.slow
 def test_a_dump_whose_reads_never_agree_fails_naming_the_unit_and_writes_nothing(cli, make_board, db, tmp_path):
     board = make_board(transport="ideal", faults=["read-flip=0.06"])   # so noisy that a byte stays disputed
     out = tmp_path / "dump.bin"

@@ -85,6 +85,7 @@ def test_a_flash_killed_at_any_register_write_resumes_to_the_image(kill_setup, t
     assert chain.returncode == 0 and "intact" in chain.stdout
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_board_and_another_image(cli, make_board, image, tmp_path):
     board = make_board(content=damaged(image.read_bytes()), transport="ideal", faults=["kill-after-writes=19000"])
     p = run(["flash", str(image), "--yes", "--expect-part", PART_KEY, "--board", f"sim:{board}"],
@@ -142,6 +143,7 @@ def _killed_flash(board, image, env) -> str:  # noqa: ANN001
     return json.loads(runs.stdout)[-1]["run_id"]
 
 
+@pytest.mark.slow
 def test_resume_refuses_when_another_run_wrote_the_board_since(cli, make_board, image, tmp_path):
     # Killed once it writes units (its backup, about 48,400 writes, is over): a flash killed
     # before it changed anything is not unfinished, and a new flash would not be refused.

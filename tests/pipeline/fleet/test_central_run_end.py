@@ -190,6 +190,7 @@ def test_the_follow_service_tells_a_dead_run_s_unsealed_rows_once_as_such(cli, d
     assert len(told) == 1 and "no push will send them" in told[0], heard
 
 
+@pytest.mark.slow
 def test_the_line_tells_a_killed_flash_s_end_and_the_resume_that_fixed_it(cli, db, central, killed, tmp_path,
                                                                           monkeypatch):
     """Issue 27 item 1: the line view's notification of a killed flash carries its next step on

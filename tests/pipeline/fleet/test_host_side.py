@@ -386,6 +386,7 @@ def test_a_dump_waiting_on_the_host_for_the_client_is_the_user_s_alone(tmp_path:
         output.unlink()
 
 
+@pytest.mark.slow
 def test_a_job_on_two_boards_says_each_board_s_progress_as_it_goes(tmp_path: Path, monkeypatch, capsys) -> None:
     """Issue 27 item 9: the host job hears its boards' progress (the one amdflash process's
     --log-json events) and says it per board, in numbers, before the job's results."""

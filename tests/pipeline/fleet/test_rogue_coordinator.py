@@ -83,6 +83,7 @@ def test_a_coordinator_that_floods_places_is_refused(monkeypatch: pytest.MonkeyP
     assert "more than 2000 of either" in _one_line_error(done.err)
 
 
+@pytest.mark.slow
 def test_a_coordinator_that_floods_once_the_run_began_is_dropped_and_the_job_goes_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(coordinator_module, "ENTRIES_MAX", 2_000)

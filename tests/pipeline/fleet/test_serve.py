@@ -229,6 +229,7 @@ class Receiver:
         self.server.shutdown()
 
 
+@pytest.mark.slow
 def test_notifications_reach_a_webhook(line_record):
     """A run failed, a host silent too long, the line done — each once, with links to the reports."""
     from amdflash.pipeline.fleet.serve.notify import Notifier

@@ -254,6 +254,7 @@ def test_a_notification_carries_only_the_records_checked_words_as_plain_text(two
     assert '<a href="https://evil.example/">' in text      # what the host wrote, as words, never a link
 
 
+@pytest.mark.slow
 def test_a_host_speaks_only_for_its_own_runs(request):
     """hostb says a run under hosta's pushed run id failed: a run is named by its host and run id,
     so that is hostb's own run (and its own failure, notified naming hostb, linking hostb's run);

@@ -77,6 +77,7 @@ def test_a_slow_chip_flashes_correctly_and_the_run_says_programming_turned_check
     assert any(d.startswith("timed pages: off for this board") for d in verdicts)
 
 
+@pytest.mark.slow
 def test_dump_with_several_boards_writes_a_file_per_board(cli, make_board, tmp_path):
     a, b = make_board(content=synthetic_ifwi(1)), make_board(content=synthetic_ifwi(2))
     code, _, err = cli("dump", tmp_path / "one.bin", "--board", f"sim:{a}", "--board", f"sim:{b}")
@@ -89,6 +90,7 @@ def test_dump_with_several_boards_writes_a_file_per_board(cli, make_board, tmp_p
         assert hashlib.sha256(out.read_bytes()).digest() == hashlib.sha256(synthetic_ifwi(seed)).digest()
 
 
+@pytest.mark.slow
 def test_dump_templates_that_would_collide_are_refused_up_front(cli, make_board, tmp_path):
     a, b = make_board(), make_board()
     code, _, err = cli("dump", tmp_path / "x-{n}-{n}.bin", "--board", f"sim:{a}", "--board", f"sim:{b}")
