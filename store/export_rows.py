@@ -145,6 +145,7 @@ def rows(conn: sqlite3.Connection, runs: list[tuple[int, str]] | None) -> Iterat
         return _batches(conn.execute(_ALL_SQL))
     ordered = sorted(runs)
     ends = run_spans(conn, [k for k, _ in ordered])
-    return _lazy_merge([(key, lambda k=key, r=run_id: _batches(conn.execute(_RUN_SQL, {"id": r, "key": k,
-                                                                                        "end": ends[k]})))
-                        for key, run_id in ordered])
+    def opener(key: int, run_id: str) -> Callable[[], Iterator[tuple]]:
+        return lambda: _batches(conn.execute(_RUN_SQL, {"id": run_id, "key": key, "end": ends[key]}))
+
+    return _lazy_merge([(key, opener(key, run_id)) for key, run_id in ordered])

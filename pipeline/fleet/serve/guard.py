@@ -121,12 +121,12 @@ def protocol(caps: Limits, limiter: Limiter, log: Callable[[str], None]) -> type
         if ok:
             log(message + limiter.suffix(skipped))
 
-    class Guarded(H11Protocol):  # type: ignore[misc]
+    class Guarded(H11Protocol):
         _deadline: Any = None
         _answer_by: Any = None
         _refused = False
 
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        def connection_made(self, transport: Any) -> None:
             if len(self.connections) >= caps.connections:
                 oldest = next(iter(waiting), None)
                 if oldest is None:           # every one busy answering: this one is told so

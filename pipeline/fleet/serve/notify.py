@@ -179,9 +179,9 @@ class Notifier:
                     return
                 now = time.monotonic()
                 pending = [t for t in targets if any(t not in n["delivered"] for n in self.outbox.items)]
-                due = min((self._retry.get(t, (0, 0.0))[1] for t in pending), default=None)
-                if due is None or due > now:      # nothing to send, or every service waiting its turn
-                    self.outbox.wake.wait(None if due is None else due - now)
+                next_due: float | None = min((self._retry.get(t, (0, 0.0))[1] for t in pending), default=None)
+                if next_due is None or next_due > now:      # nothing to send, or every service waiting its turn
+                    self.outbox.wake.wait(None if next_due is None else next_due - now)
 
     def _deliver(self, target: str, item: dict[str, Any], types: dict[str, Any]) -> bool:
         import apprise
