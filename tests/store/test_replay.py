@@ -64,6 +64,7 @@ def test_a_stuck_bit_diverges_exactly_at_its_address(recorded: Recorded, cli) ->
     assert r["verifies_matching"] == r["verifies_checked"] - 3
 
 
+@pytest.mark.slow
 def test_divergence_in_text(recorded: Recorded, cli) -> None:  # noqa: ANN001
     code, out, _ = cli(recorded.runs["stuck"])
     a = recorded.stuck_address

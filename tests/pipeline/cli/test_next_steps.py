@@ -80,6 +80,7 @@ def test_ifwi_all_that_fails_says_a_power_cycle_is_needed(amdflash, make_board, 
     assert cycle == ["amdflash", "--db", os.environ["AMDFLASH_DB"], "sim", "power-cycle", "--", str(board)], cycle
 
 
+@pytest.mark.slow
 def test_info_after_a_killed_flash_names_the_unfinished_run_and_the_resume(amdflash, make_board, image):
     board = make_board(content="blank", transport="ideal", faults=["kill-after-writes=52000"])  # past the backup: while writing
     killed = subprocess.run([sys.executable, "-m", "amdflash", "-q", "flash", str(image), "--yes", "--force",

@@ -156,6 +156,7 @@ def test_a_trail_an_older_amdflash_signed_beside_its_database_keeps_working(amdf
     assert amdflash("--db", db, "audit", "verify", "--key", pub).code == 0
 
 
+@pytest.mark.slow
 def test_a_trail_signed_by_both_keys_of_the_account_is_acted_on(amdflash, make_board, image, tmp_path, own_key):
     """Under the old rule, the same file named by $AMDFLASH_DB and by --db got two keys: the
     one beside it and the data directory's. Both are this account's: a board command acts on

@@ -185,6 +185,7 @@ def test_counts_are_said_in_the_singular_for_one():
     assert "backup: 1 unit matched the image" in line, line
 
 
+@pytest.mark.slow
 def test_reports_round_numbers_and_explain_an_unsynchronised_clock_once(amdflash, make_board, image, tmp_path,
                                                                        monkeypatch):
     from amdflash.pipeline.engine import run_facts

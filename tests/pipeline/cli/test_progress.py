@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from amdflash.pipeline.engine.progress import ProgressBoard
+from amdflash.pipeline.logsetup import configure
 from rich.console import Console
 
-from amdflash.pipeline.logsetup import configure
-from amdflash.pipeline.engine.progress import ProgressBoard
 
-
+@pytest.mark.slow
 def test_a_failing_flash_ends_failed_at_its_address(amdflash, make_board, image):
     img = image.read_bytes()
     address = next(a for a in range(0x2000, 0x200000) if img[a] & 0x01 == 0)
@@ -36,6 +37,7 @@ def test_json_progress_is_numeric_per_stage_and_never_goes_backwards(amdflash, m
     assert [e["state"] for e in final] == ["done"] and final[0]["seconds"] >= 0
 
 
+@pytest.mark.slow
 def test_no_progress_and_quiet_show_none(amdflash, make_board, image):
     board = make_board(content="blank", transport="ideal")
     r = amdflash("--log-json", "flash", image, "--yes", "--expect-part", "SYNTH-0001", "--board", f"sim:{board}", "--no-progress")

@@ -59,6 +59,7 @@ def canned(db: Path, name: str, **params: str) -> list[dict]:
         conn.close()
 
 
+@pytest.mark.slow
 def test_a_killed_flash_reports_its_state_backup_and_a_next_step_that_works_pasted(killed, isolated, image, tmp_path):
     board, run, backup = killed["board"], killed["run"], str(killed["backup"])
     db = isolated / "audit.sqlite"
@@ -94,6 +95,7 @@ def test_a_killed_flash_reports_its_state_backup_and_a_next_step_that_works_past
     assert flash_content(board) == image.read_bytes()
 
 
+@pytest.mark.slow
 def test_the_put_back_command_of_a_killed_flashs_report_restores_the_original(killed, isolated, tmp_path):
     board, run = killed["board"], killed["run"]
     page = shell("--db", isolated / "audit.sqlite", "report", run, "--format", "html", cwd=tmp_path).stdout
@@ -147,6 +149,7 @@ def test_a_killed_flash_fixed_by_a_resume_says_so_in_every_view(amdflash, killed
     assert history == [(r["run_id"], r["status"], r["fixed_by"]) for r in listed.values()]
 
 
+@pytest.mark.slow
 def test_a_failed_flashs_report_repeats_the_next_step_the_run_printed(amdflash, image, tmp_path):
     img = image.read_bytes()
     stuck = next(a for a in range(0x2000, len(img)) if img[a] & 0x01 == 0)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from tests.pipeline.cli import test_original_across_runs as across
 
 killed = across.killed        # the fixture: a board whose flash was killed while writing units
@@ -30,6 +32,7 @@ def test_runs_board_takes_a_relative_sim_path_as_board_commands_do(amdflash, mak
     assert r.code == 0 and r.out == "" and "no run matches" in r.err, r.out + r.err
 
 
+@pytest.mark.slow
 def test_runs_columns_line_up_beside_a_status_that_names_its_fix(amdflash, killed, tmp_path):
     """`interrupted (fixed by RUN)` is wider than the 12 characters the status column had: the
     start time and the board of that line stood further right than every other line's."""

@@ -106,6 +106,7 @@ def _interrupt_then_finish(tmp_path: Path, make_board, delay: float) -> None:  #
     assert flash_content(board)[:48 * 0x1000] == image.read_bytes()[:48 * 0x1000]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay", [1.0])
 def test_ctrl_c_during_a_flash_stops_it_cleanly_and_it_resumes(tmp_path, make_board, delay):
     _interrupt_then_finish(tmp_path, make_board, delay)

@@ -27,6 +27,7 @@ def report(amdflash, board, path, sector: int) -> dict:
     ("GD25LQ16E", "", 16, SPI25, DATASHEETS),
     ("GD25LQ16E", "spi25-bp11-all", 16, DATASHEETS, SPI25),
 ])
+@pytest.mark.slow
 def test_the_report_says_which_reading_the_chip_follows_and_a_board_made_from_it_follows_it(
         amdflash, tmp_path, isolated, chip, follows, sector, found, refuted):
     source = create_board(tmp_path / "source", seed=3, chip=chip, content="synthetic",

@@ -23,6 +23,7 @@ def _writes(board) -> int:  # noqa: ANN001
         return int(b.stats()["reg_writes"])
 
 
+@pytest.mark.slow
 def test_a_host_killed_mid_scratch_leaves_a_backup_that_info_says_how_to_put_back(amdflash, tmp_path):
     # Register writes of a run without the scratch part, then of one with it, on a like board:
     # the kill lands halfway through the scratch part (erased, partly reprogrammed).

@@ -180,6 +180,7 @@ def test_flash_refuses_wrong_size_and_missing_magic(cli, make_board, tmp_path):
     assert flash_content(board) == nomagic.read_bytes()
 
 
+@pytest.mark.slow
 def test_cmp_needs_clear_cmp_and_refusal_touches_nothing(cli, make_board, image):
     board = make_board(cmp=True, transport="ideal")
     before, regs = flash_content(board), registers(board)

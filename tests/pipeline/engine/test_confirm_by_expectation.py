@@ -400,6 +400,7 @@ def test_a_unit_that_reads_all_ff_while_busy_does_not_pass_for_erased(cli, make_
         assert b.stats()["ignored_while_busy"] == 16
 
 
+@pytest.mark.slow
 def test_a_dump_of_a_unit_read_while_busy_is_the_flash(cli, make_board, tmp_path):
     board = make_board(content=random_image(26), transport="ideal", faults=["busy-read=0x7000"])
     out = tmp_path / "dump.bin"

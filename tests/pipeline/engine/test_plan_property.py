@@ -8,10 +8,11 @@ import json
 import random
 import sqlite3
 
+import pytest
+from amdflash.stages.drivers.flash.planning import unit_action
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from amdflash.stages.drivers.flash.planning import unit_action
 from tests.pipeline.engine.conftest import flash_content
 
 UNIT, FIRST, COUNT = 0x1000, 32, 16      # one whole 64 KiB block
@@ -31,6 +32,7 @@ def variant(kind: str, current: bytes, rnd: bytes) -> bytes:
     return rnd
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kinds=st.lists(st.sampled_from(KINDS), min_size=COUNT, max_size=COUNT), seed=st.integers(0, 2**32 - 1))
 def test_flash_leaves_the_target_and_never_touches_matching_units(cli, make_board, tmp_path, db, kinds, seed):

@@ -125,6 +125,7 @@ def test_a_host_pushing_first_under_another_hosts_run_id_takes_nothing_of_it(cli
 
 # -- item 4: one push login cannot flood the line ---------------------------------------------------
 
+@pytest.mark.slow
 def test_one_push_login_cannot_flood_the_progress_rows(cli, central, tmp_path, monkeypatch):
     """hosta's login inserts 20,000 failed rows in one statement (the issue's flood), then rows
     a hundred at a time: the database refuses past its rate, its ends' rate and its daily quota,

@@ -330,6 +330,7 @@ def test_serve_checks_its_options_and_its_login_before_listening(cli, central, t
 
 
 
+@pytest.mark.slow
 def test_a_failure_s_notification_and_row_repeat_its_end_as_fleet_report_tells_it(cli, line_record):
     """Issue 27 item 1: the notification of a failed run, and its row on the line, repeat what the
     run's report says of its end, from the signed record: the state the flash is in, the backup

@@ -284,6 +284,7 @@ def test_a_host_speaks_only_for_its_own_runs(request):
 
 # -- attack 11: a leftover running row --------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_leftover_running_row_does_not_hold_the_line_done_back(two_hosts):
     """hosta's board said running once and never again; hostb's run ran and succeeded. Once the
     leftover is older than stale_after, the line is done (and says which it did not wait for)."""
@@ -307,6 +308,7 @@ def test_a_leftover_running_row_does_not_hold_the_line_done_back(two_hosts):
 
 # -- attack 12: another Host:, a malformed query -------------------------------------------------
 
+@pytest.mark.slow
 def test_serve_answers_only_its_own_names_and_refuses_a_malformed_query(two_hosts, tmp_path):
     import httpx
 

@@ -186,6 +186,7 @@ def test_the_mx25u1635f_writes_outside_what_every_reading_protects(cli, make_boa
     assert got[:0x180000] == image.read_bytes()[:0x180000] and got[0x180000:] == b"\xff" * 0x80000
 
 
+@pytest.mark.slow
 def test_cmp_on_the_w25q16dw_is_cleared_with_both_status_bytes(cli, make_board, image):
     board = make_board(chip="W25Q16DW", cmp=True, transport="ideal")
     r = cli("flash", image, "--yes", "--clear-cmp", "--force", "--board", f"sim:{board}")
@@ -195,6 +196,7 @@ def test_cmp_on_the_w25q16dw_is_cleared_with_both_status_bytes(cli, make_board, 
         assert b.chip.transaction(b"\x35", 1) == b"\x00"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chip", ["W25Q16FW", "W25Q16JW"])
 def test_cmp_on_the_w25q16fw_and_jw_is_cleared_by_writing_sr2_alone(cli, make_board, image, chip):
     board = make_board(chip=chip, cmp=True, transport="ideal")
@@ -250,6 +252,7 @@ def test_info_names_each_parts_own_registers(cli_shown, make_board, chip, needle
     assert r.code == 0 and needle in r.out, r.out
 
 
+@pytest.mark.slow
 def test_the_python_api_takes_unknown_chip_ok(db, make_board, image):
     from amdflash import api
 

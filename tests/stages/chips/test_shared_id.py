@@ -39,6 +39,7 @@ def test_an_fw_or_jw_with_wps_set_is_refused_before_anything_is_written(cli, mak
         assert b.stats()["flash_busy_seconds"] == 0
 
 
+@pytest.mark.slow
 def test_a_dw_whose_sfdp_is_unreadable_is_flashed_its_cmp_cleared_by_the_fallback(cli, make_board, image):
     """A DW has no SR3 (15h reads 0xFF, reserved bits set: no WPS) and ignores 31h: CMP is
     still set after it, so the two-byte 01h clears it, each attempt in the trail."""

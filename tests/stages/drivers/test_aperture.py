@@ -22,6 +22,7 @@ def image() -> bytes:
     return bytes(data)
 
 
+@pytest.mark.slow
 def test_dump_returns_the_raw_flash_and_restores_index_and_cntl_as_validated(make_board, image):
     bar = SimBar5(make_board(content=image), profile="ideal")
     try:
@@ -38,6 +39,7 @@ def test_dump_returns_the_raw_flash_and_restores_index_and_cntl_as_validated(mak
         bar.close()
 
 
+@pytest.mark.slow
 def test_dump_reads_rom_data_one_dword_per_access(make_board, image):
     bar = SimBar5(make_board(content=image))
     try:
@@ -63,6 +65,7 @@ def test_refuses_board_without_raw_controller(make_board, image):
         bar.close()
 
 
+@pytest.mark.slow
 def test_refuses_mirrored_aperture(make_board, image):
     bar = SimBar5(make_board(content=image, mirrored_rom=True), profile="ideal")
     try:
@@ -72,6 +75,7 @@ def test_refuses_mirrored_aperture(make_board, image):
         bar.close()
 
 
+@pytest.mark.slow
 def test_refuses_dump_without_ifwi_magic(make_board):
     bar = SimBar5(make_board(content="blank"), profile="ideal")
     try:
