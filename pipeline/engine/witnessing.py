@@ -1,0 +1,256 @@
+"""Asking the witnesses to cosign this host's newest tree head, and the timestamp authorities
+to date it: at each board command's end, by `audit witness`, and by `audit push`.
+
+The board is done by then: nothing here changes a run's result. Every witness is asked at once,
+each on its own thread, all within one short deadline (`witness_timeout`, 2 s unless the config
+file says otherwise); a witness that is down, slow or refuses costs at most that, and is named
+in the words the run ends with (`not yet witnessed (why)`). A later `audit witness` or `audit
+push` asks again for the newest tree head, which covers every earlier one.
+
+What a witness answers is checked before it is kept (store/witness.py): its key, the line's
+name and key id, and the time it signed. A witness that refuses because the log is not
+consistent with what it cosigned before (409 at the same size, 422) is said loudly: this
+log was rolled back or forked, which is what witnesses are for.
+"""
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from amdflash.pipeline.errors import UsageError
+from amdflash.store import witness as ws
+
+DEFAULT_TIMEOUT = 2.0
+MAX_ANSWER = 64 * 1024
+
+
+class TreeHeads(Protocol):
+    """The log as witnessing needs it (store/tlog.py)."""
+
+    def checkpoint(self) -> str:
+        """The newest signed tree head, as a C2SP checkpoint note."""
+        ...
+
+    def consistency(self, old: int, new: int) -> list[bytes]:
+        """RFC 6962 consistency proof between two tree sizes."""
+        ...
+
+
+@dataclass(frozen=True)
+class Authority:
+    url: str
+    roots: Path             # PEM certificates the authority's chain must end in
+
+
+@dataclass(frozen=True)
+class Settings:
+    witnesses: tuple[ws.Witness, ...]
+    quorum: int
+    timeout: float = DEFAULT_TIMEOUT
+    authorities: tuple[Authority, ...] = ()
+
+
+def settings(data: dict[str, Any]) -> Settings | None:
+    """The witness settings of a loaded config file (pipeline/config.py): None when it names no
+    witness; UsageError (exit 2, before any run) for one that cannot be used."""
+    listed = data.get("witnesses") or []
+    if not listed:
+        return None
+    witnesses: list[ws.Witness] = []
+    for i, entry in enumerate(listed):
+        where = f"config file: witnesses[{i}]"
+        if not isinstance(entry, dict) or set(entry) - {"url", "key"} or not isinstance(entry.get("url"), str) \
+                or not isinstance(entry.get("key"), str):
+            raise UsageError(f"{where}: must be {{url = \"http(s)://...\", key = \"name+keyid+base64\"}}")
+        _check_url(entry["url"], where)
+        try:
+            name, key = ws.parse_vkey(entry["key"])
+        except ws.WitnessError as e:
+            raise UsageError(f"{where}: {e}") from None
+        if any(w.name == name for w in witnesses):
+            raise UsageError(f"{where}: witness {name} is named twice")
+        witnesses.append(ws.Witness(name, key, entry["url"].rstrip("/")))
+    quorum = data.get("witness_quorum", len(witnesses))
+    if not 1 <= quorum <= len(witnesses):
+        raise UsageError(f"config file: witness_quorum = {quorum}: must be 1..{len(witnesses)} (the witnesses named)")
+    timeout = data.get("witness_timeout", DEFAULT_TIMEOUT)
+    if not 0 < timeout <= 60:
+        raise UsageError(f"config file: witness_timeout = {timeout}: must be more than 0 and at most 60 seconds")
+    authorities = []
+    for i, entry in enumerate(data.get("timestamp_authorities") or []):
+        where = f"config file: timestamp_authorities[{i}]"
+        if not isinstance(entry, dict) or set(entry) != {"url", "roots"} or not all(
+                isinstance(v, str) for v in entry.values()):
+            raise UsageError(f"{where}: must be {{url = \"http(s)://...\", roots = \"PEM file of its root CA\"}}")
+        _check_url(entry["url"], where)
+        authorities.append(Authority(entry["url"], Path(entry["roots"]).expanduser()))
+    return Settings(tuple(witnesses), quorum, float(timeout), tuple(authorities))
+
+
+def _check_url(url: str, where: str) -> None:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"{where}: url {url!r} is not an http:// or https:// address")
+
+
+@dataclass
+class Outcome:
+    """Where the newest tree head stands with the witnesses."""
+
+    size: int
+    quorum: int
+    witnesses: int
+    cosigned: list[str] = field(default_factory=list)        # names of the witnesses whose cosignature is kept
+    problems: list[str] = field(default_factory=list)        # why the others are missing
+    refused: bool = False        # a witness refused the log as rolled back or forked
+    timestamps: int = 0          # tokens kept from timestamp authorities
+
+    @property
+    def witnessed(self) -> bool:
+        return len(self.cosigned) >= self.quorum
+
+    def words(self) -> str:
+        if self.witnessed:
+            return f"witnessed by {len(self.cosigned)} of {self.witnesses}"
+        why = "; ".join(self.problems) or "no answer"
+        have = f"{len(self.cosigned)} of {self.witnesses} cosigned, {self.quorum} needed: " if self.cosigned else ""
+        return f"not yet witnessed ({have}{why})"
+
+
+def ask(db: str, log: TreeHeads, conf: Settings, now: float | None = None) -> Outcome:
+    """Ask every witness that has not yet cosigned the log's newest tree head, keep what they
+    cosign, then date the cosigned head with the configured authorities; all within the
+    settings' timeout."""
+    deadline = time.monotonic() + conf.timeout
+    head = ws.parse_note(log.checkpoint())
+    kept = ws.stored(db, head.size)
+    have = ws.cosigned_by(kept, list(conf.witnesses), time.time()) if kept and kept.body == head.body else []
+    done = {c.witness for c in have}
+    answers: dict[str, ws.Cosignature | str] = {}
+
+    def one(w: ws.Witness) -> None:
+        try:
+            answers[w.name] = _ask_one(db, log, head, w, deadline)
+        except Exception as e:
+            answers[w.name] = f"{w.name}: {e}"
+
+    threads = [threading.Thread(target=one, args=(w,), daemon=True) for w in conf.witnesses if w.name not in done]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    got = [a for a in answers.values() if isinstance(a, ws.Cosignature)]
+    if got or kept is None or kept.body != head.body:
+        ws.store(db, head, got)
+    outcome = Outcome(head.size, conf.quorum, len(conf.witnesses), sorted(done | {c.witness for c in got}))
+    for w in conf.witnesses:
+        if w.name in outcome.cosigned:
+            continue
+        said = answers.get(w.name)
+        said = said if isinstance(said, str) else f"{w.name}: no answer within {conf.timeout:g} s"
+        outcome.problems.append(said)
+        outcome.refused |= "rolled back or forked" in said
+    if outcome.witnessed and conf.authorities:
+        outcome.timestamps = _date(db, head.size, conf, deadline, outcome.problems)
+    return outcome
+
+
+class _Refused(Exception):
+    pass
+
+
+def _ask_one(db: str, log: TreeHeads, head: ws.Checkpoint, w: ws.Witness, deadline: float) -> ws.Cosignature:
+    """One witness's cosignature of `head`: from the size it last cosigned, once more from the
+    size its 409 says."""
+    old = ws.last_size(db, w)
+    for attempt in range(2):
+        if old > head.size:
+            raise _Refused(f"it cosigned a tree of {old} entries, larger than this log's {head.size}: "
+                           "the log was rolled back or forked")
+        proof = log.consistency(old, head.size) if old else []
+        asked = time.time()
+        status, answer = _post(w.url + "/add-checkpoint", ws.request_body(old, proof, head.text), deadline)
+        if status == 200:
+            cosig = ws.check_answer(w, head.body, answer, time.time(), asked)
+            ws.remember(db, w, head.size)
+            return cosig
+        if status == 409:
+            said = answer.decode("ascii", "replace").strip()
+            known = int(said) if said.isdigit() else None
+            if known is None:
+                raise _Refused(f"answered 409 without its tree size ({said[:40]!r})")
+            if known == old or attempt:
+                ws.remember(db, w, known)
+                raise _Refused(f"refused (409): it cosigned another tree of {known} entries: the log was "
+                               "rolled back or forked")
+            ws.remember(db, w, known)
+            old = known
+            continue
+        raise _Refused(_STATUS.get(status, f"answered HTTP {status}").format(old=old, origin=head.origin)
+                       + _detail(answer))
+    raise AssertionError("unreachable")
+
+
+_STATUS = {
+    403: "refused (403): it does not trust this log's key",
+    404: "refused (404): it does not follow this log ({origin})",
+    422: "refused (422): the tree does not extend the one of {old} entries it cosigned: the log was rolled back "
+         "or forked",
+    400: "refused (400): it could not read the request",
+}
+
+
+def _detail(answer: bytes) -> str:
+    from amdflash.stages.terminal import printable
+
+    text = answer[:200].decode("utf-8", "replace").strip()
+    return f" ({printable(text)})" if text and "\n" not in text else ""
+
+
+def _post(url: str, body: bytes, deadline: float, kind: str = "text/plain") -> tuple[int, bytes]:
+    """POST `body` to `url` within the deadline: (status, answer), or OSError-like words."""
+    parts = urllib.parse.urlsplit(url)
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("no time left to ask")
+    conn_type = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = conn_type(parts.hostname or "", parts.port, timeout=left)
+    try:
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        conn.request("POST", path or "/", body, {"Content-Type": kind, "Content-Length": str(len(body))})
+        reply = conn.getresponse()
+        return reply.status, reply.read(MAX_ANSWER)
+    except ConnectionRefusedError:
+        raise _Refused(f"unreachable at {parts.netloc} (connection refused)") from None
+    except TimeoutError:
+        raise _Refused(f"no answer from {parts.netloc} within the deadline") from None
+    except OSError as e:
+        raise _Refused(f"unreachable at {parts.netloc} ({e.strerror or e})") from None
+    finally:
+        conn.close()
+
+
+def _date(db: str, size: int, conf: Settings, deadline: float, problems: list[str]) -> int:
+    """RFC 3161 tokens from each authority over the cosigned tree head (store/timestamp.py)."""
+    from amdflash.store import timestamp
+
+    data = timestamp.subject(db, size)
+    if data is None:
+        return 0
+    got = 0
+    for i, authority in enumerate(conf.authorities):
+        try:
+            request, nonce = timestamp.request(data)
+            status, answer = _post(authority.url, request, deadline, "application/timestamp-query")
+            if status != 200:
+                raise timestamp.TimestampError(f"answered HTTP {status}")
+            timestamp.keep(db, size, i, answer, data, authority.roots, nonce)
+            got += 1
+        except Exception as e:
+            problems.append(f"timestamp authority {authority.url}: {e}")
+    return got
