@@ -18,6 +18,7 @@ defaults that the command line overrides:
     fleet_hosts = ["hosta", "hostb"]     # the hosts `amdflash fleet` may reach (pipeline/fleet/settings.py)
     fleet_host_command = "/opt/amdflash/bin/amdflash"
     notify = ["mailto://…", "ntfy://…"]  # Apprise URLs `amdflash fleet serve` notifies (pipeline/fleet/serve/)
+    log_origin = "example.com/flash-line/host7"   # the transparency log's origin (pipeline/commands/transparency.py)
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ MAX_CONFIG_BYTES = 1 << 20   # a settings file is a few lines; anything this big
 KEYS: dict[str, tuple[type, ...]] = {
     "db": (str,), "board": (str, list), "prescale": (int,), "rx_mode": (str,), "restore_each": (bool,),
     "reads": (int,), "progress": (bool,), "fleet_hosts": (list, str), "fleet_host_command": (str,),
-    "notify": (list, str),
+    "notify": (list, str), "log_origin": (str,),
 }
 
 

@@ -103,7 +103,7 @@ def vkey(name: str, public: bytes) -> str:
 
 def parse_vkey(text: str) -> tuple[str, bytes]:
     """(name, public key) of a verifier key; LogError if it is not one for Ed25519."""
-    parts = text.strip().split("+")
+    parts = text.strip().split("+", 2)          # the key's base64 may hold a "+" itself
     try:
         name, hint, raw = parts[0], bytes.fromhex(parts[1]), base64.b64decode(parts[2], validate=True)
     except (IndexError, ValueError):

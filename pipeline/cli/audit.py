@@ -16,7 +16,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     """The `audit` group and every subcommand of it. Some run by other modules' functions:
     verify (the database: trail.py; --export: review.py; --central: central.py), export and
     datasette-metadata (review.py), push (central.py)."""
-    from amdflash.pipeline.cli import central, review
+    from amdflash.pipeline.cli import central, receipts, review
 
     a = sub.add_parser("audit", help="check or export the audit trail",
                        description="Check the audit trail's hash chain, or export it for archiving.")
@@ -74,7 +74,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     "proves the trail was sealed on this host. The private key is created on first use in the "
                     "data directory (mode 0600) and never leaves it.")
     output_option(p, "also write the public key to FILE")
+    p.add_argument("--pem", action="store_true",
+                   help="print (and write) the public key as PEM (SubjectPublicKeyInfo), which openssl reads: "
+                        "'openssl pkeyutl -verify -rawin -pubin -inkey FILE' checks a receipt's signature")
     p.set_defaults(func=cmd_key)
+    receipts.add_parsers(audit_sub)      # audit receipt, audit log (pipeline/cli/receipts.py)
 
     p = audit_sub.add_parser(
         "archive", help="move old runs to a signed, verifiable archive file and remove them from the database",
@@ -226,6 +230,11 @@ def cmd_key(args: argparse.Namespace) -> int:
         raise Refusal(f"host key {path}: {e}") from None
     public = keys.public_bytes(key)
     line = keys.public_line(public)
+    if getattr(args, "pem", False):
+        from cryptography.hazmat.primitives import serialization
+
+        line = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                             serialization.PublicFormat.SubjectPublicKeyInfo).decode().strip()
     output.result(line)
     output.note(f"fingerprint {keys.fingerprint(public)}  (private key: {path})")
     if args.output:

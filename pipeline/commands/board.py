@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import anyio
 
 from amdflash.pipeline.engine import amdgpu_jobs, interrupts, jobs
-from amdflash.pipeline.commands import checks, run_end
+from amdflash.pipeline.commands import checks, run_end, transparency
 from amdflash.pipeline.engine import auditdb, board_report, next_step, output_files as outputs
 from amdflash.pipeline import config
 from amdflash.pipeline.errors import EXIT_INTERRUPTED, Refusal
@@ -134,7 +134,11 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
     finally:
         writer.close()
     reports, backups = _reports(session.db_path, runs)
-    return [result(r.run_id, r.spec, command, r.status, r.exit_code, r.error, tuple(r.output), dict(r.summary),
+    # Each ended run's receipt and the checkpoints sealed meanwhile go into the host's
+    # transparency log (pipeline.commands.transparency); its outcome rides in the summary.
+    logged = transparency.record_ended(session.db_path, reports)
+    return [result(r.run_id, r.spec, command, r.status, r.exit_code, r.error, tuple(r.output),
+                   {**r.summary, **({"transparency_log": logged[r.run_id]} if r.run_id in logged else {})},
                    reports.get(r.run_id, {}),
                    next_step.advice(reports[r.run_id], *backups.get(r.run_id, (None,)), run_id=r.run_id, spec=r.spec)
                    if r.run_id in reports else None, **extra) for r in runs]

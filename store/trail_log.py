@@ -1,0 +1,144 @@
+"""What the host's transparency log (store.tlog) holds: every sealed checkpoint's text, in id
+order, and the receipt (store.receipts) of every run that ended.
+
+`record` runs at each run's end, after the writer sealed the final checkpoint: it appends the
+checkpoints sealed since the last one logged (by any amdflash process of this trail), then
+the receipts of the runs that just ended, and signs a new tree head. Before appending it
+checks that the last checkpoint logged is still in the database, unchanged (or was archived):
+a database rolled back or rewritten under the log is refused here, with nothing signed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from amdflash.store import chain, receipts, tlog
+from amdflash.store.tlog import Head, Log, LogError
+
+
+@dataclass(frozen=True)
+class Logged:
+    head: Head
+    receipts: dict[str, int]      # run id -> the leaf index of its receipt
+
+
+def _last_checkpoint(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    for e in reversed(entries):
+        if e.get("kind") == "checkpoint":
+            return e
+    return None
+
+
+def _archived_through(conn: Any) -> int:
+    through = 0
+    for (detail,) in conn.execute("SELECT detail FROM checkpoints WHERE kind = 'archive'"):
+        try:
+            through = max(through, int(json.loads(detail or "{}").get("through_checkpoint", 0)))
+        except (ValueError, TypeError):
+            continue
+    return through
+
+
+def _checkpoint_leaves(conn: Any, entries: list[dict[str, Any]]) -> list[tuple[bytes, dict[str, Any]]]:
+    """The checkpoints sealed since the last one logged, as leaves; LogError if the database no
+    longer holds what the log says it held."""
+    last = _last_checkpoint(entries)
+    after = int(last["id"]) if last else 0
+    if last is not None:
+        row = conn.execute("SELECT hash FROM checkpoints WHERE id = ?", (after,)).fetchone()
+        if row is None and _archived_through(conn) < after:
+            newest = conn.execute("SELECT max(id) FROM checkpoints").fetchone()[0]
+            raise LogError(f"the transparency log holds checkpoint #{after}, but the database ends at "
+                           f"#{newest or 0}: the trail was rolled back (or replaced) under its log")
+        if row is not None and bytes(row[0]).hex() != last["hash"]:
+            raise LogError(f"checkpoint #{after} differs from the one the transparency log holds: the trail was "
+                           "rewritten under its log")
+    cps = chain.load_checkpoints(conn, "WHERE c.id > ?", (after,))
+    if not cps:
+        return []
+    if last is not None and cps[0].id == after + 1:
+        prev = bytes.fromhex(last["hash"])
+    else:
+        # The first log of this trail, or checkpoints archived before they were logged: the
+        # chain goes on from where the database's own chain starts (genesis, or an archive).
+        from amdflash.store.verify import _base
+
+        prev = _base(chain.load_checkpoints(conn, "WHERE c.kind = 'archive'"))[1]
+    leaves = []
+    for cp in cps:
+        text = receipts.checkpoint_text(cp, prev)
+        if hashlib.sha256(text).digest() != cp.hash:
+            raise LogError(f"checkpoint #{cp.id}'s fields and the one before it do not give its hash: the trail "
+                           "does not verify ('amdflash audit verify' names what)")
+        leaves.append((text, {"kind": "checkpoint", "id": cp.id, "hash": cp.hash.hex()}))
+        prev = cp.hash
+    return leaves
+
+
+def record(conn: Any, directory: Path, log_key: Any, origin: str,
+           ended: Iterable[receipts.Receipt] = ()) -> Logged:
+    """Append the checkpoints not logged yet and the receipts given (of runs that ended, not
+    logged yet), then sign the tree head. `conn`: the trail, read in one snapshot."""
+    from amdflash.store.verify import snapshot
+
+    log = Log(directory)
+    with log.locked():
+        entries = log.entries()
+        logged = {e["run"]: e["i"] for e in entries if e.get("kind") == "receipt"}
+        with snapshot(conn):
+            leaves = _checkpoint_leaves(conn, entries)
+        fresh = {}
+        for r in ended:
+            if r.run_id in logged or r.run_id in fresh:
+                continue
+            if not r.ended:
+                raise LogError(f"run {r.run_id} has not ended (its last checkpoint is not final): its receipt "
+                               "could still change, so it is not logged")
+            fresh[r.run_id] = len(leaves)
+            leaves.append((r.envelope, {"kind": "receipt", "run": r.run_id, "checkpoint": r.final,
+                                        "sha256": hashlib.sha256(r.envelope).hexdigest()}))
+        first = log.append(leaves) if leaves else log.size()
+        head = log.sign(log_key, origin)
+        return Logged(head, {**logged, **{run: first + i for run, i in fresh.items()}})
+
+
+def receipt_leaf(directory: Path, run_id: str) -> dict[str, Any] | None:
+    """The log's entry of a run's receipt, or None."""
+    for e in Log(directory).entries():
+        if e.get("kind") == "receipt" and e.get("run") == run_id:
+            return e
+    return None
+
+
+def proof(directory: Path, receipt: receipts.Receipt) -> str:
+    """The receipt's C2SP tlog-proof against the newest tree head; LogError if it was never
+    logged, or the receipt built now is not the one logged (the trail or the tool changed)."""
+    entry = receipt_leaf(directory, receipt.run_id)
+    if entry is None:
+        raise LogError(f"the receipt of run {receipt.run_id} is not in the transparency log")
+    if entry.get("sha256") != hashlib.sha256(receipt.envelope).hexdigest():
+        raise LogError(f"the receipt of run {receipt.run_id} built now differs from the one logged at leaf "
+                       f"{entry['i']}: the trail or the receipt's builder changed since")
+    log = Log(directory)
+    head = log.last_head()
+    if head is None or head.size <= entry["i"]:
+        raise LogError("no signed tree head includes the receipt yet")
+    return tlog.proof_file(int(entry["i"]), log.inclusion(int(entry["i"]), head.size), head.note)
+
+
+def consistency_file(directory: Path, old: int, note: str | None = None) -> str:
+    """A consistency proof in the body format of C2SP tlog-witness's add-checkpoint: "old N",
+    the proof's hashes in base64 (one a line), a blank line, the newer tree head note."""
+    import base64
+
+    log = Log(directory)
+    note = note or (log.last_head().note if log.last_head() else None)
+    if note is None:
+        raise LogError("no signed tree head yet")
+    _, size, _ = tlog.parse_checkpoint(note)
+    hashes = log.consistency(old, size)
+    return f"old {old}\n" + "".join(base64.b64encode(h).decode() + "\n" for h in hashes) + "\n" + note
