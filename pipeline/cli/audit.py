@@ -158,6 +158,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         help="this host's exporter name, for place names (default: its enrolled name)")
     p.set_defaults(func=central.cmd_push)
 
+    # `audit bundle`, and `audit verify --bundle DIR`: the evidence of a run, checked offline.
+    from amdflash.pipeline.cli import bundle
+
+    bundle.add_parsers(audit_sub, verify)
+
     # `audit verify --central URL`: the central record as the trail's off-host anchor.
     verify.add_argument("--central", metavar="URL",
                         help="also compare every checkpoint with what the central database holds for this host: a "
@@ -167,8 +172,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """`audit verify`: the database or, with --export, a file; with --central, then the central record."""
-    from amdflash.pipeline.cli import central
+    from amdflash.pipeline.cli import bundle, central
 
+    if getattr(args, "bundle", None) is not None:
+        bundle.verify_conflicts(args)
+        return bundle.cmd_verify_bundle(args)
     return central.cmd_verify(args, _verify_database_or_export)
 
 

@@ -204,6 +204,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     board_options(p)
     engine_options(p)
     hardware_report_option(p)
+    from amdflash.pipeline.cli.bundle import from_bundle_option
+
+    from_bundle_option(p)
     p.set_defaults(func=cmd_restore_original)
 
     p = sub.add_parser("resume", help="finish an interrupted flash run",
@@ -297,6 +300,13 @@ def cmd_flash(args: argparse.Namespace) -> int:
 
 def cmd_restore_original(args: argparse.Namespace) -> int:
     _require_yes(args, "writes the flash")
+    if args.from_bundle is not None:
+        from amdflash.pipeline.cli.bundle import restore_from_bundle
+
+        return show(args, restore_from_bundle(args, session(args), engine(args)))
+    if args.force:
+        raise Refusal("--force goes with --from-bundle (a board that is not the bundle's): restore-original from the "
+                      "trail writes only the board's own backups")
     return show(args, commands.restore_original(session(args), engine(args)))
 
 

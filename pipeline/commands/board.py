@@ -403,6 +403,53 @@ def restore_original(session: Session, engine: EngineOptions | None = None) -> l
     return results
 
 
+@board_command
+def restore_from_bundle(session: Session, original: bytes, held: Sequence[tuple[int, int]],
+                        boards: set[tuple[str, str]], where: str, force: bool = False,
+                        engine: EngineOptions | None = None) -> list[FlashResult]:
+    """Write back the original a verified bundle carries (store.bundle.check): each range of
+    units it holds by a flash run of its own, from a file in the backups folder named by its
+    SHA-256 (where a resume of an interrupted one finds it). The board must be the one whose
+    sealed backups the bundle holds (flash unique ID and chip) unless `force`."""
+    from amdflash.stages.drivers.flash.geometry import UNIT
+    from amdflash.stages.files import private_dir, write_new
+    from amdflash.stages.snapshot import file_sha256
+    from amdflash.store.originals import BLANK_UIDS
+
+    specs = session.specs()
+    if len(specs) != 1 or specs[0].kind == "auto":
+        raise Refusal("restore-original --from-bundle needs exactly one --board: the board to write")
+    board = None
+    if not force:
+        if len(boards) != 1:
+            raise Refusal(f"bundle {where}: its backups were recorded on {len(boards)} boards, so which board it is "
+                          "the original of is not known; --force writes it anyway")
+        uid, chip = next(iter(boards))
+        if uid in BLANK_UIDS:
+            raise Refusal(f"bundle {where}: its board's flash has no unique ID to tell it from another; --force "
+                          "writes it anyway")
+        board = {"unique_id": uid, "jedec_chip": chip}
+    if any(start % UNIT or end % UNIT for start, end in held):
+        raise Refusal(f"bundle {where}: its backups are not whole {UNIT}-byte units")
+    backups = checks.backup_folder(Path(session.db_path).absolute().parent / "backups")
+    pieces = []
+    for start, end in held:
+        data = original[start:end]
+        sha = hashlib.sha256(data).hexdigest()
+        path = backups / f"{sha}.bin"
+        if file_sha256(path) != sha:
+            private_dir(backups, tighten=True)
+            write_new(path, data, mode=0o600)
+        pieces.append((path, start // UNIT, (end - start) // UNIT, sha))
+    results: list[FlashResult] = []
+    for path, start_sector, count, sha in pieces:
+        options = FlashOptions(start_sector=start_sector, sector_count=count, force=True, start_over=True)
+        results += flash(session, path, options, engine, board, sha)
+        if not all(r.ok for r in results):
+            break
+    return results
+
+
 def _known_board(db: str, spec: str) -> Any:
     """The board at `spec` as the newest run that identified it there recorded it, in a row
     its checkpoints seal: a `boards` row INSERTed without the key (a blank unique ID, which
