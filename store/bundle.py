@@ -333,6 +333,11 @@ def _fill(db: Any, selection: Selection, tmp: Path, made: dict[str, Any], seal: 
             {"file": None, "why": "no anchor file beside the database" if anchor is None else
              "no anchor line names a checkpoint of these runs"}
         write(INFO, json.dumps(info, indent=2) + "\n")
+        for add in ADD:
+            for name, data in add(db, selection, facts).items():
+                if part_of(name) is None:
+                    raise ValueError(f"{name} is not a part of a bundle (PARTS)")
+                write(name, data)
         names = sorted(n for n in os.listdir(tmp) if not n.startswith("."))
         write(MANIFEST, "".join(f"{_sha_of(tmp / n)}  {n}\n" for n in names))
     finally:
@@ -376,6 +381,11 @@ def _write_original(tmp: Path, facts: ExportFacts, write: Callable[[str, bytes],
             "words": words}
 
 
+# Later parts' writers (receipts, proofs): each returns {name: bytes} for the bundle of the runs
+# selected, every name a part PARTS knows (and CHECKS checks).
+ADD: list[Callable[[Any, Selection, ExportFacts], dict[str, bytes]]] = []
+
+
 # -- checking ---------------------------------------------------------------------------------------
 
 @dataclass
@@ -408,6 +418,11 @@ class BundleReport:
     original: bytes | None = None                   # the original file's bytes, when it checked
     held: list[tuple[int, int]] = field(default_factory=list)     # (start, end) of the units it holds
     boards: set[tuple[str, str]] = field(default_factory=set)     # (unique_id, chip) of the runs holding them
+
+    def as_json(self) -> dict[str, Any]:
+        return {"bundle": str(self.path), "verdict": "intact" if self.ok else "BROKEN", "ok": self.ok,
+                "problem": self.problem, "run": self.run_id, "runs": self.runs, "checked": self.lines,
+                "original_units": [[s, e] for s, e in self.held] if self.original is not None else []}
 
     def describe(self) -> str:
         if not self.ok:
@@ -467,9 +482,11 @@ def _opened(path: Path) -> Iterator[Opened]:
             if part is None:
                 raise BundleRefused(f"{where} is not a file a bundle holds ({', '.join(_names())})")
             total += st.st_size
-            if st.st_size > part.limit or total > TOTAL_LIMIT:
+            if st.st_size > part.limit:
                 raise BundleRefused(f"{where} is larger ({st.st_size} bytes) than a bundle's {name} may be "
                                     f"({part.limit} bytes)")
+            if total > TOTAL_LIMIT:
+                raise BundleRefused(f"{path} holds more than a bundle may ({TOTAL_LIMIT} bytes)")
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
             bundle.fds[name] = fd
             now = os.fstat(fd)

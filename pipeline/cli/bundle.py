@@ -145,7 +145,10 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 
 def cmd_verify_bundle(args: argparse.Namespace) -> int:
     report = _checked(args.bundle, getattr(args, "key", None))
-    output.result(report.describe())
+    if getattr(args, "format", "text") == "json":
+        output.result_json(report.as_json())
+    else:
+        output.result(report.describe())
     return EXIT_OK if report.ok else EXIT_FAILED
 
 

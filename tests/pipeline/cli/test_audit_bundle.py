@@ -376,3 +376,32 @@ def test_a_whole_flash_bundle_carries_original_bin(amdflash, tmp_path):
     assert not (tmp_path / "b" / "original-partial.bin").exists()
     assert json.loads((tmp_path / "b" / "bundle.json").read_text())["original"]["missing"] == []
     assert verify(tmp_path / "b").code == 0
+
+
+def test_verify_bundle_as_json(copy):
+    if "--format" not in cli.run("audit", "verify", "--help").out:
+        pytest.skip("audit verify --format arrives with the reviewer's verdicts (issue 44)")
+    b = copy()
+    r = verify(b, "--format", "json")
+    assert r.code == 0 and json.loads(r.out)["verdict"] == "intact", r.out
+    assert json.loads(r.out)["original_units"] == [[0, RANGE]]
+    _flip(b / "original-partial.bin", 0x10)
+    rewrite_manifest(b)
+    r = verify(b, "--format", "json")
+    found = json.loads(r.out)
+    assert r.code == 1 and found["verdict"] == "BROKEN" and "original-partial.bin" in found["problem"], r.out
+
+
+def test_a_later_part_is_one_entry_a_writer_and_a_check(trail, amdflash, tmp_path, monkeypatch):
+    """How the receipts join a bundle: a PARTS entry, a writer in ADD, a step in CHECKS."""
+    from amdflash.store import bundle
+
+    monkeypatch.setattr(bundle, "PARTS", (*bundle.PARTS, bundle.Part(r"note\.txt", "a later part", 100)))
+    monkeypatch.setattr(bundle, "ADD", [lambda db, selection, facts: {"note.txt": f"{selection.run_id}\n".encode()}])
+    seen: list[bytes] = []
+    monkeypatch.setattr(bundle, "CHECKS", [*bundle.CHECKS, lambda opened: seen.append(opened.read("note.txt"))])
+    r = amdflash("audit", "bundle", "--run", trail.succeeded, "-o", tmp_path / "b", env=trail.env)
+    assert r.code == 0, r.err
+    assert "  note.txt\n" in (tmp_path / "b" / "MANIFEST.sha256").read_text()
+    seen.clear()
+    assert verify(tmp_path / "b").code == 0 and seen == [f"{trail.succeeded}\n".encode()]
