@@ -70,6 +70,7 @@ def render(db: sqlite_utils.Database, rep: RunReport, beside: Path | None = None
     run_id, rows = rep["run_id"], rep.rows
     body = [
         _header(rep),
+        _unverified(rep),
         _identity(rep, beside),
         _outcome(rep.get("outcome"), beside),
         _sector_map(rep, unit_states(db, rows), _earlier(db, rep)),
@@ -121,7 +122,7 @@ def _emulated_badge(rep: dict[str, Any]) -> str:
 
 
 def _status_class(status: str) -> str:
-    return {"succeeded": "ok", "failed": "bad", "interrupted": "warn"}.get(status, "neutral")
+    return {"succeeded": "ok", "failed": "bad", "interrupted": "warn", "not verified": "bad"}.get(status, "neutral")
 
 
 def _identity(rep: dict[str, Any], beside: Path | None) -> str:
@@ -728,6 +729,40 @@ def _meaning(offset: int, value: int) -> str:
 
 
 # -- audit chain ------------------------------------------------------------------------------
+
+def _unverified(rep: dict[str, Any]) -> str:
+    """A run that does not verify (store.partial_report): what the page shows, and each failing
+    span with the rows that differ from a copy, when one was given. Empty for a run that verifies."""
+    from amdflash.store.partial import difference_words
+
+    u = rep.get("unverified")
+    if u is None:
+        return ""
+    ranges = ", ".join(f"seq {lo}..{hi}" for lo, hi in u["vouched"])
+    said = (f"<p class=\"bad\" data-field=\"unverified\">This run does not verify: {escape(u['problem'])}. This page "
+            f"shows only what its signed checkpoints still vouch for ({escape(ranges)}); the spans below are not "
+            "verified, and nothing on this page is read from them.</p>")
+    if rep.get("status_unverified"):
+        said += (f"<p class=\"bad\" data-field=\"status-unverified\">Its status as the trail says it now, "
+                 f"'{escape(str(rep['status_unverified']))}', is in rows no checkpoint that holds vouches for.</p>")
+    spans = []
+    for s in u["spans"]:
+        where = f"seq {s['first_seq']}..{s['last_seq'] if s['last_seq'] is not None else 'end'}"
+        tables = ", ".join(f"{t} {n}" for t, n in (s.get("tables") or {}).items())
+        diffs = "".join(f"<li data-field=\"difference\" class=\"mono\">{escape(difference_words(d))}</li>"
+                        for d in s.get("differences") or [])
+        compared = f"<br><span class=\"muted\">{escape(s['compared'])}</span>" if s.get("compared") else ""
+        spans.append(f"<tr data-field=\"failing-span\"><td class=\"mono\">{escape(where)}</td>"
+                     f"<td>{escape(str(s['checkpoint'] if s.get('checkpoint') is not None else '—'))}</td>"
+                     f"<td>{escape(s['why'])}{compared}{f'<ul>{diffs}</ul>' if diffs else ''}</td>"
+                     f"<td>{escape(tables or 'none')}</td></tr>")
+    notes = "".join(f"<p class=\"warn\" data-field=\"unverified-note\">{escape(n)}</p>" for n in u["notes"])
+    more = [x for x in (u.get("copy"), u.get("next"), f"check it: {u['check']}") if x]
+    return (f"<section id=\"unverified\"><h2>Not verified</h2>{said}<table class=\"grid\"><thead><tr><th>failing "
+            "span</th><th>checkpoint</th><th>why (and the rows that differ from the copy)</th><th>rows there now"
+            f"</th></tr></thead><tbody>{''.join(spans)}</tbody></table>{notes}"
+            + "".join(f"<p class=\"muted\">{escape(x)}</p>" for x in more) + "</section>")
+
 
 def _chain(c: dict[str, Any]) -> str:
     kind = "ok" if c["ok"] else "bad"

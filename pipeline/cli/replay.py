@@ -84,8 +84,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from amdflash.pipeline.engine.auditdb import open_for_reading
     from amdflash.pipeline.commands.board import db_path
     from amdflash.store.queries import RunNotFound, resolve_run
+    from amdflash.store.partial import explain
     from amdflash.store.replay import ReplayRefused, replay
-    from amdflash.store.run_rows import open_run
+    from amdflash.store.run_rows import RunUnverified, open_run
 
     db = open_for_reading(db_path(args))
     try:
@@ -94,7 +95,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         except RunNotFound as e:
             raise Refusal(str(e)) from None
         # The image path comes from the run's own (verified) runs row, never from a row added beside it.
-        image = _image(db, open_run(db.conn, run_id).key, run_id, args.image)
+        try:
+            key = open_run(db.conn, run_id).key
+        except RunUnverified as e:       # not replayed: named with every span that fails (store.partial)
+            raise explain(db.conn, run_id, e) from None
+        image = _image(db, key, run_id, args.image)
         board: dict[str, Any] | None = None
         listed: list[str] = []
         record: RecordFacts | None = None

@@ -58,6 +58,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "replaced only with --overwrite)")
     p.add_argument("--key", type=Path, action="append", metavar="PUBFILE",
                    help="check the run's signatures against this public key")
+    p.add_argument("--against", type=Path, metavar="EXPORT",
+                   help="a run that does not verify: compare its failing spans with this copy of it (an 'audit "
+                        "export' file made before, which must verify), naming each row that differs: table, seq, "
+                        "column, both values")
+    p.add_argument("--unverified", action="store_true",
+                   help="also write the report of a run that does not verify to -o FILE or --pages DIR, marked as "
+                        "such (on stdout it is shown, marked, without this option; exit 1 either way)")
     p.set_defaults(func=cmd_report)
 
 
@@ -194,8 +201,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         return _write_pages(args)
     if args.output is not None:
         writable_output(args.output, "report", args.overwrite)
+    # A run that does not verify: shown, marked, on stdout; written to a file only when asked
+    # (a file travels without the exit status that says so).
     rep, page = commands.report(args.run_id, commands.db_path(args), html=args.format == "html", keys=args.key,
-                                beside=args.output.parent if args.output is not None else None)
+                                beside=args.output.parent if args.output is not None else None,
+                                unverified=args.output is None or args.unverified, against=args.against)
     if args.format == "json":
         import json
 
@@ -209,7 +219,52 @@ def cmd_report(args: argparse.Namespace) -> int:
         output.note(f"wrote {args.output}")
     else:
         output.result(text)
-    return EXIT_OK
+    return _unverified_end(rep, args.against)
+
+
+def _unverified_end(rep: dict[str, Any], against: Path | None) -> int:
+    """Exit 1, saying so, for the report of a run that does not verify."""
+    u = rep.get("unverified")
+    if u is None:
+        if against is not None:
+            output.note(f"run {rep['run_id']} verifies: nothing to compare with {printable(str(against))}")
+        return EXIT_OK
+    ranges = ", ".join(f"seq {lo}..{hi}" for lo, hi in u["vouched"])
+    output.error(f"run {rep['run_id']} does not verify: {u['problem']}; shown: only what its checkpoints still vouch "
+                 f"for ({ranges}), the rest marked as not verified; failing: "
+                 + "; ".join(_span_words(s) for s in u["spans"]) + f" (check it: {u['check']})")
+    return EXIT_FAILED
+
+
+def _span_words(s: dict[str, Any]) -> str:
+    where = f"seq {s['first_seq']}..{s['last_seq'] if s['last_seq'] is not None else 'end'}"
+    cp = f" (checkpoint #{s['checkpoint']})" if s.get("checkpoint") is not None else ""
+    tables = ", ".join(f"{t} {n}" for t, n in (s.get("tables") or {}).items())
+    return f"{where}{cp}: {s['why']}; rows there: {tables or 'none'}"
+
+
+def unverified_lines(u: dict[str, Any]) -> list[str]:
+    """The text report's lines for what no checkpoint vouches for (store.partial_report)."""
+    from amdflash.store.partial import difference_words
+
+    lines = [f"NOT VERIFIED {u['problem']}",
+             "vouched    only rows " + ", ".join(f"seq {lo}..{hi}" for lo, hi in u["vouched"])
+             + ": what this report shows; the rest is not verified and not shown as fact"]
+    for s in u["spans"]:
+        lines.append(f"failing    {_span_words(s)}")
+        if s.get("compared"):
+            lines.append(f"  copy     {s['compared']}")
+        for d in s.get("differences") or []:
+            lines.append(f"  differs  {difference_words(d)}")
+        if s.get("differences") == []:
+            lines.append("  differs  no row differs from the copy")
+    lines += [f"also       {n}" for n in u["notes"]]
+    if u.get("copy"):
+        lines.append(f"copy       {u['copy']}")
+    if u.get("next"):
+        lines.append(f"the row    {u['next']}")
+    lines.append(f"check      {u['check']}")
+    return lines
 
 
 MAX_PAGES = 64       # pages one --pages writes: a run's whole story, not the whole trail
@@ -227,7 +282,8 @@ def _write_pages(args: argparse.Namespace) -> int:
     if not args.pages.is_dir():
         raise Refusal(f"--pages {printable(str(args.pages))}: not a directory")
     db = commands.db_path(args)
-    first, _ = commands.report(args.run_id, db, keys=args.key)       # the run named: refused if unknown
+    # The run named: refused if unknown, or if it does not verify (unless --unverified: marked).
+    first, _ = commands.report(args.run_id, db, keys=args.key, unverified=args.unverified, against=args.against)
     reports: dict[str, dict[str, Any]] = {}
     queue = [first["run_id"]]
     while queue and len(reports) < MAX_PAGES:
@@ -244,10 +300,12 @@ def _write_pages(args: argparse.Namespace) -> int:
         writable_output(path, "report page", args.overwrite)
     with written_together(targets):
         for run, path in targets.items():
-            _, page = commands.report(run, db, html=True, keys=args.key, beside=args.pages)
+            named = run == first["run_id"]
+            _, page = commands.report(run, db, html=True, keys=args.key, beside=args.pages,
+                                      unverified=named and args.unverified, against=args.against if named else None)
             write_new(path, page or "", overwrite=args.overwrite)
     output.note(f"wrote {len(targets)} linked page(s) in {args.pages}: " + ", ".join(p.name for p in targets.values()))
-    return EXIT_OK
+    return _unverified_end(first, args.against)
 
 
 def render_text(rep: dict[str, Any]) -> str:
@@ -308,6 +366,11 @@ def render_text(rep: dict[str, Any]) -> str:
     if c.get("unsealed_rows"):
         lines.append(f"unsealed   the run's last {c['unsealed_rows']} row(s) are not sealed by any checkpoint "
                      "(still being written, or their writer died): what they say is not verified")
+    if rep.get("unverified") is not None:
+        if rep.get("status_unverified"):
+            lines.insert(1, f"status     NOT VERIFIED: the trail says '{rep['status_unverified']}', but no "
+                            "checkpoint that holds vouches for that row")
+        lines += unverified_lines(rep["unverified"])
     # One field a line: a newline in a recorded value (a run id INSERTed by hand) is shown
     # escaped, never as a line of its own that reads as the report's.
     return "\n".join(printable(line) for line in lines)

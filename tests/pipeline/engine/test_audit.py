@@ -406,7 +406,7 @@ def _run_id(db) -> str:  # noqa: ANN001
 def test_an_end_added_to_a_sealed_run_is_found_even_in_a_one_run_database(cli, flashed):
     """A plain INSERT (the triggers refuse only UPDATE and DELETE) of a later status row for a
     run sealed as ended: the database's check and the run's check say so, and its report
-    refuses to show the run."""
+    shows the run marked: the added row as unverified, never as its status (issue 44)."""
     run_id = _run_id(flashed)
     con = sqlite3.connect(flashed)
     top = con.execute("SELECT seq FROM chain_head").fetchone()[0]
@@ -418,7 +418,8 @@ def test_an_end_added_to_a_sealed_run_is_found_even_in_a_one_run_database(cli, f
         r = cli(*argv)
         assert r.code == 1 and "1 row(s) after its final checkpoint" in r.out, (argv, r.out)
     r = cli("report", run_id)
-    assert r.code == 1 and not r.out and "1 row(s) after its final checkpoint" in r.err
+    assert r.code == 1 and "1 row(s) after its final checkpoint" in r.err
+    assert "(flash, not verified" in r.out and "failing    seq " in r.out and "run_status 1" in r.out, r.out
 
 
 def test_a_bulk_row_added_after_the_only_runs_seal_is_found(cli, flashed):

@@ -1,0 +1,119 @@
+"""The report of a run that does not verify: what its signed checkpoints still vouch for, the
+rest marked as unverified (store.partial), and, given a second copy of the run, the rows
+that differ.
+
+The report object is store.queries' own, read through the vouched rows only (a
+store.partial.PartialRows), with these changes: `status` is "not verified" unless the run's
+newest status row is vouched for (the one it reads now is `status_unverified`); the counts
+of register writes and SPI transactions are of vouched rows; `chain` says what was checked
+and what not; and `unverified` names every failing span (seq range, checkpoint, tables, and
+with a copy each row that differs). A report of a run that verifies is not made here.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+from amdflash.store.partial import Partial, check_segments, compare_with_export, rows_view
+from amdflash.store.queries import RunReport, _report, resolve_run
+from amdflash.store.run_rows import RunUnverified, open_run, verify_command
+from amdflash.store.verify import VerifyReport, snapshot
+
+NO_COPY = ("a copy of the run made before (amdflash audit export --run RUN -o FILE) names the rows that differ: "
+           "amdflash report RUN --against FILE")
+
+
+def partial_report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] | None = None,
+                   against: Path | None = None) -> RunReport:
+    """The report of a run that does not verify, marked (raises RunUnverified where nothing of
+    it can be shown: store.partial.check_segments). ValueError for an --against file that is
+    not a copy that verifies. A run that verifies: RuntimeError (use store.queries.report)."""
+    with snapshot(db.conn):
+        run_id = resolve_run(db, run_id)
+        try:
+            open_run(db.conn, run_id, keyfiles)
+        except RunUnverified as e:
+            refusal = e
+        else:
+            raise RuntimeError(f"run {run_id} verifies: its report is store.queries.report's")
+        partial = check_segments(db.conn, run_id, refusal.problem, keyfiles)
+        copy = compare_with_export(partial, db.conn, against, keyfiles) if against is not None else None
+        check = VerifyReport(False, f"run {run_id}", rows=partial.vouched_rows, checkpoints=len(partial.checkpoints),
+                             runs=1, signers=partial.signers, trusted=partial.trusted, key=partial.key,
+                             sealed=partial.last_vouched, problem=refusal.problem)
+        rows = rows_view(partial, check)
+        rep = _report(db, rows, keyfiles)
+        _status(db, rep, partial)
+        rep["register_writes"], rep["spi_transactions"] = _counts(db, partial)
+        rep["chain"] = _chain(partial, refusal.problem)
+        rep["unverified"] = {
+            "problem": refusal.problem,
+            "check": verify_command(db.conn, run_id),
+            "vouched": [list(r) for r in partial.vouched],
+            "spans": [s.to_json() for s in partial.spans],
+            "notes": [n for n in partial.notes if n != refusal.problem],
+            "copy": copy,
+            "next": None if copy is not None else NO_COPY.replace("RUN", run_id),
+        }
+        rep.rows = rows
+        return rep
+
+
+def _vouched(partial: Partial, seq: int) -> bool:
+    return any(lo <= seq <= hi for lo, hi in partial.vouched)
+
+
+def _status(db: sqlite_utils.Database, rep: dict[str, Any], partial: Partial) -> None:
+    """The run's status is shown only if its newest status row is vouched for."""
+    newest = db.conn.execute("SELECT seq, status FROM run_status WHERE run_id = ? AND seq >= ? ORDER BY seq DESC "
+                             "LIMIT 1", (partial.run_id, partial.key)).fetchone()
+    if newest is not None and _vouched(partial, newest[0]):
+        return
+    rep["status_unverified"] = newest[1] if newest is not None else None
+    rep["status"] = "not verified"
+    rep["ended"] = None
+    rep["error"] = None
+
+
+def _counts(db: sqlite_utils.Database, partial: Partial) -> tuple[int, int]:
+    """(register writes, SPI transactions) of the vouched rows (store.queries.counts, by range)."""
+    from amdflash.store import schema
+
+    writes = transactions = raw = 0
+    for lo, hi in partial.vouched:
+        w, t = db.conn.execute(
+            f"SELECT coalesce(sum(length(coalesce(shape, '{schema.DEFAULT_SHAPE}'))), 0), "
+            "coalesce(sum(1 + (again IS NOT NULL)), 0) FROM log_spi WHERE seq BETWEEN ? AND ? AND run = ?",
+            (lo, hi, partial.key)).fetchone()
+        raw += db.conn.execute("SELECT count(*) FROM log_writes WHERE seq BETWEEN ? AND ? AND run = ?",
+                               (lo, hi, partial.key)).fetchone()[0]
+        writes, transactions = writes + w, transactions + t
+    return writes + raw, transactions
+
+
+def _chain(partial: Partial, problem: str) -> dict[str, Any]:
+    from amdflash.store.keys import fingerprint
+
+    held = [c for c, ok in zip(partial.checkpoints, partial.valid, strict=True)
+            if ok and c.last_seq is not None and _vouched(partial, c.last_seq)]
+    cp = held[-1] if held else None
+    how = "verified against the given key" if partial.trusted else \
+        "valid under the key recorded in the database (not checked against a trusted key)"
+    ranges = ", ".join(f"seq {lo}..{hi}" for lo, hi in partial.vouched)
+    return {
+        "ok": False,
+        "problem": problem,
+        "rows": partial.vouched_rows,
+        "checkpoints": len(partial.checkpoints),
+        "checkpoint": cp.id if cp else None,
+        "sealed": cp.kind if cp else None,
+        "head": cp.head.hex() if cp and cp.head else None,
+        "checkpoint_hash": cp.hash.hex() if cp else None,
+        "signed_by": fingerprint(cp.public_key) if cp and cp.public_key else None,
+        "legacy": None,
+        "unsealed_rows": 0,
+        "signature": f"{how}, for the vouched rows only ({ranges}: {len(held)} of {len(partial.checkpoints)} "
+                     "checkpoints hold); the rest is not verified",
+        "vouched": [list(r) for r in partial.vouched],
+    }
