@@ -294,7 +294,7 @@ def rows_view(partial: Partial, check: VerifyReport) -> PartialRows:
     return PartialRows(partial.run_id, partial.key, partial.last_vouched, check, tuple(partial.vouched))
 
 
-def explain(conn: sqlite3.Connection, run_id: str, error: RunUnverified,
+def with_spans(conn: sqlite3.Connection, run_id: str, error: RunUnverified,
             keyfiles: list[Path] | None = None) -> RunUnverified:
     """`error` (open_run's refusal) with every failing span named, and how to see the rest and
     name the row: for a command that refuses to act on a run that does not verify."""
@@ -314,9 +314,10 @@ def _trail_rows(conn: sqlite3.Connection, table: str, run_id: str, key: int, lo:
         -> dict[int, list[Any]]:
     where = f"p.{'run_id' if table in PLAIN else 'run'} = ? AND p.seq BETWEEN ? AND ?"
     value = run_id if table in PLAIN else key
-    out = {}
+    out: dict[int, list[Any]] = {}
     for seq, _, text in conn.execute(canonical_sql(table, where), (value, lo, hi if hi is not None else 2 ** 62)):
-        out[seq] = json.loads(text)[2:] if text is not None else None
+        # A row SQLite cannot write canonically (verify names it) differs from any copy: '?'.
+        out[seq] = json.loads(text)[2:] if text is not None else ["?"] * len(PHYSICAL[table])
     return out
 
 

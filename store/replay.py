@@ -43,7 +43,7 @@ from amdflash.store.queries import (
                                     resolve_run,
                                     status_of,
                                     )
-from amdflash.store.partial import explain
+from amdflash.store.partial import with_spans
 from amdflash.store.run_rows import RunRows, RunUnverified, open_run
 from amdflash.store.status import ENDS
 from amdflash.store.verify import snapshot
@@ -147,7 +147,7 @@ def _replay(db: sqlite_utils.Database, run_id: str, until: int | None, image: by
     try:
         rows = open_run(db.conn, run_id)      # a run that does not verify is not replayed (RunUnverified)
     except RunUnverified as e:
-        raise explain(db.conn, run_id, e) from None     # naming every span that fails
+        raise with_spans(db.conn, run_id, e) from None     # naming every span that fails
     run = next(db.query("SELECT command, image_sha256 FROM runs WHERE seq = ?", [rows.key]))
     backup = {r["address"]: bytes(r["data"]) for r in
               db.query(f"SELECT address, data FROM backup_units WHERE {rows.sql} ORDER BY seq", rows.args)}

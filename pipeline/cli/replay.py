@@ -84,7 +84,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from amdflash.pipeline.engine.auditdb import open_for_reading
     from amdflash.pipeline.commands.board import db_path
     from amdflash.store.queries import RunNotFound, resolve_run
-    from amdflash.store.partial import explain
+    from amdflash.store.partial import with_spans
     from amdflash.store.replay import ReplayRefused, replay
     from amdflash.store.run_rows import RunUnverified, open_run
 
@@ -98,7 +98,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         try:
             key = open_run(db.conn, run_id).key
         except RunUnverified as e:       # not replayed: named with every span that fails (store.partial)
-            raise explain(db.conn, run_id, e) from None
+            raise with_spans(db.conn, run_id, e) from None
         image = _image(db, key, run_id, args.image)
         board: dict[str, Any] | None = None
         listed: list[str] = []

@@ -157,6 +157,17 @@ def _report(reader: Any, run_id: str, keys: Sequence[Path] | None = None) -> Run
     return report(reader, run_id, _key_list(keys))
 
 
+def _partial(reader: Any, run_id: str, keys: Sequence[Path] | None, against: Path | None) -> RunReport:
+    """The report of a run that does not verify, marked (store.partial_report); an --against
+    file that is not a copy of the run that verifies is refused (exit 2)."""
+    from amdflash.store.partial_report import partial_report
+
+    try:
+        return partial_report(reader, run_id, _key_list(keys), against)
+    except ValueError as e:
+        raise Refusal(str(e)) from None
+
+
 def _reports(db: str, runs: list[RunResult]) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[str, str, str]]]:
     """Each run's report, and for a flash the backup of its board's original content: (path,
     the run that made it, the command that puts it back)."""
@@ -564,22 +575,39 @@ def runs(db: str | None = None) -> list[dict[str, Any]]:
 
 
 def report(run_id: str, db: str | None = None, html: bool = False,
-           keys: Sequence[Path] | None = None, beside: Path | None = None) -> tuple[dict[str, Any], str | None]:
+           keys: Sequence[Path] | None = None, beside: Path | None = None,
+           unverified: bool = False, against: Path | None = None) -> tuple[dict[str, Any], str | None]:
     """One run's report (the `report --format json` object), and its HTML page if asked.
     `keys`: trusted public key files the run's signatures must be by; `beside`: the directory
-    the page will be written into (its links lead only to pages there)."""
+    the page will be written into (its links lead only to pages there). `unverified`: a run
+    that does not verify is reported as far as its checkpoints still vouch for it, the rest
+    marked (store.partial_report: its `unverified` key), else refused (RunUnverified);
+    `against`: an export of the run that names the rows that differ."""
     from amdflash.store.keys import KeyError_
+    from amdflash.store.partial import with_spans
+    from amdflash.store.queries import resolve_run
+    from amdflash.store.run_rows import RunUnverified
     from amdflash.store.verify import snapshot
 
     reader = auditdb.open_reader(default_db(db))
     try:
         with snapshot(reader.conn):     # the page reads what the report verified, nothing newer
             try:
-                rep = _report(reader, run_id, keys)
+                try:
+                    rep = _report(reader, run_id, keys)
+                except RunUnverified as e:
+                    if not unverified:     # named with every failing span, and where the rest is seen
+                        raise with_spans(reader.conn, resolve_run(reader, run_id), e, _key_list(keys)) from None
+                    rep = _partial(reader, run_id, keys, against)
             except (RunNotFound, KeyError_) as e:
                 raise Refusal(str(e)) from None
-            # What the run left and the way out, as its command line said it (pipeline.run_end).
-            run_end.add(reader, rep, lambda: _original(default_db(db), rep))
+            if rep.get("unverified") is not None:
+                # Nothing to advise: a resume or restore refuses a run that does not verify.
+                rep.update(fixed_by=rep.get("finished_by"), superseded_by=None,
+                           registers_put_back=run_end.put_back_words(rep), outcome=None)
+            else:
+                # What the run left and the way out, as its command line said it (pipeline.run_end).
+                run_end.add(reader, rep, lambda: _original(default_db(db), rep))
             page = None
             if html:
                 from amdflash.store.html import render
