@@ -587,6 +587,10 @@ def check_export(bundle: Opened) -> None:
                      "was changed")
     bundle.said.append(f"export      {EXPORT}: {len(facts.runs)} run(s), {report.rows} rows, every one under its "
                        f"run's signed checkpoints ({report.checkpoints})")
+    # Which runs the file holds is the sealer's word: a signer of the checkpoints, or the maker's own key.
+    sealer = "a key that signed its checkpoints" if any(keys.fingerprint(k) == report.sealed_by
+                                                        for k in facts.signers) else "the bundle maker's own key"
+    bundle.said.append(f"sealed      by {report.sealed_by} ({sealer}): which runs the bundle holds is its word")
 
 
 def check_keys(bundle: Opened) -> None:
