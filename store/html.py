@@ -75,6 +75,7 @@ def render(db: sqlite_utils.Database, rep: RunReport, beside: Path | None = None
         _outcome(rep.get("outcome"), beside),
         _sector_map(rep, unit_states(db, rows), _earlier(db, rep)),
         _timeline(rep),
+        _every_fact(rep),
         _facts(rep),
         _verifies(rep),
         _first_error(db, rep, rows),
@@ -523,6 +524,19 @@ def _stage_row(s: _Stage, t0: dt.datetime, span: float) -> str:
             f"</td><td class=\"track\"><div class=\"bar {kind}\" style=\"left:{left:.2f}%;"
             f"width:{min(width, 100 - left):.2f}%\"></div></td>"
             f"<td class=\"detail\">{_value(_readable(s.detail)) if s.detail else ''}{escape(extra)}</td></tr>")
+
+
+def _every_fact(rep: dict[str, Any]) -> str:
+    """The facts store.facts found, in the words the text report prints (the JSON's facts.words):
+    registers before, after restore and left changed; overrides; image and backup; VBIOS part;
+    unit times; how the run ended; a verify failure's diagnosis; the database read."""
+    said = (rep.get("facts") or {}).get("words") or ()
+    if not said:
+        return ""
+    cells = "".join(f"<tr><th>{escape(w['label'])}</th><td data-field=\"fact-{escape(w['key'])}\">"
+                    f"{escape(w['text'])}</td></tr>" for w in said)
+    return (f"<section id=\"every-fact\"><h2>What the trail says of this run</h2><table class=\"kv\">{cells}"
+            "</table></section>")
 
 
 def _facts(rep: dict[str, Any]) -> str:

@@ -565,6 +565,9 @@ def _report(db: sqlite_utils.Database, rows: RunRows, keyfiles: list[Path] | Non
         },
     })
     rep.rows = rows
+    from amdflash.store import facts
+
+    facts.add(db.conn, rows, rep, _db_file(db))     # every fact the trail holds, said the same in each format
     return rep
 
 

@@ -319,8 +319,11 @@ def render_text(rep: dict[str, Any]) -> str:
     badge = "  [EMULATED BOARD]" if rep.get("emulated") else ""
     # A claim recorded by an older amdflash, or pushed by another host, was never checked: one line.
     claimed = f" (claims to be {printable(rep['operator_claimed'])})" if rep.get("operator_claimed") else ""
+    # An override is said where the run is named: a forced flash is never just "(flash, succeeded)".
+    forced = "".join(f"; {o['option']} overrode the {o['overrode']}" for o in (rep.get("facts") or {}).get("overrides")
+                     or () if o.get("overrode"))
     lines = [
-        f"run        {rep['run_id']}  ({rep['command']}, {rep['status']}){badge}",
+        f"run        {rep['run_id']}  ({rep['command']}, {rep['status']}{forced}){badge}",
         f"started    {rep['started']}   ended {rep['ended'] or '-'}",
         f"clock      {clock_words(rep.get('clock_sync')) or 'unknown'}",
         f"operator   OS account {rep['operator']}{claimed} on {rep['host']} "
@@ -359,6 +362,7 @@ def render_text(rep: dict[str, Any]) -> str:
     if rep["error"]:
         lines.append(f"error      {rep['error']}")
     lines += end_lines(rep.get("outcome"))
+    lines += fact_lines(rep)
     c = rep.get("chain") or {}
     lines.append(f"chain      {'intact' if c.get('ok') else 'BROKEN: ' + str(c.get('problem'))}; checkpoint "
                  f"#{c.get('checkpoint')} ({c.get('sealed')}) head {c.get('head')}")
@@ -374,6 +378,13 @@ def render_text(rep: dict[str, Any]) -> str:
     # One field a line: a newline in a recorded value (a run id INSERTed by hand) is shown
     # escaped, never as a line of its own that reads as the report's.
     return "\n".join(printable(line) for line in lines)
+
+
+def fact_lines(rep: dict[str, Any]) -> list[str]:
+    """The facts store.facts found (registers, overrides, backup, VBIOS, unit times, how the run
+    ended, a verify failure's diagnosis, the database read): the words the JSON and HTML carry."""
+    said = (rep.get("facts") or {}).get("words") or ()
+    return [f"{w['label']:<10} {w['text']}" for w in said]
 
 
 def end_lines(end: dict[str, Any] | None) -> list[str]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from amdflash.stages.drivers.flash.geometry import FLASH_SIZE
@@ -49,6 +49,7 @@ class PartDecision:
     outcome: str                 # same | forced | expected | refused
     reason: str
     policy: PartPolicy
+    image_version: str | None = None     # the image's VBIOS version: the board's after a flash that succeeds
 
     @property
     def refusal(self) -> str | None:
@@ -57,7 +58,8 @@ class PartDecision:
     def as_json(self) -> dict[str, Any]:
         return {"image_part": self.image_part, "board_part": self.board.part_number, "board_state": self.board.state,
                 "board_detail": self.board.detail, "board_version": self.board.version, "outcome": self.outcome,
-                "reason": self.reason, "force": self.policy.force, "expect_part": self.policy.expect_part}
+                "reason": self.reason, "force": self.policy.force, "expect_part": self.policy.expect_part,
+                **({"image_version": self.image_version} if self.image_version else {})}
 
 
 def image_part(image: bytes) -> tuple[str | None, str | None]:
@@ -66,6 +68,14 @@ def image_part(image: bytes) -> tuple[str | None, str | None]:
         return read_layout(BytesSource(image)).image_vbios().part_number, None
     except LayoutError as e:
         return None, str(e)
+
+
+def image_version(image: bytes) -> str | None:
+    """The image's VBIOS version (after "ATOMBIOSBK-AMD VER"), or None where it cannot be read."""
+    try:
+        return read_layout(BytesSource(image)).image_vbios().version
+    except LayoutError:
+        return None
 
 
 def flash_part(src: Source) -> BoardPart:
@@ -137,8 +147,8 @@ def check_flash(dev, image: bytes, policy: PartPolicy) -> PartDecision:
     assert dev.nor is not None
     part, problem = image_part(image)
     board = flash_part(UnitSource(dev.nor.read, FLASH_SIZE))
-    decision = decide(part, problem, board, policy)
+    decision = replace(decide(part, problem, board, policy), image_version=image_version(image))
     record(dev.recorder, decision)
     if not decision.refusal:
-        dev.extra.setdefault("notes", []).append(summary(decision))
+        dev.notes.append(summary(decision))
     return decision

@@ -1,0 +1,491 @@
+"""Facts of one run the trail holds but the report's other fields do not say (issue 44): the
+registers before, after restore and left changed; each override (--force, --clear-cmp, …) and
+what it overrode; the image and the backup, and whether the trail holds their content; the
+VBIOS part number before and after; each unit's time; how the run ended; a verify failure in
+the flash chip's terms; and which database the report was read from.
+
+`add` puts them into the report object (JSON) under `facts`, each a structured value, and
+`facts.words`: the same facts as (key, label, sentence). The text report prints those
+sentences and the HTML page shows them (store/html.py), so the three formats say the same
+words. Everything is read from the run's own rows; a fact taken from another run (the one
+that put registers back, a later run's boot id) only from a run that verifies.
+
+Nothing here imports store.queries (which calls `add`): the few rows it needs it reads itself.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import sqlite3
+from typing import Any
+
+from amdflash.stages.drivers.navi31 import regs as R
+from amdflash.store.run_rows import RunRows, RunUnverified, open_run
+from amdflash.store.status import ENDS, PROCESS_STAGE, _boot_id, boot_of, machine_id, process_alive
+
+REGISTER_NAMES = {getattr(R, name): name for name in (
+    "ROM_CNTL", "PAGE_MIRROR_CNTL", "ROM_STATUS", "ROM_INDEX", "ROM_DATA", "ROM_START",
+    "ROM_SW_CNTL", "ROM_SW_STATUS", "ROM_SW_COMMAND", "GPIOPAD_MASK", "GPIOPAD_A", "GPIOPAD_EN",
+    "MP0_C2PMSG_73", "MP0_C2PMSG_115", "MP0_C2PMSG_116")}
+
+# The registers a run changes and must put back (stages/restore.RESTORABLE, which store does not
+# import: that module brings the whole device). ROM_SW_CNTL and ROM_SW_STATUS are the engine's
+# own: the hardware changes them as each transaction runs, so what was last written says nothing.
+LEFT = (R.ROM_SW_COMMAND, R.ROM_CNTL, R.ROM_INDEX, R.PAGE_MIRROR_CNTL, R.GPIOPAD_A, R.GPIOPAD_EN, R.GPIOPAD_MASK)
+
+# Shape letters of a log_spi row (store.schema.SHAPE_LETTERS) that write each ROM_SW register.
+_STATUS_LETTERS, _COMMAND_LETTERS, _CNTL_LETTERS = set("SsHB"), set("CcHB"), set("Nn")
+
+
+def add(conn: sqlite3.Connection, rows: RunRows, rep: dict[str, Any], db_file: str) -> None:
+    """Put the facts into `rep` (its other keys already there): `facts` and each unit's times."""
+    times = _unit_times(conn, rows, rep)
+    for unit in rep["units"]:
+        unit.update(times.get(unit["address"], {"start": None, "end": None}))
+    facts: dict[str, Any] = {
+        "registers": registers(conn, rows),
+        "overrides": overrides(rep),
+        "image": {"path": rep.get("image_path"), "sha256": rep.get("image_sha256"), "in_trail": False},
+        "backup": backup(conn, rows),
+        "vbios": vbios(rep),
+        "unit_clock": _clock_words(rep, times),
+        "ended": ended(conn, rows, rep),
+        "verify_diagnosis": diagnosis(rep["verifies"]["failed"]),
+        "database": db_file,
+    }
+    rep["facts"] = facts
+    facts["words"] = [{"key": k, "label": label, "text": text} for k, label, text in words(rep)]
+
+
+# -- registers --------------------------------------------------------------------------------
+
+def _name(offset: int) -> str:
+    return REGISTER_NAMES.get(offset, f"{offset:#07x}")
+
+
+def _snapshot(conn: sqlite3.Connection, rows: RunRows, label: str, sealed: bool = False) -> dict[int, int] | None:
+    where, args = (rows.sealed_sql, rows.sealed_args) if sealed else (rows.sql, rows.args)
+    found = conn.execute(f"SELECT registers FROM register_snapshots WHERE {where} AND label = ? ORDER BY seq LIMIT 1",
+                         [*args, label]).fetchone()
+    try:
+        return {int(k, 16): int(v) for k, v in json.loads(found[0]).items()} if found else None
+    except (ValueError, TypeError, AttributeError):
+        return None          # not a row amdflash wrote
+
+
+def _named(values: dict[int, int] | None) -> dict[str, str] | None:
+    return None if values is None else {_name(k): f"{v:#010x}" for k, v in sorted(values.items())}
+
+
+def last_writes(conn: sqlite3.Connection, rows: RunRows, offsets: set[int]) -> dict[int, int]:
+    """The value the run's sealed register writes last put in each of `offsets`: the raw
+    writes (log_writes, block writes split into registers) and the ROM_SW registers its last
+    transactions set (log_spi: their shape says which registers each wrote)."""
+    if rows.sealed is None:
+        return {}
+    span = (rows.key, rows.sealed, rows.key)
+    last: dict[int, tuple[int, int]] = {}
+    for seq, offset, value, data in conn.execute(
+            "SELECT w.seq, w.offset, w.value, b.data FROM log_writes w LEFT JOIN blobs b ON b.id = w.data "
+            "WHERE w.seq BETWEEN ? AND ? AND w.run = ? ORDER BY w.seq", span):
+        if value is not None:
+            last[offset] = (seq, value)
+        elif isinstance(data, bytes):
+            for i in range(0, len(data) - 3, 4):
+                if offset + i in offsets:
+                    last[offset + i] = (seq, int.from_bytes(data[i:i + 4], "little"))
+    wanted = {R.ROM_SW_STATUS: _STATUS_LETTERS, R.ROM_SW_COMMAND: _COMMAND_LETTERS, R.ROM_SW_CNTL: _CNTL_LETTERS}
+    for seq, command, cntl, shape in conn.execute(
+            "SELECT seq, command, cntl, coalesce(shape, 'SCN') FROM log_spi WHERE seq BETWEEN ? AND ? AND run = ? "
+            "ORDER BY seq DESC LIMIT 64", span):
+        for offset, letters in list(wanted.items()):
+            if letters & set(shape or ""):
+                value = {R.ROM_SW_STATUS: 0, R.ROM_SW_COMMAND: command, R.ROM_SW_CNTL: cntl}[offset]
+                if value is not None and (offset not in last or last[offset][0] < seq):
+                    last[offset] = (seq, value)
+                del wanted[offset]
+        if not wanted:
+            break
+    return {k: v for k, (_, v) in last.items() if k in offsets}
+
+
+def registers(conn: sqlite3.Connection, rows: RunRows) -> dict[str, Any]:
+    """Before, after restore, and what the run left changed: from its "after restore" snapshot,
+    or, where it ended without one (killed, its host lost), from its sealed register writes; and
+    the later run that found them so and put them back, if one did (a run that verifies)."""
+    before = _snapshot(conn, rows, "before")
+    after = _snapshot(conn, rows, "after restore")
+    out: dict[str, Any] = {"before": _named(before), "after_restore": _named(after), "left_changed": [],
+                           "left_from": None, "put_back_by": None, "found_by_next": None}
+    if before is None:
+        return out
+    if after is not None:
+        left, out["left_from"] = after, "after restore"
+    else:
+        left, out["left_from"] = {**before, **last_writes(conn, rows, set(before))}, "sealed writes"
+    out["left_changed"] = [{"register": _name(k), "before": f"{before[k]:#010x}", "left": f"{left[k]:#010x}"}
+                           for k in LEFT if k in before and k in left and left[k] != before[k]]
+    if after is None:
+        out["put_back_by"], out["found_by_next"] = _settled_by(conn, rows.run_id)
+    return out
+
+
+def _settled_by(conn: sqlite3.Connection, run_id: str) -> tuple[dict[str, Any] | None, dict[str, str] | None]:
+    """The later run that dealt with what this run left (stages.restore.put_back's sealed
+    record: what it put back) and the registers it found: from a run that verifies only."""
+    for other, seq, detail in conn.execute(
+            "SELECT run_id, seq, detail FROM stages WHERE stage = 'restore_stranded' AND event = 'end' ORDER BY seq"):
+        try:
+            said = json.loads(detail)
+            if said.get("run") != run_id or other == run_id:
+                continue
+            rows = open_run(conn, other)
+        except (ValueError, TypeError, AttributeError, RunUnverified):
+            continue
+        if rows.unsealed(seq):
+            continue
+        found = conn.execute(f"SELECT registers FROM register_snapshots WHERE {rows.sealed_sql} AND label = 'found' "
+                             "ORDER BY seq LIMIT 1", rows.sealed_args).fetchone()
+        try:
+            seen = {int(k, 16): int(v) for k, v in json.loads(found[0]).items()} if found else None
+        except (ValueError, TypeError, AttributeError):
+            seen = None
+        return ({"run_id": other, "put_back": said.get("put_back") or {},
+                 "changed_since": said.get("changed_since")}, _named(seen))
+    return None, None
+
+
+# -- overrides, image, backup, VBIOS ---------------------------------------------------------
+
+def _stage(rep: dict[str, Any], stage: str, events: tuple[str, ...] = ("end", "refuse")) -> dict[str, Any] | None:
+    for row in rep.get("stages") or ():
+        if row.get("stage") == stage and row.get("event") in events:
+            return row
+    return None
+
+
+def _json(row: dict[str, Any] | None) -> dict[str, Any]:
+    try:
+        found = json.loads((row or {}).get("detail") or "")
+    except (ValueError, TypeError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def overrides(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each override the run was given and what it overrode, as its sealed rows record it."""
+    given = rep.get("arguments")
+    args: dict[str, Any] = given if isinstance(given, dict) else {}
+    part = _json(_stage(rep, "part_number"))
+    out: list[dict[str, Any]] = []
+    if args.get("force"):
+        forced = part.get("outcome") == "forced"
+        out.append({"option": "--force", "overrode": "part number" if forced else None,
+                    "image_part": part.get("image_part"), "board_part": part.get("board_part"),
+                    "board_detail": part.get("board_detail"), "reason": part.get("reason"),
+                    "part_outcome": part.get("outcome")})
+    if args.get("clear_cmp"):
+        cleared = _stage(rep, "clear_cmp")
+        began = _stage(rep, "clear_cmp", ("start",))
+        out.append({"option": "--clear-cmp", "overrode": "protection" if began else None,
+                    "protection": (began or {}).get("detail"), "result": (cleared or {}).get("detail")})
+    if args.get("unknown_chip_ok"):
+        chip = _json(_stage(rep, "identify", ("chip facts",)))
+        out.append({"option": "--unknown-chip-ok", "overrode": "unknown chip" if chip.get("source") == "sfdp" else None,
+                    "chip": chip.get("name")})
+    return out
+
+
+def backup(conn: sqlite3.Connection, rows: RunRows) -> dict[str, Any] | None:
+    """The run's own backup (path, sha256) and whether its sealed backup units rebuild it."""
+    found = conn.execute(f"SELECT sha256, size, path FROM backups WHERE {rows.sealed_sql} ORDER BY seq LIMIT 1",
+                         rows.sealed_args).fetchone()
+    if found is None:
+        return None
+    sha, size, path = found
+    digest, held, units = hashlib.sha256(), 0, 0
+    for address, data in conn.execute(
+            f"SELECT address, data FROM backup_units WHERE {rows.sealed_sql} ORDER BY address, seq", rows.sealed_args):
+        if isinstance(data, bytes) and address == held:
+            digest.update(data)
+            held += len(data)
+            units += 1
+    whole = held == size and digest.hexdigest() == sha
+    return {"path": path, "sha256": sha, "size": size, "units_in_trail": units, "bytes_in_trail": held,
+            "in_trail": whole}
+
+
+def vbios(rep: dict[str, Any]) -> dict[str, Any] | None:
+    """The VBIOS part number (and version) the board held before, as the part check read it,
+    and after: derived from the image written (said so), for a run that succeeded."""
+    part = _json(_stage(rep, "part_number"))
+    if not part:
+        return None
+    succeeded = rep.get("status") == "succeeded" and rep.get("command") in ("flash", "resume", "restore-original")
+    return {"before": part.get("board_part"), "before_version": part.get("board_version"),
+            "before_state": part.get("board_state"), "before_where": part.get("board_detail"),
+            "image": part.get("image_part"), "image_version": part.get("image_version"),
+            "after": part.get("image_part") if succeeded else None,
+            "after_version": part.get("image_version") if succeeded else None,
+            "after_from": "derived from the image written, as the flash succeeded and verified; not read back"
+            if succeeded else None}
+
+
+# -- unit times ---------------------------------------------------------------------------------
+
+def _anchor(conn: sqlite3.Connection, rows: RunRows) -> tuple[float, dt.datetime] | None:
+    """(board clock, wall time) of one moment: the "before" snapshot's clock and the wall time
+    of the stages row recorded just before it (the `registers` start, milliseconds earlier)."""
+    snap = conn.execute(f"SELECT seq, clock FROM register_snapshots WHERE {rows.sql} AND label = 'before' "
+                        "ORDER BY seq LIMIT 1", rows.args).fetchone()
+    if snap is None or snap[1] is None:
+        return None
+    at = conn.execute(f"SELECT at FROM stages WHERE {rows.sql} AND seq < ? ORDER BY seq DESC LIMIT 1",
+                      [*rows.args, snap[0]]).fetchone()
+    try:
+        return float(snap[1]), dt.datetime.fromisoformat(at[0])
+    except (TypeError, ValueError):
+        return None
+
+
+def _unit_times(conn: sqlite3.Connection, rows: RunRows, rep: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Each unit's first and last recorded moment (its first row past `planned`, its last row),
+    in seconds on the board's clock since the run's "before" snapshot and, on hardware (whose
+    clock is the host's monotonic clock), as wall-clock time."""
+    anchor = _anchor(conn, rows)
+    if anchor is None:
+        return {}
+    zero, wall = anchor
+    real = rep.get("emulated") is False
+    out: dict[int, dict[str, Any]] = {}
+    for address, first, last in conn.execute(
+            f"SELECT address, min(clock), max(clock) FROM units WHERE {rows.sql} AND state != 'planned' "
+            "GROUP BY address", rows.args):
+        if first is None:
+            continue
+        out[address] = {"start_s": round(first - zero, 6), "end_s": round(last - zero, 6),
+                        "start": _wall(wall, first - zero) if real else None,
+                        "end": _wall(wall, last - zero) if real else None}
+    return out
+
+
+def _wall(t0: dt.datetime, seconds: float) -> str:
+    return (t0 + dt.timedelta(seconds=seconds)).isoformat(timespec="milliseconds")
+
+
+def _clock_words(rep: dict[str, Any], times: dict[int, dict[str, Any]]) -> str | None:
+    if not times:
+        return None
+    if rep.get("emulated") is False:
+        return "wall-clock time, from the board's clock (the host's monotonic clock) since the run's first snapshot"
+    return ("seconds on the emulated board's modelled clock since the run's first snapshot (not wall-clock time: "
+            "the emulator's time is modelled)")
+
+
+# -- how the run ended --------------------------------------------------------------------------
+
+def ended(conn: sqlite3.Connection, rows: RunRows, rep: dict[str, Any]) -> dict[str, Any]:
+    """How the run ended: its recorded end; else, from the boot ids its machine recorded, killed
+    (a later run on the same boot), the host went down (a later run under another boot id) or
+    still running (its process lives here, holding the board's lock)."""
+    last = conn.execute(f"SELECT status, detail, at FROM run_status WHERE {rows.sql} ORDER BY seq DESC LIMIT 1",
+                        rows.args).fetchone()
+    if last is not None and last[0] in ENDS:
+        return {"how": "recorded", "status": last[0], "at": last[2]}
+    process = conn.execute(f"SELECT detail FROM stages WHERE {rows.sql} AND stage = ? ORDER BY seq LIMIT 1",
+                           [*rows.args, PROCESS_STAGE]).fetchone()
+    detail = process[0] if process else None
+    boot = boot_of(detail)
+    out: dict[str, Any] = {"how": "unknown", "status": None, "at": None, "boot_id": boot, "later_run": None,
+                           "later_boot_id": None}
+    if process_alive(detail):
+        out["how"] = "running"
+        return out
+    later = _later_boot(conn, rows, rep.get("machine_id"))
+    if later is not None:
+        out["later_run"], out["later_boot_id"] = later
+        out["how"] = "killed" if later[1] == boot else "host down"
+    elif process_alive(detail) is False:
+        out["how"] = "killed"           # same boot, here, and its process is gone
+    else:
+        here = machine_id()
+        if boot and here and here == rep.get("machine_id") and _boot_id() not in (None, boot):
+            out["how"] = "host down"    # this very host has booted since
+            out["later_boot_id"] = _boot_id()
+    return out
+
+
+def _later_boot(conn: sqlite3.Connection, rows: RunRows, machine: object) -> tuple[str, str] | None:
+    """(run, boot id) of the first later run on the same machine that recorded its process and
+    verifies."""
+    if not isinstance(machine, str) or not machine:
+        return None
+    for other, seq in conn.execute("SELECT run_id, seq FROM runs WHERE seq > ? AND machine_id = ? ORDER BY seq "
+                                   "LIMIT 8", (rows.key, machine)):
+        try:
+            theirs = open_run(conn, other)
+        except RunUnverified:
+            continue
+        if theirs.key != seq:
+            continue
+        found = conn.execute(f"SELECT detail FROM stages WHERE {theirs.sealed_sql} AND stage = ? ORDER BY seq LIMIT 1",
+                             [*theirs.sealed_args, PROCESS_STAGE]).fetchone()
+        boot = boot_of(found[0] if found else None)
+        if boot:
+            return other, boot
+    return None
+
+
+# -- a verify failure in the chip's terms -----------------------------------------------------
+
+def diagnosis(failed: list[dict[str, Any]]) -> str | None:
+    """What the failed verifies say of the chip: a NOR flash's erase sets bits to 1 and its
+    program only clears bits to 0, so bits that should be 1 but read 0 mean the erase did not
+    take; bits that should be 0 but read 1, the program did not take; both, or a different
+    byte on each attempt, that the reads are unstable or the data written was not the image's."""
+    if not failed:
+        return None
+    first = failed[0]
+    try:
+        flash, image, at = int(first["flash_byte"]), int(first["image_byte"]), int(first["mismatch_address"])
+    except (TypeError, ValueError, KeyError):
+        return None
+    zeros, ones = image & ~flash & 0xFF, flash & ~image & 0xFF
+    same_unit = [f for f in failed if f.get("address") == first.get("address")]
+    unstable = len({(f.get("mismatch_address"), f.get("flash_byte")) for f in same_unit}) > 1
+    where = f"at {at:#08x} (flash {flash:02x}, image {image:02x}"
+    where += f", {len(same_unit)} attempts alike)" if len(same_unit) > 1 and not unstable else ")"
+    if unstable:
+        return (f"the read-back differs from attempt to attempt at unit {int(first['address']):#08x} "
+                f"(first {where}: unstable reads, or data that is not the image's")
+    if zeros and not ones:
+        return f"bits that should be 1 read 0 {where} — the erase did not take"
+    if ones and not zeros:
+        return f"bits that should be 0 read 1 {where} — the program did not take"
+    return (f"bits differ both ways {where}: neither a failed erase nor a failed program alone explains it — "
+            "unstable reads, or data that is not the image's")
+
+
+# -- the same facts, in words ---------------------------------------------------------------------
+
+def _regs(values: dict[str, str] | None) -> str:
+    return ", ".join(f"{k}={v}" for k, v in (values or {}).items())
+
+
+def words(rep: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(key, label, sentence) of each fact: what the text report prints and the HTML page shows."""
+    f = rep.get("facts") or {}
+    out: list[tuple[str, str, str]] = []
+    regs = f.get("registers") or {}
+    if regs.get("before"):
+        out.append(("registers-before", "registers", f"before: {_regs(regs['before'])}"))
+        if regs.get("after_restore") is not None:
+            same = regs["after_restore"] == regs["before"]
+            out.append(("registers-after", "registers", "after restore: " + (
+                "as before" if same else _regs(regs["after_restore"]))))
+        else:
+            out.append(("registers-after", "registers", "after restore: none recorded (the run ended without "
+                                                        "putting its registers back)"))
+        changed = ", ".join(f"{c['register']} {c['before']} -> {c['left']}" for c in regs.get("left_changed") or ())
+        source = ("its after-restore snapshot" if regs.get("left_from") == "after restore"
+                  else "its last sealed register writes; one recorded just as the run died may not have reached "
+                       "the board")
+        text = f"left changed (from {source}): {changed}" if changed else f"left changed: none (from {source})"
+        put = regs.get("put_back_by")
+        if put:
+            done = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in (put.get("put_back") or {}).items())
+            text += (f"; run {put['run_id']} found them " + (f"as {_regs(regs['found_by_next'])}" if
+                                                              regs.get("found_by_next") else "")
+                     + (f" and put back {done}" if done else "; it put back nothing")
+                     + (f" (changed since by something else: {', '.join(put['changed_since'])})"
+                        if put.get("changed_since") else ""))
+        elif changed and regs.get("left_from") == "sealed writes":
+            text += "; no later run on record has put them back (the next run on this board does, first)"
+        out.append(("registers-left", "registers", text))
+    for o in f.get("overrides") or ():
+        if o["option"] == "--force":
+            if o["overrode"]:
+                text = (f"overrode the part-number check: image part {o.get('image_part') or 'unknown'}, board part "
+                        f"{o.get('board_part') or 'unknown'}" + (f" ({o['board_detail']})" if o.get("board_detail")
+                                                                  else "") + f": {o.get('reason')}")
+            elif o.get("part_outcome"):
+                text = f"given, overrode nothing: the part check said {o['part_outcome']} ({o.get('reason')})"
+            else:
+                text = "given; no part check is on record (the run stopped before it)"
+        elif o["option"] == "--clear-cmp":
+            text = (f"overrode protection: {o.get('protection')} -> {o.get('result') or 'not recorded as done'}"
+                    if o["overrode"] else "given, overrode nothing: SR2.CMP was not set")
+        else:
+            text = (f"the chip {o.get('chip')} was written from its SFDP facts" if o["overrode"]
+                    else "given, overrode nothing: the chip is in the chip table")
+        out.append((f"override{o['option']}", "override", f"{o['option']} {text}"))
+    image = f.get("image") or {}
+    if image.get("sha256"):
+        out.append(("image-held", "image", f"{image.get('path') or '-'} sha256 {image['sha256']}: the trail holds "
+                                           "its hash only, not its content (the data of each unit written is in "
+                                           "the run's transactions)"))
+    b = f.get("backup")
+    if b:
+        held = (f"the trail holds its content: {b['units_in_trail']} sealed backup units rebuild it (sha256 matches)"
+                if b["in_trail"] else f"the trail holds {b['bytes_in_trail']} of its {b['size']} bytes in sealed "
+                                      "backup units" if b["bytes_in_trail"] else
+                "the trail holds no backup units of it: only the file has its content")
+        out.append(("backup-held", "backup", f"made by this run: {b['path']} sha256 {b['sha256']}; {held}"))
+    v = f.get("vbios")
+    if v:
+        before = f"{v.get('before') or v.get('before_state') or 'unknown'}" + (
+            f" version {v['before_version']}" if v.get("before_version") else "")
+        after = (f"{v['after']}" + (f" version {v['after_version']}" if v.get("after_version") else "")
+                 + f" ({v['after_from']})" if v.get("after") else "not known (the run did not succeed; the image's "
+                                                                  f"part is {v.get('image') or 'unknown'})")
+        out.append(("vbios", "vbios", f"part before {before}; after {after}"))
+    units = [u for u in rep.get("units") or () if u.get("start_s") is not None]
+    if units:
+        out.append(("unit-clock", "unit times", str(f.get("unit_clock"))))
+        skipped = [u for u in units if u["action"] == "skip"]
+        if skipped:
+            first = min(skipped, key=lambda u: u["start_s"])
+            last = max(skipped, key=lambda u: u["end_s"])
+            out.append(("units-skipped", "unit", f"{len(skipped)} units found equal (skip) {_span(first, last)}"))
+        for u in units:
+            if u["action"] != "skip":
+                out.append((f"unit-{u['address']:#08x}", "unit", f"{u['address']:#08x} {u['action']} {u['state']} "
+                                                                 f"{_span(u, u)}"))
+    e = f.get("ended") or {}
+    if e:
+        out.append(("ended", "ended", _ended_words(e)))
+    if f.get("verify_diagnosis"):
+        out.append(("diagnosis", "diagnosis", f["verify_diagnosis"]))
+    if f.get("database"):
+        text = f"read from {f['database']}: the commands a 'next' line gives name it"
+        if rep.get("error"):
+            text += f"; the error is quoted as run {rep['run_id']} recorded it on {rep.get('host')}, with that " \
+                    "host's paths"
+        out.append(("database", "database", text))
+    return out
+
+
+def _span(first: dict[str, Any], last: dict[str, Any]) -> str:
+    if first.get("start"):
+        return f"{first['start']} .. {last['end']}"
+    return f"+{first['start_s']:.3f} s .. +{last['end_s']:.3f} s"
+
+
+def _ended_words(e: dict[str, Any]) -> str:
+    how = e.get("how")
+    if how == "recorded":
+        return f"recorded its end: {e.get('status')} at {e.get('at')}"
+    if how == "running":
+        return "still running: no end recorded, and its process lives on this host (holding the board's lock)"
+    if how == "killed":
+        later = (f"; a later run on its host, {e['later_run']}, recorded the same boot id" if e.get("later_run")
+                 else "; its host has the same boot id and the process is gone")
+        return f"killed: no end recorded, its lock is no longer held and the host kept running{later}"
+    if how == "host down":
+        later = (f"a later run on its host, {e['later_run']}, recorded boot id {e.get('later_boot_id')}"
+                 if e.get("later_run") else f"this host now has boot id {e.get('later_boot_id')}")
+        return f"its host went down (or restarted) before the run ended: no end recorded; it ran under boot id " \
+               f"{e.get('boot_id')}, {later}"
+    return ("no end recorded; read on another machine with no later run of its host on record, the record cannot "
+            "tell whether it still runs, was killed or its host went down")
