@@ -18,6 +18,10 @@ defaults that the command line overrides:
     fleet_hosts = ["hosta", "hostb"]     # the hosts `amdflash fleet` may reach (pipeline/fleet/settings.py)
     fleet_host_command = "/opt/amdflash/bin/amdflash"
     notify = ["mailto://…", "ntfy://…"]  # Apprise URLs `amdflash fleet serve` notifies (pipeline/fleet/serve/)
+    witnesses = [{url = "https://w1.example/sub", key = "w1.example+1a2b3c4d+BASE64"}]   # C2SP tlog-witnesses
+    witness_quorum = 1                   # cosignatures needed (default: every witness named)
+    witness_timeout = 2                  # seconds a run's end waits for them (pipeline/engine/witnessing.py)
+    timestamp_authorities = [{url = "https://tsa.example/", roots = "/etc/amdflash/tsa-root.pem"}]   # RFC 3161
     log_origin = "example.com/flash-line/host7"   # the transparency log's origin (pipeline/commands/transparency.py)
 """
 from __future__ import annotations
@@ -42,6 +46,7 @@ KEYS: dict[str, tuple[type, ...]] = {
     "db": (str,), "board": (str, list), "prescale": (int,), "rx_mode": (str,), "restore_each": (bool,),
     "reads": (int,), "progress": (bool,), "fleet_hosts": (list, str), "fleet_host_command": (str,),
     "notify": (list, str), "log_origin": (str,),
+    "witnesses": (list,), "witness_quorum": (int,), "witness_timeout": (int, float), "timestamp_authorities": (list,),
 }
 
 
@@ -126,6 +131,9 @@ TRUST_KEYS = {
     "board": "which board a command writes",
     "fleet_hosts": "which hosts the fleet trusts",
     "notify": "where the line's failures are told",
+    "witnesses": "which outside parties vouch that this host's log only grew",
+    "witness_quorum": "how many witnesses must vouch for it",
+    "timestamp_authorities": "whose time the record's tree heads carry",
 }
 
 

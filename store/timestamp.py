@@ -51,7 +51,7 @@ def subject(db: str, size: int) -> bytes | None:
     return data
 
 
-def request(data: bytes) -> tuple[bytes, int]:
+def request(data: bytes) -> tuple[bytes, int | None]:
     """A TimeStampReq (DER) over SHA-256 of `data`, asking for the signer's certificate, and its nonce."""
     from rfc3161_client import HashAlgorithm, TimestampRequestBuilder
 

@@ -158,6 +158,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         help="this host's exporter name, for place names (default: its enrolled name)")
     p.set_defaults(func=central.cmd_push)
 
+    from amdflash.pipeline.cli import witness     # audit witness: ask the witnesses again
+
+    witness.add_parser(audit_sub)
+
     # `audit bundle`, and `audit verify --bundle DIR`: the evidence of a run, checked offline.
     from amdflash.pipeline.cli import bundle
 

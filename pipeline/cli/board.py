@@ -14,6 +14,7 @@ from typing import Any
 from collections.abc import Sequence
 
 from amdflash.pipeline.commands import board as commands
+from amdflash.pipeline.commands import run_end
 from amdflash.pipeline.engine import next_step
 from amdflash.pipeline.cli import output
 from amdflash.pipeline.commands.checks import output_file, overwrite_option
@@ -373,7 +374,7 @@ def show(args: argparse.Namespace, results: Sequence[RunOutcome]) -> int:
                         command=r.command, status=r.status, exit_code=r.exit_code, error=r.error,
                         report=next_step.command("report", args=[r.run_id]) if r.run_id else None)
         elif r.ok and r.run_id:
-            output.note(f"run {r.run_id}: {r.status}")
+            output.note(f"run {r.run_id}: {run_end.status_words(r.status, r.summary)}")   # and its witnesses
     return commands.exit_code(results)
 
 

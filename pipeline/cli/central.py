@@ -186,6 +186,9 @@ def cmd_push(args: argparse.Namespace) -> int:
         output.result_json(vars(report), indent=2)
     else:
         output.result(report.describe())
+    from amdflash.pipeline.cli.witness import ask_after_push
+
+    ask_after_push(args)      # a witness that was down at a run's end is asked again
     return EXIT_OK
 
 

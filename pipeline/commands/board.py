@@ -18,7 +18,7 @@ import anyio
 
 from amdflash.pipeline.engine import amdgpu_jobs, interrupts, jobs
 from amdflash.pipeline.commands import checks, run_end, transparency
-from amdflash.pipeline.engine import auditdb, board_report, next_step, output_files as outputs
+from amdflash.pipeline.engine import auditdb, board_report, next_step, output_files as outputs, witnessing
 from amdflash.pipeline import config
 from amdflash.pipeline.errors import EXIT_INTERRUPTED, Refusal
 from amdflash.pipeline.commands.resume_plan import plan_resume
@@ -120,6 +120,7 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
     if arguments.get("hardware_report") and specs[0].kind == "amdgpu":
         raise Refusal(f"--hardware-report: {specs[0]} is run through the amdgpu driver, which neither polls the "
                       "flash nor decodes its protection; give the report with the board's usb: or pci: spec")
+    witnesses = witnessing.configured()      # a witness setting that cannot be used refuses before any run
     writer = auditdb.open_writer(session.db_path)
     image_sha = hashlib.sha256(image).hexdigest() if image is not None else None
 
@@ -137,8 +138,12 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
     # Each ended run's receipt and the checkpoints sealed meanwhile go into the host's
     # transparency log (pipeline.commands.transparency); its outcome rides in the summary.
     logged = transparency.record_ended(session.db_path, reports)
+    # Then the witnesses are asked to cosign its new tree head (engine/witnessing.py: a short
+    # deadline, never the run's result); what they said rides in the summary too.
+    witnessed = witnessing.at_end(session.db_path, witnesses, logged)
     return [result(r.run_id, r.spec, command, r.status, r.exit_code, r.error, tuple(r.output),
-                   {**r.summary, **({"transparency_log": logged[r.run_id]} if r.run_id in logged else {})},
+                   {**r.summary, **({"transparency_log": logged[r.run_id]} if r.run_id in logged else {}),
+                    **({"witnesses": witnessed} if witnessed and r.run_id in logged else {})},
                    reports.get(r.run_id, {}),
                    next_step.advice(reports[r.run_id], *backups.get(r.run_id, (None,)), run_id=r.run_id, spec=r.spec)
                    if r.run_id in reports else None, **extra) for r in runs]

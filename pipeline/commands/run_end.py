@@ -197,3 +197,13 @@ def _lineage_backup(db: sqlite_utils.Database, run_id: str) -> Backup | None:
         if found is not None:
             return found
     return None
+
+
+def status_words(status: str, summary: dict[str, Any]) -> str:
+    """A run's status as its end line says it, with where its tree head stands with the
+    witnesses when the config file names some (engine/witnessing.at_end): `succeeded,
+    witnessed by 2 of 2`, or `succeeded — not yet witnessed (why)`."""
+    said = (summary.get("witnesses") or {}).get("words")
+    if not said:
+        return status
+    return f"{status}, {said}" if (summary.get("witnesses") or {}).get("witnessed") else f"{status} \u2014 {said}"

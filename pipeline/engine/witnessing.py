@@ -14,7 +14,6 @@ log was rolled back or forked, which is what witnesses are for.
 """
 from __future__ import annotations
 
-import http.client
 import threading
 import time
 import urllib.parse
@@ -214,6 +213,8 @@ def _detail(answer: bytes) -> str:
 
 def _post(url: str, body: bytes, deadline: float, kind: str = "text/plain") -> tuple[int, bytes]:
     """POST `body` to `url` within the deadline: (status, answer), or OSError-like words."""
+    import http.client      # here: a command whose config names no witness never loads it
+
     parts = urllib.parse.urlsplit(url)
     left = deadline - time.monotonic()
     if left <= 0:
@@ -254,3 +255,53 @@ def _date(db: str, size: int, conf: Settings, deadline: float, problems: list[st
         except Exception as e:
             problems.append(f"timestamp authority {authority.url}: {e}")
     return got
+
+
+class HostLog:
+    """This trail's transparency log (store/tlog.py) as the witnesses are asked about it."""
+
+    def __init__(self, db: str) -> None:
+        from amdflash.store import tlog
+
+        self._tlog = tlog
+        self.directory = tlog.log_dir(db)
+
+    def checkpoint(self) -> str:
+        head = self._tlog.newest_tree_head(self.directory)
+        if head is None:
+            raise ws.WitnessError("the transparency log has signed no tree head yet")
+        return head
+
+    def consistency(self, old: int, new: int) -> list[bytes]:
+        return self._tlog.consistency_proof(self.directory, old, new)
+
+
+def configured(data: dict[str, Any] | None = None) -> Settings | None:
+    """The witness settings of the config file (`data`: as loaded); UsageError if unusable."""
+    from amdflash.pipeline import config
+
+    return settings(config.load() if data is None else data)
+
+
+def at_end(db: str, conf: Settings | None, logged: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """At a board command's end, after its runs' tree head was signed (`logged`: per run, the
+    tree size that holds its receipt, or the error that kept it out: pipeline/commands/
+    transparency.record_ended): the witnesses asked (and the authorities, once a quorum
+    cosigned). What the runs' end says of it: {"words", "witnessed", "tree_size", "refused"};
+    None when no witness is configured or no run was recorded. Never raises."""
+    from amdflash.stages.terminal import printable
+
+    if conf is None or not logged:
+        return None
+    sizes = [int(v["tree_size"]) for v in logged.values() if isinstance(v.get("tree_size"), int)]
+    if not sizes:      # the log signed no head for these runs: an older head vouches for none of them
+        why = next((str(v["error"]) for v in logged.values() if v.get("error")), "no tree head")
+        return {"words": f"not yet witnessed (the transparency log did not take the run: {printable(why)})",
+                "witnessed": False, "tree_size": None, "refused": False}
+    try:
+        outcome = ask(db, HostLog(db), conf)
+    except Exception as e:      # the board is done: a witness problem is words, not the run's
+        return {"words": f"not yet witnessed ({printable(str(e))})", "witnessed": False, "tree_size": None,
+                "refused": False}
+    return {"words": outcome.words(), "witnessed": outcome.witnessed, "tree_size": outcome.size,
+            "refused": outcome.refused}

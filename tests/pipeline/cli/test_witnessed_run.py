@@ -1,0 +1,123 @@
+"""A flash's end with witnesses (issue 45 item 3), through the command line on an emulated board:
+two witnesses of our own (tests/support/witness_server.py, quorum 2) cosign the host's
+transparency log's new tree head and the run ends `succeeded, witnessed by 2 of 2`; one down
+gives `succeeded — not yet witnessed (why)`, completed later by `audit witness`; a trail rolled
+back with its log is refused by the witnesses and said so."""
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from amdflash.stages.sim import create_board
+from amdflash.store import keys, tlog
+from amdflash.store import witness as ws
+from tests.support.cli import Result
+from tests.support.witness_server import WitnessServer
+
+ORIGIN = "test.example/amdflash-host"
+
+
+def log_vkey() -> str:
+    """The verifier key of the log key a run will sign tree heads with (made now if missing)."""
+    key = keys.load_or_create(tlog.log_key_path(Path(os.environ["AMDFLASH_HOST_KEY"])))
+    return tlog.vkey(ORIGIN, keys.public_bytes(key))
+
+
+@pytest.fixture
+def witnesses() -> Iterator[list[WitnessServer]]:
+    started = [WitnessServer(name=f"w{i}.test/witness", logs={ORIGIN: [log_vkey()]}).start() for i in range(2)]
+    yield started
+    for s in started:
+        s.stop()
+
+
+def configure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: list[WitnessServer], quorum: int = 2,
+              urls: list[str] | None = None) -> Path:
+    config = tmp_path / "config.toml"
+    lines = [f'log_origin = "{ORIGIN}"', f"witness_quorum = {quorum}", "witness_timeout = 2", ""]
+    for s, url in zip(servers, urls or [s.url for s in servers]):
+        lines += ["[[witnesses]]", f'url = "{url}"', f'key = "{s.vkey}"', ""]
+    config.write_text("\n".join(lines))
+    config.chmod(0o600)
+    monkeypatch.setenv("AMDFLASH_CONFIG", str(config))
+    return config
+
+
+def flash(amdflash, tmp_path: Path, image: Path, name: str = "board") -> Result:
+    board = tmp_path / name
+    if not board.exists():
+        create_board(board, seed=7)
+    return amdflash("--no-progress", "flash", str(image), "--board", f"sim:{board}", "--yes")
+
+
+def end_line(r: Result) -> str:
+    assert r.code == 0, r.err
+    return next(line for line in r.err_lines if line.startswith("run ") and ": succeeded" in line)
+
+
+def test_a_flash_with_two_witnesses_ends_witnessed_by_2_of_2(amdflash, tmp_path: Path, image: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            witnesses: list[WitnessServer]) -> None:
+    configure(tmp_path, monkeypatch, witnesses)
+    line = end_line(flash(amdflash, tmp_path, image))
+    assert line.endswith(": succeeded, witnessed by 2 of 2"), line
+    head = ws.newest(str(tmp_path / "audit.sqlite"))
+    assert head is not None and head.origin == ORIGIN and len(head.signatures) == 3
+    assert all(s.known[ORIGIN][0] == head.size for s in witnesses)
+    # The next run's head is cosigned from the last one, with a consistency proof.
+    assert end_line(flash(amdflash, tmp_path, image)).endswith("witnessed by 2 of 2")
+    assert [r[0] for r in witnesses[0].requests] == [200, 200]
+
+
+def test_a_witness_down_is_not_yet_witnessed_and_audit_witness_completes_it(
+        amdflash, tmp_path: Path, image: Path, monkeypatch: pytest.MonkeyPatch,
+        witnesses: list[WitnessServer]) -> None:
+    down = witnesses[1].url
+    witnesses[1].stop()
+    configure(tmp_path, monkeypatch, witnesses, urls=[witnesses[0].url, down])
+    line = end_line(flash(amdflash, tmp_path, image))
+    assert ": succeeded \u2014 not yet witnessed (1 of 2 cosigned, 2 needed: w1.test/witness: unreachable at " \
+           in line and "connection refused" in line, line
+    asked = amdflash("audit", "witness")
+    assert asked.code == 1 and "not yet witnessed" in asked.out, asked
+    back = WitnessServer(name="w1.test/witness", key=witnesses[1].key, logs=witnesses[1].logs).start()
+    try:
+        configure(tmp_path, monkeypatch, [witnesses[0], back])
+        asked = amdflash("audit", "witness")
+        assert asked.code == 0, asked
+        assert asked.out.strip().endswith(": witnessed by 2 of 2"), asked.out
+        assert [r[0] for r in witnesses[0].requests] == [200]    # the one that had cosigned is not asked again
+    finally:
+        back.stop()
+
+
+def test_a_trail_rolled_back_with_its_log_is_refused_by_the_witnesses(
+        amdflash, tmp_path: Path, image: Path, monkeypatch: pytest.MonkeyPatch,
+        witnesses: list[WitnessServer]) -> None:
+    configure(tmp_path, monkeypatch, witnesses)
+    db = tmp_path / "audit.sqlite"
+    assert end_line(flash(amdflash, tmp_path, image)).endswith("witnessed by 2 of 2")
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    beside = [p for p in tmp_path.iterdir() if p.name.startswith("audit.sqlite")]
+    for p in beside:
+        (shutil.copytree if p.is_dir() else shutil.copy2)(p, saved / p.name)
+    assert end_line(flash(amdflash, tmp_path, image)).endswith("witnessed by 2 of 2")
+    # The host's admin puts the database, its anchor and its log back as they were after the
+    # first run (the witnesses' files too), and flashes again: a tree the witnesses never saw.
+    for p in tmp_path.iterdir():
+        if p.name.startswith("audit.sqlite"):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    for p in saved.iterdir():
+        (shutil.copytree if p.is_dir() else shutil.copy2)(p, tmp_path / p.name)
+    line = end_line(flash(amdflash, tmp_path, image))
+    said = line.split("not yet witnessed (", 1)[1].split("; ")
+    assert [s.split(":")[0] for s in said] == ["w0.test/witness", "w1.test/witness"], line
+    assert all("the log was rolled back or forked" in s for s in said), line
+    for w in witnesses:      # each witness refused the third tree: 409 (a larger tree cosigned) or 422 (no proof)
+        assert [r[0] for r in w.requests][:2] == [200, 200] and w.requests[-1][0] in (409, 422), w.requests
+    assert ws.newest(str(db)) is not None
