@@ -96,6 +96,10 @@ PARTS: tuple[Part, ...] = (
     Part(re.escape(ANCHOR), "the anchor file's lines naming the export's checkpoints", 64 * MiB),
     Part(re.escape(ORIGINAL), "the board's original content, every unit", FLASH_SIZE),
     Part(re.escape(PARTIAL), "the units of the board's original the trail holds (the rest 0xFF)", FLASH_SIZE),
+    # The run's receipt, its proof and the log's key (issue 45: store/receipt_parts.py).
+    Part(re.escape("receipt.intoto.json"), "the run's receipt: an in-toto statement in a DSSE envelope", MiB),
+    Part(re.escape("receipt.tlog-proof"), "the receipt's inclusion in the host's transparency log", MiB),
+    Part(re.escape("log.vkey"), "the host's transparency log's note verifier key", 4096),
 )
 
 
@@ -690,3 +694,9 @@ def check_made(bundle: Opened) -> None:
 # Each step raises Broken naming the file and what differs; later parts add theirs here.
 CHECKS: list[Callable[[Opened], None]] = [check_manifest, check_info, check_export, check_keys, check_anchor,
                                           check_original, check_made]
+
+# The receipt parts (issue 45), written from the host's transparency log and checked offline.
+from amdflash.store import receipt_parts  # noqa: E402 - it needs nothing of this module
+
+ADD.append(receipt_parts.add)
+CHECKS.append(receipt_parts.check)

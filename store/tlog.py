@@ -133,7 +133,10 @@ def note_signatures(note: str) -> tuple[str, list[tuple[str, bytes, bytes]]]:
         m = re.fullmatch(r"\u2014 (\S+) ([A-Za-z0-9+/=]+)", line)
         if not m:
             raise LogError(f"not a note signature line: {line[:80]!r}")
-        raw = base64.b64decode(m.group(2))
+        try:
+            raw = base64.b64decode(m.group(2), validate=True)
+        except ValueError:
+            raise LogError(f"not a note signature line: {line[:80]!r}") from None
         sigs.append((m.group(1), raw[:4], raw[4:]))
     return body, sigs
 
@@ -443,6 +446,54 @@ def _write_small(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def root_from_inclusion(index: int, size: int, leaf: bytes, path: list[bytes]) -> bytes | None:
+    """RFC 9162 §2.1.3.2: the root that `path` proves leaf hash `leaf` at `index` is under, in a
+    tree of `size`; None when the path cannot be one of such a tree."""
+    if not 0 <= index < size:
+        return None
+    fn, sn, r = index, size - 1, leaf
+    for p in path:
+        if sn == 0:
+            return None
+        if fn & 1 or fn == sn:
+            r = node_hash(p, r)
+            while not fn & 1 and fn:
+                fn, sn = fn >> 1, sn >> 1
+        else:
+            r = node_hash(r, p)
+        fn, sn = fn >> 1, sn >> 1
+    return r if sn == 0 else None
+
+
+def parse_proof_file(text: str) -> tuple[int, list[bytes], str, bytes | None]:
+    """(index, inclusion path, checkpoint note, extra) of a C2SP tlog-proof; LogError if not one."""
+    lines = text.split("\n")
+    if not lines or lines[0] != "c2sp.org/tlog-proof@v1":
+        raise LogError("not a c2sp.org/tlog-proof@v1 file")
+    i, extra = 1, None
+    try:
+        if lines[i].startswith("extra "):
+            extra = base64.b64decode(lines[i][6:], validate=True)
+            i += 1
+        if not lines[i].startswith("index ") or str(int(lines[i][6:])) != lines[i][6:]:
+            raise ValueError
+        index = int(lines[i][6:])
+        path = []
+        for line in lines[i + 1:]:
+            if not line:
+                break
+            h = base64.b64decode(line, validate=True)
+            if len(h) != HASH:
+                raise ValueError
+            path.append(h)
+    except (IndexError, ValueError):
+        raise LogError("not a c2sp.org/tlog-proof@v1 file (its index or proof lines)") from None
+    cut = text.find("\n\n")
+    if cut < 0:
+        raise LogError("a tlog-proof without its checkpoint")
+    return index, path, text[cut + 2:], extra
 
 
 def proof_file(index: int, path: list[bytes], head_note: str, extra: bytes | None = None) -> str:

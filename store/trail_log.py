@@ -102,8 +102,44 @@ def record(conn: Any, directory: Path, log_key: Any, origin: str,
             leaves.append((r.envelope, {"kind": "receipt", "run": r.run_id, "checkpoint": r.final,
                                         "sha256": hashlib.sha256(r.envelope).hexdigest()}))
         first = log.append(leaves) if leaves else log.size()
+        for i in fresh.values():
+            # The bytes beside their leaf: a bundle or a proof needs no key to hand them over.
+            _keep(directory, first + i, leaves[i][0])
         head = log.sign(log_key, origin)
         return Logged(head, {**logged, **{run: first + i for run, i in fresh.items()}})
+
+
+RECEIPTS = "receipts"
+
+
+def _keep(directory: Path, index: int, data: bytes) -> None:
+    from amdflash.stages.files import private_dir, write_new
+
+    private_dir(directory / RECEIPTS)
+    write_new(directory / RECEIPTS / f"{index}.intoto.json", data, mode=0o600)
+
+
+def logged_receipt(directory: Path, run_id: str) -> tuple[dict[str, Any], bytes] | None:
+    """A run's receipt as the log took it: (its entry, its bytes), the bytes checked against the
+    SHA-256 the entry keeps; None when it was never logged (or its copy is gone or changed)."""
+    entry = receipt_leaf(directory, run_id)
+    if entry is None:
+        return None
+    try:
+        data = (directory / RECEIPTS / f"{int(entry['i'])}.intoto.json").read_bytes()
+    except OSError:
+        return None
+    return (entry, data) if hashlib.sha256(data).hexdigest() == entry.get("sha256") else None
+
+
+def proof_of(directory: Path, entry: dict[str, Any]) -> str:
+    """The C2SP tlog-proof of a logged leaf against the newest tree head."""
+    log = Log(directory)
+    head = log.last_head()
+    index = int(entry["i"])
+    if head is None or head.size <= index:
+        raise LogError("no signed tree head includes the receipt yet")
+    return tlog.proof_file(index, log.inclusion(index, head.size), head.note)
 
 
 def receipt_leaf(directory: Path, run_id: str) -> dict[str, Any] | None:
@@ -123,11 +159,7 @@ def proof(directory: Path, receipt: receipts.Receipt) -> str:
     if entry.get("sha256") != hashlib.sha256(receipt.envelope).hexdigest():
         raise LogError(f"the receipt of run {receipt.run_id} built now differs from the one logged at leaf "
                        f"{entry['i']}: the trail or the receipt's builder changed since")
-    log = Log(directory)
-    head = log.last_head()
-    if head is None or head.size <= entry["i"]:
-        raise LogError("no signed tree head includes the receipt yet")
-    return tlog.proof_file(int(entry["i"]), log.inclusion(int(entry["i"]), head.size), head.note)
+    return proof_of(directory, entry)
 
 
 def consistency_file(directory: Path, old: int, note: str | None = None) -> str:
@@ -136,7 +168,8 @@ def consistency_file(directory: Path, old: int, note: str | None = None) -> str:
     import base64
 
     log = Log(directory)
-    note = note or (log.last_head().note if log.last_head() else None)
+    last = log.last_head()
+    note = note or (last.note if last else None)
     if note is None:
         raise LogError("no signed tree head yet")
     _, size, _ = tlog.parse_checkpoint(note)

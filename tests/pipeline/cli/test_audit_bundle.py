@@ -99,7 +99,8 @@ def rewrite_manifest(bundle: Path) -> None:
 def test_a_succeeded_flash_bundle_holds_its_evidence_and_verifies_offline(trail, amdflash, tmp_path):
     b = trail.bundle
     assert sorted(os.listdir(b)) == ["MANIFEST.sha256", "anchor.jsonl", "bundle.json", "export.jsonl", "host.pem",
-                                     "host.pub", "original-partial.bin"]
+                                     "host.pub", "log.vkey", "original-partial.bin", "receipt.intoto.json",
+                                     "receipt.tlog-proof"]      # the receipt parts: tests/store/test_receipt_bundle.py
     assert stat.S_IMODE(os.stat(b).st_mode) == 0o700
     # `sha256sum -c` reads the manifest as it is.
     assert subprocess.run(["sha256sum", "--quiet", "-c", "MANIFEST.sha256"], cwd=b).returncode == 0
