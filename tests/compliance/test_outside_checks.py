@@ -63,7 +63,7 @@ def _go_build(out: Path) -> Path:
 
 def make_evidence(root: Path) -> Evidence:
     """Two range flashes on emulated boards; after the first, the log's tree head; after the
-    second, its receipt, the receipt's proof, the log's verifier key, the host key as PEM and a
+    second, its bundle's receipt, receipt proof, log verifier key and host key as PEM, and a
     consistency proof from the first tree head."""
     from amdflash.stages.sim import create_board
     from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
@@ -91,11 +91,14 @@ def make_evidence(root: Path) -> Evidence:
     run = flash(2)
     out = root / "out"
     out.mkdir()
-    amdflash("audit", "receipt", "--run", run, "-o", out / "receipt.intoto.json")
-    amdflash("audit", "log", "--proof", run, "-o", out / "receipt.tlog-proof")
-    amdflash("audit", "log", "--vkey", "-o", out / "log.vkey")
+    # What a reviewer is handed: the run's bundle (audit bundle), and a consistency proof.
+    amdflash("audit", "bundle", "--run", run, "-o", root / "bundle")
+    for name in ("receipt.intoto.json", "receipt.tlog-proof", "log.vkey", "host.pem"):
+        shutil.copy(root / "bundle" / name, out / name)
     amdflash("audit", "log", "--consistency-from", old_size, "-o", out / "consistency")
-    amdflash("audit", "key", "--pem", "-o", out / "host.pem")
+    # The bundle's are what the commands give one by one.
+    assert amdflash("audit", "receipt", "--run", run) == (out / "receipt.intoto.json").read_text()
+    assert amdflash("audit", "key", "--pem") == (out / "host.pem").read_text()
     shutil.copy(root / "old.note", out / "old.note")
     return Evidence(out, verifier, run, old_size)
 
