@@ -233,17 +233,28 @@ class Log:
     # -- reading --
     def size(self) -> int:
         """Leaves recorded (a complete entry line each; hashes beyond them are not leaves yet)."""
-        return len(self.entries())
+        return self._raw().count(b"\n")
+
+    def _raw(self) -> bytes:
+        try:
+            return self.entries_path.read_bytes()
+        except FileNotFoundError:
+            return b""
 
     def entries(self) -> list[dict[str, Any]]:
-        try:
-            data = self.entries_path.read_bytes()
-        except FileNotFoundError:
-            return []
-        out = []
-        for line in data.split(b"\n")[:-1]:      # a torn last line (no newline) is not an entry
-            out.append(json.loads(line))
-        return out
+        """Every entry (a torn last line, without its newline, is not one)."""
+        return [json.loads(line) for line in self._raw().split(b"\n")[:-1]]
+
+    def find(self, needle: bytes, newest: bool = True) -> dict[str, Any] | None:
+        """The newest (or first) entry whose line holds `needle`, read without parsing the
+        others: what a run's end needs of a log of many thousand leaves."""
+        raw = self._raw()
+        end = raw.rfind(b"\n") + 1                 # complete lines only
+        at = raw.rfind(needle, 0, end) if newest else raw.find(needle, 0, end)
+        if at < 0:
+            return None
+        start = raw.rfind(b"\n", 0, at) + 1
+        return json.loads(raw[start:raw.index(b"\n", at)])
 
     def last_head(self) -> Head | None:
         try:
@@ -344,15 +355,11 @@ class Log:
     def _repair(self) -> None:
         """After a crash mid-append: hashes or an entry line past the last complete leaf are
         dropped (never below the last signed size: that is damage, refused)."""
-        entries = self.entries()
-        n = len(entries)
-        try:
-            raw = self.entries_path.read_bytes()
-            if not raw.endswith(b"\n") and raw:
-                with open(self.entries_path, "r+b") as f:
-                    f.truncate(raw.rfind(b"\n") + 1)
-        except FileNotFoundError:
-            pass
+        raw = self._raw()
+        n = raw.count(b"\n")
+        if raw and not raw.endswith(b"\n"):
+            with open(self.entries_path, "r+b") as f:
+                f.truncate(raw.rfind(b"\n") + 1)
         want = stored_index(0, n) * HASH
         have = self.hashes.stat().st_size if self.hashes.exists() else 0
         if have < want:

@@ -26,11 +26,6 @@ class Logged:
     receipts: dict[str, int]      # run id -> the leaf index of its receipt
 
 
-def _last_checkpoint(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
-    for e in reversed(entries):
-        if e.get("kind") == "checkpoint":
-            return e
-    return None
 
 
 def _archived_through(conn: Any) -> int:
@@ -43,10 +38,9 @@ def _archived_through(conn: Any) -> int:
     return through
 
 
-def _checkpoint_leaves(conn: Any, entries: list[dict[str, Any]]) -> list[tuple[bytes, dict[str, Any]]]:
-    """The checkpoints sealed since the last one logged, as leaves; LogError if the database no
-    longer holds what the log says it held."""
-    last = _last_checkpoint(entries)
+def _checkpoint_leaves(conn: Any, last: dict[str, Any] | None) -> list[tuple[bytes, dict[str, Any]]]:
+    """The checkpoints sealed since `last`, the last one logged, as leaves; LogError if the
+    database no longer holds what the log says it held."""
     after = int(last["id"]) if last else 0
     if last is not None:
         row = conn.execute("SELECT hash FROM checkpoints WHERE id = ?", (after,)).fetchone()
@@ -87,13 +81,15 @@ def record(conn: Any, directory: Path, log_key: Any, origin: str,
 
     log = Log(directory)
     with log.locked():
-        entries = log.entries()
-        logged = {e["run"]: e["i"] for e in entries if e.get("kind") == "receipt"}
+        logged: dict[str, int] = {}
         with snapshot(conn):
-            leaves = _checkpoint_leaves(conn, entries)
+            leaves = _checkpoint_leaves(conn, log.find(b'"kind":"checkpoint"'))
         fresh = {}
         for r in ended:
-            if r.run_id in logged or r.run_id in fresh:
+            known = receipt_leaf(directory, r.run_id)
+            if known is not None:
+                logged[r.run_id] = int(known["i"])
+            if known is not None or r.run_id in fresh:
                 continue
             if not r.ended:
                 raise LogError(f"run {r.run_id} has not ended (its last checkpoint is not final): its receipt "
@@ -144,10 +140,11 @@ def proof_of(directory: Path, entry: dict[str, Any]) -> str:
 
 def receipt_leaf(directory: Path, run_id: str) -> dict[str, Any] | None:
     """The log's entry of a run's receipt, or None."""
-    for e in Log(directory).entries():
-        if e.get("kind") == "receipt" and e.get("run") == run_id:
-            return e
-    return None
+    # Entries are written with sorted keys, compact: a receipt's line holds "run":"<id>",
+    # "sha256" right after it (a run id is JSON text of its own, so it cannot fake the quote).
+    needle = b'"run":' + json.dumps(run_id).encode() + b',"sha256"'
+    e = Log(directory).find(needle, newest=False)
+    return e if e is not None and e.get("kind") == "receipt" and e.get("run") == run_id else None
 
 
 def proof(directory: Path, receipt: receipts.Receipt) -> str:

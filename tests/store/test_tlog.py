@@ -284,3 +284,23 @@ def test_the_origin_comes_from_the_config_file(cli, db, tmp_path, make_board, mo
     r = cli("audit", "log")
     assert r.code == 0 and r.out.startswith("example.com/line7/host3\n"), r.err
     assert cli("audit", "log", "--vkey").out.startswith("example.com/line7/host3+")
+
+
+@pytest.mark.wall_clock
+def test_a_run_s_end_costs_the_same_in_a_log_of_a_hundred_thousand_leaves(tmp_path):
+    """A host's log grows by every checkpoint of every run (a real flash seals ~1 a second):
+    appending and signing read O(log n) hashes and no entry but the newest checkpoint's."""
+    import time
+
+    log = tlog.Log(tmp_path / "big.tlog")
+    key = Ed25519PrivateKey.generate()
+    with log.locked():
+        log.append([(b"cp %d" % i, {"kind": "checkpoint", "id": i + 1, "hash": "00"}) for i in range(100_000)])
+        log.sign(key, ORIGIN)
+    started = time.perf_counter()
+    with log.locked():
+        assert log.find(b'"kind":"checkpoint"')["id"] == 100_000
+        log.append([(b"receipt", {"kind": "receipt", "run": "r", "sha256": "00"})])
+        head = log.sign(key, ORIGIN)
+    took = time.perf_counter() - started
+    assert head.size == 100_001 and took < 0.25, took
