@@ -279,6 +279,7 @@ class Follower:
         self.place_host: str | None = None   # the exporter's name the places are made of
         self.places_read: tuple[int, int, int] | None = None   # the board list's file as last read
         self.told: set[str] = set()        # runs whose never-sealed rows were said
+        self.witnessed: str | None = None   # what the witnesses last said of the newest tree head
 
     def _say(self, problem: str | None) -> None:
         if problem != self.last_problem:      # one line per change of trouble, not per tick
@@ -374,6 +375,7 @@ class Follower:
             self.push_now.clear()
             if Path(self.db).is_file():
                 self.push_once()
+                self.witness_once()
 
     def push_once(self) -> None:
         """Push the signed trail, saying what was pushed (a failure is said and retried later)."""
@@ -393,6 +395,23 @@ class Follower:
             self.told |= set(report.stranded)
         except Exception as e:
             self.log(f"push failed, retried later: {e}")
+
+    def witness_once(self) -> None:
+        """Ask the config file's witnesses again to cosign the newest tree head (one was down at a
+        run's end; a head they all cosigned costs no request), saying each change of answer once."""
+        from amdflash.pipeline.engine import witnessing
+
+        try:
+            conf = witnessing.configured()
+            if conf is None:
+                return
+            outcome = witnessing.ask(self.db, witnessing.HostLog(self.db), conf)
+            said = f"witnesses: tree head of {outcome.size} entries: {outcome.words()}"
+        except Exception as e:      # the service goes on: a witness problem is words
+            said = f"witnesses: not yet witnessed ({e})"
+        if said != self.witnessed:
+            self.log(said)
+            self.witnessed = said
 
     def run(self) -> None:
         pusher = threading.Thread(target=self._pusher, daemon=True) if self.pushing else None

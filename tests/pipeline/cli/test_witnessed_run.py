@@ -121,3 +121,43 @@ def test_a_trail_rolled_back_with_its_log_is_refused_by_the_witnesses(
     for w in witnesses:      # each witness refused the third tree: 409 (a larger tree cosigned) or 422 (no proof)
         assert [r[0] for r in w.requests][:2] == [200, 200] and w.requests[-1][0] in (409, 422), w.requests
     assert ws.newest(str(db)) is not None
+
+
+def test_the_follow_service_asks_again_until_the_quorum_cosigned(
+        amdflash, tmp_path: Path, image: Path, monkeypatch: pytest.MonkeyPatch,
+        witnesses: list[WitnessServer]) -> None:
+    from amdflash.pipeline.fleet.live import Follower
+
+    down = witnesses[1].url
+    witnesses[1].stop()
+    configure(tmp_path, monkeypatch, witnesses, urls=[witnesses[0].url, down])
+    assert "not yet witnessed" in end_line(flash(amdflash, tmp_path, image))
+    said: list[str] = []
+    follower = Follower(str(tmp_path / "audit.sqlite"), "postgresql://127.0.0.1:1/none", push=False, log=said.append)
+    follower.witness_once()
+    follower.witness_once()         # the same answer is said once
+    assert len(said) == 1 and "not yet witnessed (1 of 2 cosigned" in said[0], said
+    back = WitnessServer(name="w1.test/witness", key=witnesses[1].key, logs=witnesses[1].logs).start()
+    try:
+        configure(tmp_path, monkeypatch, [witnesses[0], back])
+        follower.witness_once()
+        assert said[-1].startswith("witnesses: tree head of ") and said[-1].endswith(": witnessed by 2 of 2"), said
+    finally:
+        back.stop()
+
+
+def test_witness_settings_in_a_config_file_others_may_write_are_refused(
+        amdflash, tmp_path: Path, image: Path, monkeypatch: pytest.MonkeyPatch,
+        witnesses: list[WitnessServer]) -> None:
+    config = configure(tmp_path, monkeypatch, witnesses)
+    config.chmod(0o666)
+    r = flash(amdflash, tmp_path, image)
+    assert r.code == 2 and r.err_lines[0].startswith(f"error: config file {config} sets "), r.err
+    assert "others may write it (mode 0666)" in r.err
+    assert not (tmp_path / "audit.sqlite").exists()
+    config.chmod(0o600)
+    config.write_text(config.read_text().replace("witness_quorum = 2", "witness_quorum = 3"))
+    r = flash(amdflash, tmp_path, image)
+    assert r.code == 2 and r.err_lines[0] == "error: config file: witness_quorum = 3: must be 1..2 (the witnesses " \
+                                             "named)", r.err
+    assert not (tmp_path / "audit.sqlite").exists()
