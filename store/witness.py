@@ -272,3 +272,40 @@ def newest(db: str) -> Checkpoint | None:
     except OSError:
         return None
     return stored(db, max(sizes)) if sizes else None
+
+
+def covering(db: str, size: int) -> Checkpoint | None:
+    """The smallest kept cosigned tree head of at least `size` entries: the one an entry at
+    index size-1 (a run's receipt) is proven in, with the cosignatures it gathered."""
+    try:
+        sizes = sorted(int(n.split(".", 1)[1]) for n in os.listdir(witnessed_dir(db))
+                       if n.startswith("checkpoint.") and n.split(".", 1)[1].isdigit())
+    except OSError:
+        return None
+    for s in sizes:
+        if s >= size:
+            kept = stored(db, s)
+            if kept is not None and len(kept.signatures) > 1:
+                return kept
+    return None
+
+
+def evidence(db: str, size: int, witnesses: list[Witness]) -> dict[str, bytes]:
+    """What a reviewer's bundle holds of the witnesses for an entry the tree of `size` entries
+    holds: `checkpoint.cosigned` (the covering tree head with its cosignatures, a signed note
+    any note verifier reads), `witnesses.vkeys` (the configured witnesses' verifier keys, one
+    a line), and for each timestamp token `checkpoint.timestamped` (the exact bytes it dates)
+    with `tsa<i>.tsr`. Empty when no cosigned head covers it yet."""
+    head = covering(db, size)
+    if head is None:
+        return {}
+    files = {"checkpoint.cosigned": head.text.encode(),
+             "witnesses.vkeys": "".join(w.vkey + "\n" for w in witnesses).encode()}
+    base = witnessed_dir(db) / f"checkpoint.{head.size}"
+    try:
+        files["checkpoint.timestamped"] = read_regular(Path(f"{base}.timestamped"), MAX_NOTE)
+        for token in sorted(base.parent.glob(base.name + ".tsa*.tsr")):
+            files[token.name.split(".", 2)[2]] = read_regular(token, MAX_NOTE)
+    except (OSError, NotAFile):
+        files.pop("checkpoint.timestamped", None)
+    return files

@@ -88,3 +88,17 @@ def test_a_token_that_does_not_chain_to_the_configured_roots_is_not_kept(
     assert timestamp.tokens(db, 6) == []
     assert any(p.startswith(f"timestamp authority {authority.url}: the token does not verify")
                for p in outcome.problems), outcome.problems
+
+
+def test_the_evidence_for_a_bundle_is_the_covering_cosigned_head_keys_and_tokens(
+        tmp_path: Path, authority: AuthorityServer) -> None:
+    db, outcome = witnessed(tmp_path, authority)
+    kept = ws.stored(db, 6)
+    assert kept is not None
+    name, key = ws.parse_vkey(WitnessServer().vkey)
+    files = ws.evidence(db, 4, [ws.Witness(name, key, "http://x")])      # an entry at index 3: in the head of 6
+    assert sorted(files) == ["checkpoint.cosigned", "checkpoint.timestamped", "tsa0.tsr", "witnesses.vkeys"]
+    assert files["checkpoint.cosigned"] == kept.text.encode()
+    assert files["witnesses.vkeys"].decode() == f"{ws.Witness(name, key, 'http://x').vkey}\n"
+    assert timestamp.check(files["tsa0.tsr"], files["checkpoint.timestamped"], authority.roots)
+    assert ws.evidence(db, 7, []) == {}          # no cosigned head holds a 7th entry yet
