@@ -5,6 +5,7 @@ one serial SPI bus, while different boards run truly in parallel.
 """
 from __future__ import annotations
 
+import shlex
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -17,6 +18,7 @@ from amdflash.stages.drivers.navi31.romsw import RomSw
 from amdflash.stages.transport.base import Bar5, BoardIdentity, Capability, Clock, TransportError
 
 if TYPE_CHECKING:
+    from amdflash.stages.snapshot import ReadChecks
     from amdflash.stages.transport.amdgpu import AmdgpuBoard
 
 T = TypeVar("T")
@@ -66,6 +68,21 @@ class StopFlag:
 Progress = Callable[[str, int, int], None]   # (stage, done, total)
 
 
+class Stranded(Protocol):
+    """An earlier run whose register changes were put back before this one (the record's
+    account of it: store.stranded.StrandedRun); read-only."""
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def command(self) -> str: ...
+    @property
+    def registers(self) -> dict[int, int]: ...
+    @property
+    def unique_id(self) -> str | None: ...
+    @property
+    def outcome(self) -> str: ...
+
+
 class NoBar5:
     """The BAR5 of a board the amdgpu driver owns: there is none to reach. A register access
     is refused, never attempted; the clock and identity are the driver board's."""
@@ -101,7 +118,17 @@ class Device:
     limiter: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
     romsw: RomSw | None = None
     nor: SpiNor | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    # What a run learns about the board on its way, for the stages after: the register values
+    # the run must leave (before it changed anything, or as an earlier run found them), the run
+    # whose changes were put back first, the protection reading in words, the confirmed reads'
+    # findings, lines for the operator, and how to word a command the operator may paste (the
+    # engine hands its own down, so the command reaches the run's audit database).
+    registers_truth: dict[int, int] = field(default_factory=dict)
+    stranded: Stranded | None = None
+    protection_reading: str | None = None
+    read_checks: ReadChecks | None = None
+    notes: list[str] = field(default_factory=list)
+    suggest: Callable[..., str] = field(default=lambda *words: shlex.join(["amdflash", *words]))
     # How the board is driven, as opening it declared (transport/base.py); for "amdgpu",
     # `amdgpu` is the driver's board and `bar` a NoBar5 (see `through_amdgpu`).
     capability: Capability = "bar5"

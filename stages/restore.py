@@ -10,7 +10,6 @@ transaction and a write to C2PMSG sends a PSP command.
 from __future__ import annotations
 
 import json
-import shlex
 
 from amdflash.stages.device import Device
 from amdflash.stages.diagnostics import record_diagnostics
@@ -81,7 +80,7 @@ class RegistersLeftChanged(RuntimeError):
 
 def left_changed(dev: Device) -> dict[int, tuple[int, int, bool]]:
     """register -> (value last written, value it should hold, whether a later write failed)."""
-    truth: dict[int, int] = dev.extra.get("registers_truth", {})
+    truth = dev.registers_truth
     bar = dev.bar
     if not isinstance(bar, LedgerBar):
         return {}
@@ -98,11 +97,10 @@ def describe_left(dev: Device) -> str:
             for r, (v, t, doubt) in sorted(left.items(), key=lambda x: RESTORABLE.index(x[0])))
         if any(doubt for _, _, doubt in left.values()):
             what += " (?: the write putting it back failed and may not have landed)"
-    # The CLI hands its own command builder down (pipeline.next_step.command), so the step reaches
-    # the run's audit database; without one, the bare command.
-    command = dev.extra.get("command") or (lambda *words: shlex.join(["amdflash", *words]))
+    # The engine hands its own command builder down (dev.suggest), so the step reaches the
+    # run's audit database; without one, the bare command.
     return (f"{what}; the next amdflash run on this board puts them back "
-            f"(or run: {command('restore', '--board', dev.identity.spec)})")
+            f"(or run: {dev.suggest('restore', '--board', dev.identity.spec)})")
 
 
 def restore_registers(dev: Device) -> str:

@@ -49,7 +49,7 @@ class UnitRead:
 
 @dataclass
 class ReadChecks:
-    """What the confirmed reads of one run found (kept in dev.extra['read_checks'])."""
+    """What the confirmed reads of one run found (kept in dev.read_checks)."""
 
     reads: int = 1
     disagreed: list[tuple[str, int]] = field(default_factory=list)    # (purpose, address) of each read
@@ -139,7 +139,9 @@ def unit_confirmation(reads: int, matched: int, chunks: int) -> str:
 
 
 def read_checks(dev: Device) -> ReadChecks:
-    return dev.extra.setdefault("read_checks", ReadChecks())
+    if dev.read_checks is None:
+        dev.read_checks = ReadChecks()
+    return dev.read_checks
 
 
 def snapshot_registers(dev: Device, label: str) -> dict[int, int]:

@@ -66,10 +66,10 @@ async def identify(dev: Device, engine: EngineOptions, info: RunInfo) -> FlashId
         stage(dev.recorder, "identify", "hardware report", words)
     else:
         reading = board_report.reading_words(ident)
-    dev.extra["protection_reading"] = reading
+    dev.protection_reading = reading
     record_chip_facts(dev, ident)
     stage(dev.recorder, "identify", "end", f"{ident.chip.name} uid {ident.unique_id.hex()}")
-    stranded = dev.extra.get("stranded")
+    stranded = dev.stranded
     if stranded is not None and stranded.unique_id and stranded.unique_id != ident.unique_id.hex():
         # Matched by bridge/board serial before the flash could be read: say if the flash differs.
         warning = (f"warning: the registers put back were recorded by run {stranded.run_id} on a flash with "
@@ -109,7 +109,7 @@ class InfoJob:
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
         ident = await identify(dev, self.engine, info)
         info.output += describe_identity(dev, ident)
-        info.output.append(f"reading     {dev.extra['protection_reading']}")
+        info.output.append(f"reading     {dev.protection_reading}")
         if self.engine.board_report is not None:
             limits = ", ".join(f"{op:02X}h {s:g} s" for op, s in sorted(self.engine.board_report.busy.items()))
             info.output.append(f"busy        limits: the datasheet maximum or this board's measured one, the "
@@ -331,7 +331,7 @@ class FlashJob:
                                         expected.labelled("the data written"))
         if outcome.stopped:
             raise Interrupted(dev.stop.reason or "interrupted")
-        info.output += dev.extra.get("notes", [])
+        info.output += dev.notes
         changed = sorted(summary.written & self.previously_verified)
         if changed:
             info.output.append(f"{len(changed)} unit(s) verified by an earlier run had changed since and were "
@@ -429,7 +429,7 @@ class FlashJob:
         # stages/drivers/flash/write_policy.py.
         why = write_policy.refusal(ident, lo, hi, self.clear_cmp, self.unknown_chip_ok)
         if why and self.engine.board_report is not None:
-            why += f" (protection reading: {dev.extra.get('protection_reading')})"
+            why += f" (protection reading: {dev.protection_reading})"
         if why:
             raise Refusal(why)
         if ident.cmp and self.clear_cmp:
@@ -439,7 +439,7 @@ class FlashJob:
             assert dev.nor is not None
             await dev.call(dev.nor.clear_cmp)
             stage(dev.recorder, "clear_cmp", "end", "SR2.CMP cleared: " + "; ".join(dev.nor.cmp_attempts))
-            dev.extra.setdefault("notes", []).append("cleared SR2.CMP")
+            dev.notes.append("cleared SR2.CMP")
 
 
 def place(data: bytes, start_sector: int) -> bytes:
@@ -493,7 +493,7 @@ class RestoreJob:
     only says what it found."""
 
     async def __call__(self, dev: Device, info: RunInfo) -> dict[str, Any]:
-        stranded = dev.extra.get("stranded")
+        stranded = dev.stranded
         if stranded is None:
             info.output.append("no earlier run left this board's registers changed: nothing to put back")
         return {"put_back_for": stranded.run_id if stranded else None}

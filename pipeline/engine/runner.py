@@ -113,7 +113,7 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
             # The driver owns BAR5: its jobs (amdgpu_jobs.py) drive the board through dev.amdgpu.
             dev = Device.through_amdgpu(opened.board, recorder, stop, progress)
         stage(recorder, "open_transport", "end", opened.identity.spec)
-        dev.extra["command"] = next_step.command    # a step the board layer suggests carries --db/--config
+        dev.suggest = next_step.command    # a step the board layer suggests carries --db/--config
         if registers:
             # Registers an earlier run left changed go back first; then the "before" snapshot.
             settled = await settle_registers(dev, getattr(writer, "path", None))

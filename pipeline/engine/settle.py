@@ -26,11 +26,11 @@ async def settle_registers(dev: Device, db_path: str | None) -> list[str]:
     stranded = await anyio.to_thread.run_sync(find_stranded, db_path, key, dev.recorder.run_id)
     notes: list[str] = []
     if stranded is not None:
-        dev.extra["registers_truth"] = stranded.registers
-        dev.extra["stranded"] = stranded
+        dev.registers_truth = stranded.registers
+        dev.stranded = stranded
         notes = await dev.call(put_back, dev, stranded.run_id, stranded.registers,
                                f"a {stranded.command} run; {stranded.outcome}")
-    dev.extra["registers_truth"] = await dev.call(snapshot_registers, dev, "before")
+    dev.registers_truth = await dev.call(snapshot_registers, dev, "before")
     record_stage(dev, "registers", "end", "as found" if stranded is None
                  else f"as found, after dealing with what run {stranded.run_id} left")
     return notes
