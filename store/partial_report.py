@@ -37,7 +37,10 @@ def partial_report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] 
             refusal = e
         else:
             raise RuntimeError(f"run {run_id} verifies: its report is store.queries.report's")
-        partial = check_segments(db.conn, run_id, refusal.problem, keyfiles)
+        try:
+            partial = check_segments(db.conn, run_id, refusal.problem, keyfiles)
+        except RunUnverified:
+            raise refusal from None       # nothing of it can be shown: refused as before, in the same words
         copy = compare_with_export(partial, db.conn, against, keyfiles) if against is not None else None
         check = VerifyReport(False, f"run {run_id}", rows=partial.vouched_rows, checkpoints=len(partial.checkpoints),
                              runs=1, signers=partial.signers, trusted=partial.trusted, key=partial.key,
