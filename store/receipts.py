@@ -41,6 +41,10 @@ class ReceiptRefused(RuntimeError):
     """No receipt for this run (one line saying why)."""
 
 
+class NotThisKey(ReceiptRefused):
+    """The run was sealed by another key than the one at hand: only its host signs its receipt."""
+
+
 def pae(payload_type: str, body: bytes) -> bytes:
     """DSSE's pre-authentication encoding: "DSSEv1" SP len(type) SP type SP len(body) SP body."""
     kind = payload_type.encode()
@@ -140,7 +144,7 @@ def from_report(rep: dict[str, Any], checkpoints: Sequence[chain.Checkpoint], ke
     """The receipt of a run whose report (store.queries.report) is at hand, signed by `key`."""
     run_id = str(rep["run_id"])
     if checkpoints and checkpoints[-1].public_key != keys.public_bytes(key):
-        raise ReceiptRefused(f"run {run_id} was sealed by key {keys.fingerprint(checkpoints[-1].public_key)}, "
+        raise NotThisKey(f"run {run_id} was sealed by key {keys.fingerprint(checkpoints[-1].public_key)}, "
                              "not this host's: only the host that recorded a run signs its receipt")
     st = statement(rep, checkpoints, board_salt(key, run_id))
     return Receipt(run_id, envelope(jcs.canonical(st), key), st, checkpoints[-1].id,

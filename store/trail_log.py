@@ -147,18 +147,6 @@ def receipt_leaf(directory: Path, run_id: str) -> dict[str, Any] | None:
     return e if e is not None and e.get("kind") == "receipt" and e.get("run") == run_id else None
 
 
-def proof(directory: Path, receipt: receipts.Receipt) -> str:
-    """The receipt's C2SP tlog-proof against the newest tree head; LogError if it was never
-    logged, or the receipt built now is not the one logged (the trail or the tool changed)."""
-    entry = receipt_leaf(directory, receipt.run_id)
-    if entry is None:
-        raise LogError(f"the receipt of run {receipt.run_id} is not in the transparency log")
-    if entry.get("sha256") != hashlib.sha256(receipt.envelope).hexdigest():
-        raise LogError(f"the receipt of run {receipt.run_id} built now differs from the one logged at leaf "
-                       f"{entry['i']}: the trail or the receipt's builder changed since")
-    return proof_of(directory, entry)
-
-
 def consistency_file(directory: Path, old: int, note: str | None = None) -> str:
     """A consistency proof in the body format of C2SP tlog-witness's add-checkpoint: "old N",
     the proof's hashes in base64 (one a line), a blank line, the newer tree head note."""

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from amdflash.pipeline.commands.checks import output_option, write_output
-from amdflash.pipeline.errors import EXIT_OK, Refusal
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
 from amdflash.pipeline.cli import output
 
 
@@ -56,10 +56,28 @@ def _emit(args: argparse.Namespace, data: bytes, what: str) -> None:
 
 
 def cmd_receipt(args: argparse.Namespace) -> int:
+    """The receipt built from the trail by its host, checked against the copy the log holds;
+    anyone else gets the log's copy (whose leaf the proofs are about)."""
     from amdflash.pipeline.commands import transparency
     from amdflash.pipeline.commands.board import db_path
+    from amdflash.store import trail_log
 
-    made = transparency.receipt(db_path(args), args.run)
+    db = db_path(args)
+    try:
+        made = transparency.receipt(db, args.run)
+    except transparency.NoHostKey as e:
+        logged = trail_log.logged_receipt(transparency.log_dir(db), transparency.resolve(db, args.run))
+        if logged is None:
+            raise Refusal(f"{e}; and the transparency log holds no receipt of the run") from None
+        output.note(f"the receipt as the transparency log holds it (leaf {logged[0]['i']}): {e}")
+        _emit(args, logged[1], "receipt")
+        return EXIT_OK
+    logged = trail_log.logged_receipt(transparency.log_dir(db), made.run_id)
+    if logged is not None and logged[1] != made.envelope:
+        output.error(f"the receipt of run {made.run_id} built now differs from the one the transparency log holds "
+                     f"(leaf {logged[0]['i']}): the run's rows or amdflash's receipt builder changed since it was "
+                     "logged")
+        return EXIT_FAILED
     _emit(args, made.envelope, "receipt")
     return EXIT_OK
 
@@ -75,7 +93,7 @@ def cmd_log(args: argparse.Namespace) -> int:
         _, text = transparency.proof(db, args.proof, settings)
         _emit(args, text.encode(), "proof")
         return EXIT_OK
-    head = transparency.log_now(db, settings).head
+    head = transparency.log_now(db, settings)
     if args.vkey:
         _emit(args, ((tlog.verifier_key(transparency.log_dir(db)) or "") + "\n").encode(), "verifier key")
     elif args.consistency_from is not None:

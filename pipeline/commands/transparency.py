@@ -71,18 +71,27 @@ def record_ended(db: str, reports: dict[str, dict[str, Any]], settings: dict[str
             for run_id in reports}
 
 
+class NoHostKey(Refusal):
+    """This account has not the key that sealed the run, so it cannot sign the run's receipt."""
+
+
 def receipt(db: str, run_id: str) -> receipts.Receipt:
-    """A run's receipt, built from the trail (the run must verify)."""
+    """A run's receipt, built from the trail (the run must verify) and signed by the host key."""
     from amdflash.store.queries import RunNotFound
     from amdflash.store.run_rows import RunUnverified
 
+    path = auditdb.host_key_path(db)
     try:
-        host_key = keys.load_private(auditdb.host_key_path(db))
+        if not path.exists():
+            raise NoHostKey(f"no host key at {path}: only the host that recorded a run signs its receipt")
+        host_key = keys.load_private(path)
     except (OSError, keys.KeyError_) as e:
-        raise Refusal(f"host key {auditdb.host_key_path(db)}: {e}") from None
+        raise NoHostKey(f"host key {path}: {e}") from None
     reader = auditdb.open_reader(db)
     try:
         return receipts.build(reader, run_id, host_key)
+    except receipts.NotThisKey as e:
+        raise NoHostKey(str(e)) from None
     except (RunNotFound, receipts.ReceiptRefused) as e:
         raise Refusal(str(e)) from None
     except RunUnverified as e:
@@ -91,57 +100,88 @@ def receipt(db: str, run_id: str) -> receipts.Receipt:
         reader.conn.close()
 
 
-def log_now(db: str, settings: dict[str, Any] | None = None, with_receipt: receipts.Receipt | None = None
-            ) -> trail_log.Logged:
-    """Bring the log up to the trail (the checkpoints not logged yet, and a receipt if given)
-    and sign its tree head."""
+def _signer(db: str, reader: Any) -> Any | None:
+    """The log key, when this account may sign the trail's log: its host key signed the trail's
+    newest checkpoint (the owner; the log key is made on first use) and the log, if it exists,
+    is this key's. None for anyone else (a reviewer, another account): they read what is signed."""
+    from amdflash.store.chain import load_checkpoints
+
+    path = auditdb.host_key_path(db)
     try:
-        _, log_key = _keys(db)
-    except (OSError, keys.KeyError_) as e:
-        raise Refusal(f"cannot sign the transparency log's tree head: {e}") from None
+        public = keys.public_bytes(keys.load_private(path)) if path.exists() else None
+    except (OSError, keys.KeyError_):
+        return None
+    newest = load_checkpoints(reader.conn, "WHERE c.id = (SELECT max(id) FROM checkpoints)")
+    if public is None or not newest or newest[0].public_key != public:
+        return None
+    key_path = log_key_path(db)
+    known = tlog.verifier_key(log_dir(db))
+    if known is not None and not key_path.exists():
+        return None
+    try:
+        key = keys.load_or_create(key_path)
+    except (OSError, keys.KeyError_):
+        return None
+    if known is not None and tlog.parse_vkey(known)[1] != keys.public_bytes(key):
+        return None
+    return key
+
+
+def log_now(db: str, settings: dict[str, Any] | None = None, with_receipt: receipts.Receipt | None = None
+            ) -> tlog.Head:
+    """The newest signed tree head, the log first brought up to the trail (the checkpoints not
+    logged yet, and a receipt if given) when this account signs it (_signer); for anyone else
+    the newest one signed, read only. Refusal when there is none."""
     reader = auditdb.open_reader(db)
     try:
-        return trail_log.record(reader.conn, log_dir(db), log_key, origin(settings),
-                                [with_receipt] if with_receipt else [])
+        key = _signer(db, reader)
+        if key is not None:
+            return trail_log.record(reader.conn, log_dir(db), key, origin(settings),
+                                    [with_receipt] if with_receipt else []).head
     except (tlog.LogError, OSError) as e:
         raise Refusal(f"transparency log {log_dir(db)}: {e}") from None
     finally:
         reader.conn.close()
+    if with_receipt is not None:
+        raise Refusal(f"the receipt of run {with_receipt.run_id} is not in the transparency log, and only the "
+                      "account whose key signs the trail logs it")
+    head = tlog.Log(log_dir(db)).last_head()
+    if head is None:
+        raise Refusal(f"no signed tree head in {log_dir(db)} yet: the log starts at the end of this host's next "
+                      "board command")
+    return head
 
 
-def proof(db: str, run_id: str, settings: dict[str, Any] | None = None) -> tuple[receipts.Receipt, str]:
-    """A run's receipt and its C2SP tlog-proof; the receipt is logged first if it never was
-    (a run whose end was not logged: its process died, or the log key was unreadable then)."""
-    made = receipt(db, run_id)
-    if trail_log.receipt_leaf(log_dir(db), made.run_id) is None:
+def resolve(db: str, run_id: str) -> str:
+    """The run a (prefix of a) run id names; Refusal if none or several."""
+    from amdflash.store.queries import RunNotFound, resolve_run
+
+    reader = auditdb.open_reader(db)
+    try:
+        return resolve_run(reader, run_id)
+    except RunNotFound as e:
+        raise Refusal(str(e)) from None
+    finally:
+        reader.conn.close()
+
+
+def proof(db: str, run_id: str, settings: dict[str, Any] | None = None) -> tuple[bytes, str]:
+    """A run's receipt (its bytes as logged) and its C2SP tlog-proof against the newest tree
+    head. A receipt the log holds needs no key; one never logged (its process died, or the log
+    could not be written then) is built and logged first, by the trail's owner only."""
+    run_id = resolve(db, run_id)
+    directory = log_dir(db)
+    logged = trail_log.logged_receipt(directory, run_id)
+    if logged is None:
+        made = receipt(db, run_id)
         if not made.ended:
             raise Refusal(f"run {made.run_id} has not ended (its last checkpoint is not final): its receipt is "
                           "not logged until it has")
         log_now(db, settings, made)
+        logged = trail_log.logged_receipt(directory, run_id)
+        if logged is None:
+            raise Refusal(f"the receipt of run {run_id} could not be logged in {directory}")
     try:
-        return made, trail_log.proof(log_dir(db), made)
+        return logged[1], trail_log.proof_of(directory, logged[0])
     except tlog.LogError as e:
         raise Refusal(str(e)) from None
-
-
-def bundle_files(db: str, run_id: str, settings: dict[str, Any] | None = None) -> dict[str, bytes]:
-    """What a reviewer's bundle holds of the run's receipt: receipt.intoto.json (the DSSE
-    envelope), receipt.tlog-proof (its inclusion in the newest tree head), log.vkey (the log's
-    note verifier key) and host.pem (the host key's public half, for openssl)."""
-    made, text = proof(db, run_id, settings)
-    vkey = tlog.verifier_key(log_dir(db)) or ""
-    return {"receipt.intoto.json": made.envelope, "receipt.tlog-proof": text.encode(),
-            "log.vkey": (vkey + "\n").encode(), "host.pem": host_pem(db).encode()}
-
-
-def host_pem(db: str) -> str:
-    """The host key's public half as PEM (SubjectPublicKeyInfo), for openssl."""
-    from cryptography.hazmat.primitives import serialization
-
-    path = auditdb.host_key_path(db)
-    try:
-        key = keys.load_or_create(path)
-    except (OSError, keys.KeyError_) as e:
-        raise Refusal(f"host key {path}: {e}") from None
-    return key.public_key().public_bytes(serialization.Encoding.PEM,
-                                         serialization.PublicFormat.SubjectPublicKeyInfo).decode()

@@ -205,3 +205,37 @@ def test_the_read_back_is_a_subject_only_of_a_verify_that_passed():
     assert "read-back" not in {s["name"] for s in receipts.statement(failed, [cp], b"s")["subject"]}
     with pytest.raises(receipts.ReceiptRefused, match="not this host's"):
         receipts.from_report(rep, [cp], key)      # a run another key sealed: no receipt signed for it here
+
+
+def test_a_reviewer_without_the_keys_reads_the_log_and_writes_nothing(cli, db, tmp_path, make_board):  # noqa: F811
+    """Another account (no host key, no log key) gets the newest tree head, a logged receipt and
+    its proof from the log as it is: nothing is signed, no key is made, no file is written."""
+    import os
+
+    run, _, _, _ = _flash(cli, tmp_path, make_board)
+    home = tmp_path / "reviewer"
+    home.mkdir()
+    env = {"HOME": str(home), "XDG_CONFIG_HOME": None, "XDG_DATA_HOME": None, "AMDFLASH_HOST_KEY": None,
+           "AMDFLASH_CONFIG": None}
+    directory = tlog.log_dir(str(db))
+
+    def state() -> dict[str, bytes]:
+        return {str(p): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+    before = state()
+    head = cli("audit", "log", env=env)
+    assert head.code == 0 and head.out == tlog.newest_tree_head(directory), head.err
+    r = cli("audit", "receipt", "--run", run, env=env)
+    assert r.code == 0, r.err                                          # the log's copy (-q: no note)
+    assert r.out == cli("audit", "receipt", "--run", run).out          # the host's own, built again
+    p = cli("audit", "log", "--proof", run, env=env)
+    assert p.code == 0 and p.out.startswith("c2sp.org/tlog-proof@v1\n"), p.err
+    assert state() == before and list(os.walk(home)) == [(str(home), [], [])]
+
+
+def test_a_receipt_that_would_be_built_otherwise_now_is_a_finding(cli, db, tmp_path, make_board,  # noqa: F811
+                                                                  monkeypatch):
+    run, _, _, _ = _flash(cli, tmp_path, make_board)
+    monkeypatch.setattr(receipts, "PREDICATE_TYPE", "https://amdflash.dev/flash-run/v2")
+    r = cli("audit", "receipt", "--run", run)
+    assert r.code == 1 and "differs from the one the transparency log holds" in r.err and r.out == "", r.err
