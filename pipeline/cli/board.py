@@ -372,7 +372,8 @@ def show(args: argparse.Namespace, results: Sequence[RunOutcome]) -> int:
             # One structured end per run, for whatever reads the JSON lines.
             output.note("run ended", event_kind="run_end", run_id=r.run_id or None, board=r.board,
                         command=r.command, status=r.status, exit_code=r.exit_code, error=r.error,
-                        report=next_step.command("report", args=[r.run_id]) if r.run_id else None)
+                        report=next_step.command("report", args=[r.run_id]) if r.run_id else None,
+                        witnesses=r.summary.get("witnesses"))   # where its tree head stands, when configured
         elif r.ok and r.run_id:
             output.note(f"run {r.run_id}: {run_end.status_words(r.status, r.summary)}")   # and its witnesses
     return commands.exit_code(results)

@@ -161,3 +161,19 @@ def test_witness_settings_in_a_config_file_others_may_write_are_refused(
     assert r.code == 2 and r.err_lines[0] == "error: config file: witness_quorum = 3: must be 1..2 (the witnesses " \
                                              "named)", r.err
     assert not (tmp_path / "audit.sqlite").exists()
+
+
+def test_log_json_s_run_end_event_carries_the_witnesses(amdflash, tmp_path: Path, image: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        witnesses: list[WitnessServer]) -> None:
+    import json
+
+    configure(tmp_path, monkeypatch, witnesses)
+    create_board(tmp_path / "board", seed=7)
+    r = amdflash("--log-json", "flash", str(image), "--board", f"sim:{tmp_path / 'board'}", "--yes")
+    assert r.code == 0, r.err
+    [end] = [e for e in map(json.loads, r.err_lines) if e.get("event_kind") == "run_end"]
+    head = ws.newest(str(tmp_path / "audit.sqlite"))
+    assert head is not None
+    assert end["witnesses"] == {"words": "witnessed by 2 of 2", "witnessed": True, "tree_size": head.size,
+                                "refused": False}
