@@ -177,3 +177,29 @@ def test_log_json_s_run_end_event_carries_the_witnesses(amdflash, tmp_path: Path
     assert head is not None
     assert end["witnesses"] == {"words": "witnessed by 2 of 2", "witnessed": True, "tree_size": head.size,
                                 "refused": False}
+
+
+def test_audit_push_asks_the_witnesses_again_after_it_pushed(amdflash, tmp_path: Path, image: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             witnesses: list[WitnessServer]) -> None:
+    """What `audit push` runs once its push is done (pipeline/cli/central.cmd_push): a push
+    needs the central PostgreSQL, which the fleet tests run; this calls the step itself."""
+    import argparse
+
+    from amdflash.pipeline import config
+    from amdflash.pipeline.cli import output, witness
+
+    down = witnesses[1].url
+    witnesses[1].stop()
+    configure(tmp_path, monkeypatch, witnesses, urls=[witnesses[0].url, down])
+    assert "not yet witnessed" in end_line(flash(amdflash, tmp_path, image))
+    back = WitnessServer(name="w1.test/witness", key=witnesses[1].key, logs=witnesses[1].logs).start()
+    said: list[str] = []
+    monkeypatch.setattr(output, "note", lambda text, **_: said.append(text))
+    try:
+        configure(tmp_path, monkeypatch, [witnesses[0], back])
+        witness.ask_after_push(argparse.Namespace(db=None, settings=config.load()))
+    finally:
+        back.stop()
+    assert len(said) == 1 and said[0].startswith("witnesses: tree head of ") and \
+        said[0].endswith(": witnessed by 2 of 2"), said
