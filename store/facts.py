@@ -198,11 +198,25 @@ def overrides(rep: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def backup(conn: sqlite3.Connection, rows: RunRows) -> dict[str, Any] | None:
-    """The run's own backup (path, sha256) and whether its sealed backup units rebuild it."""
-    found = conn.execute(f"SELECT sha256, size, path FROM backups WHERE {rows.sealed_sql} ORDER BY seq LIMIT 1",
-                         rows.sealed_args).fetchone()
+    """The run's backup (path, sha256: its own, else — a resume — the one the flash it resumes
+    made, through resumes of resumes, each run verified) and whether its sealed backup units
+    rebuild it."""
+    made_by, seen = rows, {rows.run_id}
+    found = None
+    for _ in range(32):
+        found = conn.execute(f"SELECT sha256, size, path FROM backups WHERE {made_by.sealed_sql} ORDER BY seq LIMIT 1",
+                             made_by.sealed_args).fetchone()
+        parent = conn.execute("SELECT resumes_run_id FROM runs WHERE seq = ?", (made_by.key,)).fetchone()
+        if found is not None or not parent or not isinstance(parent[0], str) or parent[0] in seen:
+            break
+        seen.add(parent[0])
+        try:
+            made_by = open_run(conn, parent[0])
+        except RunUnverified:
+            break
     if found is None:
         return None
+    rows = made_by
     sha, size, path = found
     digest, held, units = hashlib.sha256(), 0, 0
     for address, data in conn.execute(
@@ -212,8 +226,8 @@ def backup(conn: sqlite3.Connection, rows: RunRows) -> dict[str, Any] | None:
             held += len(data)
             units += 1
     whole = held == size and digest.hexdigest() == sha
-    return {"path": path, "sha256": sha, "size": size, "units_in_trail": units, "bytes_in_trail": held,
-            "in_trail": whole}
+    return {"path": path, "sha256": sha, "size": size, "run_id": rows.run_id, "units_in_trail": units,
+            "bytes_in_trail": held, "in_trail": whole}
 
 
 def vbios(rep: dict[str, Any]) -> dict[str, Any] | None:
@@ -222,7 +236,12 @@ def vbios(rep: dict[str, Any]) -> dict[str, Any] | None:
     part = _json(_stage(rep, "part_number"))
     if not part:
         return None
-    succeeded = rep.get("status") == "succeeded" and rep.get("command") in ("flash", "resume", "restore-original")
+    given = rep.get("arguments")
+    args: dict[str, Any] = given if isinstance(given, dict) else {}
+    # Only a whole-image flash is known to have written the image's VBIOS: a range may not cover it.
+    whole = bool(args) and args.get("start_sector", 0) == 0 and args.get("sector_count") in (None, 512)
+    succeeded = (rep.get("status") == "succeeded" and rep.get("command") in ("flash", "resume", "restore-original")
+                 and whole)
     return {"before": part.get("board_part"), "before_version": part.get("board_version"),
             "before_state": part.get("board_state"), "before_where": part.get("board_detail"),
             "image": part.get("image_part"), "image_version": part.get("image_version"),
@@ -262,8 +281,8 @@ def _unit_times(conn: sqlite3.Connection, rows: RunRows, rep: dict[str, Any]) ->
     for address, first, last in conn.execute(
             f"SELECT address, min(clock), max(clock) FROM units WHERE {rows.sql} AND state != 'planned' "
             "GROUP BY address", rows.args):
-        if first is None:
-            continue
+        if not isinstance(address, int) or not all(isinstance(x, (int, float)) for x in (first, last)):
+            continue          # a row amdflash did not write (INSERTed into an unsealed tail) says no time
         out[address] = {"start_s": round(first - zero, 6), "end_s": round(last - zero, 6),
                         "start": _wall(wall, first - zero) if real else None,
                         "end": _wall(wall, last - zero) if real else None}
@@ -431,14 +450,17 @@ def words(rep: dict[str, Any]) -> list[tuple[str, str, str]]:
                 if b["in_trail"] else f"the trail holds {b['bytes_in_trail']} of its {b['size']} bytes in sealed "
                                       "backup units" if b["bytes_in_trail"] else
                 "the trail holds no backup units of it: only the file has its content")
-        out.append(("backup-held", "backup", f"made by this run: {b['path']} sha256 {b['sha256']}; {held}"))
+        who = "made by this run" if b["run_id"] == rep["run_id"] else f"kept from run {b['run_id']}, which it resumes"
+        out.append(("backup-held", "backup", f"{who}: {b['path']} sha256 {b['sha256']}; {held}"))
     v = f.get("vbios")
     if v:
         before = f"{v.get('before') or v.get('before_state') or 'unknown'}" + (
             f" version {v['before_version']}" if v.get("before_version") else "")
+        why = ("the run did not succeed" if rep.get("status") != "succeeded" else
+               "the run wrote a range of sectors, which need not hold the VBIOS")
         after = (f"{v['after']}" + (f" version {v['after_version']}" if v.get("after_version") else "")
-                 + f" ({v['after_from']})" if v.get("after") else "not known (the run did not succeed; the image's "
-                                                                  f"part is {v.get('image') or 'unknown'})")
+                 + f" ({v['after_from']})" if v.get("after") else f"not known ({why}; the image's part is "
+                                                                  f"{v.get('image') or 'unknown'})")
         out.append(("vbios", "vbios", f"part before {before}; after {after}"))
     units = [u for u in rep.get("units") or () if u.get("start_s") is not None]
     if units:

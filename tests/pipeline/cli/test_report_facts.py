@@ -167,6 +167,11 @@ def test_a_killed_never_resumed_run_reports_the_registers_it_left_and_how_it_end
     assert (ended["how"], ended["later_run"]) == ("host down", fixer) and ended["boot_id"] != ended["later_boot_id"]
     words = line(text, "ended", "its host went down (or restarted) before the run ended", fixer)
     assert fact(page, "ended") == words[11:]
+    # Its resume succeeds: the resume's report names the backup it keeps, the flash's.
+    assert amdflash("resume", run, "--yes", "--board", f"sim:{killed['board']}").code == 0
+    text, rep, page = reports(last_run())
+    assert rep["facts"]["backup"]["run_id"] == run and rep["facts"]["backup"]["path"] == str(killed["backup"])
+    assert fact(page, "backup-held") == line(text, "backup", f"kept from run {run}, which it resumes")[11:]
 
 
 def _differs(image: bytes, tmp_path: Path, fault: str) -> tuple[dict, str]:
@@ -205,3 +210,18 @@ def test_a_verify_failure_from_a_program_that_did_not_take_is_said_in_the_chips_
     rep, text = _differs(data, tmp_path, f"stuck-bit={address:#x}:0")
     words = line(text, "diagnosis", "bits that should be 0 read 1", "the program did not take")
     assert f"at {address:#08x}" in words, words
+
+
+def test_a_protection_override_is_said_with_what_it_overrode(image, tmp_path):
+    """--clear-cmp past SR2.CMP: the run's line and its override line say what was protected and
+    that CMP was cleared; a range flash does not claim the image's VBIOS as the board's after."""
+    board = create_board(tmp_path / "board", cmp=True, transport="ideal", seed=6)
+    r = amdflash("flash", image, "--yes", "--clear-cmp", "--sector-count", "2", "--board", f"sim:{board}")
+    assert r.code == 0, r.err
+    text, rep, page = reports(last_run())
+    assert "; --clear-cmp overrode the protection)" in text.splitlines()[0], text.splitlines()[0]
+    [o] = rep["facts"]["overrides"]
+    assert o["option"] == "--clear-cmp" and "CMP=1" in o["protection"] and "CMP cleared" in o["result"], o
+    assert fact(page, "override--clear-cmp") == line(text, "override", "--clear-cmp overrode protection")[11:]
+    assert rep["facts"]["vbios"]["after"] is None
+    assert "after not known (the run wrote a range of sectors" in fact(page, "vbios")
