@@ -10,7 +10,12 @@ from __future__ import annotations
 import html
 import json
 import re
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -225,3 +230,30 @@ def test_a_protection_override_is_said_with_what_it_overrode(image, tmp_path):
     assert fact(page, "override--clear-cmp") == line(text, "override", "--clear-cmp overrode protection")[11:]
     assert rep["facts"]["vbios"]["after"] is None
     assert "after not known (the run wrote a range of sectors" in fact(page, "vbios")
+
+
+def test_a_run_still_running_is_said_to_be_running(image, tmp_path, isolated):
+    """Read while its flash runs (its process alive here, holding the board's lock): still running."""
+    board = create_board(tmp_path / "board", content="blank", transport="ideal", seed=8, realtime_scale=1.0)
+    script = str(Path(sys.executable).with_name("amdflash"))
+    p = subprocess.Popen([script, "--no-progress", "-q", "flash", str(image), "--yes", "--expect-part", PART_KEY,
+                          "--board", f"sim:{board}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    try:
+        deadline, rep = time.monotonic() + 60, None
+        while time.monotonic() < deadline and p.poll() is None:
+            listed = amdflash("runs", "--format", "json") if (isolated / "audit.sqlite").exists() else None
+            runs = json.loads(listed.out) if listed is not None and listed.code == 0 else []
+            if runs and runs[-1]["status"] == "running":
+                r = amdflash("report", runs[-1]["run_id"], "--format", "json")
+                if r.code == 0:
+                    rep = json.loads(r.out)
+                    if rep["facts"]["ended"]["how"] == "running":
+                        break
+            time.sleep(0.2)
+        assert p.poll() is None, "the flash ended before it was seen running"
+        assert rep is not None and rep["facts"]["ended"]["how"] == "running", rep and rep["facts"]["ended"]
+        assert said(rep, "ended").startswith("still running: no end recorded, and its process lives on this host")
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)      # the process this test started
+        p.wait(timeout=60)
