@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -365,25 +366,56 @@ def compare_with_export(partial: Partial, conn: sqlite3.Connection, path: Path,
             continue
         if any(s.first <= seq <= (s.last if s.last is not None else 2 ** 62) for s in wanted):
             copy[(table, seq)] = [_copy_value(k, values.get(c)) for c, k in PHYSICAL[table]]
+
+    def rows_of(table: str, lo: int, hi: int | None) -> dict[int, list[Any]]:
+        top = hi if hi is not None else 2 ** 62
+        return {seq: v for (t, seq), v in copy.items() if t == table and lo <= seq <= top}
+
+    _diff(partial, conn, rows_of, copy_cps)
+    return f"{path}: an export that verifies ({checked.rows} rows, sealed by {checked.sealed_by})"
+
+
+def compare_with_trail(partial: Partial, conn: sqlite3.Connection, copy: sqlite3.Connection, name: str,
+                       keyfiles: list[Path] | None = None) -> str:
+    """As compare_with_export, against another audit database's copy of the run (the central
+    record's, materialized by store.central): its copy must verify (under --key when given)."""
+    from amdflash.store.verify import verify_run
+
+    checked = verify_run(copy, partial.run_id, keyfiles)
+    if not checked.ok or checked.key is None:
+        raise ValueError(f"{name}: its copy of run {partial.run_id} does not verify, so it names nothing: "
+                         f"{checked.problem}")
+    key = checked.key
+    copy_cps = {c.id: c.hash.hex() for c in load_checkpoints(copy, "WHERE c.run = ?", (key,))}
+
+    def rows_of(table: str, lo: int, hi: int | None) -> dict[int, list[Any]]:
+        return _trail_rows(copy, table, partial.run_id, key, lo, hi)
+
+    _diff(partial, conn, rows_of, copy_cps)
+    return f"{name}: its copy of the run verifies ({checked.rows} rows, {checked.checkpoints} signed checkpoints)"
+
+
+def _diff(partial: Partial, conn: sqlite3.Connection, copy_rows: Callable[[str, int, int | None], dict[int, list[Any]]],
+          copy_cps: dict[int, str]) -> None:
+    """Each failing span's rows here against the copy's (Span.differences, Span.compared)."""
     own = {c.id: c.hash.hex() for c in partial.checkpoints}
-    for span in wanted:
+    for span in partial.spans:
         span.differences = []
         for table, columns in PHYSICAL.items():
             here = _trail_rows(conn, table, partial.run_id, partial.key, span.first, span.last)
-            there = {seq: v for (t, seq), v in copy.items() if t == table and span.first <= seq
-                     <= (span.last if span.last is not None else 2 ** 62)}
+            there = copy_rows(table, span.first, span.last)
+            names = [c for c, _ in columns]
             for seq in sorted(set(here) | set(there)):
                 a, b = here.get(seq), there.get(seq)
                 name = LOGICAL_NAME.get(table, table)
                 if b is None:
                     span.differences.append({"table": name, "seq": seq, "change": "added",
-                                             "trail": dict(zip([c for c, _ in columns], a or [], strict=False)),
-                                             "copy": None})
+                                             "trail": dict(zip(names, a or [], strict=False)), "copy": None})
                 elif a is None:
                     span.differences.append({"table": name, "seq": seq, "change": "removed", "trail": None,
-                                             "copy": dict(zip([c for c, _ in columns], b, strict=False))})
+                                             "copy": dict(zip(names, b, strict=False))})
                 else:
-                    for (column, _), x, y in zip(columns, a, b, strict=False):
+                    for column, x, y in zip(names, a, b, strict=False):
                         if x != y:
                             span.differences.append({"table": name, "seq": seq, "change": "changed",
                                                      "column": column, "trail": x, "copy": y})
@@ -395,7 +427,6 @@ def compare_with_export(partial: Partial, conn: sqlite3.Connection, path: Path,
                          "no checkpoint seals these rows in either copy: they are only compared"
                          if span.checkpoint is None else
                          f"the copy's checkpoint #{span.checkpoint} differs from the trail's: compared only")
-    return f"{path}: an export that verifies ({checked.rows} rows, sealed by {checked.sealed_by})"
 
 
 def difference_words(d: dict[str, Any]) -> str:

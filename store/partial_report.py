@@ -15,20 +15,22 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
-from amdflash.store.partial import Partial, check_segments, compare_with_export, rows_view
+from amdflash.store.partial import Partial, check_segments, compare_with_export, compare_with_trail, rows_view
 from amdflash.store.queries import RunReport, _report, resolve_run
 from amdflash.store.run_rows import RunUnverified, open_run, verify_command
-from amdflash.store.verify import VerifyReport, snapshot
+from amdflash.store.verify import VerifyReport, connect_reader, snapshot
 
 NO_COPY = ("a copy of the run made before (amdflash audit export --run RUN -o FILE) names the rows that differ: "
-           "amdflash report RUN --against FILE")
+           "amdflash report RUN --against FILE (or --against central: the central record, when the run was pushed)")
 
 
 def partial_report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] | None = None,
-                   against: Path | None = None) -> RunReport:
+                   against: Path | None = None, copy: tuple[Path, str] | None = None) -> RunReport:
     """The report of a run that does not verify, marked (raises RunUnverified where nothing of
-    it can be shown: store.partial.check_segments). ValueError for an --against file that is
-    not a copy that verifies. A run that verifies: RuntimeError (use store.queries.report)."""
+    it can be shown: store.partial.check_segments). `against`: an export of the run; `copy`:
+    another audit database holding it (the central record's, materialized) and its name in
+    words; either names the rows that differ, and is refused (ValueError) unless its copy of
+    the run verifies. A run that verifies: RuntimeError (use store.queries.report)."""
     with snapshot(db.conn):
         run_id = resolve_run(db, run_id)
         try:
@@ -41,7 +43,15 @@ def partial_report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] 
             partial = check_segments(db.conn, run_id, refusal.problem, keyfiles)
         except RunUnverified:
             raise refusal from None       # nothing of it can be shown: refused as before, in the same words
-        copy = compare_with_export(partial, db.conn, against, keyfiles) if against is not None else None
+        compared = None
+        if against is not None:
+            compared = compare_with_export(partial, db.conn, against, keyfiles)
+        elif copy is not None:
+            other = connect_reader(str(copy[0]))
+            try:
+                compared = compare_with_trail(partial, db.conn, other, copy[1], keyfiles)
+            finally:
+                other.close()
         check = VerifyReport(False, f"run {run_id}", rows=partial.vouched_rows, checkpoints=len(partial.checkpoints),
                              runs=1, signers=partial.signers, trusted=partial.trusted, key=partial.key,
                              sealed=partial.last_vouched, problem=refusal.problem)
@@ -56,8 +66,8 @@ def partial_report(db: sqlite_utils.Database, run_id: str, keyfiles: list[Path] 
             "vouched": [list(r) for r in partial.vouched],
             "spans": [s.to_json() for s in partial.spans],
             "notes": [n for n in partial.notes if n != refusal.problem],
-            "copy": copy,
-            "next": None if copy is not None else NO_COPY.replace("RUN", run_id),
+            "copy": compared,
+            "next": None if compared is not None else NO_COPY.replace("RUN", run_id),
         }
         rep.rows = rows
         return rep

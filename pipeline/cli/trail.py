@@ -13,7 +13,7 @@ from amdflash.pipeline.cli import output
 from amdflash.stages.terminal import printable
 from amdflash.pipeline.engine.auditdb import legacy_version
 from amdflash.pipeline.commands.checks import output_option, writable_output, write_output
-from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
+from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal, UsageError
 from amdflash.stages.files import write_new
 from amdflash.stages.open_transport import BoardSpecError, parse_spec
 from amdflash.store.read_checks import describe as describe_reads
@@ -58,10 +58,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "replaced only with --overwrite)")
     p.add_argument("--key", type=Path, action="append", metavar="PUBFILE",
                    help="check the run's signatures against this public key")
-    p.add_argument("--against", type=Path, metavar="EXPORT",
-                   help="a run that does not verify: compare its failing spans with this copy of it (an 'audit "
-                        "export' file made before, which must verify), naming each row that differs: table, seq, "
-                        "column, both values")
+    p.add_argument("--against", metavar="COPY",
+                   help="a run that does not verify: compare its failing spans with this copy of it, naming each "
+                        "row that differs (table, seq, column, both values): an 'audit export' file made before, or "
+                        "the central record the run was pushed to ('central' for $AMDFLASH_CENTRAL, or its "
+                        "postgresql:// URL); the copy must verify")
     p.add_argument("--unverified", action="store_true",
                    help="also write the report of a run that does not verify to -o FILE or --pages DIR, marked as "
                         "such (on stdout it is shown, marked, without this option; exit 1 either way)")
@@ -203,9 +204,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         writable_output(args.output, "report", args.overwrite)
     # A run that does not verify: shown, marked, on stdout; written to a file only when asked
     # (a file travels without the exit status that says so).
+    export, central = copy_option(args.against)
     rep, page = commands.report(args.run_id, commands.db_path(args), html=args.format == "html", keys=args.key,
                                 beside=args.output.parent if args.output is not None else None,
-                                unverified=args.output is None or args.unverified, against=args.against)
+                                unverified=args.output is None or args.unverified, against=export, central=central)
     if args.format == "json":
         import json
 
@@ -222,7 +224,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     return _unverified_end(rep, args.against)
 
 
-def _unverified_end(rep: dict[str, Any], against: Path | None) -> int:
+def copy_option(against: str | None) -> tuple[Path | None, str | None]:
+    """`report --against`: (an export file, the central record's URL)."""
+    if against is None:
+        return None, None
+    if against == "central" or against.startswith(("postgresql://", "postgres://")):
+        # As pipeline/cli/central.py's _url reads it (that module imports this one: not imported here).
+        url = os.environ.get("AMDFLASH_CENTRAL") if against == "central" else against
+        if not url:
+            raise UsageError("--against central: no central database: set $AMDFLASH_CENTRAL, or give its "
+                             "postgresql:// URL")
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            raise Refusal("--against: the central database needs psycopg: pip install 'amdflash[fleet]'") from None
+        return None, url
+    return Path(against), None
+
+
+def _unverified_end(rep: dict[str, Any], against: str | None) -> int:
     """Exit 1, saying so, for the report of a run that does not verify."""
     u = rep.get("unverified")
     if u is None:
@@ -283,7 +303,9 @@ def _write_pages(args: argparse.Namespace) -> int:
         raise Refusal(f"--pages {printable(str(args.pages))}: not a directory")
     db = commands.db_path(args)
     # The run named: refused if unknown, or if it does not verify (unless --unverified: marked).
-    first, _ = commands.report(args.run_id, db, keys=args.key, unverified=args.unverified, against=args.against)
+    export, central = copy_option(args.against)
+    first, _ = commands.report(args.run_id, db, keys=args.key, unverified=args.unverified, against=export,
+                               central=central)
     reports: dict[str, dict[str, Any]] = {}
     queue = [first["run_id"]]
     while queue and len(reports) < MAX_PAGES:
@@ -302,7 +324,8 @@ def _write_pages(args: argparse.Namespace) -> int:
         for run, path in targets.items():
             named = run == first["run_id"]
             _, page = commands.report(run, db, html=True, keys=args.key, beside=args.pages,
-                                      unverified=named and args.unverified, against=args.against if named else None)
+                                      unverified=named and args.unverified, against=export if named else None,
+                                      central=central if named else None)
             write_new(path, page or "", overwrite=args.overwrite)
     output.note(f"wrote {len(targets)} linked page(s) in {args.pages}: " + ", ".join(p.name for p in targets.values()))
     return _unverified_end(first, args.against)

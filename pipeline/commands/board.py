@@ -162,13 +162,31 @@ def _report(reader: Any, run_id: str, keys: Sequence[Path] | None = None) -> Run
     return report(reader, run_id, _key_list(keys))
 
 
-def _partial(reader: Any, run_id: str, keys: Sequence[Path] | None, against: Path | None) -> RunReport:
+def _partial(reader: Any, run_id: str, keys: Sequence[Path] | None, against: Path | None,
+             central: str | None = None) -> RunReport:
     """The report of a run that does not verify, marked (store.partial_report); an --against
-    file that is not a copy of the run that verifies is refused (exit 2)."""
+    copy (an export, or the central record's copy, read into a temporary file) that is not a
+    copy of the run that verifies is refused (exit 2)."""
+    import tempfile
+
     from amdflash.store.partial_report import partial_report
+    from amdflash.store.queries import resolve_run
 
     try:
-        return partial_report(reader, run_id, _key_list(keys), against)
+        if central is None:
+            return partial_report(reader, run_id, _key_list(keys), against)
+        from amdflash.store.central import materialize
+        from amdflash.store.central.reading import shown_url
+        from amdflash.store.central.schema import CentralError
+
+        with tempfile.TemporaryDirectory(prefix="amdflash-central-") as tmp:
+            copy = Path(tmp) / "run.sqlite"
+            try:
+                materialize(central, resolve_run(reader, run_id), copy)
+            except CentralError as e:        # no such run there, or it names runs of several hosts
+                raise Refusal(f"--against {shown_url(central)}: {e}") from None
+            return partial_report(reader, run_id, _key_list(keys), copy=(copy, f"the central record at "
+                                                                               f"{shown_url(central)}"))
     except ValueError as e:
         raise Refusal(str(e)) from None
 
@@ -581,13 +599,15 @@ def runs(db: str | None = None) -> list[dict[str, Any]]:
 
 def report(run_id: str, db: str | None = None, html: bool = False,
            keys: Sequence[Path] | None = None, beside: Path | None = None,
-           unverified: bool = False, against: Path | None = None) -> tuple[dict[str, Any], str | None]:
+           unverified: bool = False, against: Path | None = None,
+           central: str | None = None) -> tuple[dict[str, Any], str | None]:
     """One run's report (the `report --format json` object), and its HTML page if asked.
     `keys`: trusted public key files the run's signatures must be by; `beside`: the directory
     the page will be written into (its links lead only to pages there). `unverified`: a run
     that does not verify is reported as far as its checkpoints still vouch for it, the rest
     marked (store.partial_report: its `unverified` key), else refused (RunUnverified);
-    `against`: an export of the run that names the rows that differ."""
+    `against`: an export of the run that names the rows that differ; `central`: the URL of a
+    central record whose copy of the run does so."""
     from amdflash.store.keys import KeyError_
     from amdflash.store.partial import with_spans
     from amdflash.store.queries import resolve_run
@@ -603,7 +623,7 @@ def report(run_id: str, db: str | None = None, html: bool = False,
                 except RunUnverified as e:
                     if not unverified:     # named with every failing span, and where the rest is seen
                         raise with_spans(reader.conn, resolve_run(reader, run_id), e, _key_list(keys)) from None
-                    rep = _partial(reader, run_id, keys, against)
+                    rep = _partial(reader, run_id, keys, against, central)
             except (RunNotFound, KeyError_) as e:
                 raise Refusal(str(e)) from None
             if rep.get("unverified") is not None:
