@@ -14,6 +14,10 @@ refuses a run that does not verify, naming the first thing that does not match. 
   that act on the hardware (which units a resume may skip, which backup it keeps, which
   register values are put back).
 
+A run that does not verify is refused here, whole. Only `report` shows such a run, through
+store.partial (a PartialRows: the segments whose signed heads still rebuild), the rest marked;
+nothing that acts on the hardware reads a run that way.
+
 The bulk tables (`log_spi`, `log_writes`) are read through the views, which walk the run's
 seq span from its runs row to its end; rows of the run outside that span are not read.
 """
