@@ -14,9 +14,12 @@ log was rolled back or forked, which is what witnesses are for.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -121,12 +124,42 @@ class Outcome:
         return f"not yet witnessed ({have}{why})"
 
 
-def ask(db: str, log: TreeHeads, conf: Settings, now: float | None = None) -> Outcome:
+def ask(db: str, log: TreeHeads, conf: Settings) -> Outcome:
     """Ask every witness that has not yet cosigned the log's newest tree head, keep what they
     cosign, then date the cosigned head with the configured authorities; all within the
-    settings' timeout."""
+    settings' timeout. One amdflash of this trail at a time: two commands ending together
+    would otherwise ask with a tree head the other's has already overtaken at the witness, which
+    answers as it would to a log rolled back."""
     deadline = time.monotonic() + conf.timeout
-    head = ws.parse_note(log.checkpoint())
+    with _one_at_a_time(db, deadline):
+        return _ask(db, log, conf, deadline)
+
+
+@contextmanager
+def _one_at_a_time(db: str, deadline: float) -> Iterator[None]:
+    import fcntl
+
+    from amdflash.stages.files import PRIVATE, private_dir
+
+    private_dir(ws.witnessed_dir(db))
+    fd = os.open(ws.witnessed_dir(db) / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ws.WitnessError("another amdflash of this trail was asking the witnesses until the "
+                                          "deadline") from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)      # and the lock with it
+
+
+def _ask(db: str, log: TreeHeads, conf: Settings, deadline: float) -> Outcome:
+    head = ws.parse_note(log.checkpoint())     # read once the lock is held: the newest there is
     kept = ws.stored(db, head.size)
     have = ws.cosigned_by(kept, list(conf.witnesses), time.time()) if kept and kept.body == head.body else []
     done = {c.witness for c in have}

@@ -175,3 +175,41 @@ def test_witness_settings_that_cannot_be_used_are_refused(data: dict, words: str
         words = "witness_quorum = 3: must be 1..1"
     with pytest.raises(UsageError, match=words.replace("(", "\\(").replace("{", "\\{")):
         witnessing.settings(data)
+
+
+def test_two_commands_ending_together_are_not_taken_for_a_rolled_back_log(
+        tmp_path: Path, log: MerkleLog, servers: list[WitnessServer]) -> None:
+    """Command A reads the log's tree head of 5 entries; before A's request reaches the witnesses,
+    command B (the log grown to 9) asks with its own. Taken in turn, both are cosigned: B's head
+    extends A's. Interleaved, the witnesses would have cosigned 9 before A asked with 5, which
+    reads as a rolled-back log."""
+    import threading
+
+    db = str(tmp_path / "audit.sqlite")
+    grown = MerkleLog(log.origin, log.key)
+    grown.leaves = list(log.leaves)
+    grow(grown, 4)
+    results: dict[str, witnessing.Outcome] = {}
+
+    class Racing:
+        def __init__(self) -> None:
+            self.raced = False
+
+        def checkpoint(self) -> str:
+            if not self.raced:
+                self.raced = True
+                other = threading.Thread(target=lambda: results.setdefault("B", witnessing.ask(db, grown,
+                                                                                               conf(servers))))
+                other.start()
+                other.join(1.0)      # B finishes first unless it waits for A
+                results["B joined"] = other   # type: ignore[assignment]
+            return log.checkpoint()
+
+        def consistency(self, old: int, new: int) -> list[bytes]:
+            return log.consistency(old, new)
+
+    results["A"] = witnessing.ask(db, Racing(), conf(servers))
+    results["B joined"].join(5)     # type: ignore[attr-defined]
+    assert results["A"].words() == "witnessed by 2 of 2", results["A"].words()
+    assert results["B"].words() == "witnessed by 2 of 2", results["B"].words()
+    assert all(s.known[log.origin][0] == 9 for s in servers)
