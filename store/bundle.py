@@ -578,13 +578,13 @@ def check_info(bundle: Opened) -> None:
 def check_export(bundle: Opened) -> None:
     try:
         report = verify_export(bundle.at(EXPORT))
-        bundle.facts = facts = export_facts(bundle.at(EXPORT))
+        if not report.ok:
+            raise Broken(str(report.first_bad))
+        bundle.facts = facts = export_facts(bundle.at(EXPORT))      # of a file that verified: well-formed
     except ExportFormatError as e:
         raise Broken(f"{EXPORT} is not a well-formed export ({e}): it was changed") from None
     except Broken as e:
         raise Broken(f"{EXPORT}: {e}") from None
-    if not report.ok:
-        raise Broken(f"{EXPORT}: {report.first_bad}")
     if report.scope != "run" or sorted(facts.runs) != sorted(bundle.info.get("runs") or []) \
             or bundle.info.get("run") not in facts.runs:
         raise Broken(f"{INFO} names runs the export does not hold (its run {bundle.info.get('run')!r}): one of them "
