@@ -143,6 +143,8 @@ def run_checkpoints(conn: Any, run_id: str) -> list[chain.Checkpoint]:
 def from_report(rep: dict[str, Any], checkpoints: Sequence[chain.Checkpoint], key: Any) -> Receipt:
     """The receipt of a run whose report (store.queries.report) is at hand, signed by `key`."""
     run_id = str(rep["run_id"])
+    if rep.get("unverified"):
+        raise ReceiptRefused(f"run {run_id} does not verify: no receipt vouches for what its rows no longer prove")
     if checkpoints and checkpoints[-1].public_key != keys.public_bytes(key):
         raise NotThisKey(f"run {run_id} was sealed by key {keys.fingerprint(checkpoints[-1].public_key)}, "
                              "not this host's: only the host that recorded a run signs its receipt")

@@ -239,6 +239,15 @@ def test_a_flash_logs_every_checkpoint_and_its_receipt(cli, db, tmp_path, make_b
     assert r.code == 0, r.err
     origin, size, _ = tlog.parse_checkpoint(r.out)
     assert size == len(entries) and origin == tlog.default_origin()
+    # The log key: its own file beside the host key, the owner's alone; it signed the head.
+    import os
+
+    log_key = Path(os.environ["AMDFLASH_HOST_KEY"]).with_name("log_key.pem")
+    assert log_key.stat().st_mode & 0o777 == 0o600
+    from amdflash.store.keys import load_private, public_bytes
+
+    assert tlog.parse_vkey(cli("audit", "log", "--vkey").out)[1] == public_bytes(load_private(log_key))
+    assert tlog.verify_note(r.out, cli("audit", "log", "--vkey").out)
 
 
 def test_the_log_outlives_audit_archive(cli, db, tmp_path, make_board):  # noqa: F811
