@@ -78,10 +78,12 @@ def _vouched(partial: Partial, seq: int) -> bool:
 
 
 def _status(db: sqlite_utils.Database, rep: dict[str, Any], partial: Partial) -> None:
-    """The run's status is shown only if its newest status row is vouched for."""
+    """The run's status is shown only if its newest status row is vouched for and no failing
+    span comes after it: a later one may have held (or hidden, by a DELETE) a newer status."""
     newest = db.conn.execute("SELECT seq, status FROM run_status WHERE run_id = ? AND seq >= ? ORDER BY seq DESC "
                              "LIMIT 1", (partial.run_id, partial.key)).fetchone()
-    if newest is not None and _vouched(partial, newest[0]):
+    if newest is not None and _vouched(partial, newest[0]) and \
+            not any(s.last is None or s.last > newest[0] for s in partial.spans):
         return
     rep["status_unverified"] = newest[1] if newest is not None else None
     rep["status"] = "not verified"

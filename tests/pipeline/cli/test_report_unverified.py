@@ -11,6 +11,7 @@ hardware reads a run that way: `replay` still refuses, naming the spans."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,8 @@ class Tampered:
 def _edit(db: Path, sql: str, *args: object, trigger: str) -> None:
     """One change as an insider makes it: the append-only trigger dropped, then put back as it was."""
     con = sqlite3.connect(db)
-    definition = con.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = ?", [trigger]).fetchone()[0]
+    definition = con.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = ?",
+                             [trigger]).fetchone()[0]
     con.execute(f"DROP TRIGGER {trigger}")
     con.execute(sql, args)
     con.execute(definition)
@@ -67,13 +69,14 @@ def tampered(amdflash, make_board, image, tmp_path) -> Tampered:  # noqa: F811
     db = tmp_path / "audit.sqlite"
     con = sqlite3.connect(db)
     key = con.execute("SELECT seq FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
-    verify_seq, was, should = con.execute("SELECT seq, flash_byte, image_byte FROM log_verifies WHERE run = ? AND ok = 0 "
-                                          "ORDER BY seq LIMIT 1", [key]).fetchone()
+    verify_seq, was, should = con.execute("SELECT seq, flash_byte, image_byte FROM log_verifies WHERE run = ? "
+                                          "AND ok = 0 ORDER BY seq LIMIT 1", [key]).fetchone()
     error_seq, message = con.execute("SELECT seq, message FROM errors WHERE run_id = ?", [run_id]).fetchone()
     status_seq = con.execute("SELECT max(seq) FROM run_status WHERE run_id = ?", [run_id]).fetchone()[0]
     spans = {s: _span(con, key, s) for s in (verify_seq, error_seq, status_seq)}
     con.close()
-    _edit(db, "UPDATE log_verifies SET flash_byte = ? WHERE seq = ?", should, verify_seq, trigger="log_verifies_no_update")
+    _edit(db, "UPDATE log_verifies SET flash_byte = ? WHERE seq = ?", should, verify_seq,
+          trigger="log_verifies_no_update")
     _edit(db, "DELETE FROM errors WHERE seq = ?", error_seq, trigger="errors_no_delete")
     _edit(db, "UPDATE run_status SET status = 'succeeded', detail = NULL WHERE seq = ?", status_seq,
           trigger="run_status_no_update")
@@ -173,3 +176,25 @@ def test_replay_still_refuses_and_names_the_failing_spans(amdflash, tampered):
     for ident, first, last in tampered.spans.values():
         assert f"seq {first}..{last}, checkpoint #{ident}" in r.err, r.err
     assert "--against EXPORT" in r.err
+
+
+def test_a_deleted_end_leaves_no_earlier_status_shown_as_the_runs(amdflash, make_board, image):  # noqa: F811
+    """The run's end row DELETEd: its newest status row left is an earlier one, vouched for, but
+    a failing span after it may have held a newer one: the status is 'not verified'."""
+    img = image.read_bytes()
+    stuck = next(a for a in range(0x2000, 0x4000) if img[a] == 0x00)
+    board = make_board(content="blank", transport="ideal", faults=[f"stuck-bit={stuck:#x}:7"])
+    assert amdflash("flash", image, "--yes", "--force", "--sector-count", "4", "--board", f"sim:{board}").code == 1
+    run_id = json.loads(amdflash("runs", "--format", "json").out)[-1]["run_id"]
+    db = Path(os.environ["AMDFLASH_DB"])
+    con = sqlite3.connect(db)
+    end = con.execute("SELECT max(seq) FROM run_status WHERE run_id = ?", [run_id]).fetchone()[0]
+    con.close()
+    _edit(db, "DELETE FROM run_status WHERE seq = ?", end, trigger="run_status_no_delete")
+    r = amdflash("report", run_id, "--json")
+    rep = json.loads(r.out)
+    assert r.code == 1 and rep["status"] == "not verified" and rep["ended"] is None, (rep["status"], rep["ended"])
+    assert rep["status_unverified"] != "failed" and rep["unverified"]["spans"], rep["unverified"]
+    # ... and a resume, which acts on the board, still refuses the run whole.
+    resumed = amdflash("resume", run_id, "--board", f"sim:{board}", "--yes")
+    assert resumed.code != 0 and "does not verify" in resumed.err, (resumed.code, resumed.err)
