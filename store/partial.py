@@ -344,6 +344,8 @@ def compare_with_export(partial: Partial, conn: sqlite3.Connection, path: Path,
         checked = verify_export(path, keyfiles)
     except ExportFormatError as e:
         raise ValueError(f"--against {path}: not an amdflash export: {e}") from None
+    except OSError as e:
+        raise ValueError(f"--against {path}: {e.strerror or e}") from None
     if not checked.ok:
         raise ValueError(f"--against {path}: the export does not verify, so it names nothing: {checked.first_bad}")
     if partial.run_id not in checked.runs:

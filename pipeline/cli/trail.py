@@ -239,7 +239,11 @@ def copy_option(against: str | None) -> tuple[Path | None, str | None]:
         except ImportError:
             raise Refusal("--against: the central database needs psycopg: pip install 'amdflash[fleet]'") from None
         return None, url
-    return Path(against), None
+    path = Path(against)
+    if not path.is_file():          # checked before anything is read: bad input, exit 2
+        raise Refusal(f"--against {printable(against)}: " + ("not a regular file" if path.exists() else
+                                                               "no such file (an 'audit export' file, or 'central')"))
+    return path, None
 
 
 def _unverified_end(rep: dict[str, Any], against: str | None) -> int:

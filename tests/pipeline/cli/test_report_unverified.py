@@ -198,3 +198,9 @@ def test_a_deleted_end_leaves_no_earlier_status_shown_as_the_runs(amdflash, make
     # ... and a resume, which acts on the board, still refuses the run whole.
     resumed = amdflash("resume", run_id, "--board", f"sim:{board}", "--yes")
     assert resumed.code != 0 and "does not verify" in resumed.err, (resumed.code, resumed.err)
+
+
+def test_a_copy_that_is_no_file_is_refused_before_anything_is_read(amdflash, tampered, tmp_path):
+    for given in (tmp_path / "missing.jsonl", tmp_path):
+        r = amdflash("report", tampered.run_id, "--against", given)
+        assert r.code == 2 and "--against" in r.err and not r.out, (given, r.code, r.err)
