@@ -35,7 +35,7 @@ def add(db: Any, selection: Any, facts: Any) -> dict[str, bytes]:
         return {}
     entry, data = logged
     try:
-        proof = trail_log.proof_of(directory, entry)
+        proof = trail_log.proof_of(directory, entry, path)
     except tlog.LogError:
         return {}
     return {RECEIPT: data, PROOF: proof.encode(), VKEY: (vkey + "\n").encode()}

@@ -128,11 +128,20 @@ def logged_receipt(directory: Path, run_id: str) -> tuple[dict[str, Any], bytes]
     return (entry, data) if hashlib.sha256(data).hexdigest() == entry.get("sha256") else None
 
 
-def proof_of(directory: Path, entry: dict[str, Any]) -> str:
-    """The C2SP tlog-proof of a logged leaf against the newest tree head."""
+def proof_of(directory: Path, entry: dict[str, Any], db: str | None = None) -> str:
+    """The C2SP tlog-proof of a logged leaf: against the smallest tree head that witnesses
+    cosigned and that holds it (store.witness: the note with their cosignatures), else against
+    the newest tree head the log signed. `db`: the trail, whose cosigned heads are looked up."""
+    from amdflash.store import witness
+
     log = Log(directory)
-    head = log.last_head()
     index = int(entry["i"])
+    cosigned = witness.covering(db, index + 1) if db is not None else None
+    if cosigned is not None and cosigned.size <= log.size():
+        if log.tree_hash(cosigned.size) != cosigned.root:
+            raise LogError(f"the cosigned tree head of {cosigned.size} leaves is not this log's tree of that size")
+        return tlog.proof_file(index, log.inclusion(index, cosigned.size), cosigned.text)
+    head = log.last_head()
     if head is None or head.size <= index:
         raise LogError("no signed tree head includes the receipt yet")
     return tlog.proof_file(index, log.inclusion(index, head.size), head.note)

@@ -182,6 +182,6 @@ def proof(db: str, run_id: str, settings: dict[str, Any] | None = None) -> tuple
         if logged is None:
             raise Refusal(f"the receipt of run {run_id} could not be logged in {directory}")
     try:
-        return logged[1], trail_log.proof_of(directory, logged[0])
+        return logged[1], trail_log.proof_of(directory, logged[0], db)
     except tlog.LogError as e:
         raise Refusal(str(e)) from None

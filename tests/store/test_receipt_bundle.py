@@ -112,3 +112,41 @@ def test_random_changes_to_a_receipt_part_are_broken_never_a_crash(made, tmp_pat
         _remanifest(b)
         r = verify(b, made.env)
         assert r.code == 1 and "BROKEN" in r.out and "Traceback" not in r.err, (i, r.out, r.err)
+
+
+def test_the_receipt_s_proof_carries_the_cosigned_tree_head(tmp_path, monkeypatch):
+    """With witnesses configured (two of our own, quorum 2), the receipt's tlog-proof is against
+    the tree head they cosigned: its note carries their cosignatures beside the log's signature,
+    and the proof and the bundle still verify."""
+    from amdflash.store import tlog
+    from tests.pipeline.cli.test_witnessed_run import ORIGIN, configure, log_vkey
+    from tests.support.witness_server import WitnessServer
+
+    servers = [WitnessServer(name=f"w{i}.test/witness", logs={ORIGIN: [log_vkey()]}).start() for i in range(2)]
+    try:
+        configure(tmp_path, monkeypatch, servers)
+        env = {"AMDFLASH_DB": str(tmp_path / "audit.sqlite"), "AMDFLASH_LOCK_DIR": str(tmp_path / "locks")}
+        image = tmp_path / "image.bin"
+        image.write_bytes(synthetic_ifwi(21)[:3 * 4096])
+        board = create_board(tmp_path / "board", transport="ideal", seed=3)
+        r = cli.run("-q", "flash", image, "--yes", "--force", "--start-sector", 0, "--sector-count", 3,
+                    "--expect-part", PART_KEY, "--board", f"sim:{board}", "--json", env=env)
+        assert r.code == 0, r.err
+        run = json.loads(r.out)["run_id"]
+        proof = cli.run("-q", "audit", "log", "--proof", run, env=env)
+        assert proof.code == 0, proof.err
+        index, path, note, _ = tlog.parse_proof_file(proof.out)
+        _, sigs = tlog.note_signatures(note)
+        assert sorted(name for name, _, _ in sigs) == sorted([ORIGIN, "w0.test/witness", "w1.test/witness"])
+        vkey = cli.run("-q", "audit", "log", "--vkey", env=env).out
+        tlog.verify_note(note, vkey)
+        receipt = cli.run("-q", "audit", "receipt", "--run", run, env=env).out.encode()
+        _, size, root = tlog.parse_checkpoint(note)
+        assert tlog.root_from_inclusion(index, size, tlog.leaf_hash(receipt), path) == root
+        assert cli.run("-q", "audit", "bundle", "--run", run, "-o", tmp_path / "b", env=env).code == 0
+        assert (tmp_path / "b" / "receipt.tlog-proof").read_text() == proof.out
+        r = cli.run("audit", "verify", "--bundle", tmp_path / "b", env=env)
+        assert r.code == 0, r.out + r.err
+    finally:
+        for s in servers:
+            s.stop()
