@@ -309,3 +309,29 @@ def evidence(db: str, size: int, witnesses: list[Witness]) -> dict[str, bytes]:
     except (OSError, NotAFile):
         files.pop("checkpoint.timestamped", None)
     return files
+
+
+def check_offline(cosigned: str, log_vkey: str, trusted: list[Witness], quorum: int) -> list[Cosignature]:
+    """A reviewer's check of a cosigned tree head, without the host: signed by the log's key
+    (`log_vkey`), and cosigned by at least `quorum` of the witnesses the reviewer trusts (their
+    keys from the witnesses, never from the bundle). The cosignatures that count; WitnessError
+    naming what falls short. A cosignature's time is not held against the reviewer's clock:
+    a bundle is checked years later."""
+    from amdflash.store import tlog
+
+    head = parse_note(cosigned)
+    try:
+        tlog.verify_note(cosigned, log_vkey)
+    except tlog.LogError as e:
+        raise WitnessError(f"the tree head is not the log's: {e}") from None
+    if head.origin != log_vkey.split("+", 1)[0]:
+        raise WitnessError(f"the tree head's origin {head.origin!r} is not the log key's name")
+    found: dict[str, Cosignature] = {}
+    for witness in trusted:
+        for line in head.signatures:
+            c = check_line(witness, head.body, line, float(1 << 62))
+            if c is not None:
+                found.setdefault(witness.vkey, c)
+    if len(found) < quorum:
+        raise WitnessError(f"cosigned by {len(found)} of the {len(trusted)} trusted witnesses, {quorum} needed")
+    return list(found.values())

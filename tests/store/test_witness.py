@@ -140,3 +140,23 @@ def test_kept_checkpoint_is_a_signed_note_with_its_cosignatures_in_private_files
 def test_malformed_notes_are_refused(text: str) -> None:
     with pytest.raises(ws.WitnessError):
         ws.parse_note(text)
+
+
+def test_offline_check_needs_the_log_key_and_a_quorum_of_trusted_witnesses() -> None:
+    log, one, two = log_of(4), WitnessServer(name="w.test/one"), WitnessServer(name="w.test/two")
+    head = ws.parse_note(log.checkpoint())
+    lines = [answer_of(s, log)[1].decode().strip() for s in (one, two)]
+    cosigned = head.with_lines(lines).text
+    trusted = [configured(one), configured(two)]
+    assert [c.witness for c in ws.check_offline(cosigned, log.vkey, trusted, 2)] == ["w.test/one", "w.test/two"]
+    with pytest.raises(ws.WitnessError, match="cosigned by 1 of the 2 trusted witnesses, 2 needed"):
+        ws.check_offline(head.with_lines(lines[:1]).text, log.vkey, trusted, 2)
+    with pytest.raises(ws.WitnessError, match="cosigned by 0 of the 1 trusted witnesses"):
+        ws.check_offline(cosigned, log.vkey, [configured(WitnessServer(name="w.test/one"))], 1)
+    with pytest.raises(ws.WitnessError, match="is not the log's"):
+        ws.check_offline(cosigned, MerkleLog(log.origin).vkey, trusted, 1)
+    dash, name, b64 = lines[1].split()
+    raw = base64.b64decode(b64)
+    forged = f"{dash} {name} {base64.b64encode(raw[:-1] + bytes([raw[-1] ^ 1])).decode()}"
+    with pytest.raises(ws.WitnessError, match="does not verify"):
+        ws.check_offline(head.with_lines([lines[0], forged]).text, log.vkey, trusted, 1)
