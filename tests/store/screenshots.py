@@ -78,6 +78,31 @@ def build_trail(work: Path) -> dict[str, Any]:
     return {"db": db, "runs": by_kind, "pages": pages, "stuck": stuck}
 
 
+def shared_trail(tmp_path_factory: Any) -> dict[str, Any]:
+    """The trail of `build_trail`, built once per test session and read by every browser test
+    that only reads it (three full flashes and a resume: about 45 s of CPU each time). Under
+    pytest-xdist the workers share it through a directory named by the session's run id, the
+    first to take the lock building it; outside xdist, in this session's own temporary folder."""
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not uid:
+        return build_trail(tmp_path_factory.mktemp("html-trail"))
+    import fcntl
+    import json
+    import tempfile
+
+    root = Path(tempfile.gettempdir()) / f"amdflash-html-trail-{uid}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    made = root / "trail.json"
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not made.exists():
+            trail = build_trail(root / "work")
+            made.write_text(json.dumps(trail, default=str))
+    loaded = json.loads(made.read_text())
+    return {"db": Path(loaded["db"]), "runs": loaded["runs"], "stuck": loaded["stuck"],
+            "pages": {k: Path(v) for k, v in loaded["pages"].items()}}
+
+
 @contextlib.contextmanager
 def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright

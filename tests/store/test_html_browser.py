@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.skipif(screenshots.browser_missing() is not None,
 
 @pytest.fixture(scope="module")
 def trail(tmp_path_factory):
-    return screenshots.build_trail(tmp_path_factory.mktemp("html-browser"))
+    return screenshots.shared_trail(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ LINES = "el => new Set([...el.getClientRects()].map(x => Math.round(x.top))).siz
 
 @pytest.fixture(scope="module")
 def trail(tmp_path_factory):
-    return screenshots.build_trail(tmp_path_factory.mktemp("html-wrapping"))
+    return screenshots.shared_trail(tmp_path_factory)
 
 
 @pytest.mark.parametrize("width", [1280, 720, 560])

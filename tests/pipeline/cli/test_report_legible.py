@@ -22,10 +22,14 @@ AA = 4.5
 def trail(tmp_path_factory):
     """The review trail (clean, failed, killed, resumed), and a refused flash of a blank board."""
     work = tmp_path_factory.mktemp("legible")
-    made = screenshots.build_trail(work)
+    made = dict(screenshots.shared_trail(tmp_path_factory))
+    made["pages"] = dict(made["pages"])
     blank = screenshots.create_board(work / "blank", content="blank", transport="ideal", seed=14)
-    db = made["db"]
-    assert screenshots._amdflash(db, "flash", work / "image.bin", "--yes", "--board", f"sim:{blank}").returncode == 2
+    # The shared trail is read by other modules at the same time: the refused flash goes to a
+    # trail of its own.
+    db = work / "audit.sqlite"
+    image = made["db"].parent / "image.bin"
+    assert screenshots._amdflash(db, "flash", image, "--yes", "--board", f"sim:{blank}").returncode == 2
     refused = __import__("json").loads(screenshots._amdflash(db, "runs", "--json").stdout)[-1]["run_id"]
     page = work / "pages" / f"{refused}.html"      # another directory: no other run's page is there
     page.parent.mkdir()
