@@ -406,22 +406,7 @@ def words(rep: dict[str, Any]) -> list[tuple[str, str, str]]:
         else:
             out.append(("registers-after", "registers", "after restore: none recorded (the run ended without "
                                                         "putting its registers back)"))
-        changed = ", ".join(f"{c['register']} {c['before']} -> {c['left']}" for c in regs.get("left_changed") or ())
-        source = ("its after-restore snapshot" if regs.get("left_from") == "after restore"
-                  else "its last sealed register writes; one recorded just as the run died may not have reached "
-                       "the board")
-        text = f"left changed (from {source}): {changed}" if changed else f"left changed: none (from {source})"
-        put = regs.get("put_back_by")
-        if put:
-            done = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in (put.get("put_back") or {}).items())
-            text += (f"; run {put['run_id']} found them " + (f"as {_regs(regs['found_by_next'])}" if
-                                                              regs.get("found_by_next") else "")
-                     + (f" and put back {done}" if done else "; it put back nothing")
-                     + (f" (changed since by something else: {', '.join(put['changed_since'])})"
-                        if put.get("changed_since") else ""))
-        elif changed and regs.get("left_from") == "sealed writes":
-            text += "; no later run on record has put them back (the next run on this board does, first)"
-        out.append(("registers-left", "registers", text))
+        out.append(("registers-left", "registers", left_words(regs)))
     for o in f.get("overrides") or ():
         if o["option"] == "--force":
             if o["overrode"]:
@@ -486,6 +471,26 @@ def words(rep: dict[str, Any]) -> list[tuple[str, str, str]]:
                     "host's paths"
         out.append(("database", "database", text))
     return out
+
+
+def left_words(regs: dict[str, Any]) -> str:
+    """What the run left changed of the registers, and the later run that put them back, if one did."""
+    changed = ", ".join(f"{c['register']} {c['before']} -> {c['left']}" for c in regs.get("left_changed") or ())
+    source = ("its after-restore snapshot" if regs.get("left_from") == "after restore"
+              else "its last sealed register writes; one recorded just as the run died may not have reached "
+                   "the board")
+    text = f"left changed (from {source}): {changed}" if changed else f"left changed: none (from {source})"
+    put = regs.get("put_back_by")
+    if put:
+        done = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in (put.get("put_back") or {}).items())
+        text += (f"; run {put['run_id']} found them " + (f"as {_regs(regs['found_by_next'])}" if
+                                                          regs.get("found_by_next") else "")
+                 + (f" and put back {done}" if done else "; it put back nothing")
+                 + (f" (changed since by something else: {', '.join(put['changed_since'])})"
+                    if put.get("changed_since") else ""))
+    elif changed and regs.get("left_from") == "sealed writes":
+        text += "; no later run on record has put them back (the next run on this board does, first)"
+    return text
 
 
 def _span(first: dict[str, Any], last: dict[str, Any]) -> str:

@@ -120,6 +120,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         except ReplayRefused as e:
             raise Refusal(str(e)) from None
         result.notes += [f"listed: the report's board diverges from the model: {d}" for d in listed]
+        left = _registers_left(db, run_id)
+        result.notes += [left] if left else []
         if record is not None:
             if not record.identified:
                 result.notes.append(HASHED_ONLY if _hashed(report) else
@@ -133,6 +135,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
     else:
         output.result(render_text(result))
     return EXIT_OK if not result.unexplained else EXIT_FAILED
+
+
+def _registers_left(db: sqlite_utils.Database, run_id: str) -> str | None:
+    """The registers the run left changed (a run killed and never resumed: from its sealed
+    writes), as its report says them (store.facts); None for a run that took no snapshot."""
+    from amdflash.store.facts import left_words, registers
+    from amdflash.store.run_rows import open_run
+
+    regs = registers(db.conn, open_run(db.conn, run_id))
+    return "registers " + left_words(regs) if regs["before"] is not None else None
 
 
 @dataclass

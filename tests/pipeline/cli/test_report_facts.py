@@ -149,6 +149,8 @@ def test_a_killed_never_resumed_run_reports_the_registers_it_left_and_how_it_end
     left = line(text, "registers", "left changed (from its last sealed register writes")
     assert f"ROM_CNTL {changed['ROM_CNTL'][0]} -> {changed['ROM_CNTL'][1]}" in left, left
     assert "no later run on record has put them back" in left and fact(page, "registers-left") == left[11:]
+    replayed = amdflash("replay", run)         # replay says them too, in the same words
+    assert replayed.code == 0 and f"note       registers {left[11:]}" in replayed.out.splitlines(), replayed.out
     # Killed: no end, its process gone, the host (the same boot) still up.
     assert rep["facts"]["ended"]["how"] == "killed"
     assert line(text, "ended", "killed: no end recorded, its lock is no longer held and the host kept running")
