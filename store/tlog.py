@@ -400,7 +400,7 @@ class Log:
                     n += 1
                 hf.write(b"".join(pending))
                 hf.flush()
-                os.fsync(hf.fileno())
+                os.fdatasync(hf.fileno())
             finally:
                 if reader is not None:
                     reader.close()
@@ -409,7 +409,7 @@ class Log:
         with open(self.entries_path, "ab") as ef:
             ef.write(lines.encode())
             ef.flush()
-            os.fsync(ef.fileno())
+            os.fdatasync(ef.fileno())
         return first
 
     def sign(self, key: Any, origin: str) -> Head:
@@ -442,7 +442,7 @@ class Log:
             f.write(json.dumps({"size": size, "root": root.hex(), "note": note},
                                separators=(",", ":")).encode() + b"\n")
             f.flush()
-            os.fsync(f.fileno())
+            os.fdatasync(f.fileno())
         return Head(size, root, note)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +90,9 @@ def record(conn: Any, directory: Path, log_key: Any, origin: str,
             known = receipt_leaf(directory, r.run_id)
             if known is not None:
                 logged[r.run_id] = int(known["i"])
+                if logged_receipt(directory, r.run_id) is None and \
+                        known.get("sha256") == hashlib.sha256(r.envelope).hexdigest():
+                    _keep(directory, int(known["i"]), r.envelope)     # its copy was lost: the same bytes again
             if known is not None or r.run_id in fresh:
                 continue
             if not r.ended:
@@ -109,10 +113,17 @@ RECEIPTS = "receipts"
 
 
 def _keep(directory: Path, index: int, data: bytes) -> None:
-    from amdflash.stages.files import private_dir, write_new
+    """A copy, not the record (the leaf is): written without a sync of its own; one lost in a
+    crash is put back the next time the run's receipt is built (record, with it ended)."""
+    from amdflash.stages.files import private_dir
 
     private_dir(directory / RECEIPTS)
-    write_new(directory / RECEIPTS / f"{index}.intoto.json", data, mode=0o600)
+    path = directory / RECEIPTS / f"{index}.intoto.json"
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
 
 
 def logged_receipt(directory: Path, run_id: str) -> tuple[dict[str, Any], bytes] | None:

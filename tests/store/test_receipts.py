@@ -239,3 +239,17 @@ def test_a_receipt_that_would_be_built_otherwise_now_is_a_finding(cli, db, tmp_p
     monkeypatch.setattr(receipts, "PREDICATE_TYPE", "https://amdflash.dev/flash-run/v2")
     r = cli("audit", "receipt", "--run", run)
     assert r.code == 1 and "differs from the one the transparency log holds" in r.err and r.out == "", r.err
+
+
+def test_a_lost_copy_of_a_logged_receipt_is_put_back_from_the_trail(cli, db, tmp_path, make_board):  # noqa: F811
+    import shutil
+
+    run, _, _, _ = _flash(cli, tmp_path, make_board)
+    directory = tlog.log_dir(str(db))
+    kept = sorted((directory / "receipts").iterdir())
+    before = [p.read_bytes() for p in kept]
+    shutil.rmtree(directory / "receipts")          # the copies, not the record: the leaf stays
+    r = cli("audit", "log", "--proof", run)
+    assert r.code == 0 and r.out.startswith("c2sp.org/tlog-proof@v1"), r.err
+    assert [p.read_bytes() for p in kept] == before
+    assert len(tlog.Log(directory).entries()) == int(r.out.split("\n\n")[1].split("\n")[1])   # nothing appended
