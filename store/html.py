@@ -123,7 +123,9 @@ def _emulated_badge(rep: dict[str, Any]) -> str:
 
 
 def _status_class(status: str) -> str:
-    return {"succeeded": "ok", "failed": "bad", "interrupted": "warn", "not verified": "bad"}.get(status, "neutral")
+    if "not verified" in status:      # a status no checkpoint that holds vouches for
+        return "bad"
+    return {"succeeded": "ok", "failed": "bad", "interrupted": "warn"}.get(status, "neutral")
 
 
 def _identity(rep: dict[str, Any], beside: Path | None) -> str:
@@ -756,9 +758,9 @@ def _unverified(rep: dict[str, Any]) -> str:
     said = (f"<p class=\"bad\" data-field=\"unverified\">This run does not verify: {escape(u['problem'])}. This page "
             f"shows only what its signed checkpoints still vouch for ({escape(ranges)}); the spans below are not "
             "verified, and nothing on this page is read from them.</p>")
-    if rep.get("status_unverified"):
+    if rep.get("status_verified") is False and rep.get("recorded_status"):
         said += (f"<p class=\"bad\" data-field=\"status-unverified\">Its status as the trail says it now, "
-                 f"'{escape(str(rep['status_unverified']))}', is in rows no checkpoint that holds vouches for.</p>")
+                 f"'{escape(str(rep['recorded_status']))}', is in rows no checkpoint that holds vouches for.</p>")
     spans = []
     for s in u["spans"]:
         where = f"seq {s['first_seq']}..{s['last_seq'] if s['last_seq'] is not None else 'end'}"

@@ -3,8 +3,9 @@ rest marked as unverified (store.partial), and, given a second copy of the run, 
 that differ.
 
 The report object is store.queries' own, read through the vouched rows only (a
-store.partial.PartialRows), with these changes: `status` is "not verified" unless the run's
-newest status row is vouched for (the one it reads now is `status_unverified`); the counts
+store.partial.PartialRows), with these changes: `status` is "STATUS (not verified)" unless the
+run's newest status row is vouched for (`recorded_status`: what the trail says now;
+`status_verified` False, as `runs` says it); the counts
 of register writes and SPI transactions are of vouched rows; `chain` says what was checked
 and what not; and `unverified` names every failing span (seq range, checkpoint, tables, and
 with a copy each row that differs). A report of a run that verifies is not made here.
@@ -85,8 +86,10 @@ def _status(db: sqlite_utils.Database, rep: dict[str, Any], partial: Partial) ->
     if newest is not None and _vouched(partial, newest[0]) and \
             not any(s.last is None or s.last > newest[0] for s in partial.spans):
         return
-    rep["status_unverified"] = newest[1] if newest is not None else None
-    rep["status"] = "not verified"
+    recorded = newest[1] if newest is not None else None
+    rep["recorded_status"] = recorded
+    rep["status_verified"] = False
+    rep["status"] = f"{recorded} (not verified)" if isinstance(recorded, str) and recorded else "not verified"
     rep["ended"] = None
     rep["error"] = None
 

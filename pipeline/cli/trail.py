@@ -398,8 +398,8 @@ def render_text(rep: dict[str, Any]) -> str:
         lines.append(f"unsealed   the run's last {c['unsealed_rows']} row(s) are not sealed by any checkpoint "
                      "(still being written, or their writer died): what they say is not verified")
     if rep.get("unverified") is not None:
-        if rep.get("status_unverified"):
-            lines.insert(1, f"status     NOT VERIFIED: the trail says '{rep['status_unverified']}', but no "
+        if rep.get("status_verified") is False and rep.get("recorded_status"):
+            lines.insert(1, f"status     NOT VERIFIED: the trail says '{rep['recorded_status']}', but no "
                             "checkpoint that holds vouches for that row")
         lines += unverified_lines(rep["unverified"])
     # One field a line: a newline in a recorded value (a run id INSERTed by hand) is shown

@@ -94,7 +94,7 @@ def test_text_report_shows_what_the_checkpoints_vouch_for_and_marks_the_rest(amd
     assert r.code == 1, r.err
     lines = r.out.splitlines()
     # The relabelled status is not shown as the run's: it is named as what the trail says, unvouched.
-    assert lines[0].startswith(f"run        {tampered.run_id}  (flash, not verified"), lines[0]
+    assert lines[0].startswith(f"run        {tampered.run_id}  (flash, succeeded (not verified)"), lines[0]
     assert "(flash, succeeded)" not in r.out
     assert "status     NOT VERIFIED: the trail says 'succeeded'" in r.out, r.out
     # What the checkpoints still vouch for is shown: the board, the image, units.
@@ -116,7 +116,8 @@ def test_json_report_marks_the_status_and_names_the_spans(amdflash, tampered):
     r = amdflash("report", tampered.run_id, "--format", "json")
     assert r.code == 1, r.err
     rep = json.loads(r.out)
-    assert rep["status"] == "not verified" and rep["status_unverified"] == "succeeded"
+    assert rep["status"] == "succeeded (not verified)" and rep["recorded_status"] == "succeeded"
+    assert rep["status_verified"] is False
     assert rep["chain"]["ok"] is False and rep["board"]["chip"], rep["chain"]
     u = rep["unverified"]
     spans = {(s["checkpoint"], s["first_seq"], s["last_seq"]) for s in u["spans"]}
@@ -132,7 +133,8 @@ def test_html_report_is_shown_marked_and_written_to_a_file_only_when_asked(amdfl
     r = amdflash("report", tampered.run_id, "--format", "html")
     assert r.code == 1 and 'data-field="unverified"' in r.out, r.err
     assert r.out.count('data-field="failing-span"') >= len(set(tampered.spans.values()))
-    assert 'data-field="status-badge">not verified<' in r.out and 'data-field="status-unverified"' in r.out
+    assert 'data-field="status-badge">succeeded (not verified)<' in r.out and 'badge bad' in r.out
+    assert 'data-field="status-unverified"' in r.out
     # A file travels without the exit status: written only with --unverified.
     page = tmp_path / "page.html"
     refused = amdflash("report", tampered.run_id, "--format", "html", "-o", page)
@@ -193,8 +195,9 @@ def test_a_deleted_end_leaves_no_earlier_status_shown_as_the_runs(amdflash, make
     _edit(db, "DELETE FROM run_status WHERE seq = ?", end, trigger="run_status_no_delete")
     r = amdflash("report", run_id, "--json")
     rep = json.loads(r.out)
-    assert r.code == 1 and rep["status"] == "not verified" and rep["ended"] is None, (rep["status"], rep["ended"])
-    assert rep["status_unverified"] != "failed" and rep["unverified"]["spans"], rep["unverified"]
+    assert r.code == 1 and rep["status"].endswith("(not verified)") and rep["ended"] is None, rep["status"]
+    assert rep["status_verified"] is False and rep["recorded_status"] != "failed", rep["recorded_status"]
+    assert rep["unverified"]["spans"], rep["unverified"]
     # ... and a resume, which acts on the board, still refuses the run whole.
     resumed = amdflash("resume", run_id, "--board", f"sim:{board}", "--yes")
     assert resumed.code != 0 and "does not verify" in resumed.err, (resumed.code, resumed.err)

@@ -419,7 +419,7 @@ def test_an_end_added_to_a_sealed_run_is_found_even_in_a_one_run_database(cli, f
         assert r.code == 1 and "1 row(s) after its final checkpoint" in r.out, (argv, r.out)
     r = cli("report", run_id)
     assert r.code == 1 and "1 row(s) after its final checkpoint" in r.err
-    assert "(flash, not verified" in r.out and "failing    seq " in r.out and "run_status 1" in r.out, r.out
+    assert "(flash, failed (not verified)" in r.out and "failing    seq " in r.out and "run_status 1" in r.out, r.out
 
 
 def test_a_bulk_row_added_after_the_only_runs_seal_is_found(cli, flashed):
