@@ -17,6 +17,7 @@ from amdflash.store import schema
 from amdflash.store.chain import LEGACY, Broken
 from amdflash.store.run_rows import RunRows, RunUnverified, open_run
 from amdflash.store.status import ENDS, PROCESS_STAGE, run_status
+from amdflash.store.status_seal import sealed_statuses
 from amdflash.store.verify import VerifyReport, connect_reader, run_key, snapshot
 
 
@@ -77,7 +78,8 @@ def runs(db: sqlite_utils.Database, superseded: bool = True) -> list[dict[str, A
     with snapshot(db.conn):
         rows = [dict(r) for r in db.query("""
             SELECT r.seq, r.run_id, r.command, r.board_spec, r.at AS started, r.image_sha256, r.resumes_run_id,
-                   r.machine_id, s.status, s.at AS updated, s.detail AS reason, b.unique_id, b.emulated,
+                   r.machine_id, s.status, s.seq AS status_seq, s.at AS updated, s.detail AS reason, b.unique_id,
+                   b.emulated,
                    CASE WHEN s.status IN (?, ?, ?, ?) THEN NULL ELSE
                      (SELECT p.detail FROM stages p WHERE p.run_id = r.run_id AND p.stage = ? ORDER BY p.seq
                       LIMIT 1) END AS process
@@ -92,10 +94,24 @@ def runs(db: sqlite_utils.Database, superseded: bool = True) -> list[dict[str, A
         said = {r["seq"]: related.speaks(r["run_id"], r["seq"]) for r in rows if r["resumes_run_id"]}
         resumed = {r["resumes_run_id"] for r in rows if said.get(r["seq"]) is not None}
         legacy = {r for (r,) in db.conn.execute("SELECT DISTINCT run_id FROM checkpoints WHERE kind = ?", (LEGACY,))}
+        # A status is fact only where a signed checkpoint seals its row (store.status_seal): one
+        # relabelled by an UPDATE, or INSERTed after the run's seals, is shown as not verified.
+        sealed = sealed_statuses(db.conn, [(r["run_id"], r["seq"], r["status_seq"]) for r in rows
+                                           if r["status_seq"] is not None and r["run_id"] not in legacy])
         for r in rows:
             r["legacy"] = r["run_id"] in legacy      # an older amdflash recorded it, unsigned
             process = r.pop("process")
+            recorded = r["status"]
             r["status"] = run_status(r["status"], r["run_id"] in resumed, process, r.pop("machine_id"))
+            seal = sealed.get(r["seq"])
+            r["status_verified"] = None if r["legacy"] else bool(seal)
+            # Marked: a status row changed since its seal, or an end no seal covers (the writer
+            # seals an end as it records it). A live run's first rows are not sealed yet: its
+            # status (running, or interrupted once its process is gone) is not a recorded end.
+            forged_end = seal is None and recorded in ENDS
+            if r.pop("status_seq") is not None and not r["legacy"] and (seal is False or forged_end):
+                r["recorded_status"] = r["status"]
+                r["status"] = f"{r['status']} (not verified)"
             r["reason"] = r["reason"] if r["status"] != "succeeded" else None
         fixed = fixed_by([r if not r["resumes_run_id"] else {**r, "status": said[r["seq"]]}
                           for r in rows if not r["resumes_run_id"] or said[r["seq"]] is not None])

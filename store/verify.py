@@ -36,33 +36,12 @@ from amdflash.store.chain import (
     segment_head,
 )
 from amdflash.store.files import read_regular
+from amdflash.store.read_only import connect_reader, reader_uri  # noqa: F401 - the readers' way in, used from here
 from amdflash.store.schema import LOGICAL, PHYSICAL, PLAIN, RUN_END_SQL, TERMINAL
-from amdflash.stages.files import readonly_uri
 from amdflash.stages.terminal import printable
 
 RUN_KINDS = ("commit", "final", "migrated")
 ANCHOR_LIMIT = 1 << 30    # one short line per checkpoint: millions of runs fit
-
-
-def reader_uri(path: str) -> str:
-    """An SQLite URI that reads `path` and changes nothing: read-only; and for a trail this
-    user does not own, or in a directory it does not own (root reading another user's file),
-    also without creating a -wal and -shm beside it (they would be the reader's, and could
-    keep the owner's next run out): `immutable` when no writer has the trail open (it has
-    no -wal), else through the -wal and -shm its writer made."""
-    uri = readonly_uri(path)
-    try:
-        owners = {os.stat(path).st_uid, os.stat(os.path.dirname(os.path.abspath(path))).st_uid}
-    except OSError:
-        return uri
-    if owners == {os.geteuid()} or (os.path.exists(f"{path}-wal") and os.path.exists(f"{path}-shm")):
-        return uri
-    return uri + "&immutable=1"
-
-
-def connect_reader(path: str) -> sqlite3.Connection:
-    """A read-only connection (reader_uri), autocommit like schema.connect."""
-    return sqlite3.connect(reader_uri(path), uri=True, timeout=30.0, isolation_level=None, check_same_thread=False)
 
 
 @dataclass
@@ -142,17 +121,59 @@ class VerifyReport:
     unsealed: dict[str, int] = field(default_factory=dict)   # run -> rows after its last checkpoint
     problem: str | None = None
     seconds: float = 0.0
+    # The database's tail, when no anchor was compared (a reviewer's copy): the anchor path its
+    # checkpoints record ("" if none records one). None: an anchor was compared, or not asked.
+    unwitnessed: str | None = None
 
-    def describe(self) -> str:
+    @property
+    def verdict(self) -> str:
+        """intact (exit 0), or what it found wrong (exit 1): broken; not signed (--key and rows of
+        an older amdflash); not proven (a run no checkpoint seals: no signature vouches for any of it)."""
+        if self.unsigned:
+            return "not signed"
+        if not self.ok:
+            return "broken"
+        if self.key is not None and self.sealed is None:
+            return "not proven"
+        return "intact"
+
+    def proven(self) -> list[str]:
+        """What the check proved (store.verdicts)."""
+        from amdflash.store.verdicts import proven
+        return proven(self)
+
+    def not_proven(self) -> list[str]:
+        from amdflash.store.verdicts import not_proven
+        return not_proven(self)
+
+    def would_prove(self, command: str = "amdflash audit verify") -> list[str]:
+        from amdflash.store.verdicts import would_prove
+        return would_prove(self, command)
+
+    def as_json(self, command: str = "amdflash audit verify") -> dict[str, Any]:
+        from amdflash.store.verdicts import as_json
+        return as_json(self, command)
+
+    def describe(self, command: str | None = None) -> str:
         """The verdict in lines, one field each: a newline in a recorded value the verdict names
-        (a run id INSERTed by hand) is shown escaped, never as a line that reads as the verdict's."""
-        return "\n".join(printable(line) for line in self._lines())
+        (a run id INSERTed by hand) is shown escaped, never as a line that reads as the verdict's.
+        With `command` (the `audit verify` line that made it), also what was proven, what was
+        not, and what would prove it."""
+        lines = self._lines()
+        if command is not None and self.ok and not self.unsigned:
+            from amdflash.store.verdicts import summary_lines
+            lines += summary_lines(self, command)
+        return "\n".join(printable(line) for line in lines)
 
     def _lines(self) -> list[str]:
         if self.unsigned:
             return [f"audit chain NOT SIGNED in {self.scope}: {self.problem}"]
         if not self.ok:
             return [f"audit chain BROKEN in {self.scope}: {self.problem}"]
+        if self.verdict == "not proven":
+            return [f"audit chain NOT PROVEN in {self.scope}: no checkpoint seals any of its {self.rows} row(s), so "
+                    "no signature vouches for any of it (a run INSERTed by hand, or one whose process died before "
+                    "its first seal)"]
         lines = [f"audit chain intact: {self.scope}, {self.rows} rows, {self.runs} run(s), "
                  f"{self.checkpoints - self.legacy_checkpoints} signed checkpoints ({self.seconds:.2f} s)"]
         if self.legacy is not None:
@@ -165,8 +186,6 @@ class VerifyReport:
         if self.legacy is not None:
             how += " (the legacy rows above excepted)"
         lines.append(f"signatures  {how}: {signers}")
-        if self.key is not None and not self.checkpoints:
-            lines.append("no checkpoint seals any row of this run yet: nothing in it is verified")
         for run_id, n in self.unsealed.items():
             lines.append(f"unsealed    run {run_id}: its last {n} row(s) are committed but not sealed yet (the run "
                          "is still being written, or its writer died before sealing them): not verifiable")
@@ -303,7 +322,14 @@ def verify_database(conn: sqlite3.Connection, keyfiles: list[Path] | None = None
             _check_blobs(conn, "SELECT id, sha256, data FROM blobs")
             report.runs = len(runs)
             report.head = checkpoints[-1] if checkpoints else None
-        report.anchor = check_anchor(anchor, anchored, checkpoints, through)
+        claims = anchor_claims([c for c in checkpoints if c.id > through])
+        if anchor is not None and anchored is None and not anchor_expected(anchor, claims):
+            # A copy away from the recording host's files: nothing here can say whether its tail
+            # is complete (store.verdicts says what would), and no file is missing where the
+            # database says it should be.
+            report.unwitnessed = claims[-1][1] if claims else ""
+        else:
+            report.anchor = check_anchor(anchor, anchored, checkpoints, through)
 
     return _checked(report, keyfiles, body)
 
@@ -697,6 +723,18 @@ def anchor_claims(checkpoints: list[Checkpoint]) -> list[tuple[Checkpoint, str]]
             if isinstance(recorded, str):
                 out.append((cp, recorded))
     return out
+
+
+def anchor_expected(path: Path, claims: list[tuple[Checkpoint, str]]) -> bool:
+    """Whether the anchor must be at `path`: the trail's signed checkpoints record that they
+    were appended to the anchor at that very path (the operator's trail, on its host, where the
+    writer keeps it beside the database). A copy elsewhere (a reviewer's) expects none there;
+    an explicit --anchor is refused earlier if missing."""
+    if not claims:
+        return False
+    recorded = claims[-1][1]
+    here = os.path.abspath(path)
+    return recorded == here or os.path.realpath(recorded) == os.path.realpath(here)
 
 
 ANCHOR_SETTLE = (0.05, 0.1, 0.25, 0.5)   # seconds between re-reads of an anchor that looks short

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from amdflash.pipeline.engine.auditdb import host_key_path, open_for_reading
+from amdflash.pipeline.engine.auditdb import host_key_path, legacy_version, open_for_reading
 from amdflash.pipeline.commands.checks import output_file, output_option, writable_output, write_output
 from amdflash.pipeline.errors import EXIT_FAILED, EXIT_OK, Refusal
 from amdflash.pipeline.cli import output
@@ -122,7 +122,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     verify.add_argument("--key", type=Path, action="append", metavar="PUBFILE",
                         help="trusted public key(s) ('amdflash audit key -o FILE'); repeatable")
     verify.add_argument("--anchor", type=Path, metavar="FILE",
-                        help="anchor file to compare with (default: beside the database, DB.anchor)")
+                        help="anchor file to compare with (default: beside the database, DB.anchor; missing there, "
+                             "it is a finding only where the trail's checkpoints record that very path: on a copy "
+                             "elsewhere, the tail's completeness is 'not proven')")
+    verify.add_argument("--format", choices=("text", "json"), default="text",
+                        help="text (default); json: the verdict as fields (verdict, proven, not_proven, would_prove)")
 
     p = audit_sub.add_parser(
         "push", help="send this host's trail (what the central database lacks) to the central PostgreSQL",
@@ -187,11 +191,44 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _verify_database_or_export(args: argparse.Namespace) -> int:
     from amdflash.pipeline.cli import review, trail
 
+    if getattr(args, "format", "text") == "json" and (args.export is not None or args.since or args.until
+                                                      or args.central):
+        raise Refusal("--format json gives the verdict of the database or of one run (--run): not with --export, "
+                      "--since/--until or --central")
     if getattr(args, "since", None) or getattr(args, "until", None):
         return _verify_window(args)
     if args.export is None:
-        return trail.cmd_audit_verify(args)
+        if legacy_version(commands_db(args)):
+            return trail.cmd_audit_verify(args)      # an older amdflash's file, read as it is
+        return _verify_here(args)
     return review.cmd_verify_export(args.export, getattr(args, "key", None))
+
+
+def commands_db(args: argparse.Namespace) -> str:
+    from amdflash.pipeline.commands.board import db_path
+
+    return db_path(args)
+
+
+def _verify_here(args: argparse.Namespace) -> int:
+    """`audit verify [--run RUN]`: the verdict — what it proved, what it could not and what would
+    (store.verdicts) — exit 0 when nothing it checked is wrong, 1 for what it found wrong."""
+    import os
+
+    from amdflash.pipeline.commands import board as commands
+    from amdflash.store.verdicts import verify_command
+
+    path = commands_db(args)
+    result = commands.audit_verify(path, args.run, args.key, args.anchor)
+    if getattr(args, "central", None) and result.unwitnessed is not None:
+        result.unwitnessed = None           # the tail is compared with the central record next
+    run = result.scope[len("run "):] if result.key is not None else None
+    command = verify_command(os.path.abspath(path), run, [str(k) for k in args.key or ()])
+    if args.format == "json":
+        output.result_json(result.as_json(command), indent=2)
+    else:
+        output.result(result.describe(command))
+    return EXIT_OK if result.verdict == "intact" else EXIT_FAILED
 
 
 def _verify_window(args: argparse.Namespace) -> int:
@@ -224,7 +261,7 @@ def _verify_window(args: argparse.Namespace) -> int:
     for run_id in runs:
         result = commands.audit_verify(path, run_id, args.key, args.anchor)
         output.result(result.describe())
-        if not result.ok:
+        if result.verdict != "intact":
             broken.append(run_id)
     output.result(f"{len(runs)} run(s) started {window}: " + (f"{len(broken)} BROKEN (first: {broken[0]})" if broken
                                                                else "every one intact"))

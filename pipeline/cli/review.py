@@ -86,7 +86,7 @@ def _compressed(args: argparse.Namespace) -> bool:
 def cmd_audit_export(args: argparse.Namespace) -> int:
     from amdflash.pipeline.engine.auditdb import host_key_path
     from amdflash.store.export import export, runs_started
-    from amdflash.store.keys import KeyError_, load_or_create
+    from amdflash.store.keys import KeyError_, load_private
     from amdflash.store.queries import RunNotFound, resolve_run
 
     since, until = parse_when(args.since, "--since"), parse_when(args.until, "--until")
@@ -98,10 +98,17 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
     compress = _compressed(args)
     if args.output is not None:
         writable_output(args.output, "export", args.overwrite)
+    # Sealed with this account's host key if it has one; reading never makes one (a reviewer's
+    # home gets no key): without, a one-off key seals it, and its public half is printed.
+    key_path, one_off = host_key_path(db_path(args)), None
     try:
-        key = load_or_create(host_key_path(db_path(args)))      # seals the export: this host's key, made on first use
+        key = load_private(key_path) if key_path.exists() else None
     except KeyError_ as e:
         raise Refusal(str(e)) from None
+    if key is None:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        key = one_off = Ed25519PrivateKey.generate()
     db = _open_db(args)
     try:
         run_ids, scope = None, "the whole trail"
@@ -138,6 +145,13 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
     left = f"; {summary.unsealed} rows not sealed yet were left out" if summary.unsealed else ""
     output.note(f"{where}: {summary.rows} rows and {summary.checkpoints} signed checkpoints of {scope}, "
                 f"{args.format}{', gzip' if compress else ''}{head}{left}")
+    if one_off is not None:
+        from amdflash.store.keys import public_bytes, public_line
+
+        output.note(f"sealed with a one-off key, {public_line(public_bytes(one_off))} (this account has no host "
+                    f"key at {key_path}, and reading makes none): the rows and checkpoints are vouched for by the "
+                    "recording host's signatures; 'audit verify --export' with --key needs this key too (save the "
+                    "line above to a file and give it as a second --key)")
     return EXIT_OK
 
 
