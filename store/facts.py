@@ -255,12 +255,13 @@ def vbios(rep: dict[str, Any]) -> dict[str, Any] | None:
 
 def _anchor(conn: sqlite3.Connection, rows: RunRows) -> tuple[float, dt.datetime] | None:
     """(board clock, wall time) of one moment: the "before" snapshot's clock and the wall time
-    of the stages row recorded just before it (the `registers` start, milliseconds earlier)."""
+    of the stages row recorded right after it (`registers` end: the snapshot's reads later, a
+    few milliseconds; the row before it comes before the search for a stranded run's registers)."""
     snap = conn.execute(f"SELECT seq, clock FROM register_snapshots WHERE {rows.sql} AND label = 'before' "
                         "ORDER BY seq LIMIT 1", rows.args).fetchone()
     if snap is None or snap[1] is None:
         return None
-    at = conn.execute(f"SELECT at FROM stages WHERE {rows.sql} AND seq < ? ORDER BY seq DESC LIMIT 1",
+    at = conn.execute(f"SELECT at FROM stages WHERE {rows.sql} AND seq > ? ORDER BY seq LIMIT 1",
                       [*rows.args, snap[0]]).fetchone()
     try:
         return float(snap[1]), dt.datetime.fromisoformat(at[0])

@@ -259,3 +259,28 @@ def test_a_run_still_running_is_said_to_be_running(image, tmp_path, isolated):
     finally:
         os.killpg(p.pid, signal.SIGKILL)      # the process this test started
         p.wait(timeout=60)
+
+
+def test_on_hardware_each_units_times_are_wall_clock_times(forced):
+    """A board whose clock is the host's monotonic clock (hardware): each unit's start and end
+    are wall-clock times, its board-clock seconds after the wall time of the run's "before"
+    snapshot (the emulator's clock is modelled, so this is checked on its arithmetic)."""
+    import datetime as dt
+
+    from amdflash.store import facts
+    from amdflash.store.queries import open_readonly, report
+
+    db = open_readonly(forced["env"]["AMDFLASH_DB"])
+    try:
+        rep = report(db, forced["run"])
+        times = facts._unit_times(db.conn, rep.rows, {**rep, "emulated": False})
+        anchor = facts._anchor(db.conn, rep.rows)
+    finally:
+        db.conn.close()
+    assert anchor is not None and times
+    for t in times.values():
+        start = dt.datetime.fromisoformat(t["start"])
+        assert abs((start - anchor[1]).total_seconds() - t["start_s"]) < 0.002, t
+        assert dt.datetime.fromisoformat(t["end"]) >= start
+    started = dt.datetime.fromisoformat(rep["started"])
+    assert min(dt.datetime.fromisoformat(t["start"]) for t in times.values()) >= started
