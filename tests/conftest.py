@@ -33,6 +33,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "dump, flash, verify and replay on it (repeatable)")
 
 
+# The slow set's longest tests (one to three minutes each on 2 cores), started first: pytest-xdist
+# hands tests out in collection order, and one of them started last would run alone at the
+# end while the other workers sit idle.
+LONGEST = ("test_faults_kills.py", "test_faults_matrix.py", "test_confirmed_reads.py", "test_durability.py",
+           "test_line.py", "test_confirm_by_expectation.py", "test_killed_host_job.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not (item.path.name in LONGEST and item.get_closest_marker("slow")))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def host_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The audit trail's signing key for the whole session: never the user's own."""
