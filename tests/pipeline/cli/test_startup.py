@@ -119,7 +119,8 @@ def test_every_audit_subcommand_is_registered_by_the_audit_module_alone():
 
     audit.add_parsers(sub)
     audit_sub = next(a for a in sub.choices["audit"]._actions if isinstance(a, argparse._SubParsersAction))
-    assert list(audit_sub.choices) == ["verify", "export", "datasette-metadata", "key", "archive", "upgrade", "push",
+    assert list(audit_sub.choices) == ["verify", "export", "datasette-metadata", "key", "receipt", "log", "archive",
+                                   "upgrade", "push",
                                    "witness", "bundle"]
     verify = {o for a in audit_sub.choices["verify"]._actions for o in a.option_strings}
     assert {"--export", "--run", "--key", "--anchor", "--central"} <= verify
