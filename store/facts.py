@@ -51,7 +51,7 @@ def add(conn: sqlite3.Connection, rows: RunRows, rep: dict[str, Any], db_file: s
         "vbios": vbios(rep),
         "unit_clock": _clock_words(rep, times),
         "ended": ended(conn, rows, rep),
-        "verify_diagnosis": diagnosis(rep["verifies"]["failed"]),
+        "verify_diagnosis": diagnosis(rep["verifies"]["failed"], rep["units"]),
         "database": db_file,
     }
     rep["facts"] = facts
@@ -359,7 +359,7 @@ def _later_boot(conn: sqlite3.Connection, rows: RunRows, machine: object) -> tup
 
 # -- a verify failure in the chip's terms -----------------------------------------------------
 
-def diagnosis(failed: list[dict[str, Any]]) -> str | None:
+def diagnosis(failed: list[dict[str, Any]], units: list[dict[str, Any]] | None = None) -> str | None:
     """What the failed verifies say of the chip: a NOR flash's erase sets bits to 1 and its
     program only clears bits to 0, so bits that should be 1 but read 0 mean the erase did not
     take; bits that should be 0 but read 1, the program did not take; both, or a different
@@ -376,8 +376,16 @@ def diagnosis(failed: list[dict[str, Any]]) -> str | None:
     unstable = len({(f.get("mismatch_address"), f.get("flash_byte")) for f in same_unit}) > 1
     where = f"at {at:#08x} (flash {flash:02x}, image {image:02x}"
     where += f", {len(same_unit)} attempts alike)" if len(same_unit) > 1 and not unstable else ")"
+    said = _diagnosed(first.get("address"), zeros, ones, unstable, where)
+    if any(u.get("address") == first.get("address") and u.get("state") == "verified" for u in units or ()):
+        said += "; a later attempt then verified the unit"
+    return said
+
+
+def _diagnosed(unit: object, zeros: int, ones: int, unstable: bool, where: str) -> str:
     if unstable:
-        return (f"the read-back differs from attempt to attempt at unit {int(first['address']):#08x} "
+        named = f"{unit:#08x}" if isinstance(unit, int) else str(unit)
+        return (f"the read-back differs from attempt to attempt at unit {named} "
                 f"(first {where}: unstable reads, or data that is not the image's")
     if zeros and not ones:
         return f"bits that should be 1 read 0 {where} — the erase did not take"

@@ -181,14 +181,14 @@ def test_a_killed_never_resumed_run_reports_the_registers_it_left_and_how_it_end
     assert fact(page, "backup-held") == line(text, "backup", f"kept from run {run}, which it resumes")[11:]
 
 
-def _differs(image: bytes, tmp_path: Path, fault: str) -> tuple[dict, str]:
+def _differs(image: bytes, tmp_path: Path, fault: str, code: int = 1) -> tuple[dict, str]:
     """A flash of the first two sectors over a board whose first 4 KiB are zero (that unit is
     erased and programmed) with `fault`, failing its verify: the report in text and JSON."""
     board = create_board(tmp_path / "board", content=across.content(image), transport="ideal", seed=5,
                          faults=[fault])
     r = amdflash("flash", tmp_path / "image.bin", "--yes", "--expect-part", PART_KEY, "--sector-count", "2",
                  "--board", f"sim:{board}")
-    assert r.code == 1, r.err
+    assert r.code == code, r.err
     text, rep, _ = reports(last_run())
     return rep, text
 
@@ -217,6 +217,15 @@ def test_a_verify_failure_from_a_program_that_did_not_take_is_said_in_the_chips_
     rep, text = _differs(data, tmp_path, f"stuck-bit={address:#x}:0")
     words = line(text, "diagnosis", "bits that should be 0 read 1", "the program did not take")
     assert f"at {address:#08x}" in words, words
+
+
+def test_a_verify_failure_a_retry_then_fixed_is_said_so(image, tmp_path):
+    data = image.read_bytes()
+    address = next(a for a in range(0x1000) if data[a] not in (0, 0xFF) and not data[a] & 1)
+    rep, text = _differs(data, tmp_path, f"weak-bit={address:#x}:0", code=0)
+    assert rep["status"] == "succeeded" and rep["verifies"]["failed"], rep["verifies"]
+    words = line(text, "diagnosis", "bits that should be 0 read 1", "the program did not take")
+    assert words.endswith("; a later attempt then verified the unit"), words
 
 
 def test_a_protection_override_is_said_with_what_it_overrode(image, tmp_path):
