@@ -138,6 +138,7 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
             # Written aside and renamed: an interrupted export never leaves a plausible file.
             with new_file(args.output, overwrite=args.overwrite) as raw:
                 summary = _export_to(raw, compress, lambda out: export(db.conn, out, args.format, key, run_ids))
+        broken = _not_verifying(db.conn, run_ids or [])
     finally:
         db.conn.close()
     where = f"wrote {args.output}" if args.output else "exported"
@@ -152,7 +153,23 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
                     f"key at {key_path}, and reading makes none): the rows and checkpoints are vouched for by the "
                     "recording host's signatures; 'audit verify --export' with --key needs this key too (save the "
                     "line above to a file and give it as a second --key)")
-    return EXIT_OK
+    for run_id, problem in broken:
+        output.note(f"warning: run {run_id} does not verify: {problem} — the export carries its rows as they are, and "
+                    "'amdflash audit verify --export FILE' names the same")
+    return EXIT_FAILED if broken else EXIT_OK
+
+
+def _not_verifying(conn, run_ids: list[str]) -> list[tuple[str, str]]:
+    """The exported runs (--run, --since/--until) that do not verify, with what breaks each:
+    an export is evidence as recorded, never a word that the run holds (each costs its run)."""
+    from amdflash.store.verify import verify_run
+
+    found = []
+    for run_id in run_ids:
+        report = verify_run(conn, run_id)
+        if not report.ok:
+            found.append((run_id, str(report.problem)))
+    return found
 
 
 def _export_to(raw, compress: bool, write):

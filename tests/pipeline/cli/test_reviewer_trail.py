@@ -193,6 +193,18 @@ def test_a_failed_flash_relabelled_succeeded_is_not_listed_as_succeeded(trail, t
     assert original[trail["failed"]]["status"] == "failed" and original[trail["failed"]]["status_verified"] is True
 
 
+def test_exporting_a_run_that_does_not_verify_says_so_and_exits_1(trail, tmp_path):
+    """Was: the relabelled run exported with exit 0 and no word."""
+    copy = received(trail, tmp_path / "review")
+    insider(copy, "run_status_no_update", "UPDATE run_status SET status = 'succeeded' WHERE run_id = ? "
+            "AND status = 'failed'", params=(trail["failed"],))
+    r = _run("--db", copy, "audit", "export", "--run", trail["failed"], "-o", tmp_path / "x.jsonl")
+    assert r.code == 1 and f"warning: run {trail['failed']} does not verify: " in r.err, r.err
+    assert (tmp_path / "x.jsonl").is_file()       # the evidence as recorded
+    fine = _run("--db", copy, "audit", "export", "--run", trail["info"], "-o", tmp_path / "y.jsonl")
+    assert fine.code == 0 and "warning" not in fine.err, fine.err
+
+
 def test_a_status_inserted_after_the_seals_is_marked_in_datasette_too(trail, tmp_path):
     """A new status row after the run's final checkpoint: `runs` says not verified; datasette's
     canned queries, which can only use SQL, say not sealed (and never list it as succeeded)."""
