@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from amdflash.stages.sim import create_board
+from amdflash.stages.sim.synth import PART_KEY
 from amdflash.store import keys, tlog
 from amdflash.store import witness as ws
 from tests.support.cli import Result
@@ -47,11 +48,16 @@ def configure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: list[Wit
     return config
 
 
-def flash(amdflash, tmp_path: Path, image: Path, name: str = "board") -> Result:
+def flash(amdflash, tmp_path: Path, image: Path, name: str = "board", *options: str) -> Result:
+    """A three-sector flash on an ideal emulated board: a flash's end, seconds sooner than a whole one."""
     board = tmp_path / name
     if not board.exists():
-        create_board(board, seed=7)
-    return amdflash("--no-progress", "flash", str(image), "--board", f"sim:{board}", "--yes")
+        create_board(board, transport="ideal", seed=7)
+    small = tmp_path / "three sectors.bin"
+    if not small.exists():
+        small.write_bytes(image.read_bytes()[:3 * 4096])
+    return amdflash("--no-progress", *options, "flash", str(small), "--board", f"sim:{board}", "--yes", "--force",
+                    "--start-sector", "0", "--sector-count", "3", "--expect-part", PART_KEY)
 
 
 def end_line(r: Result) -> str:
@@ -169,8 +175,7 @@ def test_log_json_s_run_end_event_carries_the_witnesses(amdflash, tmp_path: Path
     import json
 
     configure(tmp_path, monkeypatch, witnesses)
-    create_board(tmp_path / "board", seed=7)
-    r = amdflash("--log-json", "flash", str(image), "--board", f"sim:{tmp_path / 'board'}", "--yes")
+    r = flash(amdflash, tmp_path, image, "board", "--log-json")
     assert r.code == 0, r.err
     [end] = [e for e in map(json.loads, r.err_lines) if e.get("event_kind") == "run_end"]
     head = ws.newest(str(tmp_path / "audit.sqlite"))
