@@ -357,9 +357,10 @@ class Log:
         dropped (never below the last signed size: that is damage, refused)."""
         raw = self._raw()
         n = raw.count(b"\n")
-        if raw and not raw.endswith(b"\n"):
-            with open(self.entries_path, "r+b") as f:
-                f.truncate(raw.rfind(b"\n") + 1)
+        for path, data in ((self.entries_path, raw), (self.heads, _read_or_empty(self.heads))):
+            if data and not data.endswith(b"\n"):      # a line torn by a crash: never a whole one
+                with open(path, "r+b") as f:
+                    f.truncate(data.rfind(b"\n") + 1)
         want = stored_index(0, n) * HASH
         have = self.hashes.stat().st_size if self.hashes.exists() else 0
         if have < want:
@@ -444,6 +445,13 @@ class Log:
             f.flush()
             os.fdatasync(f.fileno())
         return Head(size, root, note)
+
+
+def _read_or_empty(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
 
 
 def _write_small(path: Path, text: str) -> None:

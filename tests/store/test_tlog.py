@@ -202,9 +202,16 @@ def test_a_torn_append_is_dropped_before_the_next(grown):
         f.write(b"\x07" * 40)           # a crash after part of the hashes, before the entry line
     with open(log.entries_path, "ab") as f:
         f.write(b'{"i":37')
+    key = Ed25519PrivateKey.generate()
+    with log.locked():
+        log.sign(key, ORIGIN)
+    with open(log.heads, "ab") as f:
+        f.write(b'{"size":38,"ro')          # a head torn by a crash
     with log.locked():
         log.append([(b"after", {})])
+        head = log.sign(key, ORIGIN)
     assert log.size() == 38 and log.tree_hash(38) == mth([*data, b"after"])
+    assert log.last_head() == head and head.size == 38
 
 
 # -- through the CLI -----------------------------------------------------------------------------
