@@ -20,8 +20,9 @@ from typing import Any
 import sqlite_utils
 
 from amdflash.store.queries import (RunNotFound, changed_nothing, first_board, lineage_changed_nothing,
-                                    newest_verified, open_readonly, run_chain, runs, status_of, unit_states)
+                                    newest_verified, open_readonly, run_chain, status_of, unit_states)
 from amdflash.store.run_rows import RunRows, RunUnverified, open_run
+from amdflash.store.sealed_facts import SealedFacts
 from amdflash.store.verify import snapshot
 from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, UNIT
 
@@ -159,10 +160,14 @@ def _board_runs(db: sqlite_utils.Database, key: BoardKey) -> set[str]:
 
 def _history(db: sqlite_utils.Database, key: BoardKey, exclude: str | None) -> BoardHistory:
     mine = _board_runs(db, key)
-    writes = [r for r in runs(db, superseded=False) if r["run_id"] in mine and r["run_id"] != exclude
-              and r["command"] in WRITES]
+    # Every runs row in record order (what store.queries.runs lists, without the statuses it
+    # works out for every run of the trail: only the command is needed to pick the writes).
+    writes = [{"run_id": run_id, "command": command} for run_id, command in db.conn.execute(
+        "SELECT run_id, command FROM runs ORDER BY seq") if run_id in mine and run_id != exclude and command in WRITES]
     original: list[Backup] = []
     opened: dict[str, RunRows] = {}
+    # The original and the newest flash are read from runs verified whole (a handful: the loop
+    # below stops at the first whole backup, newest_verified at the newest run that wrote).
     for r in writes:       # every backup up to the first whole one: together they hold each unit as first found
         try:
             rows = opened[r["run_id"]] = open_run(db.conn, r["run_id"])
@@ -175,7 +180,12 @@ def _history(db: sqlite_utils.Database, key: BoardKey, exclude: str | None) -> B
                 break
     since = original[0].run_id if original else None
     ids = [r["run_id"] for r in writes]
-    changed = tuple(r for r in ids[ids.index(since):] if r == since or _wrote(db, r, opened)) if since else ()
+    # The flashes since: every one asked whether it wrote, each checked only where its answer
+    # lies (store.sealed_facts) — one verified whole each would make a board's info and flash
+    # cost every earlier flash of it again, quadratic over the board's life on a line.
+    facts = SealedFacts(db.conn)
+    changed = tuple(r for r in ids[ids.index(since):] if r == since or _wrote(db, r, opened, facts, key)) \
+        if since else ()
     # The newest run that wrote (a refused one wrote nothing), as its own verified rows say: a
     # run that does not verify or that no checkpoint seals (INSERTed without the key, even
     # with a real run's id) neither hides an unfinished flash nor stands in for one.
@@ -196,11 +206,23 @@ def _history(db: sqlite_utils.Database, key: BoardKey, exclude: str | None) -> B
     return BoardHistory(tuple(original), unfinished, changed)
 
 
-def _wrote(db: sqlite_utils.Database, run_id: str, opened: dict[str, RunRows]) -> bool:
+def _wrote(db: sqlite_utils.Database, run_id: str, opened: dict[str, RunRows], facts: SealedFacts,
+           key: BoardKey) -> bool:
     """Whether a flash run of the board is on record as writing it: its rows verify, a
     checkpoint seals some of them (the writer seals before the first write), and its own
     sealed rows do not say it was refused (a refused run wrote nothing) nor that it stopped
-    before it changed the flash (queries.wrote_nothing)."""
+    before it changed the flash (queries.wrote_nothing).
+
+    A run sealed as ended that succeeded or was refused is answered from the segments holding
+    its runs row, the boards row naming this board and its end, each rebuilt against the head
+    its checkpoint signed (store.sealed_facts): those are all the answer rests on. Any other —
+    failed or interrupted (whether it changed the flash rests on all its units' rows), not
+    ended, or one those segments do not vouch for — is verified whole, as before."""
+    if run_id not in opened:
+        ended = facts.ended(run_id, (key.unique_id, key.chip) if key.by_uid else None)
+        if ended is not None and ended.command in WRITES and ended.status in ("succeeded", "refused") and \
+                (key.by_uid or ended.board_spec == key.spec):
+            return ended.status == "succeeded"
     try:
         rows = opened.get(run_id) or open_run(db.conn, run_id)
     except RunUnverified:
