@@ -59,13 +59,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--key", type=Path, action="append", metavar="PUBFILE",
                    help="check the run's signatures against this public key")
     p.add_argument("--against", metavar="COPY",
-                   help="a run that does not verify: compare its failing spans with this copy of it, naming each "
-                        "row that differs (table, seq, column, both values): an 'audit export' file made before, or "
-                        "the central record the run was pushed to ('central' for $AMDFLASH_CENTRAL, or its "
-                        "postgresql:// URL); the copy must verify")
+                   help="name each row of a run that does not verify that differs from this copy of it: an "
+                        "'audit export' file, or the central record ('central', or its URL)")
     p.add_argument("--unverified", action="store_true",
-                   help="also write the report of a run that does not verify to -o FILE or --pages DIR, marked as "
-                        "such (on stdout it is shown, marked, without this option; exit 1 either way)")
+                   help="write a run that does not verify to -o or --pages too, marked (stdout: always)")
     p.set_defaults(func=cmd_report)
 
 
