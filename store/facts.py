@@ -22,7 +22,7 @@ from typing import Any
 
 from amdflash.stages.drivers.navi31 import regs as R
 from amdflash.store.run_rows import RunRows, RunUnverified, open_run
-from amdflash.store.status import ENDS, PROCESS_STAGE, _boot_id, boot_of, machine_id, process_alive
+from amdflash.store.status import ENDS, PROCESS_STAGE, _boot_id, boot_of, machine_id, process_alive, run_status
 
 REGISTER_NAMES = {getattr(R, name): name for name in (
     "ROM_CNTL", "PAGE_MIRROR_CNTL", "ROM_STATUS", "ROM_INDEX", "ROM_DATA", "ROM_START",
@@ -56,6 +56,15 @@ def add(conn: sqlite3.Connection, rows: RunRows, rep: dict[str, Any], db_file: s
     }
     rep["facts"] = facts
     facts["words"] = [{"key": k, "label": label, "text": text} for k, label, text in words(rep)]
+
+
+def read_for_host(rep: dict[str, Any], host: str) -> None:
+    """The run was read from a copy of `host`'s trail (the central record's, in a temporary file):
+    its facts name that host, not the copy, as where its commands run (pipeline.run_end.on_host)."""
+    facts = rep.get("facts")
+    if isinstance(facts, dict):
+        facts["read_for_host"], facts["database"] = host, None
+        facts["words"] = [{"key": k, "label": label, "text": text} for k, label, text in words(rep)]
 
 
 # -- registers --------------------------------------------------------------------------------
@@ -333,6 +342,8 @@ def ended(conn: sqlite3.Connection, rows: RunRows, rep: dict[str, Any]) -> dict[
         if boot and here and here == rep.get("machine_id") and _boot_id() not in (None, boot):
             out["how"] = "host down"    # this very host has booted since
             out["later_boot_id"] = _boot_id()
+        elif run_status(None, False, detail, rep.get("machine_id")) == "interrupted":
+            out["how"] = "gone"         # read elsewhere, the record its host keeps says the process is gone
     return out
 
 
@@ -473,7 +484,14 @@ def words(rep: dict[str, Any]) -> list[tuple[str, str, str]]:
         out.append(("ended", "ended", _ended_words(e)))
     if f.get("verify_diagnosis"):
         out.append(("diagnosis", "diagnosis", f["verify_diagnosis"]))
-    if f.get("database"):
+    if f.get("read_for_host"):
+        # A copy of another host's run (the central record's): its commands run there, on its trail.
+        text = (f"read from the central record's copy of {f['read_for_host']}'s run: the commands a 'next' line "
+                f"gives run on {f['read_for_host']}, against its own trail")
+        if rep.get("error"):
+            text += f"; the error is quoted as {f['read_for_host']} recorded it, with its paths"
+        out.append(("database", "database", text))
+    elif f.get("database"):
         text = f"read from {f['database']}: the commands a 'next' line gives name it"
         if rep.get("error"):
             text += f"; the error is quoted as run {rep['run_id']} recorded it on {rep.get('host')}, with that " \
@@ -523,5 +541,8 @@ def _ended_words(e: dict[str, Any]) -> str:
                  if e.get("later_run") else f"this host now has boot id {e.get('later_boot_id')}")
         return f"its host went down (or restarted) before the run ended: no end recorded; it ran under boot id " \
                f"{e.get('boot_id')}, {later}"
+    if how == "gone":
+        return ("no end recorded, and its host's record says its process is gone; with no later run of its host on "
+                "record, whether it was killed or its host went down the record cannot tell")
     return ("no end recorded; read on another machine with no later run of its host on record, the record cannot "
             "tell whether it still runs, was killed or its host went down")

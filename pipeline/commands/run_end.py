@@ -67,6 +67,10 @@ def add(db: sqlite_utils.Database, rep: dict[str, Any],
         later = later_writers(db, rep["run_id"])
     rep["superseded_by"] = later[0]
     rep["registers_put_back"] = put_back_words(rep)
+    if _host.get() is not None:         # a copy of another host's run: its facts say where its commands run
+        from amdflash.store.facts import read_for_host
+
+        read_for_host(rep, str(_host.get()))
     rep["outcome"] = outcome(db, rep, _board_original(rep, original), later[1]) if wanted(rep) else None
 
 
