@@ -168,8 +168,8 @@ def _ask(db: str, log: TreeHeads, conf: Settings, deadline: float) -> Outcome:
     def one(w: ws.Witness) -> None:
         try:
             answers[w.name] = _ask_one(db, log, head, w, deadline)
-        except Exception as e:
-            answers[w.name] = f"{w.name}: {e}"
+        except Exception as e:      # a witness's failure is words, never the run's
+            answers[w.name] = f"{w.name}: {_bounded(e)}"
 
     threads = [threading.Thread(target=one, args=(w,), daemon=True) for w in conf.witnesses if w.name not in done]
     for t in threads:
@@ -190,6 +190,15 @@ def _ask(db: str, log: TreeHeads, conf: Settings, deadline: float) -> Outcome:
     if outcome.witnessed and conf.authorities:
         outcome.timestamps = _date(db, head.size, conf, deadline, outcome.problems)
     return outcome
+
+
+def _bounded(e: Exception) -> str:
+    """An error in words fit for the run's end line: it may quote what a witness or an
+    authority sent (an HTTP status line), so made printable and cut at 300 characters."""
+    from amdflash.stages.terminal import printable
+
+    said = printable(str(e) or type(e).__name__)
+    return said[:300] + ("..." if len(said) > 300 else "")
 
 
 class _Refused(Exception):
@@ -285,8 +294,8 @@ def _date(db: str, size: int, conf: Settings, deadline: float, problems: list[st
                 raise timestamp.TimestampError(f"answered HTTP {status}")
             timestamp.keep(db, size, i, answer, data, authority.roots, nonce)
             got += 1
-        except Exception as e:
-            problems.append(f"timestamp authority {authority.url}: {e}")
+        except Exception as e:      # a missing token is words, never the run's
+            problems.append(f"timestamp authority {authority.url}: {_bounded(e)}")
     return got
 
 

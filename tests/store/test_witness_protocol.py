@@ -213,3 +213,32 @@ def test_two_commands_ending_together_are_not_taken_for_a_rolled_back_log(
     assert results["A"].words() == "witnessed by 2 of 2", results["A"].words()
     assert results["B"].words() == "witnessed by 2 of 2", results["B"].words()
     assert all(s.known[log.origin][0] == 9 for s in servers)
+
+
+def test_what_a_rogue_witness_sends_reaches_the_words_printable_and_bounded(
+        tmp_path: Path, log: MerkleLog, servers: list[WitnessServer]) -> None:
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"\x1b]0;owned\x07\x1b[2J" + b"X" * 5000 + b"\r\n\r\n")
+        conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    rogue = WitnessServer(name="w.test/rogue")
+    settings = witnessing.settings({"witnesses": [{"url": servers[0].url, "key": servers[0].vkey},
+                                                  {"url": f"http://127.0.0.1:{listener.getsockname()[1]}",
+                                                   "key": rogue.vkey}]})
+    assert settings is not None
+    outcome = witnessing.ask(str(tmp_path / "audit.sqlite"), log, settings)
+    listener.close()
+    [said] = outcome.problems
+    assert said.startswith("w.test/rogue: ") and "owned" in said and "XXX" in said, said
+    assert "\x1b" not in said and "\x07" not in said and len(said) < 400, said
+    assert "\x1b" not in outcome.words() and outcome.words().startswith("not yet witnessed (1 of 2 cosigned")
