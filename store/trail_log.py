@@ -27,8 +27,6 @@ class Logged:
     receipts: dict[str, int]      # run id -> the leaf index of its receipt
 
 
-
-
 def _archived_through(conn: Any) -> int:
     through = 0
     for (detail,) in conn.execute("SELECT detail FROM checkpoints WHERE kind = 'archive'"):
