@@ -238,11 +238,14 @@ def stored(db: str, size: int) -> Checkpoint | None:
 
 
 def store(db: str, checkpoint: Checkpoint, cosignatures: list[Cosignature]) -> Checkpoint:
-    """Keep the checkpoint with these cosignatures added to those already kept for its size (a
-    stored head of another root at that size is never merged: a new file replaces it only with
-    the same note text). Returns what is kept."""
+    """Keep the checkpoint with these cosignatures added to those already kept for its size. A
+    kept head of another tree at that size is never merged with it, and never replaced once
+    witnesses cosigned it: that head is what the witnesses hold against a log rolled back or
+    forked since (then the new one, not kept, is returned). Returns what is kept."""
     private_dir(witnessed_dir(db))
     before = stored(db, checkpoint.size)
+    if before is not None and before.body != checkpoint.body and len(before.signatures) > 1:
+        return checkpoint.with_lines([c.line for c in cosignatures])
     base = before if before is not None and before.body == checkpoint.body else checkpoint
     kept = base.with_lines([*checkpoint.signatures, *(c.line for c in cosignatures)])
     if before is None or kept.text != before.text:

@@ -126,12 +126,18 @@ def test_kept_checkpoint_is_a_signed_note_with_its_cosignatures_in_private_files
     assert kept.text.startswith(log.checkpoint())       # the log's signature first, then the cosignatures
     assert stat.S_IMODE(os.stat(ws.witnessed_dir(db)).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(ws.witnessed_dir(db) / "checkpoint.4").st_mode) == 0o600
-    # A head of another root at the same size is not merged into the kept one.
+    # A head of another tree at the same size is neither merged with the cosigned one kept nor
+    # put in its place: the cosigned head is what the witnesses hold against a fork.
     forked = MerkleLog(log.origin, log.key)
     for i in range(4):
         forked.add(f"other {i}".encode())
-    replaced = ws.store(db, ws.parse_note(forked.checkpoint()), [])
-    assert replaced.body != kept.body and len(replaced.signatures) == 1
+    fork = ws.store(db, ws.parse_note(forked.checkpoint()), [])
+    assert fork.body != kept.body and len(fork.signatures) == 1
+    assert ws.stored(db, 4) == kept
+    # One no witness cosigned is replaced (the newest head the log signed is what is asked about).
+    uncosigned = str(tmp_path / "other.sqlite")
+    ws.store(uncosigned, head, [])
+    assert ws.store(uncosigned, ws.parse_note(forked.checkpoint()), []) == ws.stored(uncosigned, 4) != head
 
 
 @pytest.mark.parametrize("text", ["no final newline", "origin\n12\nroot\n\n\u2014 x y\n", "o\n1\n" +
