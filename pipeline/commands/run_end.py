@@ -209,5 +209,7 @@ def status_words(status: str, summary: dict[str, Any]) -> str:
     witnessed by 2 of 2`, or `succeeded — not yet witnessed (why)`."""
     said = (summary.get("witnesses") or {}).get("words")
     if not said:
-        return status
+        # Without witnesses, a run the host's transparency log did not take is still said.
+        missed = (summary.get("transparency_log") or {}).get("error")
+        return f"{status} \u2014 not in the transparency log ({missed})" if missed else status
     return f"{status}, {said}" if (summary.get("witnesses") or {}).get("witnessed") else f"{status} \u2014 {said}"

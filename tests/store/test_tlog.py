@@ -320,3 +320,18 @@ def test_a_run_s_end_costs_the_same_in_a_log_of_a_hundred_thousand_leaves(tmp_pa
         head = log.sign(key, ORIGIN)
     took = time.perf_counter() - started
     assert head.size == 100_001 and took < 0.25, took
+
+
+def test_a_run_the_log_could_not_take_says_so_at_its_end(db, tmp_path, make_board):  # noqa: F811
+    from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
+    from tests.support import cli as command_line
+
+    tlog.log_dir(str(db)).write_text("not a directory")        # the log cannot be made there
+    image = tmp_path / "image.bin"
+    image.write_bytes(synthetic_ifwi(21)[:3 * 4096])
+    board = make_board(transport="ideal", seed=1)
+    r = command_line.run("--no-progress", "flash", image, "--yes", "--force", "--start-sector", "0",
+                         "--sector-count", "3", "--expect-part", PART_KEY, "--board", f"sim:{board}")
+    assert r.code == 0, r.err
+    line = next(x for x in r.err_lines if x.startswith("run "))
+    assert ": succeeded \u2014 not in the transparency log (" in line, line
