@@ -140,7 +140,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def _registers_left(db: sqlite_utils.Database, run_id: str) -> str | None:
     """The registers the run left changed (a run killed and never resumed: from its sealed
     writes), as its report says them (store.facts); None for a run that took no snapshot."""
-    from amdflash.store.facts import left_words, registers
+    from amdflash.store.fact_words import left_words
+    from amdflash.store.facts import registers
     from amdflash.store.run_rows import open_run
 
     regs = registers(db.conn, open_run(db.conn, run_id))
