@@ -35,13 +35,14 @@ from amdflash.stages.files import readonly_uri
 PROC_LOCKS = "/proc/locks"
 
 
-def _file_id(path: str) -> str | None:
-    """The file as /proc/locks names it: MAJOR:MINOR:INODE (major and minor in hex)."""
+def _inode(path: str) -> str | None:
+    """The file's inode number, as the last part of /proc/locks' MAJOR:MINOR:INODE. Only the
+    inode is compared: on btrfs the device a stat names is not the one /proc/locks shows, and
+    another file's lock with the same number only makes the reader take the cautious way."""
     try:
-        st = os.stat(path)
+        return str(os.stat(path).st_ino)
     except OSError:
         return None
-    return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
 
 
 def open_elsewhere(path: str) -> bool:
@@ -50,7 +51,7 @@ def open_elsewhere(path: str) -> bool:
     /proc/locks is read, never a file descriptor of the database opened and closed here: closing
     one would drop the POSIX locks this process's own connections hold on it. Where /proc/locks
     cannot be read, a database with a -shm is taken as open (the cautious way)."""
-    ids = {i for i in (_file_id(path), _file_id(f"{path}-shm")) if i}
+    ids = {i for i in (_inode(path), _inode(f"{path}-shm")) if i}
     try:
         with open(PROC_LOCKS, encoding="ascii", errors="replace") as f:
             table = f.read()
@@ -60,7 +61,7 @@ def open_elsewhere(path: str) -> bool:
         fields = line.split()
         if "->" in fields:          # a waiter, not a holder
             continue
-        if any(field in ids for field in fields):
+        if any(field.count(":") == 2 and field.rsplit(":", 1)[1] in ids for field in fields):
             return True
     return False
 

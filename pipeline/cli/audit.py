@@ -199,6 +199,9 @@ def _verify_database_or_export(args: argparse.Namespace) -> int:
         return _verify_window(args)
     if args.export is None:
         if legacy_version(commands_db(args)):
+            if args.format == "json":
+                raise Refusal("--format json: this database is an older amdflash's (unsigned, schema version 1); "
+                              "'audit verify' checks its own chain and says so in text only")
             return trail.cmd_audit_verify(args)      # an older amdflash's file, read as it is
         return _verify_here(args)
     return review.cmd_verify_export(args.export, getattr(args, "key", None))

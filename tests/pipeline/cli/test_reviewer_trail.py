@@ -383,3 +383,21 @@ def test_root_reading_another_user_s_trail_changes_nothing(trail, tmp_path):
     assert files(place) == before
     assert tree(home) == []
     assert wrong == []
+
+
+def test_a_trail_a_writer_has_open_is_read_through_its_wal(trail, tmp_path):
+    """While a writer has the trail open, what it committed is still in its -wal: a reader
+    must read through the -wal and -shm (found open in /proc/locks), never `immutable`, which
+    would not see it."""
+    db = received(trail, tmp_path / "live")
+    writer = sqlite3.connect(db, isolation_level=None)
+    try:
+        writer.execute("PRAGMA wal_autocheckpoint=0")
+        top = writer.execute("SELECT seq FROM chain_head").fetchone()[0]
+        writer.execute("INSERT INTO runs (seq, run_id, command, at) VALUES (?, 'in-the-wal', 'info', 'now')",
+                       [top + 1])
+        assert os.path.getsize(f"{db}-wal") > 0
+        listed = [x["run_id"] for x in json.loads(_run("--db", db, "runs", "--json").out)]
+        assert "in-the-wal" in listed, listed
+    finally:
+        writer.close()
