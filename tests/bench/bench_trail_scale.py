@@ -126,6 +126,10 @@ def in_process(db: Path, run: str, rows: int, repeats: int = 3) -> None:
     print(f"  {'report RUN (text and json: the same object)':44} "
           f"{median(lambda: commands.report(run, str(db))):6.2f} s")
     print(f"  {'report RUN --format html':44} {median(lambda: commands.report(run, str(db), html=True)):6.2f} s")
+    # `runs` checks each listed status's seal: one span per run (store/status_seal.py).
+    listed = median(lambda: commands.runs(str(db)))
+    print(f"  {'runs (every run, each status seal checked)':44} {listed:6.2f} s: "
+          f"{listed / max(1, len(commands.runs(str(db)))) * 1e3:.1f} ms a run")
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         print(f"  {'verify_run':44} {median(lambda: verify_run(con, run)):6.2f} s")
