@@ -401,3 +401,25 @@ def test_a_trail_a_writer_has_open_is_read_through_its_wal(trail, tmp_path):
         assert "in-the-wal" in listed, listed
     finally:
         writer.close()
+
+
+def test_the_commands_docs_review_gives_work_on_a_received_copy(trail, tmp_path):
+    """docs/review.md, typed as it stands by a reviewer holding only the database and the key,
+    in a fresh home: every command it shows works (the operator's `audit key` excepted: it
+    runs on the recording host), and nothing appears in the home or beside the copy."""
+    doc = Path(__file__).resolve().parents[3] / "docs" / "review.md"
+    lines = [x.split("#")[0].split()[1:] for x in doc.read_text(encoding="utf-8").splitlines()
+             if x.startswith("    amdflash ") and " audit key " not in x]
+    assert len(lines) >= 6, lines
+    home, here = tmp_path / "home", tmp_path / "review"
+    home.mkdir()
+    here.mkdir()
+    shutil.copyfile(trail["db"], here / "received.sqlite")
+    shutil.copyfile(trail["pub"], here / "host.pub")
+    before = files(here)
+    for argv in lines:
+        argv = [trail["failed"] if a == "RUN" else f"{trail['failed']}.html" if a == "RUN.html" else a for a in argv]
+        r = cli.run(*argv, env=reviewer_env(home), cwd=here)
+        assert r.code in ((0, 1) if "replay" in argv else (0,)), (argv, r.out, r.err)
+    (here / f"{trail['failed']}.html").unlink()
+    assert files(here) == before and tree(home) == []
