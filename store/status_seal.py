@@ -18,7 +18,8 @@ import sqlite3
 from amdflash.store.chain import LEGACY, Broken, Checkpoint, KeyCheck, check_checkpoint_chain, load_checkpoints
 from amdflash.store.chain import run_genesis, segment_head
 from amdflash.store.schema import PHYSICAL
-from amdflash.store.verify import RUN_KINDS, _base, _grouped, _hash_before, _load_segments
+from amdflash.store import verify
+from amdflash.store.verify import BULK, RUN_KINDS, _base, _grouped, _hash_before, _Helper, _load_segments
 
 _KINDS = ", ".join(f"'{k}'" for k in RUN_KINDS)
 
@@ -70,12 +71,19 @@ def sealed_statuses(conn: sqlite3.Connection, runs: list[tuple[str, int, int]]) 
         expected[len(spans)] = (key, prev, cp.head, rows)
     if not spans:
         return result
+    # As audit verify does: from many spans on, a second connection hashes half of the bulk
+    # table in a thread of its own (SQLite builds the text without the interpreter lock).
+    path = conn.execute("PRAGMA database_list").fetchone()[2]
+    half = len(spans) // 2 if path and len(spans) >= verify.PARALLEL_SEGMENTS else len(spans)
+    helper = _Helper(path, spans[half:]) if half < len(spans) else None
     _load_segments(conn, spans)
     try:
         digests: dict[int, dict[str, bytes]] = {}
         counts: dict[int, int] = {}
         for table in PHYSICAL:
-            for ident, n, digest in _grouped(conn, table):
+            found = (_grouped(conn, table, spans[half - 1][0]) + helper.result() if table == BULK and helper is not None
+                     else _grouped(conn, table))
+            for ident, n, digest in found:
                 digests.setdefault(ident, {})[table] = digest
                 counts[ident] = counts.get(ident, 0) + n
     finally:

@@ -423,3 +423,16 @@ def test_the_commands_docs_review_gives_work_on_a_received_copy(trail, tmp_path)
         assert r.code in ((0, 1) if "replay" in argv else (0,)), (argv, r.out, r.err)
     (here / f"{trail['failed']}.html").unlink()
     assert files(here) == before and tree(home) == []
+
+
+def test_the_status_seals_of_many_runs_are_checked_on_two_connections_alike(trail, tmp_path, monkeypatch):
+    """From many runs on (verify.PARALLEL_SEGMENTS), a second connection hashes half of the bulk
+    table: the forged status is found the same way (here from the first run on)."""
+    from amdflash.store import verify
+
+    monkeypatch.setattr(verify, "PARALLEL_SEGMENTS", 1)
+    copy = received(trail, tmp_path / "review")
+    insider(copy, "run_status_no_update", "UPDATE run_status SET status = 'succeeded' WHERE run_id = ? "
+            "AND status = 'failed'", params=(trail["failed"],))
+    listed = {x["run_id"]: x["status_verified"] for x in json.loads(_run("--db", copy, "runs", "--json").out)}
+    assert listed == {trail["failed"]: False, trail["info"]: True}
