@@ -418,10 +418,11 @@ def test_the_commands_docs_review_gives_work_on_a_received_copy(trail, tmp_path)
     shutil.copyfile(trail["pub"], here / "host.pub")
     before = files(here)
     for argv in lines:
-        argv = [trail["failed"] if a == "RUN" else f"{trail['failed']}.html" if a == "RUN.html" else a for a in argv]
+        argv = [trail["failed"] if a == "RUN" else a.replace("RUN.", f"{trail['failed']}.") for a in argv]
         r = cli.run(*argv, env=reviewer_env(home), cwd=here)
         assert r.code in ((0, 1) if "replay" in argv else (0,)), (argv, r.out, r.err)
-    (here / f"{trail['failed']}.html").unlink()
+    for made in (".html", ".jsonl"):
+        (here / f"{trail['failed']}{made}").unlink()
     assert files(here) == before and tree(home) == []
 
 
