@@ -23,8 +23,9 @@ def words(rep: dict[str, Any]) -> list[tuple[str, str, str]]:
             out.append(("registers-after", "registers", "after restore: " + (
                 "as before" if same else _regs(regs["after_restore"]))))
         else:
-            out.append(("registers-after", "registers", "after restore: none recorded (the run ended without "
-                                                        "putting its registers back)"))
+            out.append(("registers-after", "registers", "after restore: no snapshot recorded (the run ended "
+                                                        "without putting its registers back, or could not read "
+                                                        "them back)"))
         out.append(("registers-left", "registers", left_words(regs)))
     for o in f.get("overrides") or ():
         if o["option"] == "--force":

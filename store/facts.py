@@ -334,7 +334,7 @@ def ended(conn: sqlite3.Connection, rows: RunRows, rep: dict[str, Any]) -> dict[
         out["how"] = "running"
         return out
     later = _later_boot(conn, rows, rep.get("machine_id"))
-    if later is not None:
+    if later is not None and boot:
         out["later_run"], out["later_boot_id"] = later
         out["how"] = "killed" if later[1] == boot else "host down"
     elif process_alive(detail) is False:
