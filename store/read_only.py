@@ -94,7 +94,13 @@ def connect_reader(path: str) -> sqlite3.Connection:
     if not needs_copy(path):
         return sqlite3.connect(reader_uri(path), uri=True, timeout=30.0, isolation_level=None,
                                check_same_thread=False)
-    return _private_copy(path)
+    try:
+        return _private_copy(path)
+    except OSError as e:
+        # As SQLite's own errors are: every reader of the trail already says those in one line.
+        raise sqlite3.OperationalError(f"its -wal holds rows nobody has open, and the private copy they are read "
+                                       f"through could not be made in {tempfile.gettempdir()} ({e.strerror or e}); "
+                                       "set TMPDIR to a directory with room") from None
 
 
 def _private_copy(path: str) -> sqlite3.Connection:

@@ -437,3 +437,24 @@ def test_the_status_seals_of_many_runs_are_checked_on_two_connections_alike(trai
             "AND status = 'failed'", params=(trail["failed"],))
     listed = {x["run_id"]: x["status_verified"] for x in json.loads(_run("--db", copy, "runs", "--json").out)}
     assert listed == {trail["failed"]: False, trail["info"]: True}
+
+
+def test_a_private_copy_that_cannot_be_made_is_one_line_and_nothing_beside_the_trail(trail, tmp_path, monkeypatch):
+    """The -wal a killed writer left must be read through a private copy; with no room for it
+    the reader says so in one line (exit 2) and still makes no -shm beside the trail."""
+    place = tmp_path / "received"
+    place.mkdir()
+    source = tmp_path / "source.sqlite"
+    shutil.copyfile(trail["db"], source)
+    writer = sqlite3.connect(source, isolation_level=None)
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('wal-probe', 'x')")
+    db = place / "received.sqlite"
+    shutil.copyfile(source, db)
+    shutil.copyfile(f"{source}-wal", f"{db}-wal")
+    writer.close()
+    before = files(place)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-directory"))
+    r = _run("--db", db, "runs")
+    assert r.code == 2 and len(r.err_lines) == 1 and "private copy" in r.err and "TMPDIR" in r.err, r.err
+    assert files(place) == before
