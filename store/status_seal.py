@@ -81,8 +81,10 @@ def sealed_statuses(conn: sqlite3.Connection, runs: list[tuple[str, int, int]]) 
         digests: dict[int, dict[str, bytes]] = {}
         counts: dict[int, int] = {}
         for table in PHYSICAL:
-            hashed = (_grouped(conn, table, spans[half - 1][0]) + helper.result() if table == BULK and helper is not None
-                      else _grouped(conn, table))
+            if table == BULK and helper is not None:
+                hashed = _grouped(conn, table, spans[half - 1][0]) + helper.result()
+            else:
+                hashed = _grouped(conn, table)
             for ident, n, digest in hashed:
                 digests.setdefault(ident, {})[table] = digest
                 counts[ident] = counts.get(ident, 0) + n
