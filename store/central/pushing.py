@@ -14,8 +14,9 @@ from typing import Any
 from amdflash.store.chain import Checkpoint, load_checkpoints
 from amdflash.store.schema import PHYSICAL, PLAIN
 from amdflash.store.central.bounds import CONTROLS
-from amdflash.store.central.schema import (NS, PG_TYPES, PROGRESS_BOUNDS, PROGRESS_LENGTHS, PROGRESS_SHAPES, RUN_KINDS,
-                                           CentralError, connect, first_line, need_schema, quoted)
+from amdflash.store.central.sending import send_batch
+from amdflash.store.central.schema import (NS, PROGRESS_BOUNDS, PROGRESS_LENGTHS, PROGRESS_SHAPES, RUN_KINDS,
+                                           CentralError, connect, first_line, need_schema)
 
 @dataclass
 
@@ -274,54 +275,11 @@ def _spans(every: list[Checkpoint], batch: list[Checkpoint], run_keys: dict[str,
 def _send(local: sqlite3.Connection, pg: Any, host_id: int, every: list[Checkpoint], batch: list[Checkpoint],
           report: PushReport) -> None:
     run_keys = dict(local.execute("SELECT run_id, seq FROM runs").fetchall())
-    spans = _spans(every, batch, run_keys)
-    local.execute("CREATE TEMP TABLE IF NOT EXISTS _push (run INTEGER, run_id TEXT, lo INTEGER, hi INTEGER)")
-    local.execute("DELETE FROM _push")
-    local.executemany("INSERT INTO _push VALUES (?, ?, ?, ?)", spans)
-    # Rows come out of SQLite as they are sent: the host's central id first, blob references
-    # already replaced by the blobs' SHA-256 (SQLite does the joins).
-    rows: dict[str, list[tuple]] = {}
-    referenced = []
-    for table, columns in PHYSICAL.items():
-        names = ", ".join(f"b_{c}.sha256" if k == "ref" else f"p.{c}" for c, k in columns)
-        joins = "".join(f" LEFT JOIN blobs b_{c} ON b_{c}.id = p.{c}" for c, k in columns if k == "ref")
-        on = ("p.run_id = s.run_id AND p.seq BETWEEN s.lo AND s.hi" if table in PLAIN
-              else "p.seq BETWEEN s.lo AND s.hi AND +p.run = s.run")
-        spans_rows = f"FROM _push s CROSS JOIN {table} p ON {on}"
-        rows[table] = local.execute(f"SELECT {host_id}, p.seq, {names} {spans_rows}{joins} ORDER BY p.seq").fetchall()
-        referenced += [f"SELECT p.{c} {spans_rows}" for c, k in columns if k == "ref"]
-    blobs: list[tuple[int, bytes, bytes]] = []
-    if referenced:
-        local_blobs = local.execute(f"SELECT sha256, data FROM blobs WHERE id IN ({' UNION '.join(referenced)})"
-                                    ).fetchall()
-        have = {bytes(r[0]) for r in pg.execute(f"SELECT sha256 FROM {NS}.own_blobs WHERE host_id = %s AND "
-                                                "sha256 = ANY(%s)", (host_id, [s for s, _ in local_blobs]))}
-        blobs = [(host_id, s, d) for s, d in local_blobs if s not in have]
+    # pushed_in/pushed_by are set by the database itself (its trigger overrides these).
+    checkpoints = [(host_id, c.id, c.kind, c.run, c.run_id, c.rows, c.last_seq, c.head, c.at, c.detail, c.hash,
+                    c.sig, 0, "") for c in batch]
     with pg.cursor() as cur:
-        if blobs:
-            with cur.copy(f"COPY {NS}.blobs (host_id, sha256, data) FROM STDIN (FORMAT BINARY)") as copy:
-                copy.set_types(["int4", "bytea", "bytea"])
-                for b in blobs:
-                    copy.write_row(b)
-            report.blobs += len(blobs)
-            report.blob_bytes += sum(len(d) for _, _, d in blobs)
-        with cur.copy(f"COPY {NS}.checkpoints (host_id, id, kind, run, run_id, rows, last_seq, head, at, detail, "
-                      "hash, sig, pushed_in, pushed_by) FROM STDIN") as copy:
-            for c in batch:
-                # pushed_in/pushed_by are set by the database itself (its trigger overrides these).
-                copy.write_row((host_id, c.id, c.kind, c.run, c.run_id, c.rows, c.last_seq, c.head, c.at, c.detail,
-                                c.hash, c.sig, 0, ""))
-        for table, columns in PHYSICAL.items():
-            found = rows[table]
-            if not found:
-                continue
-            names = ", ".join(quoted(c) for c, _ in columns)
-            with cur.copy(f"COPY {NS}.{table} (host_id, seq, {names}) FROM STDIN (FORMAT BINARY)") as copy:
-                copy.set_types(["int4", "int8", *(PG_TYPES[k] for _, k in columns)])
-                for r in found:
-                    copy.write_row(r)
-            report.rows += len(found)
-            report.by_table[table] = report.by_table.get(table, 0) + len(found)
+        send_batch(local, cur, host_id, _spans(every, batch, run_keys), checkpoints, report)
         cur.execute("SET CONSTRAINTS ALL IMMEDIATE")     # the span checks, now rather than at COMMIT
     report.checkpoints += len(batch)
     report.through = batch[-1].id

@@ -151,8 +151,14 @@ def _sealed_function(table: str) -> str:
     missing = " OR ".join(f"(n.{quoted(c)} IS NOT NULL AND NOT EXISTS "
                           f"(SELECT 1 FROM {NS}.blobs b WHERE b.host_id = n.host_id "
                           f"AND b.sha256 = n.{quoted(c)}))" for c in refs)
-    blobs_check = f"""SELECT n.seq, n.host_id INTO bad FROM new_rows n WHERE {missing} ORDER BY n.seq LIMIT 1;
+    # Each blob named once (a flash names its few thousand blobs tens of thousands of times):
+    # one lookup per distinct blob; the rows are read one by one only to name the first bad one.
+    named = " UNION ".join(f"SELECT n.host_id, n.{quoted(c)} AS sha256 FROM new_rows n WHERE n.{quoted(c)} IS NOT NULL"
+                           for c in refs)
+    blobs_check = f"""PERFORM FROM ({named}) r WHERE NOT EXISTS
+            (SELECT 1 FROM {NS}.blobs b WHERE b.host_id = r.host_id AND b.sha256 = r.sha256) LIMIT 1;
         IF FOUND THEN
+            SELECT n.seq, n.host_id INTO bad FROM new_rows n WHERE {missing} ORDER BY n.seq LIMIT 1;
             RAISE EXCEPTION 'refused: first bad row {table} seq % of host %: it refers to bytes the central '
                             'database does not hold', bad.seq, {NS}.host_name(bad.host_id)
                 USING ERRCODE = 'integrity_constraint_violation';
@@ -163,7 +169,7 @@ def _sealed_function(table: str) -> str:
     # within the spans of its new checkpoints (a run's spans are contiguous): one grouped
     # query. Only when that fails are the rows looked at one by one, to name the first bad one.
     return f"""
-CREATE FUNCTION {NS}.sealed_{table}() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $fn$
+CREATE OR REPLACE FUNCTION {NS}.sealed_{table}() RETURNS trigger LANGUAGE plpgsql {_DEFINER} AS $fn$
 DECLARE bad record; grp record;
 BEGIN
     SELECT g.host_id, g.r INTO grp
@@ -198,9 +204,21 @@ BEGIN
     RAISE EXCEPTION 'refused: rows of {table} (host %, run %) outside the spans this push seals',
         {NS}.host_name(grp.host_id), grp.r USING ERRCODE = 'integrity_constraint_violation';
 END $fn$;
+"""
+
+
+def _sealed_trigger(table: str) -> str:
+    return f"""{_sealed_function(table)}
 CREATE TRIGGER {table}_sealed AFTER INSERT ON {NS}.{table} REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION {NS}.sealed_{table}();
 """
+
+
+def refreshed_checks_sql() -> str:
+    """The row checks whose text changed within version 4 without changing what they accept
+    (the sealed_* blob lookups made once per distinct blob: issue 42), made again in place by
+    `central-setup` on a database of version 4 (CREATE OR REPLACE keeps owner and grants)."""
+    return "".join(_sealed_function(t) for t in PHYSICAL)
 
 
 def _schema_sql() -> str:
@@ -377,7 +395,7 @@ CREATE TRIGGER checkpoints_verified BEFORE INSERT ON {NS}.checkpoints FOR EACH R
 {_segment_function()}
 CREATE CONSTRAINT TRIGGER checkpoints_span_verified AFTER INSERT ON {NS}.checkpoints
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {NS}.check_span();
-{"".join(_sealed_function(t) for t in PHYSICAL)}
+{"".join(_sealed_trigger(t) for t in PHYSICAL)}
 {_own_views()}
 {_progress_sql()}
 {_hardening_sql(existing=False)}
@@ -579,6 +597,8 @@ def setup(url: str, blob_quota: int = DEFAULT_BLOB_QUOTA) -> str:
             version = pg.execute(f"SELECT value FROM {NS}.meta WHERE key = 'central_version'").fetchone()
             if version is not None and version[0] in ("2", "3"):
                 return _upgrade(pg, int(version[0]))
+            if version is not None and version[0] == str(CENTRAL_VERSION):
+                return _refresh(pg)
             return f"the central database is already set up (version {version[0] if version else '?'})"
         try:
             pg.execute(_schema_sql())
@@ -610,6 +630,20 @@ DROP TABLE IF EXISTS {NS}.run_owners;
 {guard_sql(NS)}
 {owner_sql(NS)}
 """
+
+
+def _refresh(pg: Any) -> str:
+    """A database of this version: its row checks made again as this amdflash writes them (the
+    same checks; faster ones since issue 42). No row of the record changes."""
+    import psycopg
+
+    try:
+        pg.execute(refreshed_checks_sql())
+        pg.commit()
+    except psycopg.Error as e:
+        raise CentralError(f"cannot bring the central database's checks up to date: {first_line(e)}") from None
+    return (f"the central database is already set up (version {CENTRAL_VERSION}); its row checks are this "
+            "amdflash's (no row of the record changed)")
 
 
 def _upgrade(pg: Any, version: int) -> str:
