@@ -6,6 +6,7 @@ the first such row. `central-setup` on a database of this version brings its che
 this amdflash's. The speed itself: tests/bench/bench_central_push.py."""
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sqlite3
@@ -171,3 +172,25 @@ def test_central_setup_on_this_version_brings_its_row_checks_up_to_date(cli, mak
     r, done_push = push(cli, url)
     assert r.code == 0 and done_push["rows"] > 0, r.err
 
+
+
+def test_a_push_in_many_batches_stores_the_trail_once_and_each_blob_once(cli, trails, postgres, tmp_path):
+    """`--batch-rows` small: each batch (whole checkpoints, one transaction) looks up the blobs
+    the ones before it stored and sends only the rest; the record ends as one batch leaves it,
+    and a second push sends nothing."""
+    _, three = trails
+    url = make_central(postgres)
+    enroll(cli, url, tmp_path, "hosta")
+    r = cli("--db", three, "audit", "push", "--to", url, "--batch-rows", "300", "--format", "json")
+    assert r.code == 0, r.err
+    done = json.loads(r.out)
+    conn = sqlite3.connect(three)
+    referenced = conn.execute(" UNION ".join(f"SELECT {c} FROM {t} WHERE {c} IS NOT NULL"
+                                             for t, cols in host_schema.PHYSICAL.items()
+                                             for c, k in cols if k == "ref")).fetchall()
+    conn.close()
+    assert done["checkpoints"] == local_counts(three)["checkpoints"] > 10
+    assert done["blobs"] == len(referenced) == central_counts(url)["blobs"]
+    assert {t: n for t, n in central_counts(url).items() if t != "blobs"} == local_counts(three)
+    r, again = push(cli, url)
+    assert r.code == 0 and again["checkpoints"] == 0 and again["rows"] == 0, r.err
