@@ -18,6 +18,9 @@ from amdflash.store import chain, keys
 from amdflash.store.schema import LOGICAL, PHYSICAL, TERMINAL, SchemaError
 
 
+END_ALONE = 16      # rows of a run's last span above which its end is sealed on its own
+
+
 def _row_id(cursor: sqlite3.Cursor) -> int:
     """The rowid the INSERT just run on `cursor` gave its row."""
     rowid = cursor.lastrowid
@@ -154,6 +157,8 @@ class ChainWriter:
             self._begin()
         self.open_rows += 1
         table, run_id = message[0], message[1]
+        if table == "run_status" and message[2] in TERMINAL and not self.kind:
+            self._seal_before_end(run_id)
         if seq is None:
             self.seq += 1
             seq = self.seq
@@ -199,6 +204,17 @@ class ChainWriter:
             self._append(physical, run, seq, (run.key, *stored), (run.key, *chained))
         if table == "run_status" and message[2] in TERMINAL:
             run.ended = True
+
+    def _seal_before_end(self, run_id: str) -> None:
+        """A run's rows so far get a checkpoint of their own just before its end status row, so
+        that its final checkpoint seals its end alone: whoever checks what a run's status is
+        worth (`runs`, a board's history) rebuilds a span of a few rows, not the last second
+        of a flash's SPI log (about 1,150 rows). One checkpoint more per run, in the same
+        transaction as the end."""
+        run = self.runs.get(run_id)
+        if run is not None and run.segment_rows > END_ALONE:
+            self._flush_inserts()
+            self._seal(anchored=False)    # the anchor takes the end's checkpoint, at the commit
 
     def _append(self, table: str, run: _Run, seq: int, values: tuple, chained: tuple) -> None:
         self.pending.setdefault(table, []).append((seq, *values))
@@ -280,13 +296,15 @@ class ChainWriter:
         if newest is not None:
             self._write_anchor(newest)
 
-    def _seal(self) -> chain.Checkpoint | None:
-        """A signed checkpoint for every run written to since its last one."""
+    def _seal(self, anchored: bool = True) -> chain.Checkpoint | None:
+        """A signed checkpoint for every run written to since its last one. `anchored`: the
+        newest says where it is appended (the commit appends it to the anchor file)."""
         conn = self.conn
         head = conn.execute("SELECT checkpoint, hash FROM chain_head WHERE id = 1").fetchone()
         ident, prev = head[0], head[1] or chain.GENESIS
         newest = None
         last = len(self.dirty) - 1
+        detail = self.anchor_detail if anchored else None
         for i, run in enumerate(self.dirty.values()):
             digests = {t: h.digest() for t, h in run.hashers.items()}
             run.head = chain.segment_head(run.head, digests)
@@ -295,7 +313,7 @@ class ChainWriter:
             ident += 1
             kind = self.kind or ("final" if run.ended else "commit")
             cp = chain.Checkpoint(ident, kind, run.run_id, run.rows, run.last_seq, run.head, self.signer.public,
-                                  now_iso(), self.anchor_detail if i == last else None, run=run.key, host=self.host)
+                                  now_iso(), detail if i == last else None, run=run.key, host=self.host)
             sign_and_insert(conn, self.signer, cp, prev)
             prev, newest = cp.hash, cp
         self.dirty = {}

@@ -58,7 +58,7 @@ def test_demo_recovers_the_board_into_its_own_directory(env, tmp_path, capsys):
 
     flash_run = runs[2][1]
     assert "SYNTHETIC" in out and "CMP=set" in out
-    assert f"run        {flash_run}  (flash, succeeded)" in out          # the flash run's report, as text
+    assert f"run        {flash_run}  (flash, succeeded; --clear-cmp overrode the protection)" in out   # its report, as text
     for command in ("runs", f"report {flash_run} --format html", f"replay {flash_run}", "audit verify"):
         assert f"--db {demo / 'audit.sqlite'} {command}" in out
     assert elapsed < 60
