@@ -66,9 +66,10 @@ def test_man_page_is_generated_from_the_parser(amdflash, tmp_path):
     # Global and shared options are listed once, not under every command.
     assert text.count("--log-json") == 2 and text.count("--prescale") <= 3, (text.count("--log-json"),
                                                                                 text.count("--prescale"))
-    # A page of a few hundred lines: a grouped command gives its synopsis and first sentence;
-    # its options are in its --help, which the page points to.
-    assert len(r.out.splitlines()) < 1000, len(r.out.splitlines())
+    # A page of about a thousand lines: a grouped command gives its synopsis and first sentence;
+    # its options are in its --help, which the page points to. (1,000 until the audit group
+    # took its reviewer's and compliance commands: bundle, receipt, log, witness.)
+    assert len(r.out.splitlines()) < 1100, len(r.out.splitlines())
     assert "amdflash GROUP COMMAND --help" in text
     fleet_runs = text[text.index("amdflash fleet runs"):]
     assert "--from" not in fleet_runs[:fleet_runs.index(".SH", 1) if ".SH" in fleet_runs[1:] else None].split(
