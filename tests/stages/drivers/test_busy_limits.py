@@ -25,7 +25,7 @@ def test_a_host_late_to_its_status_reads_does_not_make_the_chip_too_slow(open_bo
     evidence of a slow chip. A wait that merely ends late is no such evidence."""
     import random
 
-    from amdflash.stages.drivers.flash.sectors import flash_sectors
+    from tests.support.flash_sectors import flash_sectors
     from tests.stages.drivers.test_jitter import PreemptedHost
 
     o = open_board(content=bytes(0x200000), transport="pcie")

@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from amdflash.stages.drivers.flash import chips
-from amdflash.stages.drivers.flash.sectors import flash_sectors
+from tests.support.flash_sectors import flash_sectors
 from amdflash.stages.drivers.flash.sfdp import parse_bfpt
 from amdflash.stages.drivers.flash.spinor import FlashError, ProtectedError
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import pytest
 
-from amdflash.stages.drivers.flash.sectors import flash_sectors
+from tests.support.flash_sectors import flash_sectors
 from amdflash.stages.drivers.flash.spinor import SpiNor
 from amdflash.stages.drivers.navi31 import fastpaths
 from amdflash.stages.drivers.navi31.fastpaths import VALIDATED, FastPaths, Finding

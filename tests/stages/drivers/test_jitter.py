@@ -14,7 +14,7 @@ from typing import Callable
 
 import pytest
 
-from amdflash.stages.drivers.flash.sectors import flash_sectors
+from tests.support.flash_sectors import flash_sectors
 from amdflash.stages.drivers.flash.spinor import SpiNor
 from amdflash.stages.drivers.navi31.romsw import RomSw, RomSwOptions
 from amdflash.stages.sim import SimBar5

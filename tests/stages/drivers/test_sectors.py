@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from amdflash.stages.drivers.flash.sectors import SectorVerifyError, flash_sectors
+from tests.support.flash_sectors import SectorVerifyError, flash_sectors
 from amdflash.stages.drivers.flash.spinor import ProtectedError
 
 MiB2, UNIT = 0x200000, 0x1000

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from amdflash.stages.drivers.flash.sectors import flash_sectors
+from tests.support.flash_sectors import flash_sectors
 from amdflash.stages.drivers.flash.spinor import SpiNor
 from amdflash.stages.drivers.navi31.romsw import RomSw, RomSwOptions
 from amdflash.stages.sim import SimBar5

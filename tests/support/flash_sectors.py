@@ -2,8 +2,10 @@
 what already matches: for each 4 KiB sector, read it, then (only if needed) erase,
 program and immediately read it back.
 
-This is the driver-level routine (one board, no pipeline, no audit); the pipeline's
-stages do the same work with planning across units, streaming and an audit trail.
+This is the driver-level routine (one board, no pipeline, no audit) the tests use to check
+the drivers and the emulator below the stages; the product's stages do the same work with
+planning across units, streaming and an audit trail (it lived in stages/drivers/flash/ while
+nothing but the tests called it).
 """
 from __future__ import annotations
 
