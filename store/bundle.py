@@ -27,7 +27,10 @@ A bundle from elsewhere is untrusted input: only regular files directly in DIR, 
 PARTS knows and the manifest lists, none larger than its part's limit, none reached through a
 link; anything else is refused (BundleRefused, exit 2) before a byte of it is interpreted.
 
-Later parts (receipts, proofs) are one PARTS entry each, and one function in CHECKS.
+Later parts are one PARTS entry each, and one function in CHECKS: the run's receipt, its proof
+and the log's key (store/receipt_parts.py); the cosigned tree head, the witnesses' keys and the
+timestamp tokens (store/witness_parts.py). `audit verify --bundle DIR --policy FILE` also holds
+them to a reviewer's keys, witnesses and roots (store/policy.py, witness_parts.check_policy).
 """
 from __future__ import annotations
 
@@ -100,6 +103,14 @@ PARTS: tuple[Part, ...] = (
     Part(re.escape("receipt.intoto.json"), "the run's receipt: an in-toto statement in a DSSE envelope", MiB),
     Part(re.escape("receipt.tlog-proof"), "the receipt's inclusion in the host's transparency log", MiB),
     Part(re.escape("log.vkey"), "the host's transparency log's note verifier key", 4096),
+    # The witnesses and trusted time of the receipt's tree head (store/witness_parts.py).
+    Part(re.escape("checkpoint.cosigned"), "the tree head of the receipt's proof with the witnesses' cosignatures",
+         64 * 1024),
+    Part(re.escape("witnesses.vkeys"), "the configured witnesses' verifier keys, one a line", 64 * 1024),
+    Part(re.escape("checkpoint.timestamped"), "the cosigned tree head as it stood when dated: the bytes the tokens "
+         "date", 64 * 1024),
+    Part(r"tsa[0-9]{1,2}\.tsr", "a timestamp authority's RFC 3161 token over checkpoint.timestamped", 64 * 1024,
+         shown="tsaN.tsr"),
 )
 
 
@@ -206,6 +217,7 @@ class Selection:
     lineage: list[str]              # the runs it resumes, it, the runs that resume it
     original_from: list[str]        # runs whose sealed backups hold the board's original
     left_out: list[dict[str, str]] = field(default_factory=list)
+    witnesses: tuple[Any, ...] = ()     # the configured witnesses (store.witness.Witness), whose keys it carries
 
 
 @dataclass
@@ -398,6 +410,7 @@ class Opened:
     path: Path
     fds: dict[str, int] = field(default_factory=dict)
     keyfiles: list[Path] | None = None
+    policy: Any = None              # store.policy.Policy: the reviewer's keys, which replace --key and the bundle's
     info: dict[str, Any] = field(default_factory=dict)
     facts: ExportFacts = field(default_factory=ExportFacts)
     said: list[str] = field(default_factory=list)
@@ -409,6 +422,15 @@ class Opened:
 
     def read(self, name: str) -> bytes:
         return os.pread(self.fds[name], os.fstat(self.fds[name]).st_size + 1, 0)
+
+    def given(self) -> tuple[list[bytes] | None, str]:
+        """The host keys the reviewer gave (the policy's, or --key files), None for none; and
+        what to call them."""
+        if self.policy is not None:
+            return [self.policy.host_key], "the policy's host key"
+        if self.keyfiles:
+            return [keys.read_public(p) for p in self.keyfiles], "a given --key"
+        return None, ""
 
 
 @dataclass
@@ -434,11 +456,12 @@ class BundleReport:
         return "\n".join([f"bundle intact: {self.path}", *self.lines])
 
 
-def check(path: Path, keyfiles: list[Path] | None = None) -> BundleReport:
-    """Check the bundle at `path` (BundleRefused for what is not a bundle to read at all)."""
+def check(path: Path, keyfiles: list[Path] | None = None, policy: Any = None) -> BundleReport:
+    """Check the bundle at `path` (BundleRefused for what is not a bundle to read at all);
+    with `policy` (store.policy.Policy), also hold it to the reviewer's keys, witnesses and roots."""
     report = BundleReport(False, path)
     with _opened(path) as bundle:
-        bundle.keyfiles = keyfiles
+        bundle.keyfiles, bundle.policy = keyfiles, policy
         try:
             for step in CHECKS:
                 step(bundle)
@@ -617,15 +640,15 @@ def check_keys(bundle: Opened) -> None:
         if public not in signers:
             raise Broken(f"the bundle's key {keys.fingerprint(public)} signed no checkpoint of the export: a host "
                          "key file was changed")
-    given = [keys.read_public(p) for p in bundle.keyfiles] if bundle.keyfiles else None
+    given, called = bundle.given()
     trusted = given if given is not None else published
     for public in signers:
         if public not in trusted:
-            whose = "a given --key" if given is not None else "the bundle's host key"
+            whose = called if given is not None else "the bundle's host key"
             raise Broken(f"{EXPORT}: checkpoints are signed by key {keys.fingerprint(public)}, which is not {whose}: "
                          "the record was sealed (or re-sealed) by someone else")
     names = ", ".join(keys.fingerprint(k) for k in signers)
-    how = "the given --key" if given is not None else \
+    how = called.replace("a given", "the given") if given is not None else \
         "the bundle's own host.pub (pass --key PUBFILE, kept apart from the bundle, to prove who signed)"
     bundle.said.append(f"signatures  by {names}: {how}")
 
@@ -700,3 +723,11 @@ from amdflash.store import receipt_parts  # noqa: E402 - it needs nothing of thi
 
 ADD.append(receipt_parts.add)
 CHECKS.append(receipt_parts.check)
+
+# The witnesses' cosignatures and the timestamp tokens of the receipt's tree head; with a
+# reviewer's policy, the five claims held to its keys (issue 45).
+from amdflash.store import witness_parts  # noqa: E402 - it needs nothing of this module
+
+ADD.append(witness_parts.add)
+CHECKS.append(witness_parts.check)
+CHECKS.append(witness_parts.check_policy)

@@ -71,11 +71,11 @@ def _envelope(raw: bytes, bundle: Any) -> dict[str, Any]:
         raise Broken(f"{RECEIPT} is not a DSSE envelope of a statement: it was changed") from None
     if kind != receipts.PAYLOAD_TYPE or not isinstance(statement, dict):
         raise Broken(f"{RECEIPT}: payload type {str(kind)[:60]!r}, not an in-toto statement: it was changed")
-    given = [keys.read_public(p) for p in bundle.keyfiles] if bundle.keyfiles else None
+    given, called = bundle.given()
     trusted = given if given is not None else list(bundle.facts.signers)
     message = receipts.pae(kind, body)
     if not any(keys.verify_signature(k, s, message) for k in trusted for s in sigs):
-        whose = "a given --key" if given is not None else "the key that signed the export's checkpoints"
+        whose = called if given is not None else "the key that signed the export's checkpoints"
         raise Broken(f"{RECEIPT}: its signature is not by {whose}: the receipt was changed or made elsewhere")
     return statement
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from amdflash.stages.files import PRIVATE, private_dir, write_new
 from amdflash.store import witness as ws
@@ -64,13 +65,19 @@ def check(answer: bytes, data: bytes, roots: Path, nonce: int | None = None) -> 
     """The time a TimeStampResp (DER) vouches for `data`, once it verifies: granted, its imprint
     of `data`, `nonce` (when given), and a chain to a certificate in `roots`."""
     from cryptography import x509
-    from rfc3161_client import VerificationError, VerifierBuilder, decode_timestamp_response
 
     try:
         pem = read_regular(roots, MAX_ROOTS)
         certs = x509.load_pem_x509_certificates(pem)
     except (OSError, NotAFile, ValueError) as e:
         raise TimestampError(f"cannot read the authority's roots {roots}: {e}") from None
+    return verify(answer, data, certs, nonce)
+
+
+def verify(answer: bytes, data: bytes, certs: list[Any], nonce: int | None = None) -> datetime:
+    """check(), against root certificates already loaded (a reviewer's policy, offline)."""
+    from rfc3161_client import VerificationError, VerifierBuilder, decode_timestamp_response
+
     try:
         response = decode_timestamp_response(answer)
     except Exception as e:

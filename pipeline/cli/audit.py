@@ -185,6 +185,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if getattr(args, "bundle", None) is not None:
         bundle.verify_conflicts(args)
         return bundle.cmd_verify_bundle(args)
+    if getattr(args, "policy", None) is not None:
+        raise Refusal("--policy holds a bundle to a reviewer's keys: give the bundle with --bundle DIR")
     return central.cmd_verify(args, _verify_database_or_export)
 
 

@@ -36,6 +36,12 @@ def add_parsers(audit_sub: argparse._SubParsersAction, verify: argparse.Argument
                              "against their signed checkpoints (by the bundle's host key, or --key), the anchor lines "
                              "and the original against the sealed backups; exit 1 naming the first file that does "
                              "not match. A link, a name outside the manifest or an oversized file is refused")
+    verify.add_argument("--policy", type=Path, metavar="FILE",
+                        help="with --bundle: hold it to a reviewer's policy (TOML: host_key, log_key, quorum, "
+                             "witnesses, tsa_roots; docs/compliance.md): the receipt signed by its host key, in the "
+                             "log under a tree head its log key signed, cosigned by a quorum of its witnesses and "
+                             "dated by a token chaining to its roots; exit 1 naming each that fails, 2 for a bad "
+                             "policy file")
 
 
 def from_bundle_option(p: argparse.ArgumentParser) -> None:
@@ -111,6 +117,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             raise Refusal(str(e)) from None
         try:
             selection = bundle.select(db, path, run_id)
+            selection.witnesses = _witnesses(args)
         except RunUnverified as e:
             output.error(f"run {run_id} (or a run it resumes) does not verify: {e.problem}; a bundle carries a record "
                          "that verifies, and nothing was written",
@@ -141,10 +148,28 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _witnesses(args: argparse.Namespace) -> tuple[Any, ...]:
+    """The config file's witnesses, whose verifier keys the bundle carries (none when it names none)."""
+    from amdflash.pipeline.engine import witnessing
+
+    conf = witnessing.configured(getattr(args, "settings", None))
+    return conf.witnesses if conf is not None else ()
+
+
 # -- audit verify --bundle --------------------------------------------------------------------------
 
 def cmd_verify_bundle(args: argparse.Namespace) -> int:
-    report = _checked(args.bundle, getattr(args, "key", None))
+    policy = None
+    if getattr(args, "policy", None) is not None:
+        from amdflash.store.policy import PolicyError, load
+
+        if getattr(args, "key", None):
+            raise Refusal("--policy names the host key: not with --key")
+        try:
+            policy = load(args.policy)
+        except PolicyError as e:
+            raise Refusal(str(e)) from None
+    report = _checked(args.bundle, getattr(args, "key", None), policy)
     if getattr(args, "format", "text") == "json":
         output.result_json(report.as_json())
     else:
@@ -152,7 +177,7 @@ def cmd_verify_bundle(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
-def _checked(directory: Path, keyfiles: list[Path] | None) -> Any:
+def _checked(directory: Path, keyfiles: list[Path] | None, policy: Any = None) -> Any:
     from amdflash.store import bundle, keys
 
     if keyfiles:
@@ -162,7 +187,7 @@ def _checked(directory: Path, keyfiles: list[Path] | None) -> Any:
             except keys.KeyError_ as e:
                 raise Refusal(str(e)) from None
     try:
-        return bundle.check(directory, keyfiles)
+        return bundle.check(directory, keyfiles, policy)
     except bundle.BundleRefused as e:
         raise Refusal(str(e)) from None
 
