@@ -81,7 +81,17 @@ def verify(answer: bytes, data: bytes, certs: list[Any], nonce: int | None = Non
     try:
         response = decode_timestamp_response(answer)
     except Exception as e:
-        raise TimestampError(f"not a timestamp response ({e})") from None
+        # openssl writes a chain's certificates out of DER order: the same token, reordered
+        # (store/cms_order.py says why that checks no less), or the refusal stands.
+        from amdflash.store.cms_order import der_sorted
+
+        fixed = der_sorted(answer) if "InvalidSetOrdering" in str(e) else None
+        try:
+            if fixed is None:
+                raise
+            response = decode_timestamp_response(fixed)
+        except Exception:
+            raise TimestampError(f"not a timestamp response ({e})") from None
     if response.status not in (0, 1):       # granted, granted with modifications
         raise TimestampError(f"the authority did not grant a token (status {response.status})")
     builder = VerifierBuilder(nonce=nonce) if nonce is not None else VerifierBuilder()

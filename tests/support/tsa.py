@@ -20,8 +20,8 @@ serial = $dir/serial
 crypto_device = builtin
 signer_cert = $dir/tsa.crt
 signer_key = $dir/tsa.key
-# no `certs`: only the signer's certificate goes in the token (rfc3161-client refuses a SET of two
-# certificates in the order openssl writes them: not DER order); the reviewer has the root
+# no `certs`: only the signer's certificate goes in the token; the reviewer has the root (a chain
+# in it, which openssl writes out of DER order, is read too: tests/compliance/test_token_chain_order.py)
 signer_digest = sha256
 default_policy = 1.3.6.1.4.1.4146.2.3
 digests = sha256, sha384, sha512
