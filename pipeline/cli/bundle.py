@@ -139,6 +139,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     output.result(f"  original: {built.original}")
     output.result(f"  anchor:   {built.anchor_lines} line(s)" if built.anchor_lines else
                   "  anchor:   none (no anchor line names these runs' checkpoints)")
+    _say_witnesses(out, built.files, selection.witnesses)
     for left in selection.left_out:
         output.result(f"  left out: run {left['run']}: {left['why']}")
     if built.unsealed:
@@ -146,6 +147,28 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     output.note(f"check it anywhere: amdflash audit verify --bundle {out} --key PUBFILE (the host key kept apart "
                 "from the bundle; without --key, the bundle's own host.pub)")
     return EXIT_OK
+
+
+def _say_witnesses(out: Path, files: list[str], witnesses: tuple[Any, ...]) -> None:
+    """What the bundle holds of the witnesses and of trusted time, in a line."""
+    import time
+
+    from amdflash.store import witness as ws
+
+    tokens = [n for n in files if n.startswith("tsa") and n.endswith(".tsr")]
+    if "checkpoint.cosigned" in files:
+        try:
+            head = ws.parse_note((out / "checkpoint.cosigned").read_text())
+            by = f"cosigned by {len(ws.cosigned_by(head, list(witnesses), time.time()))} of the {len(witnesses)} " \
+                 "witnesses configured"
+        except (OSError, UnicodeDecodeError, ws.WitnessError):
+            by = "cosigned"
+        again = "" if tokens else " ('amdflash audit witness' asks again; then a new bundle)"
+        output.result(f"  witnesses: checkpoint.cosigned, the receipt's tree head {by}; {len(tokens)} timestamp "
+                      f"token(s){again}")
+    elif witnesses and "receipt.intoto.json" in files:
+        output.result("  witnesses: none yet (no witness cosigned a tree head holding the receipt): 'amdflash audit "
+                      "witness', then a new bundle")
 
 
 def _witnesses(args: argparse.Namespace) -> tuple[Any, ...]:

@@ -9,9 +9,11 @@ Skipped, saying why, where go, Go's x/mod or openssl is missing; not in CI, whic
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -45,24 +47,37 @@ def _copy(bundle: Path, where: Path, name: str, change) -> Path:
     return out
 
 
-def test_a_flash_s_bundle_is_checked_without_amdflash_and_against_a_policy(tmp_path: Path) -> None:
+@dataclass
+class Flashed:
+    bundle: Path
+    log_vkey: str
+    servers: list[WitnessServer]
+    roots: Path
+    said: str                       # what audit bundle said
+
+
+def flash_and_bundle(tmp_path: Path, witness_down: bool = False) -> Flashed:
+    """A three-sector flash on an emulated board, two witnesses (quorum 2; the second down if
+    asked) and a local timestamp authority in the config file; the run's bundle."""
     from amdflash.stages.sim import create_board
     from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
     from amdflash.store import keys, tlog
 
-    verifier, program = outside._go_build(tmp_path), witnessed._go_build(tmp_path)
     key_path = tmp_path / "keys" / "host_key.pem"
     key_path.parent.mkdir()
     keys.load_or_create(key_path)
     log_vkey = tlog.vkey(ORIGIN, keys.public_bytes(keys.load_or_create(tlog.log_key_path(key_path))))
     servers = [WitnessServer(name=f"w{i}.test/bundle", logs={ORIGIN: [log_vkey]}).start() for i in range(2)]
+    urls = [s.url for s in servers]
+    if witness_down:
+        servers[1].stop()
     authority = AuthorityServer(make_authority(tmp_path / "tsa")).start()
     env = {"AMDFLASH_DB": str(tmp_path / "audit.sqlite"), "AMDFLASH_LOCK_DIR": str(tmp_path / "locks"),
            "AMDFLASH_HOST_KEY": str(key_path), "AMDFLASH_CONFIG": str(tmp_path / "config.toml")}
     try:
         config = tmp_path / "config.toml"
         config.write_text(f'log_origin = "{ORIGIN}"\nwitness_quorum = 2\n' + "".join(
-            f'[[witnesses]]\nurl = "{s.url}"\nkey = "{s.vkey}"\n' for s in servers)
+            f'[[witnesses]]\nurl = "{url}"\nkey = "{s.vkey}"\n' for s, url in zip(servers, urls))
             + f'[[timestamp_authorities]]\nurl = "{authority.url}"\nroots = "{authority.roots}"\n')
         config.chmod(0o600)
         image = tmp_path / "image.bin"
@@ -71,17 +86,38 @@ def test_a_flash_s_bundle_is_checked_without_amdflash_and_against_a_policy(tmp_p
         r = command_line.run("--no-progress", "flash", image, "--yes", "--force", "--start-sector", 0,
                              "--sector-count", 3, "--expect-part", PART_KEY, "--board", f"sim:{board}", "--json",
                              env=env)
-        assert r.code == 0 and "succeeded, witnessed by 2 of 2" in r.err, r.err
+        assert r.code == 0 and ("not yet witnessed" if witness_down else "succeeded, witnessed by 2 of 2") in r.err, \
+            r.err
     finally:
         for s in servers:
             s.stop()
         authority.stop()
-    import json
-
     run = json.loads(r.out)["run_id"]
     bundle = tmp_path / "bundle"
     r = command_line.run("-q", "audit", "bundle", "--run", run, "-o", bundle, env=env)
     assert r.code == 0, r.err
+    return Flashed(bundle, log_vkey, servers, authority.roots, r.out)
+
+
+def write_policy(f: Flashed, where: Path) -> Path:
+    """What the reviewer trusts, kept apart from the bundle: the host key, the log key, the
+    witnesses' keys and the authority's root."""
+    where.mkdir()
+    shutil.copy(f.bundle / "host.pem", where / "host.pem")
+    shutil.copy(f.roots, where / "tsa-root.pem")
+    policy = where / "policy.toml"
+    policy.write_text(f'host_key = "host.pem"\nlog_key = "{f.log_vkey}"\nquorum = 2\ntsa_roots = ["tsa-root.pem"]\n'
+                      "witnesses = [\n" + "".join(f'  {{name = "{s.name}", key = "{s.vkey}"}},\n'
+                                                  for s in f.servers) + "]\n")
+    return policy
+
+
+def test_a_flash_s_bundle_is_checked_without_amdflash_and_against_a_policy(tmp_path: Path) -> None:
+    verifier, program = outside._go_build(tmp_path), witnessed._go_build(tmp_path)
+    f = flash_and_bundle(tmp_path)
+    bundle, servers = f.bundle, f.servers
+    assert "  witnesses: checkpoint.cosigned, the receipt's tree head cosigned by 2 of the 2 witnesses configured; 1 " \
+           "timestamp token(s)\n" in f.said, f.said
     names = {p.name for p in bundle.iterdir()}
     assert {"receipt.intoto.json", "receipt.tlog-proof", "log.vkey", "host.pem", "checkpoint.cosigned",
             "witnesses.vkeys", "checkpoint.timestamped", "tsa0.tsr"} <= names, names
@@ -89,21 +125,31 @@ def test_a_flash_s_bundle_is_checked_without_amdflash_and_against_a_policy(tmp_p
     proof = (bundle / "receipt.tlog-proof").read_text()
     assert proof.split("\n\n", 1)[1] == (bundle / "checkpoint.cosigned").read_text()
     assert (bundle / "witnesses.vkeys").read_text() == "".join(s.vkey + "\n" for s in servers)
-
-    # What the reviewer trusts, kept apart from the bundle: the host key, the log key, the
-    # witnesses' keys and the authority's root.
-    trusted = tmp_path / "trusted"
-    trusted.mkdir()
-    shutil.copy(bundle / "host.pem", trusted / "host.pem")
-    shutil.copy(authority.roots, trusted / "tsa-root.pem")
-    policy = trusted / "policy.toml"
-    policy.write_text(f'host_key = "host.pem"\nlog_key = "{log_vkey}"\nquorum = 2\ntsa_roots = ["tsa-root.pem"]\n'
-                      "witnesses = [\n" + "".join(f'  {{name = "{s.name}", key = "{s.vkey}"}},\n' for s in servers)
-                      + "]\n")
+    policy = write_policy(f, tmp_path / "trusted")
+    trusted = policy.parent
     check_receipt_with_openssl(bundle, trusted / "host.pem", tmp_path)
     check_proof_and_cosignatures_with_go(bundle, verifier, program, tmp_path)
     check_token_with_openssl(bundle, trusted / "tsa-root.pem", tmp_path)
     check_audit_verify_policy(bundle, policy, tmp_path)
+
+
+def test_the_bundle_of_a_run_not_yet_witnessed_fails_a_policy_that_asks_for_witnesses_and_time(
+        tmp_path: Path) -> None:
+    f = flash_and_bundle(tmp_path, witness_down=True)
+    assert "  witnesses: checkpoint.cosigned, the receipt's tree head cosigned by 1 of the 2 witnesses configured; 0 " \
+           "timestamp token(s) ('amdflash audit witness' asks again; then a new bundle)" in f.said, f.said
+    names = {p.name for p in f.bundle.iterdir()}
+    assert "receipt.intoto.json" in names and not names & {"checkpoint.timestamped", "tsa0.tsr"}
+    policy = write_policy(f, tmp_path / "trusted")
+    r = command_line.run("audit", "verify", "--bundle", f.bundle, "--policy", policy)
+    assert r.code == 1, r.out + r.err
+    assert "2 of 5 checks fail: witnesses: cosigned by 1 of the policy's 2 witnesses (w0.test/bundle), 2 needed; " \
+           "time: no checkpoint.timestamped in the bundle" in r.out, r.out
+    # The same bundle holds for a reviewer who asks for neither.
+    policy.write_text(policy.read_text().replace("quorum = 2", "quorum = 0").replace('["tsa-root.pem"]', "[]")
+                      .split("witnesses = [")[0] + "witnesses = []\n")
+    r = command_line.run("audit", "verify", "--bundle", f.bundle, "--policy", policy)
+    assert r.code == 0 and "witnesses  not required by the policy (quorum = 0)" in r.out, r.out
 
 
 def check_receipt_with_openssl(bundle: Path, pem: Path, tmp: Path) -> None:
@@ -170,8 +216,6 @@ def check_audit_verify_policy(bundle: Path, policy: Path, tmp: Path) -> None:
         sig[0] ^= 1
         env["signatures"][0]["sig"] = base64.b64encode(bytes(sig)).decode()
         (d / "receipt.intoto.json").write_text(json.dumps(env))
-
-    import json
 
     for name, change, says in (("cosignature", drop_cosignature, "witnesses: cosigned by 1 of the policy's 2 "
                                                                   "witnesses"),
