@@ -20,8 +20,9 @@ from typing import Any
 import sqlite_utils
 
 from amdflash.store.queries import (RunNotFound, changed_nothing, first_board, lineage_changed_nothing,
-                                    newest_verified, open_readonly, run_chain, status_of, unit_states)
+                                    newest_verified, run_chain, status_of, unit_states)
 from amdflash.store.run_rows import RunRows, RunUnverified, open_run
+from amdflash.store.reading import Trail, TrailSource, reading
 from amdflash.store.sealed_facts import SealedFacts
 from amdflash.store.verify import snapshot
 from amdflash.stages.drivers.flash.geometry import FLASH_SIZE, UNIT
@@ -40,7 +41,7 @@ class RecordedBackup:
     files: list[tuple[str, str]] = field(default_factory=list)   # (sha256, path) of backup files
 
 
-def original_units(path: str | None, lineage: list[str], addresses: list[int]) -> RecordedBackup:
+def original_units(path: TrailSource, lineage: list[str], addresses: list[int]) -> RecordedBackup:
     """Each unit's first backup row across the lineage, in record order, checked against its
     recorded SHA-256. Every run reads a unit's backup before anything erases it, so the first
     row is the content before the lineage touched it.
@@ -53,8 +54,7 @@ def original_units(path: str | None, lineage: list[str], addresses: list[int]) -
     if not path or not lineage:
         return out
     wanted = set(addresses)
-    db = open_readonly(path)
-    try:
+    with reading(path) as db:
         with snapshot(db.conn):
             for run in [open_run(db.conn, run_id) for run_id in lineage]:
                 for address, sha, data in db.conn.execute(
@@ -69,8 +69,6 @@ def original_units(path: str | None, lineage: list[str], addresses: list[int]) -
                     out.units[address] = bytes(data)
                 out.files += [(sha, p) for sha, p in db.conn.execute(
                     f"SELECT sha256, path FROM backups WHERE {run.sealed_sql} ORDER BY seq", run.sealed_args)]
-    finally:
-        db.conn.close()
     return out
 
 
@@ -138,15 +136,16 @@ class BoardKey:
         return self.unique_id not in BLANK_UIDS
 
 
-def board_history(path: str, key: BoardKey, exclude: str | None = None) -> BoardHistory:
-    """What the trail at `path` knows of the board: read before a flash writes anything, so
-    `exclude` (the run asking) is left out."""
-    db = open_readonly(path)
-    try:
+def board_history(path: str | Trail | sqlite_utils.Database, key: BoardKey, exclude: str | None = None) -> BoardHistory:
+    """What the trail knows of the board (`path`: the command's trail, an open reader, or a
+    file opened for this read): read before a flash writes anything, so `exclude` (the run
+    asking) is left out."""
+    if isinstance(path, sqlite_utils.Database):
+        with snapshot(path.conn):
+            return _history(path, key, exclude)
+    with reading(path) as db:
         with snapshot(db.conn):
             return _history(db, key, exclude)
-    finally:
-        db.conn.close()
 
 
 def _board_runs(db: sqlite_utils.Database, key: BoardKey) -> set[str]:

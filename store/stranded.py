@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sqlite_utils
-from amdflash.store.queries import open_readonly, register_snapshot
+from amdflash.store.queries import register_snapshot
+from amdflash.store.reading import TrailSource, reading
 from amdflash.store.run_rows import open_run
 from amdflash.store.verify import snapshot
 
@@ -40,17 +41,16 @@ def board_key(spec: str, serial: str | None) -> str:
     return f"serial:{serial}" if serial else spec
 
 
-def find_stranded(path: str | None, key: str, current_run: str) -> StrandedRun | None:
-    if not path or not Path(path).exists():
+def find_stranded(source: TrailSource, key: str, current_run: str) -> StrandedRun | None:
+    """The run whose registers are stranded on the board `key`, read through the command's trail
+    (store.reading.Trail) or, for a tool run alone, the file at a path."""
+    if not source or (isinstance(source, str) and not Path(source).exists()):
         return None
-    db = open_readonly(path)
     try:
-        with snapshot(db.conn):
+        with reading(source) as db, snapshot(db.conn):
             return _find(db, key, current_run)
     except sqlite3.OperationalError:
         return None   # not an amdflash database yet (no tables): nothing was stranded
-    finally:
-        db.conn.close()
 
 
 def _find(db: sqlite_utils.Database, key: str, current_run: str) -> StrandedRun | None:

@@ -41,17 +41,18 @@ def _keys(db: str) -> tuple[Any, Any]:
     return keys.load_private(host), keys.load_or_create(log_key_path(db))
 
 
-def record_ended(db: str, reports: dict[str, dict[str, Any]], settings: dict[str, Any] | None = None
-                 ) -> dict[str, dict[str, Any]]:
+def record_ended(db: str, reports: dict[str, dict[str, Any]], opened: Any = None,
+                 settings: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """At the end of a board command (the writer closed: every run sealed): the checkpoints
     sealed since the last logged and the receipts of the runs that ended go into the log, and a
     tree head is signed. Per run: {"origin", "tree_size", "leaf"} or {"error": why}. Never
-    raises: a run's end is not undone by its log."""
+    raises: a run's end is not undone by its log. `opened`: the command's reader of the trail
+    after the run (kept open), else one is opened here."""
     if not reports:
         return {}
     try:
         host_key, log_key = _keys(db)
-        reader = auditdb.open_reader(db)
+        reader = opened or auditdb.open_reader(db)
         try:
             ended = []
             for run_id, rep in reports.items():
@@ -60,7 +61,8 @@ def record_ended(db: str, reports: dict[str, dict[str, Any]], settings: dict[str
                     ended.append(receipts.from_report(rep, cps, host_key))
             logged = trail_log.record(reader.conn, log_dir(db), log_key, origin(settings), ended)
         finally:
-            reader.conn.close()
+            if opened is None:
+                reader.conn.close()
     except (tlog.LogError, receipts.ReceiptRefused, keys.KeyError_, OSError, sqlite3.Error, Refusal,
             ValueError) as e:
         return {run_id: {"error": str(e)} for run_id in reports}

@@ -20,66 +20,35 @@ import sqlite_utils
 from amdflash.pipeline import config
 from amdflash.pipeline.errors import Refusal
 from amdflash.store.schema import SchemaError
+from amdflash.store.reading import NoTrail, OURS, Trail, TrailRefused, foreign, not_a_file, open_trail, tables
 from amdflash.store.verify import connect_reader
-from amdflash.store.writer.database import START_FREE, StoreUnavailable, free_bytes, low_space, needs_upgrade, prepare
+from amdflash.store.writer.database import START_FREE, StoreUnavailable, free_bytes, low_space, prepare
 from amdflash.store.writer.process import AuditWriter
 from amdflash.stages.files import private_dir, private_file, room_problem
 
-OURS = "meta"   # every amdflash database has this table, with its schema version
 
 
-def _describe(path: Path) -> str | None:
-    """Why `path` cannot be a database file, or None."""
+def _look(path: Path) -> sqlite3.Connection:
+    """An existing file must be an amdflash database (or empty): looked at through the one
+    connection that then prepares it (store.writer.database.prepare), before anything is changed."""
+    conn: sqlite3.Connection | None = None
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return e.strerror
-    if not stat.S_ISREG(st.st_mode):
-        return "it is a directory" if stat.S_ISDIR(st.st_mode) else "it is not a regular file"
-    return None
-
-
-def _tables(conn: sqlite3.Connection) -> list[str]:
-    return [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
-
-
-def _check_existing(path: Path) -> list[str]:
-    """An existing file must be an amdflash database (or empty); its tables."""
-    try:
-        conn = connect_reader(str(path))
-        try:
-            tables = _tables(conn)
-        finally:
-            conn.close()
+        conn = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False, isolation_level=None)
+        found = tables(conn)
     except sqlite3.DatabaseError as e:
-        raise Refusal(f"audit database {path} is not usable: {e}") from None
-    if tables and OURS not in tables:
-        shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
-        raise Refusal(f"{path} is not an amdflash audit database (it holds tables {shown}); "
-                      "amdflash adds nothing to another program's database: choose another --db")
-    return tables
-
-
-def _prove_writable(path: Path) -> None:
-    """A real write, rolled back: read-only files, mounts and permissions all show here."""
-    try:
-        conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(f"INSERT OR REPLACE INTO {OURS} (key, value) VALUES ('write-check', '')")
-            conn.execute("ROLLBACK")
-        finally:
+        if conn is not None:
             conn.close()
-    except sqlite3.Error as e:
-        raise Refusal(f"audit database {path} is not writable: {e}") from None
+        raise Refusal(f"audit database {path} is not usable: {e}") from None
+    if found and OURS not in found:
+        conn.close()
+        raise Refusal(foreign(path, found))
+    return conn
 
 
 def open_writer(path_text: str) -> AuditWriter:
     """The audit writer for a board command, after every check that can refuse up front."""
     path = Path(path_text)
-    why = _describe(path)
+    why = not_a_file(path)
     if why:
         raise Refusal(f"audit database {path} is not usable: {why}")
     directory = path.parent if str(path.parent) else Path(".")
@@ -106,27 +75,43 @@ def open_writer(path_text: str) -> AuditWriter:
     if free < START_FREE:
         raise Refusal(low_space(str(path), free, START_FREE))
     existed = path.exists() and path.stat().st_size > 0
+    conn = None
     if existed:
         if not os.access(path, os.R_OK | os.W_OK):
             raise Refusal(f"audit database {path} is not writable: permission denied")
-        _check_existing(path)
+        conn = _look(path)
     try:
-        for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-            if name == path or name.exists():
-                private_file(name)   # 0600 before SQLite writes: its WAL and -shm take the same mode
-    except OSError as e:
-        raise Refusal(f"audit database {path}: {e.strerror}") from None
-    try:
-        prepare(str(path))      # created; one of an older amdflash is refused ('audit upgrade' upgrades it)
-        writer = AuditWriter(str(path), key_path=host_key_path(str(path))).open()
-    except (StoreUnavailable, SchemaError) as e:
-        raise Refusal(str(e)) from None
-    try:
-        _prove_writable(path)
+        try:
+            for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                if name == path or name.exists():
+                    private_file(name)   # 0600 before SQLite writes: its WAL and -shm take the same mode
+        except OSError as e:
+            raise Refusal(f"audit database {path}: {e.strerror}") from None
+        try:
+            # Created, or one of an older amdflash refused ('audit upgrade' upgrades it), and
+            # proven writable, through this one connection: kept open for the command to read
+            # the trail during its run (run_trail), closed by it before the writer is.
+            conn = prepare(str(path), conn=conn, keep=True)
+            writer = AuditWriter(str(path), key_path=host_key_path(str(path))).open(prepared=True)
+        except (StoreUnavailable, SchemaError) as e:
+            raise Refusal(str(e)) from None
     except BaseException:
-        writer.close()
+        if conn is not None:
+            conn.close()
         raise
+    writer.kept = conn
     return writer
+
+
+def run_trail(writer: object, path: str) -> Trail:
+    """The trail a board command's jobs read during its run (store.reading.Trail): the
+    connection open_writer prepared the database through, else (a writer made otherwise: tests,
+    benchmarks) the file opened read-only here."""
+    conn = getattr(writer, "kept", None)
+    if isinstance(conn, sqlite3.Connection):
+        writer.kept = None  # type: ignore[attr-defined]
+        return Trail(sqlite_utils.Database(conn, execute_plugins=False))
+    return Trail(open_reader(path))
 
 
 def no_database(path: Path | str) -> Refusal:
@@ -140,18 +125,14 @@ def no_database(path: Path | str) -> Refusal:
 
 
 def open_reader(path_text: str) -> sqlite_utils.Database:
-    """The audit database, read-only, for runs, report and audit commands."""
-    path = Path(path_text)
-    why = _describe(path)
-    if why:
-        raise Refusal(f"audit database {path} is not usable: {why}")
-    if not path.exists():
-        raise no_database(path)
-    if not _check_existing(path):
-        # An empty file: the first run on this host is creating the schema right now (it does so
-        # in one transaction, so a reader sees nothing or everything), or it never got that far.
-        raise Refusal(f"no audit trail in {path} yet: no run has been recorded there")
-    return open_for_reading(str(path))      # one of an older amdflash is refused, never changed
+    """The audit database, read-only, for runs, report, audit commands and each board command's
+    report: store.reading.open_trail (one connection), its refusals as the command's."""
+    try:
+        return open_trail(path_text)
+    except NoTrail:
+        raise no_database(path_text) from None
+    except TrailRefused as e:
+        raise Refusal(str(e)) from None
 
 
 KEY_FILE = "host_key.pem"
@@ -197,30 +178,16 @@ def _made_here(path: Path) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
 
 
-def open_for_reading(path: str):
+def open_for_reading(path: str) -> sqlite_utils.Database:
     """The audit database read-only. Reading never writes: no upgrade, no key, and for a trail
-    of another user nothing created beside it (store.verify.reader_uri). A database of an
-    older amdflash (unsigned) is refused, naming the command its owner upgrades it with."""
-    from amdflash.store import schema
-    from amdflash.store.queries import open_readonly
-
-    if not Path(path).exists():
-        raise no_database(path)
+    of another user nothing created beside it (store.read_only). A database of an older
+    amdflash (unsigned) is refused, naming the command its owner upgrades it with."""
     try:
-        conn = connect_reader(path)
-        try:
-            found = schema.version(conn)
-        finally:
-            conn.close()
-        if found is not None and 0 < found < schema.SCHEMA_VERSION:
-            raise Refusal(needs_upgrade(path, found) + " (reading it here changed nothing)")
-        return open_readonly(path)
-    except (schema.SchemaError, StoreUnavailable) as e:
+        return open_trail(path, strict=False)
+    except NoTrail:
+        raise no_database(path) from None
+    except TrailRefused as e:
         raise Refusal(str(e)) from None
-    except sqlite3.Error as e:
-        raise Refusal(f"cannot read audit database {path}: {e}") from None
-    except OSError as e:
-        raise Refusal(f"cannot read audit database {path}: {e}") from None
 
 
 def legacy_version(path: str) -> int | None:

@@ -14,16 +14,18 @@ import anyio
 from amdflash.stages.device import Device
 from amdflash.stages.restore import LedgerBar, put_back
 from amdflash.stages.snapshot import record_stage, snapshot_registers
+from amdflash.store.reading import TrailSource
 from amdflash.store.stranded import board_key, find_stranded
 
 
-async def settle_registers(dev: Device, db_path: str | None) -> list[str]:
-    """Returns lines for the operator. Raises if the registers could not be put back: the
+async def settle_registers(dev: Device, trail: TrailSource) -> list[str]:
+    """`trail`: the command's (store.reading.Trail), read before the first register write.
+    Returns lines for the operator. Raises if the registers could not be put back: the
     job must not run on a board left in another run's state."""
     dev.bar = LedgerBar(dev.bar)
     key = board_key(dev.identity.spec, dev.identity.serial)
     record_stage(dev, "registers", "start", key)
-    stranded = await anyio.to_thread.run_sync(find_stranded, db_path, key, dev.recorder.run_id)
+    stranded = await anyio.to_thread.run_sync(find_stranded, trail, key, dev.recorder.run_id)
     notes: list[str] = []
     if stranded is not None:
         dev.registers_truth = stranded.registers

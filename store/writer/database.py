@@ -9,7 +9,7 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from amdflash.store.schema import SCHEMA_VERSION, SchemaError, connect, create, version
+from amdflash.store.schema import SCHEMA_VERSION, SchemaError, create, version
 
 # Free space the trail keeps for itself on the database's file system: below STOP_FREE the
 # writer stops the job (every later barrier fails, so nothing destructive starts) while the
@@ -40,48 +40,58 @@ def needs_upgrade(path: str, found: int) -> str:
             f"once, with: amdflash --db {shlex.quote(path)} audit upgrade")
 
 
-def prepare(path: str, upgrade: Callable[[sqlite3.Connection], None] | None = None) -> None:
+def prepare(path: str, upgrade: Callable[[sqlite3.Connection], None] | None = None,
+            conn: sqlite3.Connection | None = None, keep: bool = False) -> sqlite3.Connection | None:
     """Create the schema, or upgrade an older one with `upgrade` (only `audit upgrade` hands
     one down, store.migrate.upgrade: the migration is built on this module, so this module
     does not import it), or refuse a database that is not ours or that needs an upgrade and
-    got none. Proves the database writable (else StoreUnavailable)."""
+    got none. Proves the database writable by a write that is rolled back (else
+    StoreUnavailable). One connection does it all: `conn`, a plain connection to `path` the
+    caller has already looked through (pipeline.engine.auditdb), or one opened here; `keep`
+    returns it open (the command reads the trail through it during its run), else it is closed."""
     try:
-        if upgrade is None and os.path.isfile(path) and os.path.getsize(path):
-            # Looked at read-only first: opening it for writing would already change an older
-            # database (its journal mode), which only `audit upgrade` may.
-            probe = connect(path, readonly=True)
-            try:
-                found = version(probe)
-            finally:
-                probe.close()
-            if found is not None and 0 < found < SCHEMA_VERSION:
-                raise SchemaError(needs_upgrade(path, found))
-        conn = connect(path)
+        if conn is None:
+            conn = sqlite3.connect(path, timeout=30.0, check_same_thread=False, isolation_level=None)
         try:
+            # Looked at before anything is set: its journal mode would already change an older
+            # database, which only `audit upgrade` may.
             found = version(conn)
+            if upgrade is None and found is not None and 0 < found < SCHEMA_VERSION:
+                raise SchemaError(needs_upgrade(path, found))
             if found is None:
                 raise SchemaError(f"{path} is an SQLite database of another application (no amdflash schema); "
                                   "refusing to add tables to it")
+            if found > SCHEMA_VERSION:
+                raise SchemaError(f"audit database {path} has schema version {found}; this amdflash understands "
+                                  f"{SCHEMA_VERSION} (upgrade amdflash)")
+            # WAL lets readers (reports, datasette) run beside the writer on one snapshot each.
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            found = version(conn)       # another process may have created it meanwhile
             if found == 0:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    if version(conn) == 0:   # another process may have created it meanwhile
+                    if version(conn) == 0:
                         create(conn)
                     conn.execute("COMMIT")
                 except BaseException:
                     conn.execute("ROLLBACK")
                     raise
-            elif found < SCHEMA_VERSION:
+            elif found is not None and found < SCHEMA_VERSION:
                 if upgrade is None:
                     raise SchemaError(needs_upgrade(path, found))
                 upgrade(conn)
-            elif found > SCHEMA_VERSION:
-                raise SchemaError(f"audit database {path} has schema version {found}; this amdflash understands "
-                                  f"{SCHEMA_VERSION} (upgrade amdflash)")
+            # A real write, rolled back: read-only files, mounts and permissions all show here.
             conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('write-check', '')")
             conn.execute("ROLLBACK")
-        finally:
+        except BaseException:
             conn.close()
+            raise
+        if keep:
+            return conn
+        conn.close()
+        return None
     except SchemaError:
         raise
     except (sqlite3.Error, OSError) as e:

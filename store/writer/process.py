@@ -26,6 +26,7 @@ import itertools
 import multiprocessing
 import multiprocessing.connection
 import os
+import sqlite3
 import select
 import signal
 import threading
@@ -88,17 +89,22 @@ class AuditWriter:
         self._barriers: dict[int, threading.Event] = {}
         self._ids = itertools.count(1)
         self._reader: threading.Thread | None = None
+        # The connection that prepared the database, when its opener keeps it for the command to
+        # read the trail through during the run (pipeline.engine.auditdb.run_trail).
+        self.kept: sqlite3.Connection | None = None
 
     # -- lifetime -------------------------------------------------------------------------
-    def open(self) -> AuditWriter:
+    def open(self, prepared: bool = False) -> AuditWriter:
         """Create or migrate the schema, load (or create) the host key, prove the database
-        writable (else StoreUnavailable), then start the writer process."""
+        writable (else StoreUnavailable), then start the writer process. `prepared`: the
+        caller has just done the first and third (pipeline.engine.auditdb.open_writer)."""
         try:
             Signer.load(self.key_path)
         except (OSError, keys.KeyError_) as e:
             raise StoreUnavailable(f"host key {self.key_path}: {e}") from None
         try:
-            prepare(self.path)
+            if not prepared:
+                prepare(self.path)
         except SchemaError as e:
             raise StoreUnavailable(str(e)) from None
         method = _start_method()
@@ -128,6 +134,9 @@ class AuditWriter:
         return self
 
     def close(self) -> None:
+        if self.kept is not None:       # not taken by the command: closed before the writer's
+            self.kept.close()
+            self.kept = None
         if self._process is None:
             return
         _STARTED.discard(self)
