@@ -51,6 +51,8 @@ def add(db: Any, selection: Any, facts: Any) -> dict[str, bytes]:
         return {}        # not the head the proof is against (a head cosigned since): the next bundle has it
     if not selection.witnesses:
         files.pop(VKEYS, None)
+    if not any(TOKEN.fullmatch(n) for n in files):
+        files.pop(STAMPED, None)    # fixed before an authority was asked, and none answered: nothing dates it
     return files
 
 

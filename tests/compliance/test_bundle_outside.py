@@ -56,9 +56,9 @@ class Flashed:
     said: str                       # what audit bundle said
 
 
-def flash_and_bundle(tmp_path: Path, witness_down: bool = False) -> Flashed:
+def flash_and_bundle(tmp_path: Path, witness_down: bool = False, authority_down: bool = False) -> Flashed:
     """A three-sector flash on an emulated board, two witnesses (quorum 2; the second down if
-    asked) and a local timestamp authority in the config file; the run's bundle."""
+    asked) and a local timestamp authority (down if asked) in the config file; the run's bundle."""
     from amdflash.stages.sim import create_board
     from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
     from amdflash.store import keys, tlog
@@ -72,13 +72,16 @@ def flash_and_bundle(tmp_path: Path, witness_down: bool = False) -> Flashed:
     if witness_down:
         servers[1].stop()
     authority = AuthorityServer(make_authority(tmp_path / "tsa")).start()
+    tsa_url = authority.url
+    if authority_down:
+        authority.stop()
     env = {"AMDFLASH_DB": str(tmp_path / "audit.sqlite"), "AMDFLASH_LOCK_DIR": str(tmp_path / "locks"),
            "AMDFLASH_HOST_KEY": str(key_path), "AMDFLASH_CONFIG": str(tmp_path / "config.toml")}
     try:
         config = tmp_path / "config.toml"
         config.write_text(f'log_origin = "{ORIGIN}"\nwitness_quorum = 2\n' + "".join(
             f'[[witnesses]]\nurl = "{url}"\nkey = "{s.vkey}"\n' for s, url in zip(servers, urls))
-            + f'[[timestamp_authorities]]\nurl = "{authority.url}"\nroots = "{authority.roots}"\n')
+            + f'[[timestamp_authorities]]\nurl = "{tsa_url}"\nroots = "{authority.roots}"\n')
         config.chmod(0o600)
         image = tmp_path / "image.bin"
         image.write_bytes(synthetic_ifwi(21)[:3 * 4096])
@@ -239,3 +242,14 @@ def check_audit_verify_policy(bundle: Path, policy: Path, tmp: Path) -> None:
     bad.write_text(policy.read_text().replace("quorum = 2", "quorum = 3"))
     r = verify(bundle, bad)
     assert r.code == 2 and r.err.strip().startswith("error: policy ") and "quorum = 3: must be 1..2" in r.err, r.err
+
+
+def test_a_run_witnessed_while_the_timestamp_authority_was_down_is_bundled_without_time(tmp_path: Path) -> None:
+    """The head's bytes to date are fixed before the authority is asked: with no token they are
+    left out of the bundle, which is made and verifies; a policy asking for time says so."""
+    f = flash_and_bundle(tmp_path, authority_down=True)
+    assert "cosigned by 2 of the 2 witnesses configured; 0 timestamp token(s)" in f.said, f.said
+    assert not {p.name for p in f.bundle.iterdir()} & {"checkpoint.timestamped", "tsa0.tsr"}
+    r = command_line.run("audit", "verify", "--bundle", f.bundle, "--policy", write_policy(f, tmp_path / "trusted"))
+    assert r.code == 1 and r.out.strip().endswith("1 of 5 checks fail: time: no checkpoint.timestamped in the bundle"), \
+        r.out
