@@ -251,5 +251,5 @@ def test_a_run_witnessed_while_the_timestamp_authority_was_down_is_bundled_witho
     assert "cosigned by 2 of the 2 witnesses configured; 0 timestamp token(s)" in f.said, f.said
     assert not {p.name for p in f.bundle.iterdir()} & {"checkpoint.timestamped", "tsa0.tsr"}
     r = command_line.run("audit", "verify", "--bundle", f.bundle, "--policy", write_policy(f, tmp_path / "trusted"))
-    assert r.code == 1 and r.out.strip().endswith("1 of 5 checks fail: time: no checkpoint.timestamped in the bundle"), \
-        r.out
+    assert r.code == 1, r.out
+    assert r.out.strip().endswith("1 of 5 checks fail: time: no checkpoint.timestamped in the bundle"), r.out
