@@ -227,6 +227,19 @@ def check_audit_verify_policy(bundle: Path, policy: Path, tmp: Path) -> None:
                                                          "host key")):
         r = verify(_copy(bundle, tmp, name, change))
         assert r.code == 1 and says in r.out, (name, r.out, r.err)
+
+    def junk(name: str, data: bytes):
+        return lambda d: (d / name).write_bytes(data)
+
+    # Files of the bundle that are not what they say (the manifest written again): BROKEN, named, never a crash.
+    for name, data, says in (("checkpoint.cosigned", b"\x1b[2Jnot a note\n", "checkpoint.cosigned: not a signed note"),
+                             ("witnesses.vkeys", b"w+00+AA\n", "witnesses.vkeys line 1 is not a witness's verifier"),
+                             ("tsa0.tsr", b"0\x84\xff\xff\xff\xff", "tsa0.tsr is not a token over checkpoint."),
+                             ("checkpoint.timestamped", b"other\n1\n\n", "checkpoint.timestamped: not a ")):
+        for with_policy in (True, False):
+            d = _copy(bundle, tmp, f"{name}-{with_policy}", junk(name, data))
+            r = verify(d) if with_policy else command_line.run("audit", "verify", "--bundle", d)
+            assert r.code == 1 and says in r.out, (name, r.out, r.err)
     # A policy that trusts another log key, or needs a witness the bundle has no cosignature of.
     other = policy.with_name("other-log.toml")
     from amdflash.store import tlog
