@@ -109,8 +109,10 @@ def _engine(engine: EngineOptions | None) -> EngineOptions:
 
 def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict[str, Any],
          body: Callable[[BoardSpec, RunInfo], JobBody], result: type[R], image: bytes | None = None,
-         image_path: str | None = None, flash_options: FlashOptions | None = None, **extra: Any) -> list[R]:
+         image_path: str | None = None, flash_options: FlashOptions | None = None,
+         then: Callable[[Any, list[R]], list[R]] | None = None, **extra: Any) -> list[R]:
     """One audited run per board, all at once; the audit database is checked and opened first.
+    `then`: what the command adds to its results from the trail, through the reader of the reports.
 
     Every body is wrapped so that an `amdgpu:` board (no BAR5: the driver's psp_vbflash path)
     runs that path's job for the command, or refuses it.
@@ -123,30 +125,47 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
     witnesses = witnessing.configured()      # a witness setting that cannot be used refuses before any run
     writer = auditdb.open_writer(session.db_path)
     image_sha = hashlib.sha256(image).hexdigest() if image is not None else None
+    # What the jobs read of earlier runs goes through the connection that prepared the database:
+    # one reader for the whole run, handed down, never a path (store.reading.Trail).
+    trail = auditdb.run_trail(writer, session.db_path)
 
     def make(spec: BoardSpec) -> tuple[JobBody, RunInfo]:
         info = RunInfo(new_run_id(), spec, command, dict(arguments), image_sha,
-                       operator_claimed=session.operator)
+                       operator_claimed=session.operator, trail=trail)
         return amdgpu_jobs.for_command(command, body(spec, info), image, flash_options, session.db_path), info
 
     try:
         runs = anyio.run(run_boards, make, specs, writer, session.progress, image_path)
         interrupts.runs_recorded()
     finally:
+        trail.close()       # before the writer: its connection, the last, tidies the WAL away
         writer.close()
-    reports, backups = _reports(session.db_path, runs)
+    # One reader after the run (the trail the writer has just closed) for every board's report,
+    # the run's end, the transparency log and what `then` adds.
+    reader = auditdb.open_reader(session.db_path) if any(r.run_id for r in runs) else None
+    try:
+        return _results(session, command, result, runs, reader, witnesses, then, extra)
+    finally:
+        if reader is not None:
+            reader.conn.close()
+
+
+def _results(session: Session, command: str, result: type[R], runs: list[RunResult], reader: Any,
+             witnesses: Any, then: Callable[[Any, list[R]], list[R]] | None, extra: dict[str, Any]) -> list[R]:
+    reports, backups = _reports(reader, runs)
     # Each ended run's receipt and the checkpoints sealed meanwhile go into the host's
     # transparency log (pipeline.commands.transparency); its outcome rides in the summary.
-    logged = transparency.record_ended(session.db_path, reports)
+    logged = transparency.record_ended(session.db_path, reports, reader)
     # Then the witnesses are asked to cosign its new tree head (engine/witnessing.py: a short
     # deadline, never the run's result); what they said rides in the summary too.
     witnessed = witnessing.at_end(session.db_path, witnesses, logged)
-    return [result(r.run_id, r.spec, command, r.status, r.exit_code, r.error, tuple(r.output),
+    results = [result(r.run_id, r.spec, command, r.status, r.exit_code, r.error, tuple(r.output),
                    {**r.summary, **({"transparency_log": logged[r.run_id]} if r.run_id in logged else {}),
                     **({"witnesses": witnessed} if witnessed and r.run_id in logged else {})},
                    reports.get(r.run_id, {}),
                    next_step.advice(reports[r.run_id], *backups.get(r.run_id, (None,)), run_id=r.run_id, spec=r.spec)
                    if r.run_id in reports else None, **extra) for r in runs]
+    return then(reader, results) if then is not None and reader is not None else results
 
 
 def _key_list(keys: Sequence[Path] | None) -> list[Path] | None:
@@ -191,32 +210,29 @@ def _partial(reader: Any, run_id: str, keys: Sequence[Path] | None, against: Pat
         raise Refusal(str(e)) from None
 
 
-def _reports(db: str, runs: list[RunResult]) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[str, str, str]]]:
+def _reports(reader: Any, runs: list[RunResult]) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[str, str, str]]]:
     """Each run's report, and for a flash the backup of its board's original content: (path,
-    the run that made it, the command that puts it back)."""
+    the run that made it, the command that puts it back); `reader`: the command's reader of the
+    trail after the run (None: no run reached it)."""
 
     ids = [r.run_id for r in runs if r.run_id]
-    if not ids:
+    if not ids or reader is None:
         return {}, {}
-    reader = auditdb.open_reader(db)
-    try:
-        found: dict[str, dict[str, Any]] = {}
-        for run_id in ids:
-            try:
-                found[run_id] = _report(reader, run_id)
-            except RunNotFound:   # killed before its first row reached the trail
-                continue
-        originals = {run_id: original for run_id, rep in found.items()
-                     if rep["command"] in next_step.WRITES and rep["status"] not in ("succeeded", "refused")
-                     and (original := _original(db, rep))}     # advice is for runs that did not succeed
-        for run_id, rep in found.items():      # the keys of `report --format json`, its end included
-            run_end.add(reader, rep, lambda run_id=run_id: originals.get(run_id))  # type: ignore[misc]
-        return found, originals
-    finally:
-        reader.conn.close()
+    found: dict[str, dict[str, Any]] = {}
+    for run_id in ids:
+        try:
+            found[run_id] = _report(reader, run_id)
+        except RunNotFound:   # killed before its first row reached the trail
+            continue
+    originals = {run_id: original for run_id, rep in found.items()
+                 if rep["command"] in next_step.WRITES and rep["status"] not in ("succeeded", "refused")
+                 and (original := _original(reader, rep))}     # advice is for runs that did not succeed
+    for run_id, rep in found.items():      # the keys of `report --format json`, its end included
+        run_end.add(reader, rep, lambda run_id=run_id: originals.get(run_id))  # type: ignore[misc]
+    return found, originals
 
 
-def _original(db: str, rep: dict[str, Any]) -> tuple[str, str, str] | None:
+def _original(db: Any, rep: dict[str, Any]) -> tuple[str, str, str] | None:
     """The backup that holds the original content of a flash run's board (store.originals),
     with the command that puts it back even while a flash of the board is unfinished."""
     from amdflash.store.originals import BoardKey, board_history
@@ -250,43 +266,44 @@ def _engine_args(engine: EngineOptions) -> dict[str, Any]:
 def info(session: Session, engine: EngineOptions | None = None) -> list[InfoResult]:
     """Identify the flash of every board: JEDEC, SR1-3, protection, SFDP, unique ID."""
     specs, engine = session.specs(), _engine(engine)
-    results = _run(session, specs, "info", _engine_args(engine), lambda s, i: jobs.InfoJob(engine), InfoResult)
-    return [_with(r, lines=(*r.lines, *_unfinished(session.db_path, r))) if r.ok else r for r in results]
+
+    def then(reader: Any, results: list[InfoResult]) -> list[InfoResult]:
+        return [_with(r, lines=(*r.lines, *_unfinished(reader, r))) if r.ok else r for r in results]
+
+    return _run(session, specs, "info", _engine_args(engine), lambda s, i: jobs.InfoJob(engine), InfoResult,
+                then=then)
 
 
-def _unfinished(db_path: str, result: InfoResult) -> list[str]:
+def _unfinished(reader: Any, result: InfoResult) -> list[str]:
     """A flash of this board (same flash unique ID, or same spec) that never finished: the
-    operator who looks at the board after a crash learns it here, with the command that ends it."""
+    operator who looks at the board after a crash learns it here, with the command that ends it.
+    `reader`: the command's reader of the trail after the run."""
     from amdflash.store.queries import runs
 
-    reader = auditdb.open_reader(db_path)
-    try:
-        rows = runs(reader)
-        uid = result.unique_id
-        board = [r for r in rows if (uid and r["unique_id"] == uid) or r["board_spec"] == result.board]
-        lines = _scratch_left(reader, board, uid, result.board)
-        history = _board_history(db_path, result)
-        if history.first is not None:
-            since = [r for r in history.writes if r != history.first.run_id]
-            later = (f"; written since by {next_step.plural(len(since), 'flash run')}, the last {since[-1]}"
-                     if since else "")
-            lines.append(f"original    backup {history.first.path} (run {history.first.run_id}, "
-                         f"{'intact' if history.first.intact() else 'gone or changed since'}){later}")
-        gone = history.unfinished
-        if gone is None:
-            return lines
-        original = (f"the board's original: backup {history.first.path} (run {history.first.run_id})"
-                    if history.first else "no backup of the board's original content is on record")
-        check = next_step.command("audit", "verify", "--run", gone.run_id)
-        said = (f"{gone.status}, {next_step.plural(gone.written, 'unit')} written" if gone.written is not None else
-                f"{gone.status}; its record does not verify: {check}")
-        resume = next_step.command("resume", "--board", result.board, "--yes", args=[gone.run_id])
-        return [*lines, f"unfinished flash {gone.run_id} on this board ({said}; {original}): to finish it, {resume}"]
-    finally:
-        reader.conn.close()
+    rows = runs(reader)
+    uid = result.unique_id
+    board = [r for r in rows if (uid and r["unique_id"] == uid) or r["board_spec"] == result.board]
+    lines = _scratch_left(reader, board, uid, result.board)
+    history = _board_history(reader, result)
+    if history.first is not None:
+        since = [r for r in history.writes if r != history.first.run_id]
+        later = (f"; written since by {next_step.plural(len(since), 'flash run')}, the last {since[-1]}"
+                 if since else "")
+        lines.append(f"original    backup {history.first.path} (run {history.first.run_id}, "
+                     f"{'intact' if history.first.intact() else 'gone or changed since'}){later}")
+    gone = history.unfinished
+    if gone is None:
+        return lines
+    original = (f"the board's original: backup {history.first.path} (run {history.first.run_id})"
+                if history.first else "no backup of the board's original content is on record")
+    check = next_step.command("audit", "verify", "--run", gone.run_id)
+    said = (f"{gone.status}, {next_step.plural(gone.written, 'unit')} written" if gone.written is not None else
+            f"{gone.status}; its record does not verify: {check}")
+    resume = next_step.command("resume", "--board", result.board, "--yes", args=[gone.run_id])
+    return [*lines, f"unfinished flash {gone.run_id} on this board ({said}; {original}): to finish it, {resume}"]
 
 
-def _board_history(db_path: str, result: InfoResult) -> Any:
+def _board_history(db_path: Any, result: InfoResult) -> Any:
     """What the trail knows of the identified board (store.originals: by flash unique ID and chip)."""
     from amdflash.store.originals import BoardKey, board_history
 
@@ -632,7 +649,7 @@ def report(run_id: str, db: str | None = None, html: bool = False,
                            registers_put_back=run_end.put_back_words(rep), outcome=None)
             else:
                 # What the run left and the way out, as its command line said it (pipeline.run_end).
-                run_end.add(reader, rep, lambda: _original(default_db(db), rep))
+                run_end.add(reader, rep, lambda: _original(reader, rep))
             page = None
             if html:
                 from amdflash.store.html import render

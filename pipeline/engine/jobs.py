@@ -32,6 +32,7 @@ from amdflash.stages.plan import PlanSummary
 from amdflash.stages.snapshot import (UnitRead, file_sha256, keep, partial_path, read_backup, read_checks,
                                       read_identity, read_unit, write_backup)
 from amdflash.stages.verify import first_mismatch, record_verify
+from amdflash.store.reading import TrailSource
 from amdflash.store.originals import Backup, BoardHistory, BoardKey, board_history, original_units
 from amdflash.stages.files import new_file, write_new
 
@@ -285,6 +286,7 @@ class FlashJob:
     # original content of each unit is the first backup any of them recorded.
     lineage: tuple[str, ...] = ()
     db_path: str | None = None
+    trail: TrailSource = field(default=None, init=False)     # what it read the board's history through
     part_policy: part_check.PartPolicy = field(default_factory=part_check.PartPolicy)
     unknown_chip_ok: bool = False     # a part known only from its SFDP may be written from its SFDP facts
     # A board whose last flash never finished is refused unless this says to start a new one.
@@ -352,10 +354,12 @@ class FlashJob:
         """What the trail knows of this board: its original, and a flash of it that never
         finished — which a new flash (not a resume) refuses unless told to start over,
         before anything is written."""
-        if not self.db_path:
+        trail = info.trail or self.db_path     # the command's trail; a path for a job run alone
+        if not trail:
             return None
+        self.trail = trail
         key = BoardKey(ident.unique_id.hex(), ident.chip.name, str(info.spec))
-        history = await anyio.to_thread.run_sync(board_history, self.db_path, key, dev.recorder.run_id)
+        history = await anyio.to_thread.run_sync(board_history, trail, key, dev.recorder.run_id)
         gone = history.unfinished
         if gone is not None and not self.start_over and not self.resuming:
             raise Refusal(f"{unfinished_words(gone, history)}. Finish it: "
@@ -376,7 +380,7 @@ class FlashJob:
         content = [u.data for u in units]
         how = ""
         if self.resuming and self.lineage:
-            recorded = await anyio.to_thread.run_sync(original_units, self.db_path, list(self.lineage),
+            recorded = await anyio.to_thread.run_sync(original_units, self.trail, list(self.lineage),
                                                       [u.address for u in units])
             for rid in self.lineage:
                 partial_path(self.backup_dir, rid).unlink(missing_ok=True)

@@ -23,6 +23,7 @@ from amdflash.pipeline.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXI
 from amdflash.pipeline.logsetup import logger
 from amdflash.pipeline.engine.progress import ProgressBoard
 from amdflash.pipeline.engine.settle import settle_registers
+from amdflash.store.reading import TrailSource
 from amdflash.pipeline.engine.run_facts import host_facts
 from amdflash.stages.device import AuditSink, Device, Interrupted, StopFlag
 from amdflash.stages.open_transport import AuditedBar, AuditFailureError, BoardSpec, BoardSpecError, open_transport
@@ -55,6 +56,9 @@ class RunInfo:
     resumes_run_id: str | None = None
     output: list[str] = field(default_factory=list)   # lines to print when the run ends
     operator_claimed: str | None = None                # --operator NAME: recorded as claimed, beside the OS account
+    # The trail as the command opened it before the run (store.reading.Trail): what the job reads
+    # of earlier runs (stranded registers, the board's history) goes through it, never by path.
+    trail: TrailSource = None
 
 
 @dataclass
@@ -116,7 +120,7 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
         dev.suggest = next_step.command    # a step the board layer suggests carries --db/--config
         if registers:
             # Registers an earlier run left changed go back first; then the "before" snapshot.
-            settled = await settle_registers(dev, getattr(writer, "path", None))
+            settled = await settle_registers(dev, info.trail or getattr(writer, "path", None))
             info.output += settled
         # The run and the registers as found are on record before the first register write:
         # a host that dies at that write still leaves a run to resume and values to restore.
