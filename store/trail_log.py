@@ -138,8 +138,9 @@ def logged_receipt(directory: Path, run_id: str) -> tuple[dict[str, Any], bytes]
 
 
 def proof_of(directory: Path, entry: dict[str, Any], db: str | None = None) -> str:
-    """The C2SP tlog-proof of a logged leaf: against the smallest tree head that witnesses
-    cosigned and that holds it (store.witness: the note with their cosignatures), else against
+    """The C2SP tlog-proof of a logged leaf: against the tree head holding it that the most
+    witnesses cosigned, the smallest of those (store.witness.covering: the note with their
+    cosignatures), else against
     the newest tree head the log signed. `db`: the trail, whose cosigned heads are looked up."""
     from amdflash.store import witness
 

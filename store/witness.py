@@ -278,19 +278,22 @@ def newest(db: str) -> Checkpoint | None:
 
 
 def covering(db: str, size: int) -> Checkpoint | None:
-    """The smallest kept cosigned tree head of at least `size` entries: the one an entry at
-    index size-1 (a run's receipt) is proven in, with the cosignatures it gathered."""
+    """The kept cosigned tree head of at least `size` entries that an entry at index size-1 (a
+    run's receipt) is proven in: the one with the most cosignatures, the smallest of those.
+    Witnesses are asked for the newest head only, so a head that missed one (a witness down)
+    never gathers more, while a later head holding the same entry may have them all."""
     try:
         sizes = sorted(int(n.split(".", 1)[1]) for n in os.listdir(witnessed_dir(db))
                        if n.startswith("checkpoint.") and n.split(".", 1)[1].isdigit())
     except OSError:
         return None
+    best: Checkpoint | None = None
     for s in sizes:
         if s >= size:
-            kept = stored(db, s)
-            if kept is not None and len(kept.signatures) > 1:
-                return kept
-    return None
+            kept = stored(db, s)     # every line kept was checked (store): the log's and cosignatures
+            if kept is not None and len(kept.signatures) > max(1, len(best.signatures) if best else 0):
+                best = kept
+    return best
 
 
 def evidence(db: str, size: int, witnesses: list[Witness]) -> dict[str, bytes]:

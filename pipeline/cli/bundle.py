@@ -159,13 +159,12 @@ def _say_witnesses(out: Path, files: list[str], witnesses: tuple[Any, ...]) -> N
     if "checkpoint.cosigned" in files:
         try:
             head = ws.parse_note((out / "checkpoint.cosigned").read_text())
-            by = f"cosigned by {len(ws.cosigned_by(head, list(witnesses), time.time()))} of the {len(witnesses)} " \
-                 "witnesses configured"
+            k = len(ws.cosigned_by(head, list(witnesses), time.time()))
         except (OSError, UnicodeDecodeError, ws.WitnessError):
-            by = "cosigned"
-        again = "" if tokens else " ('amdflash audit witness' asks again; then a new bundle)"
-        output.result(f"  witnesses: checkpoint.cosigned, the receipt's tree head {by}; {len(tokens)} timestamp "
-                      f"token(s){again}")
+            k = 0
+        again = " ('amdflash audit witness' asks the witnesses again; then a new bundle)" if k < len(witnesses) else ""
+        output.result(f"  witnesses: checkpoint.cosigned, the receipt's tree head cosigned by {k} of the "
+                      f"{len(witnesses)} witnesses configured; {len(tokens)} timestamp token(s){again}")
     elif witnesses and "receipt.intoto.json" in files:
         output.result("  witnesses: none yet (no witness cosigned a tree head holding the receipt): 'amdflash audit "
                       "witness', then a new bundle")

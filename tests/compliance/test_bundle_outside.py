@@ -140,7 +140,7 @@ def test_the_bundle_of_a_run_not_yet_witnessed_fails_a_policy_that_asks_for_witn
         tmp_path: Path) -> None:
     f = flash_and_bundle(tmp_path, witness_down=True)
     assert "  witnesses: checkpoint.cosigned, the receipt's tree head cosigned by 1 of the 2 witnesses configured; 0 " \
-           "timestamp token(s) ('amdflash audit witness' asks again; then a new bundle)" in f.said, f.said
+           "timestamp token(s) ('amdflash audit witness' asks the witnesses again; then a new bundle)" in f.said, f.said
     names = {p.name for p in f.bundle.iterdir()}
     assert "receipt.intoto.json" in names and not names & {"checkpoint.timestamped", "tsa0.tsr"}
     policy = write_policy(f, tmp_path / "trusted")
@@ -266,3 +266,58 @@ def test_a_run_witnessed_while_the_timestamp_authority_was_down_is_bundled_witho
     r = command_line.run("audit", "verify", "--bundle", f.bundle, "--policy", write_policy(f, tmp_path / "trusted"))
     assert r.code == 1, r.out
     assert r.out.strip().endswith("1 of 5 checks fail: time: no checkpoint.timestamped in the bundle"), r.out
+
+
+def test_an_earlier_run_s_bundle_takes_the_later_tree_head_the_quorum_cosigned(tmp_path: Path) -> None:
+    """Run A ends while a witness is down: its tree head gathers one cosignature and is never
+    asked again (witnesses are asked for the newest head). Run B's head, which holds A's receipt
+    too, is cosigned by both: A's bundle proves A's receipt under B's head, and a policy of two
+    witnesses holds."""
+    from amdflash.stages.sim import create_board
+    from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
+    from amdflash.store import keys, tlog
+
+    key_path = tmp_path / "keys" / "host_key.pem"
+    key_path.parent.mkdir()
+    keys.load_or_create(key_path)
+    log_vkey = tlog.vkey(ORIGIN, keys.public_bytes(keys.load_or_create(tlog.log_key_path(key_path))))
+    servers = [WitnessServer(name=f"w{i}.test/bundle", logs={ORIGIN: [log_vkey]}) for i in range(2)]
+    config = tmp_path / "config.toml"
+    env = {"AMDFLASH_DB": str(tmp_path / "audit.sqlite"), "AMDFLASH_LOCK_DIR": str(tmp_path / "locks"),
+           "AMDFLASH_HOST_KEY": str(key_path), "AMDFLASH_CONFIG": str(config)}
+    image = tmp_path / "image.bin"
+    image.write_bytes(synthetic_ifwi(21)[:3 * 4096])
+    board = create_board(tmp_path / "board", transport="ideal", seed=1)
+
+    def flash(urls: list[str]) -> tuple[str, str]:
+        config.write_text(f'log_origin = "{ORIGIN}"\nwitness_quorum = 2\n' + "".join(
+            f'[[witnesses]]\nurl = "{url}"\nkey = "{s.vkey}"\n' for s, url in zip(servers, urls)))
+        config.chmod(0o600)
+        r = command_line.run("--no-progress", "flash", image, "--yes", "--force", "--start-sector", 0,
+                             "--sector-count", 3, "--expect-part", PART_KEY, "--board", f"sim:{board}", "--json",
+                             env=env)
+        assert r.code == 0, r.err
+        return json.loads(r.out)["run_id"], r.err
+
+    up = servers[0].start()
+    try:
+        first, said = flash([up.url, "http://127.0.0.1:9"])
+        assert "not yet witnessed (1 of 2 cosigned" in said, said
+        back = servers[1].start()
+        try:
+            assert "witnessed by 2 of 2" in flash([up.url, back.url])[1]
+        finally:
+            back.stop()
+    finally:
+        up.stop()
+    bundle = tmp_path / "bundle"
+    r = command_line.run("-q", "audit", "bundle", "--run", first, "-o", bundle, env=env)
+    assert r.code == 0 and "cosigned by 2 of the 2 witnesses configured" in r.out, r.out + r.err
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    shutil.copy(bundle / "host.pem", trusted / "host.pem")
+    policy = trusted / "policy.toml"
+    policy.write_text(f'host_key = "host.pem"\nlog_key = "{log_vkey}"\nquorum = 2\ntsa_roots = []\nwitnesses = ['
+                      + ", ".join(f'{{key = "{s.vkey}"}}' for s in servers) + "]\n")
+    r = command_line.run("audit", "verify", "--bundle", bundle, "--policy", policy)
+    assert r.code == 0, r.out + r.err
