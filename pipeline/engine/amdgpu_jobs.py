@@ -36,7 +36,7 @@ from amdflash.stages.drivers.flash.geometry import FLASH_SIZE
 from amdflash.stages.image.part_check import BoardPart, PartPolicy
 from amdflash.stages.image.partitions import LayoutError, read_layout
 from amdflash.stages.transport.amdgpu import NOT_STARTED, AmdgpuBoard, VbflashError, VbiosInfo
-from amdflash.store.queries import open_readonly
+from amdflash.store.reading import TrailSource, reading
 from amdflash.store.schema import SchemaError
 
 PSP_NOTE = ("this was a PSP update through amdgpu: the PSP chose the partition it wrote, so the flash is not a "
@@ -124,26 +124,22 @@ class AmdgpuInfoJob:
         return {"part_number": vbios.part_number, "vbios_version": vbios.version, "source": vbios.source}
 
 
-def left_staged(db_path: str | None, address: str, boot_id: str | None, current_run: str) -> dict[str, Any] | None:
+def left_staged(trail: TrailSource, address: str, boot_id: str | None, current_run: str) -> dict[str, Any] | None:
     """What the trail says the last earlier PSP update on this device left in the driver's
     buffer in this boot: its run and the bytes it was writing (staging, or clearing) when it
     stopped before a trigger (or a completed clear) — None when it left nothing, or nothing
-    is known (no database, another boot)."""
-    if not db_path or not Path(db_path).exists() or boot_id is None:
+    is known (no database, another boot). `trail`: the command's (store.reading.Trail), or a
+    path for a job run alone."""
+    if not trail or (isinstance(trail, str) and not Path(trail).exists()) or boot_id is None:
         return None
     try:
-        db = open_readonly(db_path)
+        with reading(trail) as db:
+            rows = db.conn.execute(
+                "SELECT run_id, event, detail FROM stages WHERE stage = 'psp_vbflash' AND run_id != ? AND run_id IN "
+                "(SELECT run_id FROM boards WHERE kind = 'amdgpu' AND pci_address = ?) ORDER BY seq",
+                [current_run, address]).fetchall()
     except (SchemaError, sqlite3.Error):
         return None
-    try:
-        rows = db.conn.execute(
-            "SELECT run_id, event, detail FROM stages WHERE stage = 'psp_vbflash' AND run_id != ? AND run_id IN "
-            "(SELECT run_id FROM boards WHERE kind = 'amdgpu' AND pci_address = ?) ORDER BY seq",
-            [current_run, address]).fetchall()
-    except sqlite3.Error:
-        return None
-    finally:
-        db.conn.close()
     if not rows:
         return None
     last = rows[-1][0]
@@ -193,7 +189,7 @@ class AmdgpuFlashJob:
                                                     f"{hashlib.sha256(self.image).hexdigest()}")
         await dev.call(dev.recorder.durable)   # on record before the PSP gets anything
         boot_id = await dev.call(board.boot_id)
-        await self._empty_buffer(dev, board, boot_id)
+        await self._empty_buffer(dev, board, boot_id, info.trail or self.db_path)
         try:
             stage(dev.recorder, "psp_vbflash", "staging",
                   json.dumps({"boot_id": boot_id, "bytes": len(self.image)}, sort_keys=True))
@@ -222,10 +218,10 @@ class AmdgpuFlashJob:
         return {"psp_status": status, "polls": polls, "part_number": decision.as_json(), "result_sha256": None,
                 "note": PSP_NOTE}
 
-    async def _empty_buffer(self, dev: Device, board: AmdgpuBoard, boot_id: str | None) -> None:
+    async def _empty_buffer(self, dev: Device, board: AmdgpuBoard, boot_id: str | None, trail: TrailSource) -> None:
         """Make sure the driver's staging buffer holds nothing (see the module docstring)."""
         status = await dev.call(board.read_status)
-        left = await anyio.to_thread.run_sync(left_staged, self.db_path, board.device.address, boot_id,
+        left = await anyio.to_thread.run_sync(left_staged, trail, board.device.address, boot_id,
                                               dev.recorder.run_id)
         if left is not None:
             why = (f"run {left['run']} was {left['what']} {left.get('bytes', 0):#x} bytes in this boot and never "
