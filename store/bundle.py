@@ -411,6 +411,7 @@ class Opened:
     fds: dict[str, int] = field(default_factory=dict)
     keyfiles: list[Path] | None = None
     policy: Any = None              # store.policy.Policy: the reviewer's keys, which replace --key and the bundle's
+    policy_claims: dict[str, Any] | None = None     # what check_policy found, claim by claim
     info: dict[str, Any] = field(default_factory=dict)
     facts: ExportFacts = field(default_factory=ExportFacts)
     said: list[str] = field(default_factory=list)
@@ -444,11 +445,13 @@ class BundleReport:
     original: bytes | None = None                   # the original file's bytes, when it checked
     held: list[tuple[int, int]] = field(default_factory=list)     # (start, end) of the units it holds
     boards: set[tuple[str, str]] = field(default_factory=set)     # (unique_id, chip) of the runs holding them
+    policy: dict[str, Any] | None = None            # with --policy: each claim, held or not, and why
 
     def as_json(self) -> dict[str, Any]:
         return {"bundle": str(self.path), "verdict": "intact" if self.ok else "BROKEN", "ok": self.ok,
                 "problem": self.problem, "run": self.run_id, "runs": self.runs, "checked": self.lines,
-                "original_units": [[s, e] for s, e in self.held] if self.original is not None else []}
+                "original_units": [[s, e] for s, e in self.held] if self.original is not None else [],
+                **({"policy": self.policy} if self.policy is not None else {})}
 
     def describe(self) -> str:
         if not self.ok:
@@ -467,8 +470,10 @@ def check(path: Path, keyfiles: list[Path] | None = None, policy: Any = None) ->
                 step(bundle)
         except Broken as e:
             report.problem = str(e)
+            report.policy = _policy_json(bundle)
             return report
         report.ok = True
+        report.policy = _policy_json(bundle)
         report.lines = bundle.said
         report.runs, report.run_id = bundle.facts.runs, str(bundle.info.get("run"))
         report.original = bundle.original
@@ -476,6 +481,13 @@ def check(path: Path, keyfiles: list[Path] | None = None, policy: Any = None) ->
         report.held = ranges([(a, s) for a, (s, _, _) in f.units.items()])
         report.boards = {f.boards[r] for r in f.unit_runs() if r in f.boards}
     return report
+
+
+def _policy_json(bundle: Opened) -> dict[str, Any] | None:
+    if bundle.policy is None:
+        return None
+    return {"file": str(bundle.policy.path), "checked": bundle.policy_claims is not None,
+            "claims": bundle.policy_claims or {}}
 
 
 @contextlib.contextmanager

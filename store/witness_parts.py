@@ -173,6 +173,8 @@ def check_policy(bundle: Any) -> None:
             results.append((claim, step(bundle, policy), ""))
         except _Fails as e:
             results.append((claim, None, str(e)))
+    bundle.policy_claims = {claim: {"holds": ok is not None, "words": ok if ok is not None else why}
+                            for claim, ok, why in results}
     failed = [f"{claim}: {why}" for claim, ok, why in results if ok is None]
     if failed:
         raise Broken(f"policy {policy.path}: {len(failed)} of {len(results)} checks fail: " + "; ".join(failed))

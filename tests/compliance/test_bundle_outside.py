@@ -228,6 +228,15 @@ def check_audit_verify_policy(bundle: Path, policy: Path, tmp: Path) -> None:
         r = verify(_copy(bundle, tmp, name, change))
         assert r.code == 1 and says in r.out, (name, r.out, r.err)
 
+    # The same, as fields: each claim held or not.
+    r = command_line.run("audit", "verify", "--bundle", tmp / "bundle-cosignature", "--policy", policy, "--format",
+                         "json")
+    said = json.loads(r.out)
+    assert r.code == 1 and said["ok"] is False and said["policy"]["checked"] is True, r.out
+    assert {c: v["holds"] for c, v in said["policy"]["claims"].items()} == {
+        "receipt": True, "inclusion": True, "log": True, "witnesses": False, "time": True}, said
+    assert said["policy"]["claims"]["witnesses"]["words"].startswith("cosigned by 1 of the policy's 2 witnesses")
+
     def junk(name: str, data: bytes):
         return lambda d: (d / name).write_bytes(data)
 
