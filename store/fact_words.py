@@ -130,6 +130,10 @@ def _ended_words(e: dict[str, Any]) -> str:
     how = e.get("how")
     if how == "recorded":
         return f"recorded its end: {e.get('status')} at {e.get('at')}"
+    if how == "not verified":
+        said = f"the trail says it ended {e['status']}" if e.get("status") else "the trail holds no end for it"
+        return (f"its end does not verify: {said}, in a row its signed checkpoints do not vouch for (or after a "
+                "span that fails); how it ended the record cannot prove")
     if how == "running":
         return "still running: no end recorded, and its process lives on this host (holding the board's lock)"
     if how == "killed":

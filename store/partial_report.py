@@ -92,6 +92,14 @@ def _status(db: sqlite_utils.Database, rep: dict[str, Any], partial: Partial) ->
     rep["status"] = f"{recorded} (not verified)" if isinstance(recorded, str) and recorded else "not verified"
     rep["ended"] = None
     rep["error"] = None
+    facts = rep.get("facts")
+    if isinstance(facts, dict):
+        # Read through the vouched rows only, the run looked as if it had no end (killed); its
+        # end is a row that does not verify, which is what the reviewer must be told.
+        from amdflash.store.fact_words import words
+
+        facts["ended"] = {"how": "not verified", "status": recorded, "at": None}
+        facts["words"] = [{"key": k, "label": label, "text": text} for k, label, text in words(rep)]
 
 
 def _counts(db: sqlite_utils.Database, partial: Partial) -> tuple[int, int]:

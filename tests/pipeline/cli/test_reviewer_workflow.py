@@ -198,6 +198,8 @@ def test_a_reviewer_with_only_the_database_and_the_key_answers_every_question(re
                                             code=1 if bad else 0).out)
     how = {name: (r["facts"]["ended"]["how"], r["facts"]["ended"].get("status")) for name, r in reports.items()}
     assert how["resumed"][0] == how["abandoned"][0] == "killed", how
+    # The relabelled run's end is the forged row: not said to be killed, nor to have succeeded.
+    assert how["relabelled"] == ("not verified", "succeeded"), how
     for name in ("good", "erase", "resume", "usb-program", "usb-backup", "protected", "refused", "forced",
                  "unstable"):
         want = {"erase": "failed", "usb-program": "failed", "usb-backup": "failed", "protected": "refused",
@@ -218,6 +220,8 @@ def test_a_reviewer_with_only_the_database_and_the_key_answers_every_question(re
     forged = reports["relabelled"]
     assert (forged["status"], forged["status_verified"], forged["recorded_status"]) == \
         ("succeeded (not verified)", False, "succeeded"), forged["status"]
+    assert words("relabelled", "ended").startswith("its end does not verify: the trail says it ended succeeded"), \
+        words("relabelled", "ended")
     # The verify failure in the chip's terms.
     diagnosis = words("erase", "diagnosis")
     assert "bits that should be 1 read 0 at 0x000000" in diagnosis and "the erase did not take" in diagnosis
@@ -306,7 +310,7 @@ def test_a_reviewer_with_only_the_database_and_the_key_answers_every_question(re
 
     # Every command docs/review.md gives was typed here (but the operator's `audit key`).
     def shape(command: str) -> str:
-        for name, run in runs.items():
+        for run in runs.values():
             command = command.replace(run, "RUN")
         command = re.sub(r"-o (bundle|partial)\b", "-o DIR", command).replace("--bundle bundle", "--bundle DIR")
         return command.replace("--against good.jsonl", "--against COPY")
