@@ -15,6 +15,7 @@ import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from amdflash.pipeline.cli import output
 from amdflash.pipeline.commands.checks import output_option, write_output
@@ -182,14 +183,41 @@ def cmd_push(args: argparse.Namespace) -> int:
         report = push(reader.conn, url, args.batch_rows)
     finally:
         reader.conn.close()
-    if args.format == "json":
-        output.result_json(vars(report), indent=2)
-    else:
-        output.result(report.describe())
     from amdflash.pipeline.cli.witness import ask_after_push
 
     ask_after_push(args)      # a witness that was down at a run's end is asked again
+    logged, refused = _push_log(args, url)     # then the log, with what the witnesses just cosigned
+    if args.format == "json":
+        output.result_json({**vars(report), "log": vars(logged) if logged else None, "log_refused": refused},
+                           indent=2)
+    else:
+        output.result(report.describe() + (f"\n{logged.describe()}" if logged else ""))
+    if refused:
+        output.error(refused)
+        return EXIT_FAILED
     return EXIT_OK
+
+
+def _push_log(args: argparse.Namespace, url: str) -> tuple[Any, str | None]:
+    """This host's transparency log to the central record: (what was sent, None), (None, the
+    database's refusal), or (None, None) when the host keeps no log."""
+    from amdflash.pipeline.commands import board as commands
+    from amdflash.pipeline.engine import witnessing
+    from amdflash.pipeline.engine.auditdb import host_key_path
+    from amdflash.store import tlog
+    from amdflash.store.central import CentralError, push_log
+
+    db = str(Path(commands.db_path(args)).expanduser())
+    if not tlog.log_dir(db).is_dir():
+        return None, None
+    try:
+        conf = witnessing.configured(getattr(args, "settings", None))
+    except UsageError:
+        conf = None          # (audit witness says what is wrong with them)
+    try:
+        return push_log(db, url, len(conf.witnesses) if conf else None, _host_public(host_key_path(db))), None
+    except CentralError as e:
+        return None, str(e)
 
 
 def _follow(args: argparse.Namespace, url: str) -> int:
@@ -227,7 +255,22 @@ def cmd_verify(args: argparse.Namespace, local_verify: Callable[[argparse.Namesp
     finally:
         reader.conn.close()
     output.result(found.describe(_where(url)))
-    return code if found.ok else EXIT_FAILED
+    log = _verify_log(db, url)
+    return code if found.ok and log else EXIT_FAILED
+
+
+def _verify_log(db: str, url: str) -> bool:
+    """The central's newest tree head of this host's log against the log here (said in a line)."""
+    from amdflash.pipeline.engine.auditdb import host_key_path
+    from amdflash.store import tlog
+    from amdflash.store.central import verify_log_against
+
+    db = str(Path(db).expanduser())
+    checked = verify_log_against(db, url, _host_public(host_key_path(db)))
+    if checked.ok and not tlog.log_dir(db).is_dir():
+        return True        # no log here, none there: nothing to say
+    output.result(checked.words)
+    return checked.ok
 
 
 def _host_public(path: Path) -> bytes | None:

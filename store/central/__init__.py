@@ -75,8 +75,9 @@ from amdflash.store.central.schema import (
 )
 from amdflash.store.central.pushing import (
     PROGRESS_COLUMNS, Comparison, PushReport, archived_through, central_checkpoints, compare, host_for_trail,
-    publish_progress, publishable, published_ends, push, verify_against,
+    publish_progress, publishable, published_ends, push, push_log, verify_against, verify_log_against,
 )
+from amdflash.store.central.tlog_mirror import witness_states, witness_words
 from amdflash.store.central.reading import (
     AmbiguousRun, hosts_health, image_parts, last_progress_id, line_progress, line_totals, materialize,
     materialized_host, not_a_reader, progress_after, resolve, runs, select_runs, shown_url, signed_status, split_run,
@@ -91,5 +92,6 @@ __all__ = [
     "publishable", "publish_progress", "published_ends", "runs", "select_runs", "image_parts", "shown_url",
     "not_a_reader", "line_progress", "progress_after", "last_progress_id", "signed_status", "hosts_health",
     "line_totals", "AmbiguousRun", "split_run", "resolve", "materialize", "materialized_host", "BOARDS_PAGE",
-    "BOARDS_PER_HOST", "CONTROLS", "OWNER_ROLE", "PROGRESS_LIMITS",
+    "BOARDS_PER_HOST", "CONTROLS", "OWNER_ROLE", "PROGRESS_LIMITS", "push_log", "verify_log_against",
+    "witness_states", "witness_words",
 ]

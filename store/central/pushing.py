@@ -15,6 +15,7 @@ from amdflash.store.chain import Checkpoint, load_checkpoints
 from amdflash.store.schema import PHYSICAL, PLAIN
 from amdflash.store.central.bounds import CONTROLS
 from amdflash.store.central.sending import send_batch
+from amdflash.store.central.tlog_mirror import LogCheck, LogPush, check_local, send
 from amdflash.store.central.schema import (NS, PROGRESS_BOUNDS, PROGRESS_LENGTHS, PROGRESS_SHAPES, RUN_KINDS,
                                            CentralError, connect, first_line, need_schema)
 
@@ -234,6 +235,36 @@ def verify_against(local: sqlite3.Connection, url: str, host_key: bytes | None =
         need_schema(pg)
         host_id, host = _own_host(pg, public)
         return compare(every, central_checkpoints(pg, host_id), host)
+
+
+def push_log(db: str, url: str, witnesses: int | None = None, host_key: bytes | None = None) -> LogPush:
+    """Send what the central record lacks of this host's transparency log — its tree heads,
+    their cosignatures, its receipts (store/central/tlog_mirror.py) — in one transaction the
+    database checks: a head that is not consistent with the largest it holds (a log rolled
+    back or forked) is refused (CentralError) and nothing of it is stored. `witnesses`: how
+    many the host's config names (for the readers' "k of n")."""
+    with connect(url) as pg:
+        import psycopg
+
+        need_schema(pg)
+        host_id, _ = host_for_trail(pg, db, host_key)
+        pg.execute("SELECT pg_advisory_xact_lock(%s::integer, %s::integer)", (_PUSH_LOCK, host_id))
+        try:
+            done = send(pg, NS, host_id, db, witnesses)
+            pg.commit()
+        except psycopg.Error as e:
+            pg.rollback()
+            raise CentralError(f"the central database refused this host's transparency log: {first_line(e)} — "
+                               "nothing of it was stored") from None
+    return done
+
+
+def verify_log_against(db: str, url: str, host_key: bytes | None = None) -> LogCheck:
+    """The central record's newest tree head of this host's log against the log here."""
+    with connect(url) as pg:
+        need_schema(pg)
+        host_id, host = host_for_trail(pg, db, host_key)
+        return check_local(pg, NS, host_id, host, db)
 
 
 def _batch(every: list[Checkpoint], todo: list[Checkpoint], batch_rows: int) -> list[Checkpoint]:

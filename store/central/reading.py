@@ -22,9 +22,17 @@ def runs(url: str, host: str | None = None) -> list[dict[str, Any]]:
     run resumes a run of its own host)."""
     from amdflash.store.queries import fixed_by
 
+    from amdflash.store.central.tlog_mirror import witness_states
+
     with connect(url) as pg:
         need_schema(pg)
         rows = select_runs(pg, host=host)
+        witnessed = witness_states(pg, NS, [(r["host_id"], r["run_id"]) for r in rows])
+    for r in rows:
+        # [k, n]: the most witnesses that cosigned a tree head holding its receipt, of the n its
+        # host names (null: no receipt of it in the central record)
+        state = witnessed.get((r["host_id"], r["run_id"]))
+        r["witnessed"] = list(state) if state else None
     of_host: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
         r["reason"] = r["reason"] if r["status"] != "succeeded" else None

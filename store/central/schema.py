@@ -9,9 +9,10 @@ from typing import Any
 from amdflash.store import schema as host_schema
 from amdflash.store.schema import PHYSICAL, PLAIN
 from amdflash.store.central.bounds import CONTROLS, NO_CONTROLS, OWNER_ROLE, bounds_sql, guard_sql, owner_sql
+from amdflash.store.central.tlog_mirror import version_5_sql
 
 NS = "amdflash"                       # the PostgreSQL schema holding everything
-CENTRAL_VERSION = 4
+CENTRAL_VERSION = 5
 # NOTIFY channel of progress wake-ups: this prefix and a random part made at setup, readable
 # only by reviewers and administrators (progress_channel()), so a push login can neither listen
 # to other hosts' activity nor wake the views (LISTEN and NOTIFY take no privilege).
@@ -588,14 +589,14 @@ def installed(pg: Any) -> bool:
 
 def setup(url: str, blob_quota: int = DEFAULT_BLOB_QUOTA) -> str:
     """Create the central schema, its checks and the roles (once, as an administrator), or
-    upgrade a database of version 2 or 3 in place. `blob_quota`: the bytes of blobs each host
+    upgrade a database of version 2, 3 or 4 in place. `blob_quota`: the bytes of blobs each host
     may store unless its enrolment says otherwise."""
     with connect(url) as pg:
         import psycopg  # connect() said so if it is missing
 
         if installed(pg):
             version = pg.execute(f"SELECT value FROM {NS}.meta WHERE key = 'central_version'").fetchone()
-            if version is not None and version[0] in ("2", "3"):
+            if version is not None and version[0] in ("2", "3", "4"):
                 return _upgrade(pg, int(version[0]))
             if version is not None and version[0] == str(CENTRAL_VERSION):
                 return _refresh(pg)
@@ -605,6 +606,7 @@ def setup(url: str, blob_quota: int = DEFAULT_BLOB_QUOTA) -> str:
             pg.execute(f"INSERT INTO {NS}.meta VALUES ('blob_quota', %s)", (str(blob_quota),))
             pg.execute(_roles_sql())
             pg.execute(_version_4_sql())
+            pg.execute(_version_5_sql())
             _self_test(pg)
             pg.commit()
         except psycopg.Error as e:
@@ -632,6 +634,12 @@ DROP TABLE IF EXISTS {NS}.run_owners;
 """
 
 
+def _version_5_sql() -> str:
+    """Version 5: the mirror of each host's transparency log (tree heads, cosignatures,
+    receipts: store/central/tlog_mirror.py), owned like the rest."""
+    return version_5_sql(NS, _DEFINER, PUSH_ROLE, READ_ROLE) + owner_sql(NS)
+
+
 def _refresh(pg: Any) -> str:
     """A database of this version: its row checks made again as this amdflash writes them (the
     same checks; faster ones since issue 42). No row of the record changes."""
@@ -647,21 +655,26 @@ def _refresh(pg: Any) -> str:
 
 
 def _upgrade(pg: Any, version: int) -> str:
-    """Version 2 or 3 → 4, in place: what each version lacks is added (version 2: the progress
-    table; a version 3 set up before its progress checks: them), then version 4's parts. No row
-    of the record changes; progress rows already stored are not checked again (CHECK ... NOT
-    VALID); run_owners is dropped. The version in `meta` is set by lifting meta's insert-only
-    trigger for that one row, in the same transaction."""
+    """Version 2, 3 or 4 → 5, in place: what each version lacks is added (version 2: the
+    progress table; a version 3 set up before its progress checks: them; then version 4's parts;
+    a version 4's row checks made this amdflash's), then version 5's tables. No row of the
+    record changes; progress rows already stored are not checked again (CHECK ... NOT VALID);
+    run_owners is dropped. The version in `meta` is set by lifting meta's insert-only trigger
+    for that one row, in the same transaction."""
     import psycopg
 
     try:
         if version == 2:
             pg.execute(_progress_sql())
-        else:
+        elif version == 3:
             pg.execute(_progress_functions())
-        pg.execute(_hardening_sql(existing=version == 3))
-        pg.execute(_progress_grants())
-        pg.execute(_version_4_sql())
+        if version < 4:
+            pg.execute(_hardening_sql(existing=version == 3))
+            pg.execute(_progress_grants())
+            pg.execute(_version_4_sql())
+        else:
+            pg.execute(refreshed_checks_sql())
+        pg.execute(_version_5_sql())
         pg.execute(f"ALTER TABLE {NS}.meta DISABLE TRIGGER meta_insert_only")
         pg.execute(f"UPDATE {NS}.meta SET value = %s WHERE key = 'central_version'", (str(CENTRAL_VERSION),))
         pg.execute(f"ALTER TABLE {NS}.meta ENABLE TRIGGER meta_insert_only")
@@ -669,9 +682,11 @@ def _upgrade(pg: Any, version: int) -> str:
     except psycopg.Error as e:
         raise CentralError(f"cannot upgrade the central database: {first_line(e)}") from None
     added = f"table {NS}.progress (live progress, advisory) added; " if version == 2 else ""
-    return (f"central database upgraded from version {version} to {CENTRAL_VERSION}: {added}runs are named by their "
-            f"host and run ID (run_owners dropped: no host can take another's run ID); progress rows are checked "
-            f"and bounded per host ({NS}.progress_limits); everything is owned by role {OWNER_ROLE} (no login); "
+    four = (f"runs are named by their host and run ID (run_owners dropped: no host can take another's run ID); "
+            f"progress rows are checked and bounded per host ({NS}.progress_limits); " if version < 4 else "")
+    return (f"central database upgraded from version {version} to {CENTRAL_VERSION}: {added}{four}each host's "
+            f"transparency log is mirrored ({NS}.tlog_heads, tlog_cosignatures, tlog_receipts: tree heads checked "
+            f"consistent by the database); everything is owned by role {OWNER_ROLE} (no login); "
             "no row of the record was changed")
 
 
@@ -743,9 +758,10 @@ def need_schema(pg: Any) -> None:
                            "as its administrator first")
     version = pg.execute(f"SELECT value FROM {NS}.meta WHERE key = 'central_version'").fetchone()
     if version is None or version[0] != str(CENTRAL_VERSION):
-        if version is not None and version[0] in ("2", "3"):
+        if version is not None and version[0] in ("2", "3", "4"):
             raise CentralError(f"the central database has version {version[0]} of the central schema; this amdflash "
-                               f"needs version {CENTRAL_VERSION} (runs named by host, bounded progress): its "
+                               f"needs version {CENTRAL_VERSION} (runs named by host, bounded progress, the hosts' "
+                               "transparency logs mirrored): its "
                                "administrator upgrades it in place with 'amdflash fleet central-setup URL' (no row "
                                "of the record changes)")
         raise CentralError(f"the central database has version {version[0] if version else '?'} of the central "

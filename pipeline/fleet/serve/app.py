@@ -61,7 +61,11 @@ def _history_query(pg: Any, filters: dict[str, str], limit: int = 500) -> list[d
         r["part"] = parts.get((r["host_id"], r["run_id"]))
     if filters.get("part"):
         runs = [r for r in runs if r["part"] and filters["part"].lower() in r["part"].lower()]
-    return runs[:limit]
+    runs = runs[:limit]
+    witnessed = central.witness_states(pg, central.NS, [(r["host_id"], r["run_id"]) for r in runs])
+    for r in runs:
+        r["witnessed"] = witnessed.get((r["host_id"], r["run_id"]))
+    return runs
 
 
 class Table:

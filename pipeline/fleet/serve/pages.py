@@ -209,14 +209,25 @@ def history_page(runs: list[dict[str, Any]], filters: dict[str, str], hosts: lis
                     f"<td class=\"mono\">{escape(str(r['board_spec'] or ''))}</td>"
                     f"<td class=\"mono\">{escape(str(r['unique_id'] or ''))}</td>"
                     f"<td>{escape(str(r['part'] or ''))}</td>"
-                    f"<td>{escape(str(r['started'] or ''))}</td><td>{escape(str(r['updated'] or ''))}</td></tr>")
+                    f"<td>{escape(str(r['started'] or ''))}</td><td>{escape(str(r['updated'] or ''))}</td>"
+                    f"{_witnessed(r.get('witnessed'))}</tr>")
     table = ("<table><thead><tr><th>host</th><th>run</th><th>command</th><th>status</th><th>board</th>"
-             "<th>unique ID</th><th>image part</th><th>started</th><th>updated</th></tr></thead><tbody>"
-             + ("".join(rows) or "<tr><td colspan=\"9\" class=\"muted\">no run matches</td></tr>")
+             "<th>unique ID</th><th>image part</th><th>started</th><th>updated</th><th>witnesses</th></tr></thead>"
+             "<tbody>" + ("".join(rows) or "<tr><td colspan=\"10\" class=\"muted\">no run matches</td></tr>")
              + "</tbody></table>")
     note = ("<p class=\"note\">Runs of the signed record (pushed and verified by the central database), newest "
             f"first; {len(runs)} shown.</p>")
     return page("amdflash line: history", form + note + table)
+
+
+def _witnessed(state: tuple[int, int | None] | None) -> str:
+    """A run's witness state: how many witnesses cosigned a tree head of its host's log that holds
+    its receipt (of the n its host names), from the central record's mirror of the log."""
+    from amdflash.store.central import witness_words
+
+    words = witness_words(state) if state is not None else "no receipt"
+    muted = "" if state is not None and state[0] else " class=\"muted\""
+    return f"<td data-field=\"witnessed\"{muted}>{escape(words)}</td>"
 
 
 def _banner(ok: bool, host: str, run_id: str, problem: str | None) -> str:

@@ -268,6 +268,7 @@ def test_fleet_runs_and_report_print_what_the_local_commands_print(cli, make_boa
     local = json.loads(cli("runs", "--format", "json").out)
     remote = json.loads(cli("fleet", "runs", "--from", central, "--format", "json").out)
     assert [r.pop("host") for r in remote] == ["hosta", "hosta"]
+    assert [r.pop("witnessed") for r in remote] == [[0, None]] * 2     # receipts held; no witness named here
     assert remote == local
     lines = cli("fleet", "runs", "--from", central).out.splitlines()
     assert lines == [f"{'hosta':16} {line}" for line in cli("runs").out.splitlines()]
@@ -332,6 +333,7 @@ def test_fleet_runs_says_a_flash_was_superseded_as_the_host_s_runs_says(cli, mak
     assert push(cli, central)[0].code == 0
     remote = json.loads(cli("fleet", "runs", "--from", central, "--format", "json").out)
     assert [r.pop("host") for r in remote] == ["hosta"] * len(local)
+    assert all("witnessed" in r for r in remote) and [r.pop("witnessed") for r in remote]
     assert remote == local
     lines = cli("fleet", "runs", "--from", central).out.splitlines()
     assert lines == [f"{'hosta':16} {line}" for line in cli("runs").out.splitlines()]

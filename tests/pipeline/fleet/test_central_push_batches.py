@@ -148,7 +148,7 @@ def test_a_row_naming_a_blob_the_push_did_not_send_is_refused_naming_the_first(c
 
 def test_central_setup_on_this_version_brings_its_row_checks_up_to_date(cli, make_board, image, db, postgres,
                                                                         tmp_path):
-    """A database of version 4 whose row checks an earlier amdflash wrote (before issue 42 each
+    """A database of this version whose row checks an earlier amdflash wrote (before issue 42 each
     blob reference was looked up row by row): `central-setup` again makes them this amdflash's,
     keeping every row and the owner of each check; pushes go on."""
     url = make_central(postgres)
@@ -163,7 +163,7 @@ def test_central_setup_on_this_version_brings_its_row_checks_up_to_date(cli, mak
     psql(url, older)
     assert "AS earlier" in psql(url, "SELECT pg_get_functiondef('amdflash.sealed_log_spi'::regproc)")
     done = cli("fleet", "central-setup", url)
-    assert done.code == 0 and "already set up (version 4); its row checks are this amdflash's" in done.out, done
+    assert done.code == 0 and "already set up (version 5); its row checks are this amdflash's" in done.out, done
     assert psql(url, "SELECT pg_get_functiondef('amdflash.sealed_log_spi'::regproc)") == definition
     assert central_counts(url) == before
     assert psql(url, "SELECT DISTINCT pg_get_userbyid(proowner) FROM pg_proc WHERE proname LIKE 'sealed_%' "

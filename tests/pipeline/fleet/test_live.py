@@ -240,7 +240,7 @@ def test_a_version_2_central_database_is_refused_then_upgraded_in_place(cli, mak
     assert refused.code == 2 or refused.code == 1
     assert "version 2" in refused.err and "fleet central-setup" in refused.err, refused.err
     upgraded = cli("fleet", "central-setup", central)
-    assert upgraded.code == 0 and "upgraded from version 2 to 4" in upgraded.out, upgraded
+    assert upgraded.code == 0 and "upgraded from version 2 to 5" in upgraded.out, upgraded
     assert psql(central, "SELECT count(*) FROM amdflash.runs") + psql(central, "SELECT count(*) FROM "
                                                                       "amdflash.checkpoints") == before
     assert cli("fleet", "runs", "--from", central).code == 0
