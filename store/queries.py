@@ -18,7 +18,7 @@ from amdflash.store.chain import LEGACY, Broken
 from amdflash.store.run_rows import RunRows, RunUnverified, open_run
 from amdflash.store.status import ENDS, PROCESS_STAGE, run_status
 from amdflash.store.status_seal import sealed_statuses
-from amdflash.store.verify import VerifyReport, connect_reader, run_key, snapshot
+from amdflash.store.verify import VerifyReport, run_key, snapshot
 
 
 LEGACY_RUN = ("recorded by an older amdflash, unsigned: its rows are verified only by their version-1 chain, "
@@ -30,21 +30,12 @@ class RunNotFound(LookupError):
 
 
 def open_readonly(path: str) -> sqlite_utils.Database:
-    """The database, read-only (store.verify.reader_uri: root reading another user's trail
-    creates nothing beside it); SchemaError unless it is an amdflash database of this version."""
-    conn = connect_reader(path)
-    found = schema.version(conn)
-    if found != schema.SCHEMA_VERSION:
-        conn.close()
-        if found is None:
-            raise schema.SchemaError(f"{path} is not an amdflash audit database")
-        raise schema.SchemaError(f"audit database {path} has schema version {found}; this amdflash reads "
-                                 f"{schema.SCHEMA_VERSION}")
-    # No sqlite-utils plugins: any installed package may declare one, and it would be handed
-    # every connection to the trail (prepare_connection: SQL functions of its own, inside a
-    # process that often runs as root); looking for them also imports importlib.metadata and
-    # reads every installed package's entry points, on each command that reads the trail.
-    return sqlite_utils.Database(conn, execute_plugins=False)
+    """The database, read-only: store.reading.open_trail, the one way in (one connection that
+    writes nothing beside the file, store.read_only); SchemaError (its TrailRefused) unless it
+    is an amdflash database of this version."""
+    from amdflash.store.reading import open_trail
+
+    return open_trail(path, strict=False)
 
 
 def _last_status(db: sqlite_utils.Database, rows: RunRows) -> dict[str, Any]:

@@ -24,8 +24,9 @@ from amdflash.store.writer.database import needs_upgrade
 OURS = "meta"   # every amdflash database has this table, with its schema version
 
 
-class TrailRefused(Exception):
-    """The trail cannot be read: the message says why, in one line."""
+class TrailRefused(schema.SchemaError):
+    """The trail cannot be read: the message says why, in one line (a SchemaError, as the
+    store's readers have always said it)."""
 
 
 class NoTrail(TrailRefused):
@@ -80,7 +81,9 @@ def open_trail(path_text: str, strict: bool = True) -> sqlite_utils.Database:
         conn.close()
         raise
     # No sqlite-utils plugins: any installed package may declare one, and it would be handed
-    # every connection to the trail (store.queries.open_readonly says more).
+    # every connection to the trail (prepare_connection: SQL functions of its own, inside a
+    # process that often runs as root); looking for them also imports importlib.metadata and
+    # reads every installed package's entry points, on each command that reads the trail.
     return sqlite_utils.Database(conn, execute_plugins=False)
 
 
@@ -135,14 +138,12 @@ TrailSource = str | Trail | None     # a path (tools and tests that run a job al
 @contextmanager
 def reading(source: str | Trail) -> Iterator[sqlite_utils.Database]:
     """The database a store read goes through: the command's shared trail (in its turn), or the
-    file at a path opened for this read alone (store.queries.open_readonly) and closed after."""
+    file at a path opened for this read alone (open_trail) and closed after."""
     if isinstance(source, Trail):
         with source.read() as db:
             yield db
         return
-    from amdflash.store.queries import open_readonly
-
-    db = open_readonly(source)
+    db = open_trail(source, strict=False)
     try:
         yield db
     finally:
