@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import inspect
 import json
+import os
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,7 +112,8 @@ CREATE TABLE IF NOT EXISTS {ns}.tlog_receipts (
     PRIMARY KEY (host_id, run_id), UNIQUE (host_id, leaf_index));
 CREATE INDEX IF NOT EXISTS tlog_cosignatures_by_size ON {ns}.tlog_cosignatures (host_id, size);
 
-CREATE OR REPLACE FUNCTION {ns}.tlog_consistent(first bigint, second bigint, first_hash bytea, second_hash bytea, proof bytea)
+CREATE OR REPLACE FUNCTION {ns}.tlog_consistent(first bigint, second bigint, first_hash bytea, second_hash bytea,
+                                                proof bytea)
 RETURNS boolean LANGUAGE plpython3u IMMUTABLE STRICT AS $fn$
 {_plpython_consistent()}
 $fn$;
@@ -233,6 +235,17 @@ def _cosignature_lines(db: str, head: dict[str, Any]) -> dict[str, str]:
     return {line.split(" ")[1]: line for line in kept.signatures if line not in own and line.startswith(DASH + " ")}
 
 
+def _kept_sizes(db: str) -> set[int]:
+    """The sizes of the tree heads kept cosigned beside the anchor (one listing, not a look per head)."""
+    from amdflash.store import witness
+
+    try:
+        names = os.listdir(witness.witnessed_dir(db))
+    except OSError:
+        return set()
+    return {int(n.split(".", 1)[1]) for n in names if n.startswith("checkpoint.") and n.split(".", 1)[1].isdigit()}
+
+
 def send(pg: Any, ns: str, host_id: int, db: str, witnesses: int | None) -> LogPush:
     """Insert what the central record lacks of this host's log (the caller commits): every
     head from the largest it holds on (that one again: a different tree of its size is
@@ -263,12 +276,15 @@ def send(pg: Any, ns: str, host_id: int, db: str, witnesses: int | None) -> LogP
             if size > held:
                 out.heads += 1
                 out.size = prev = size
+        cosigned = _kept_sizes(db)
         stored = {(int(s), str(w)) for s, w in pg.execute(
             f"SELECT size, witness FROM {ns}.own_tlog_cosignatures WHERE host_id = %s", (host_id,))}
-        sizes = {int(s) for (s,) in pg.execute(f"SELECT size FROM {ns}.own_tlog_heads WHERE host_id = %s",
-                                               (host_id,))}
+        roots = {int(s): bytes(r).hex() for s, r in pg.execute(
+            f"SELECT size, root FROM {ns}.own_tlog_heads WHERE host_id = %s", (host_id,))}
         for h in heads:
-            if int(h["size"]) not in sizes:
+            # Only the heads the central record holds as this tree, and kept cosigned here: a
+            # cosignature of another tree of that size never lands on the one it holds.
+            if roots.get(int(h["size"])) != h["root"] or int(h["size"]) not in cosigned:
                 continue
             for name, line in _cosignature_lines(db, h).items():
                 if (int(h["size"]), name) not in stored:
