@@ -376,6 +376,7 @@ class Follower:
             if Path(self.db).is_file():
                 self.push_once()
                 self.witness_once()
+                self.push_log_once()
 
     def push_once(self) -> None:
         """Push the signed trail, saying what was pushed (a failure is said and retried later)."""
@@ -395,6 +396,26 @@ class Follower:
             self.told |= set(report.stranded)
         except Exception as e:
             self.log(f"push failed, retried later: {e}")
+
+    def push_log_once(self) -> None:
+        """The transparency log's new tree heads, cosignatures and receipts to the central record
+        (after the witnesses were asked: what they cosigned goes too); a refusal (a host log
+        rolled back or forked) is said, and said again at every push while it stands."""
+        from amdflash.pipeline.engine import witnessing
+        from amdflash.store import central, tlog
+
+        if not tlog.log_dir(self.db).is_dir():
+            return
+        try:
+            conf = witnessing.configured()
+        except Exception:
+            conf = None          # (witness_once says what is wrong with them)
+        try:
+            done = central.push_log(self.db, self.url, len(conf.witnesses) if conf else None, self.host_key)
+            if done.heads or done.cosignatures or done.receipts:
+                self.log(done.describe())
+        except Exception as e:
+            self.log(f"push of the transparency log failed, retried later: {e}")
 
     def witness_once(self) -> None:
         """Ask the config file's witnesses again to cosign the newest tree head (one was down at a

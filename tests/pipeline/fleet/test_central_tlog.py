@@ -221,3 +221,27 @@ def test_a_version_4_database_is_upgraded_in_place_and_then_mirrors_the_log(cli,
     r, pushed = push(cli, url)
     assert r.code == 0 and pushed["log"]["heads"] == len(heads_here(db)) and pushed["log"]["receipts"] == 1, r
     assert "already set up (version 5)" in cli("fleet", "central-setup", url).out
+
+
+def test_the_follow_service_mirrors_the_log_after_each_push(cli, db, image, central, tmp_path, monkeypatch,
+                                                            witnesses):
+    """`audit push --follow`'s pusher (pipeline/fleet/live.py): the trail, the witnesses asked,
+    then the log, with what they cosigned; said once, nothing sent again."""
+    from amdflash.pipeline.fleet.live import Follower
+
+    configure(tmp_path, monkeypatch, witnesses)
+    run = flash(cli, tmp_path, image)
+    enroll(cli, central, tmp_path)
+    heard: list[str] = []
+    follower = Follower(str(db), central, log=heard.append)
+    for _ in range(2):
+        follower.push_once()
+        follower.witness_once()
+        follower.push_log_once()
+    heads = heads_here(db)
+    said = [line for line in heard if "transparency log" in line]
+    assert said == [f"pushed this host's transparency log: {len(heads)} tree head(s), {2 * len(heads)} "
+                    f"cosignature(s), 1 receipt(s); the central record holds its tree head of {heads[-1]['size']} "
+                    "leaves"], heard
+    listed = json.loads(cli("fleet", "runs", "--from", central, "--format", "json").out)
+    assert [(x["run_id"], x["witnessed"]) for x in listed] == [(run, [2, 2])]
