@@ -50,7 +50,13 @@ def words(rep: dict[str, Any]) -> list[tuple[str, str, str]]:
                                            "its hash only, not its content (the data of each unit written is in "
                                            "the run's transactions)"))
     b = f.get("backup")
-    if b:
+    if b and b.get("path") is None:
+        why = "none made: the run stopped while backing up" if b.get("unfinished") else "no backup file recorded"
+        out.append(("backup-held", "backup", f"{why}; the trail holds the "
+                                             f"{b['units_in_trail']} sealed backup units it read (from "
+                                             f"{b['first_address']:#08x}): 'amdflash audit bundle --run "
+                                             f"{rep['run_id']}' rebuilds them as original-partial.bin"))
+    elif b:
         held = (f"the trail holds its content: {b['units_in_trail']} sealed backup units rebuild it (sha256 matches)"
                 if b["in_trail"] else f"the trail holds {b['bytes_in_trail']} of its {b['size']} bytes in sealed "
                                       "backup units" if b["bytes_in_trail"] else

@@ -226,7 +226,7 @@ def backup(conn: sqlite3.Connection, rows: RunRows) -> dict[str, Any] | None:
         except RunUnverified:
             break
     if found is None:
-        return None
+        return _unfinished_backup(conn, rows)
     rows = made_by
     sha, size, path = found
     digest, held, units = hashlib.sha256(), 0, 0
@@ -239,6 +239,19 @@ def backup(conn: sqlite3.Connection, rows: RunRows) -> dict[str, Any] | None:
     whole = held == size and digest.hexdigest() == sha
     return {"path": path, "sha256": sha, "size": size, "run_id": rows.run_id, "units_in_trail": units,
             "bytes_in_trail": held, "in_trail": whole}
+
+
+def _unfinished_backup(conn: sqlite3.Connection, rows: RunRows) -> dict[str, Any] | None:
+    """A run that stopped while backing up made no backup file, but the units it had read are
+    sealed in the trail ('audit bundle' rebuilds them as original-partial.bin)."""
+    units, held, first = conn.execute(f"SELECT count(*), coalesce(sum(length(data)), 0), min(address) FROM "
+                                      f"backup_units WHERE {rows.sealed_sql}", rows.sealed_args).fetchone()
+    if not units:
+        return None
+    done = conn.execute(f"SELECT 1 FROM stages WHERE {rows.sealed_sql} AND stage = 'backup' AND event = 'end' "
+                        "LIMIT 1", rows.sealed_args).fetchone()
+    return {"path": None, "sha256": None, "size": None, "run_id": rows.run_id, "units_in_trail": units,
+            "bytes_in_trail": held, "in_trail": False, "unfinished": done is None, "first_address": first}
 
 
 def vbios(rep: dict[str, Any]) -> dict[str, Any] | None:

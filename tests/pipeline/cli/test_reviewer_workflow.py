@@ -256,6 +256,11 @@ def test_a_reviewer_with_only_the_database_and_the_key_answers_every_question(re
     assert "disconnected" in reports["usb-program"]["error"] and "partly written" in texts["usb-program"]
     assert reports["usb-backup"]["error"].startswith("backup of unit") and "disconnected" in \
         reports["usb-backup"]["error"] and "the flash was not changed" in texts["usb-backup"]
+    stopped = reports["usb-backup"]["facts"]["backup"]
+    assert stopped["path"] is None and 0 < stopped["units_in_trail"] < 32 and stopped["in_trail"] is False, stopped
+    assert words("usb-backup", "backup-held").startswith(
+        f"none made: the run stopped while backing up; the trail holds the {stopped['units_in_trail']} sealed "
+        "backup units it read"), words("usb-backup", "backup-held")
     # Unstable reads: reads that disagreed, each settled by more reads.
     reads = reports["unstable"]["reads"]
     assert reads["disagreed_reads"] > 0 and reads["unresolved_reads"] == 0 and reads["confirmed"], reads
