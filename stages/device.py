@@ -128,7 +128,8 @@ class Device:
     protection_reading: str | None = None
     read_checks: ReadChecks | None = None
     notes: list[str] = field(default_factory=list)
-    suggest: Callable[..., str] = field(default=lambda *words: shlex.join(["amdflash", *words]))
+    suggest: Callable[..., str] = field(default=lambda *words, args=(): shlex.join(
+        ["amdflash", *words, *(["--", *args] if args else [])]))
     # How the board is driven, as opening it declared (transport/base.py); for "amdgpu",
     # `amdgpu` is the driver's board and `bar` a NoBar5 (see `through_amdgpu`).
     capability: Capability = "bar5"

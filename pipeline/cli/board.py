@@ -254,7 +254,7 @@ def session(args: argparse.Namespace) -> commands.Session:
         boards = [boards]
     return commands.Session(tuple(boards), commands.db_path(args), bool(getattr(args, "unbind_driver", False)),
                             progress=not args.no_progress and configured.get("progress", True),
-                            operator=getattr(args, "operator", None))
+                            operator=getattr(args, "operator", None), advice=args.advice)
 
 
 def engine(args: argparse.Namespace) -> commands.EngineOptions:
@@ -355,7 +355,7 @@ def show(args: argparse.Namespace, results: Sequence[RunOutcome]) -> int:
         elif r.ok and (args.command in SHOWS or not quiet):
             prefix = f"[{r.board}] " if many else ""
             # A probe's own lines are its answers in words; r.lines holds what the run said besides.
-            for line in ([*r.lines, *probe_lines(r)] if isinstance(r, ProbeResult) else r.lines):
+            for line in ([*r.lines, *probe_lines(r, args.advice)] if isinstance(r, ProbeResult) else r.lines):
                 output.result(printable(prefix + line))   # one line each: a newline from the trail escaped
     for r in results:
         if r.error:
@@ -372,7 +372,7 @@ def show(args: argparse.Namespace, results: Sequence[RunOutcome]) -> int:
             # One structured end per run, for whatever reads the JSON lines.
             output.note("run ended", event_kind="run_end", run_id=r.run_id or None, board=r.board,
                         command=r.command, status=r.status, exit_code=r.exit_code, error=r.error,
-                        report=next_step.command("report", args=[r.run_id]) if r.run_id else None,
+                        report=args.advice.command("report", args=[r.run_id]) if r.run_id else None,
                         witnesses=r.summary.get("witnesses"))   # where its tree head stands, when configured
         elif r.ok and r.run_id:
             output.note(f"run {r.run_id}: {run_end.status_words(r.status, r.summary)}")   # and its witnesses
@@ -385,7 +385,7 @@ def _unrecorded(r: RunOutcome) -> dict[str, Any]:
             "image_sha256": None, "result_sha256": None, "units": [], "register_writes": 0, "error": r.error}
 
 
-def probe_lines(r: ProbeResult) -> list[str]:
+def probe_lines(r: ProbeResult, advice: next_step.Advice) -> list[str]:
     """The PSP mailbox answers in words: what each query said, and what it means."""
     lines = []
     names = {"boot_partition": "boot partition", "fb_state": "FB state", "model_id": "model id",
@@ -402,7 +402,7 @@ def probe_lines(r: ProbeResult) -> list[str]:
         lines.append(f"{names.get(key, key):15} {said}")
     transfer_error, transfer = r.answers.get("transfer_type", (0, 0))
     if transfer_error == STATE_MACHINE_ERROR:
-        cycle = next_step.command("sim", "power-cycle", args=[next_step.sim_dir(r.board)])
+        cycle = advice.command("sim", "power-cycle", args=[next_step.sim_dir(r.board)])
         lines.append("the bootloader takes no stream (it finished or abandoned one): power the board off and on "
                      f"before streaming again (an emulated board: {cycle})")
     if TRANSFER_TYPE_GATED in (transfer_error, transfer):

@@ -426,6 +426,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from amdflash.pipeline.commands import board as commands
     from amdflash.pipeline.commands.checks import writable_output
     from amdflash.pipeline.commands.run_end import on_host
+    from amdflash.pipeline.engine.next_step import BARE
     from amdflash.pipeline.cli.trail import render_text
     from amdflash.pipeline.fleet.serve.ends import gone_processes
     from amdflash.store.central import AmbiguousRun, materialize
@@ -445,7 +446,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         # its next step runs on its host, not here; a process the record shows gone is so here too
         with on_host(host), processes_gone(gone_processes(url, host, path)):
             try:
-                rep, page = commands.report(run_id, str(path), html=args.format == "html", keys=args.key)
+                rep, page = commands.report(run_id, str(path), html=args.format == "html", keys=args.key,
+                                            advice=BARE)   # none of this command line's places
             except RunUnverified as e:
                 # Its check names the copy read here, gone once this command ends: the run's
                 # own trail, on its host, is the one to check.

@@ -326,7 +326,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise Refusal(str(e)) from None
     fleet = FleetRun(args.coordinator, where, args.job, image.resolve() if image else None, output_dir,
                      args.parallel, args.exporter_grace, _flash_args(args), allow, command, _operator(args),
-                     overwrite=getattr(args, "overwrite", False), hosts=args.hosts or ())
+                     overwrite=getattr(args, "overwrite", False), hosts=args.hosts or (), advice=args.advice)
     try:
         with FleetView(fleet, enabled=not args.quiet):
             result = asyncio.run(fleet.run())

@@ -363,7 +363,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     json_lines, verbosity = _early_flags(argv)
-    outer_globals: list[str] | None = None
     try:
         if getattr(signal.getsignal(signal.SIGINT), "__module__", "") == "amdflash.pipeline.launch":
             signal.signal(signal.SIGINT, signal.default_int_handler)   # from here on: KeyboardInterrupt
@@ -374,7 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from amdflash.pipeline.engine import next_step
 
         _configure(args)
-        outer_globals = next_step.use_globals(*_own_places(args))   # every suggested command reaches them
+        # Every command this command line suggests names its places; passed down as a value
+        # (a command line run inside another, as the demo does, has its own).
+        args.advice = next_step.Advice(*_own_places(args))
         args.main = main   # for a command that runs others (the demo): no import back up to here
         args.build_parser = build_parser   # for the manual page, likewise
         from amdflash.pipeline.engine.interrupts import command_line
@@ -395,10 +396,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         from amdflash.pipeline import config
 
         config.choose(None)   # --config held for this command line only
-        if outer_globals is not None:
-            from amdflash.pipeline.engine import next_step
-
-            next_step.restore_globals(outer_globals)
 
 
 def _say_interrupted(json_lines: bool) -> None:

@@ -204,7 +204,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     export, central = copy_option(args.against)
     rep, page = commands.report(args.run_id, commands.db_path(args), html=args.format == "html", keys=args.key,
                                 beside=args.output.parent if args.output is not None else None,
-                                unverified=args.output is None or args.unverified, against=export, central=central)
+                                unverified=args.output is None or args.unverified, against=export, central=central,
+                                advice=args.advice)
     if args.format == "json":
         import json
 
@@ -306,7 +307,7 @@ def _write_pages(args: argparse.Namespace) -> int:
     # The run named: refused if unknown, or if it does not verify (unless --unverified: marked).
     export, central = copy_option(args.against)
     first, _ = commands.report(args.run_id, db, keys=args.key, unverified=args.unverified, against=export,
-                               central=central)
+                               central=central, advice=args.advice)
     reports: dict[str, dict[str, Any]] = {}
     queue = [first["run_id"]]
     while queue and len(reports) < MAX_PAGES:
@@ -314,7 +315,8 @@ def _write_pages(args: argparse.Namespace) -> int:
         if run in reports:
             continue
         try:
-            reports[run] = first if run == first["run_id"] else commands.report(run, db, keys=args.key)[0]
+            reports[run] = (first if run == first["run_id"] else
+                            commands.report(run, db, keys=args.key, advice=args.advice)[0])
         except (Refusal, RunUnverified):
             continue          # not in this trail, or it does not verify: named on the pages as text, not linked
         queue += [r for r in related_runs(reports[run]) if r not in reports]
@@ -326,7 +328,7 @@ def _write_pages(args: argparse.Namespace) -> int:
             named = run == first["run_id"]
             _, page = commands.report(run, db, html=True, keys=args.key, beside=args.pages,
                                       unverified=named and args.unverified, against=export if named else None,
-                                      central=central if named else None)
+                                      central=central if named else None, advice=args.advice)
             write_new(path, page or "", overwrite=args.overwrite)
     output.note(f"wrote {len(targets)} linked page(s) in {args.pages}: " + ", ".join(p.name for p in targets.values()))
     return _unverified_end(first, args.against)

@@ -55,6 +55,13 @@ def default_db(named: str | None = None) -> str:
     return config.audit_db(named)
 
 
+def default_db_path() -> str:
+    """The default audit database's real path: a command suggested for it names no --db."""
+    import os
+
+    return os.path.realpath(config.data_dir() / "audit.sqlite")
+
+
 def db_path(args: Any) -> str:
     """The audit database of a parsed command line, by its real path."""
     return config.audit_db(getattr(args, "db", None), getattr(args, "settings", None))
@@ -69,6 +76,9 @@ class Session:
     unbind_driver: bool = False      # pci boards: unbind a bound kernel driver instead of refusing
     progress: bool = False           # show progress on stderr (the CLI's default; off for the API)
     operator: str | None = None      # who says they run this (recorded as claimed, beside the OS account)
+    # The places the commands it suggests name (the command line's, from its global options);
+    # None: this session's database, unless it is the default one (`say`).
+    advice: next_step.Advice | None = None
 
     def __post_init__(self) -> None:
         checks.operator_name(self.operator)      # before any run: the trail keeps it
@@ -80,6 +90,14 @@ class Session:
 
     def specs(self) -> list[BoardSpec]:
         return checks.board_specs(list(self.boards), self.unbind_driver)
+
+    @functools.cached_property
+    def say(self) -> next_step.Advice:
+        """The places every command this session suggests names: two sessions of different
+        databases in one process each name their own."""
+        if self.advice is not None:
+            return self.advice
+        return next_step.Advice(None if self.db_path == default_db_path() else self.db_path)
 
 
 @dataclass(frozen=True)
@@ -131,7 +149,7 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
 
     def make(spec: BoardSpec) -> tuple[JobBody, RunInfo]:
         info = RunInfo(new_run_id(), spec, command, dict(arguments), image_sha,
-                       operator_claimed=session.operator, trail=trail)
+                       operator_claimed=session.operator, advice=session.say, trail=trail)
         return amdgpu_jobs.for_command(command, body(spec, info), image, flash_options, session.db_path), info
 
     try:
@@ -152,7 +170,7 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
 
 def _results(session: Session, command: str, result: type[R], runs: list[RunResult], reader: Any,
              witnesses: Any, then: Callable[[Any, list[R]], list[R]] | None, extra: dict[str, Any]) -> list[R]:
-    reports, backups = _reports(reader, runs)
+    reports, backups = _reports(reader, runs, session.say)
     # Each ended run's receipt and the checkpoints sealed meanwhile go into the host's
     # transparency log (pipeline.commands.transparency); its outcome rides in the summary.
     logged = transparency.record_ended(session.db_path, reports, reader)
@@ -163,8 +181,8 @@ def _results(session: Session, command: str, result: type[R], runs: list[RunResu
                    {**r.summary, **({"transparency_log": logged[r.run_id]} if r.run_id in logged else {}),
                     **({"witnesses": witnessed} if witnessed and r.run_id in logged else {})},
                    reports.get(r.run_id, {}),
-                   next_step.advice(reports[r.run_id], *backups.get(r.run_id, (None,)), run_id=r.run_id, spec=r.spec)
-                   if r.run_id in reports else None, **extra) for r in runs]
+                   next_step.advice(reports[r.run_id], *backups.get(r.run_id, (None,)), run_id=r.run_id, spec=r.spec,
+                                    say=session.say) if r.run_id in reports else None, **extra) for r in runs]
     return then(reader, results) if then is not None and reader is not None else results
 
 
@@ -210,7 +228,8 @@ def _partial(reader: Any, run_id: str, keys: Sequence[Path] | None, against: Pat
         raise Refusal(str(e)) from None
 
 
-def _reports(reader: Any, runs: list[RunResult]) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[str, str, str]]]:
+def _reports(reader: Any, runs: list[RunResult], say: next_step.Advice) \
+        -> tuple[dict[str, dict[str, Any]], dict[str, tuple[str, str, str]]]:
     """Each run's report, and for a flash the backup of its board's original content: (path,
     the run that made it, the command that puts it back); `reader`: the command's reader of the
     trail after the run (None: no run reached it)."""
@@ -226,13 +245,13 @@ def _reports(reader: Any, runs: list[RunResult]) -> tuple[dict[str, dict[str, An
             continue
     originals = {run_id: original for run_id, rep in found.items()
                  if rep["command"] in next_step.WRITES and rep["status"] not in ("succeeded", "refused")
-                 and (original := _original(reader, rep))}     # advice is for runs that did not succeed
+                 and (original := _original(reader, rep, say))}     # advice is for runs that did not succeed
     for run_id, rep in found.items():      # the keys of `report --format json`, its end included
-        run_end.add(reader, rep, lambda run_id=run_id: originals.get(run_id))  # type: ignore[misc]
+        run_end.add(reader, rep, lambda run_id=run_id: originals.get(run_id), say)  # type: ignore[misc]
     return found, originals
 
 
-def _original(db: Any, rep: dict[str, Any]) -> tuple[str, str, str] | None:
+def _original(db: Any, rep: dict[str, Any], say: next_step.Advice) -> tuple[str, str, str] | None:
     """The backup that holds the original content of a flash run's board (store.originals),
     with the command that puts it back even while a flash of the board is unfinished."""
     from amdflash.store.originals import BoardKey, board_history
@@ -248,9 +267,9 @@ def _original(db: Any, rep: dict[str, Any]) -> tuple[str, str, str] | None:
     if first is None:
         return None
     if len(history.original) == 1:
-        put_back = jobs.restore_command(first, board.get("spec") or "", start_over=True)
+        put_back = jobs.restore_command(first, board.get("spec") or "", say.command, start_over=True)
     else:      # range backups before the first whole one: put back in turn, in one command
-        put_back = next_step.command("restore-original", "--board", board.get("spec") or "", "--yes")
+        put_back = say.command("restore-original", "--board", board.get("spec") or "", "--yes")
     return first.path, first.run_id, put_back
 
 
@@ -268,13 +287,13 @@ def info(session: Session, engine: EngineOptions | None = None) -> list[InfoResu
     specs, engine = session.specs(), _engine(engine)
 
     def then(reader: Any, results: list[InfoResult]) -> list[InfoResult]:
-        return [_with(r, lines=(*r.lines, *_unfinished(reader, r))) if r.ok else r for r in results]
+        return [_with(r, lines=(*r.lines, *_unfinished(reader, r, session.say))) if r.ok else r for r in results]
 
     return _run(session, specs, "info", _engine_args(engine), lambda s, i: jobs.InfoJob(engine), InfoResult,
                 then=then)
 
 
-def _unfinished(reader: Any, result: InfoResult) -> list[str]:
+def _unfinished(reader: Any, result: InfoResult, say: next_step.Advice) -> list[str]:
     """A flash of this board (same flash unique ID, or same spec) that never finished: the
     operator who looks at the board after a crash learns it here, with the command that ends it.
     `reader`: the command's reader of the trail after the run."""
@@ -283,7 +302,7 @@ def _unfinished(reader: Any, result: InfoResult) -> list[str]:
     rows = runs(reader)
     uid = result.unique_id
     board = [r for r in rows if (uid and r["unique_id"] == uid) or r["board_spec"] == result.board]
-    lines = _scratch_left(reader, board, uid, result.board)
+    lines = _scratch_left(reader, board, uid, result.board, say)
     history = _board_history(reader, result)
     if history.first is not None:
         since = [r for r in history.writes if r != history.first.run_id]
@@ -296,10 +315,10 @@ def _unfinished(reader: Any, result: InfoResult) -> list[str]:
         return lines
     original = (f"the board's original: backup {history.first.path} (run {history.first.run_id})"
                 if history.first else "no backup of the board's original content is on record")
-    check = next_step.command("audit", "verify", "--run", gone.run_id)
+    check = say.command("audit", "verify", "--run", gone.run_id)
     said = (f"{gone.status}, {next_step.plural(gone.written, 'unit')} written" if gone.written is not None else
             f"{gone.status}; its record does not verify: {check}")
-    resume = next_step.command("resume", "--board", result.board, "--yes", args=[gone.run_id])
+    resume = say.command("resume", "--board", result.board, "--yes", args=[gone.run_id])
     return [*lines, f"unfinished flash {gone.run_id} on this board ({said}; {original}): to finish it, {resume}"]
 
 
@@ -310,7 +329,8 @@ def _board_history(db_path: Any, result: InfoResult) -> Any:
     return board_history(db_path, BoardKey(result.unique_id or "", result.chip or "", result.board))
 
 
-def _scratch_left(reader: Any, board: list[dict[str, Any]], uid: str | None, spec: str) -> list[str]:
+def _scratch_left(reader: Any, board: list[dict[str, Any]], uid: str | None, spec: str,
+                  say: next_step.Advice) -> list[str]:
     """Scratch blocks of this board's hardware-report runs left torn, oldest first: a block's
     first backup holds its content (a later run's backup of a torn block would hold the tear),
     until a later flash of the board that covers the block succeeded (which is how it is put back)."""
@@ -337,7 +357,8 @@ def _scratch_left(reader: Any, board: list[dict[str, Any]], uid: str | None, spe
                 continue
             for block, backup in next_step.scratch_left(rep).items():
                 torn.setdefault(block, (r["run_id"], backup))
-    lines = [f"hardware-report {run_id} left its scratch block: {next_step.scratch_advice(block, backup, spec)}"
+    lines = [f"hardware-report {run_id} left its scratch block: "
+             f"{next_step.scratch_advice(block, backup, spec, say=say)}"
              for block, (run_id, backup) in sorted(torn.items())]
     lines += [f"hardware-report {run_id} does not verify: whether it left its scratch block torn is not known"
               for run_id in unread]
@@ -533,7 +554,7 @@ def resume(session: Session, run_id: str | None = None, image: Path | None = Non
     specs = session.specs()
     if len(specs) != 1 or (specs[0].kind == "auto" and not run_id):
         raise Refusal("resume needs exactly one --board (and a RUN_ID unless the board is named)")
-    plan = plan_resume(session.db_path, specs[0], run_id, image)
+    plan = plan_resume(session.db_path, specs[0], run_id, image, session.say)
     a = {k: v for k, v in plan.arguments.items() if k not in ("hardware_report", "hardware_report_sha256")}
     engine = _engine(EngineOptions(a.get("prescale", 8), a.get("rx_mode", "chained"), a.get("restore_each", False),
                                    a.get("reads", 2), hardware_report or _recorded_report(plan.arguments)))
@@ -617,14 +638,15 @@ def runs(db: str | None = None) -> list[dict[str, Any]]:
 def report(run_id: str, db: str | None = None, html: bool = False,
            keys: Sequence[Path] | None = None, beside: Path | None = None,
            unverified: bool = False, against: Path | None = None,
-           central: str | None = None) -> tuple[dict[str, Any], str | None]:
+           central: str | None = None, *, advice: next_step.Advice) -> tuple[dict[str, Any], str | None]:
     """One run's report (the `report --format json` object), and its HTML page if asked.
     `keys`: trusted public key files the run's signatures must be by; `beside`: the directory
     the page will be written into (its links lead only to pages there). `unverified`: a run
     that does not verify is reported as far as its checkpoints still vouch for it, the rest
     marked (store.partial_report: its `unverified` key), else refused (RunUnverified);
     `against`: an export of the run that names the rows that differ; `central`: the URL of a
-    central record whose copy of the run does so."""
+    central record whose copy of the run does so. `advice`: the places the commands its end
+    suggests name (next_step.BARE for a run of another host)."""
     from amdflash.store.keys import KeyError_
     from amdflash.store.partial import with_spans
     from amdflash.store.queries import resolve_run
@@ -649,7 +671,7 @@ def report(run_id: str, db: str | None = None, html: bool = False,
                            registers_put_back=run_end.put_back_words(rep), outcome=None)
             else:
                 # What the run left and the way out, as its command line said it (pipeline.run_end).
-                run_end.add(reader, rep, lambda: _original(reader, rep))
+                run_end.add(reader, rep, lambda: _original(reader, rep, advice), advice)
             page = None
             if html:
                 from amdflash.store.html import render

@@ -13,7 +13,7 @@ from amdflash.pipeline.engine.auditdb import open_reader
 from amdflash.pipeline.commands.checks import read_image
 from amdflash.pipeline.errors import Refusal
 from amdflash.pipeline.engine.jobs import place
-from amdflash.pipeline.engine.next_step import command
+from amdflash.pipeline.engine.next_step import Advice
 from amdflash.stages.open_transport import BoardSpec
 from amdflash.store.queries import (RunNotFound, has_intents, latest_unfinished, newest_resume, report, resolve_run,
                                     run_chain, runs, unit_states, unvouched, writes_since, wrote_nothing)
@@ -34,19 +34,21 @@ class ResumePlan:
     lineage: tuple[str, ...] = ()        # the runs from the original flash to this one (the first backup is theirs)
 
 
-def plan_resume(db_path: str, spec: BoardSpec, run_id: str | None, image: Path | None) -> ResumePlan:
+def plan_resume(db_path: str, spec: BoardSpec, run_id: str | None, image: Path | None, say: Advice) -> ResumePlan:
+    """The resume of `run_id` (else the board's newest unfinished flash); `say`: the places the
+    commands its refusals suggest name."""
     db = open_reader(db_path)
     try:
         try:
             with snapshot(db.conn):
-                return _plan(db, spec, run_id, image)
+                return _plan(db, spec, run_id, image, say)
         except RunNotFound as e:
             raise Refusal(str(e)) from None
     finally:
         db.conn.close()
 
 
-def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | None) -> ResumePlan:
+def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | None, say: Advice) -> ResumePlan:
     if wanted:
         # The run named, or the newest resume of it: a run whose resume was interrupted too is
         # finished from where that resume stopped (its report names the run, as it was then).
@@ -85,7 +87,7 @@ def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | N
     except Refusal as e:
         if image_override is not None:
             raise
-        again = command("resume", "--board", str(spec), "--image", "FILE", "--yes", args=[run_id])
+        again = say.command("resume", "--board", str(spec), "--image", "FILE", "--yes", args=[run_id])
         raise Refusal(f"{e}; if the image has moved, name it: {again}") from None
     sha = hashlib.sha256(image).hexdigest()
     if sha != rep["image_sha256"]:
@@ -121,7 +123,7 @@ def _plan(db: Any, spec: BoardSpec, wanted: str | None, image_override: Path | N
         if why:
             # Still refused (it may have written), but not called a write the trail vouches for.
             other = later[0]["run_id"]
-            check = f" (check it: {command('audit', 'verify', '--run', other)})" if isinstance(other, str) else ""
+            check = f" (check it: {say.command('audit', 'verify', '--run', other)})" if isinstance(other, str) else ""
             raise Refusal(f"run {other!s} ({later[0]['command']!s}) is on record as writing this board after run "
                           f"{run_id} began, but {why}{check}; resuming could overwrite what it may have written "
                           "— start a new flash instead")

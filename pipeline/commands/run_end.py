@@ -34,15 +34,14 @@ _host: ContextVar[str | None] = ContextVar("run_end_host", default=None)
 
 @contextmanager
 def on_host(host: str) -> Iterator[None]:
-    """Tell the ends of runs of `host` (fleet report): the next step is prefixed 'on HOST:',
-    and no suggested command carries the reader's own --db or --config (they name files of
-    the reader's machine; the record does not keep the host's, so the step says to add them)."""
+    """Tell the ends of runs of `host` (fleet report): the next step is prefixed 'on HOST:'.
+    No suggested command may carry the reader's own --db or --config (they name files of the
+    reader's machine; the record does not keep the host's, so the step says to add them): the
+    caller reads the run with next_step.BARE."""
     token = _host.set(host)
-    before = next_step.use_globals()
     try:
         yield
     finally:
-        next_step.restore_globals(before)
         _host.reset(token)
 
 
@@ -55,12 +54,12 @@ def _where(step: str | None) -> str | None:
 
 
 def add(db: sqlite_utils.Database, rep: dict[str, Any],
-        original: Callable[[], tuple[str, str, str] | None]) -> None:
+        original: Callable[[], tuple[str, str, str] | None], say: next_step.Advice) -> None:
     """Put the run's end into its report: `fixed_by`, `superseded_by` (store.queries: a later
     run that wrote the board of a flash no resume finished), `registers_put_back` and `outcome`
     (None for a run that succeeded, was refused or still runs). `original`: the board's original
     for the advice, as commands finds it for a board run's (called only for a flash or resume
-    that needs it)."""
+    that needs it); `say`: the places the commands suggested name."""
     rep["fixed_by"] = rep.get("finished_by")
     later: tuple[str | None, object] = (None, None)
     if not rep["fixed_by"] and wanted(rep) and rep.get("command") in next_step.WRITES:
@@ -71,7 +70,7 @@ def add(db: sqlite_utils.Database, rep: dict[str, Any],
         from amdflash.store.facts import read_for_host
 
         read_for_host(rep, str(_host.get()))
-    rep["outcome"] = outcome(db, rep, _board_original(rep, original), later[1]) if wanted(rep) else None
+    rep["outcome"] = outcome(db, rep, _board_original(rep, original), later[1], say) if wanted(rep) else None
 
 
 def put_back_words(rep: dict[str, Any]) -> list[str]:
@@ -111,7 +110,7 @@ def wanted(rep: dict[str, Any]) -> bool:
 
 
 def outcome(db: sqlite_utils.Database, rep: dict[str, Any], original: tuple[str, str, str] | None,
-            unvouched: object = None) -> dict[str, Any]:
+            unvouched: object, say: next_step.Advice) -> dict[str, Any]:
     """The run's end: `state` (what the flash holds, for a flash or resume), `backup` (the
     content the run's lineage found, with the command that writes it back), `original` (the
     board's original, when another backup holds it), `next_step` (next_step.advice: the words
@@ -121,7 +120,8 @@ def outcome(db: sqlite_utils.Database, rep: dict[str, Any], original: tuple[str,
     `original`: (path, run, put-back command) as commands gives it to the advice; `unvouched`: a
     later run on record as writing the board that nothing verified vouches for (queries.
     later_writers): resuming is refused over it, so the step says so and offers the put-back
-    (`resume_blocked_by`) — the flash is still told as unfinished, never as superseded."""
+    (`resume_blocked_by`) — the flash is still told as unfinished, never as superseded. `say`:
+    the places its commands name."""
     spec = (rep.get("board") or {}).get("spec") or ""
     fixed = rep.get("finished_by")
     # A later run wrote the board: resuming would be refused, and what the board holds is its business.
@@ -134,7 +134,8 @@ def outcome(db: sqlite_utils.Database, rep: dict[str, Any], original: tuple[str,
         backup = {"path": mine.path, "run_id": mine.run_id, "sha256": mine.sha256,
                   "content": "the board's original content" if is_original else "the content as found",
                   # Until the flash is finished, a new flash of the board needs --start-over.
-                  "put_back": original[2] if is_original and original else jobs.restore_command(mine, spec)}
+                  "put_back": (original[2] if is_original and original else
+                               jobs.restore_command(mine, spec, say.command))}
     if original is not None and (backup is None or backup["content"] != "the board's original content"):
         first = {"path": original[0], "run_id": original[1], "put_back": original[2]}
     now, carried_by = (_flash_now(db, rep) if writes and not fixed else (rep, rep["run_id"]))
@@ -144,7 +145,7 @@ def outcome(db: sqlite_utils.Database, rep: dict[str, Any], original: tuple[str,
         "original": first,
         "next_step": None if fixed or superseded else _where(
             _blocked(now, unvouched, backup, first) if unvouched is not None else
-            next_step.advice(now, *(original or (None,)), run_id=carried_by, spec=spec)),
+            next_step.advice(now, *(original or (None,)), run_id=carried_by, spec=spec, say=say)),
         "fixed_by": fixed,
         "superseded_by": superseded,
         "resume_blocked_by": None if unvouched is None else str(unvouched),

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from collections.abc import Callable
 
 import anyio
 
@@ -363,7 +364,7 @@ class FlashJob:
         gone = history.unfinished
         if gone is not None and not self.start_over and not self.resuming:
             raise Refusal(f"{unfinished_words(gone, history)}. Finish it: "
-                          f"{next_step.command('resume', '--board', str(info.spec), '--yes', args=[gone.run_id])}; "
+                          f"{dev.suggest('resume', '--board', str(info.spec), '--yes', args=[gone.run_id])}; "
                           "or start a new flash anyway: the same command with --start-over")
         return history
 
@@ -406,14 +407,14 @@ class FlashJob:
             "this_backup": "original" if original is mine else "content as found",
             "unfinished": {"run_id": gone.run_id, "units_written": gone.written} if gone else None}))
         await dev.call(dev.recorder.durable)
-        put_back = f"to put it back: {restore_command(mine, spec)}"
+        put_back = f"to put it back: {restore_command(mine, spec, dev.suggest)}"
         if original is mine:
             return f"backup of the original content: {mine.path}{how}; {put_back}"
         found = f" ({unfinished_words(gone, None, short=True)})" if gone else ""
         by = f" by run {mine.run_id}" if self.resuming else ""
         return (f"backup of the content as found{by}: {mine.path}{how}{found}; {put_back}; the board's original: "
                 f"{original.path} (run {original.run_id}; to put it back: "
-                f"{next_step.command('restore-original', '--board', spec, '--yes')})")
+                f"{dev.suggest('restore-original', '--board', spec, '--yes')})")
 
     def _check_identity(self, dev: Device, ident: FlashIdentity) -> None:
         want = self.expected_identity
@@ -455,14 +456,15 @@ def place(data: bytes, start_sector: int) -> bytes:
     return b"\xff" * start + data + b"\xff" * (FLASH_SIZE - start - len(data))
 
 
-def restore_command(backup: Backup, spec: str, start_over: bool = True) -> str:
-    """The command that writes `backup` back to the board it was read from: its own sectors.
+def restore_command(backup: Backup, spec: str, command: Callable[..., str], start_over: bool = True) -> str:
+    """The command that writes `backup` back to the board it was read from: its own sectors
+    (`command`: the builder that names the places, next_step.Advice.command or dev.suggest).
     With --start-over: pasted at any later time, a flash of the board left unfinished since
     (this very run, killed) must not refuse it — putting the backup back is the way out of one."""
     sectors = [] if backup.whole else ["--start-sector", str(backup.start_sector),
                                        "--sector-count", str(backup.sector_count)]
-    return next_step.command("flash", *sectors, "--board", spec, "--yes", "--force",
-                             *(["--start-over"] if start_over else []), args=[backup.path])
+    return command("flash", *sectors, "--board", spec, "--yes", "--force",
+                   *(["--start-over"] if start_over else []), args=[backup.path])
 
 
 def unfinished_words(gone: Any, history: BoardHistory | None, short: bool = False) -> str:

@@ -11,32 +11,12 @@ import hashlib
 import os
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 WRITES = ("flash", "resume")
 READS = ("info", "read", "dump", "verify", "probe")
-
-# The global options of the command line being run (--db, --config), as absolute paths: a
-# suggested command reaches the same audit database and config from any directory.
-_globals: list[str] = []
-
-
-def use_globals(db: str | None = None, config: str | None = None) -> list[str]:
-    """Every command suggested from now on carries these (the CLI sets them once parsed); returns
-    what was in force before, for `restore_globals` when the command line is done (a command
-    line run inside another, as the demo does, must not leave the outer one without its own)."""
-    before = list(_globals)
-    _globals.clear()
-    for option, path in (("--db", db), ("--config", config)):
-        if path:
-            _globals.extend((option, os.path.abspath(path)))
-    return before
-
-
-def restore_globals(before: list[str]) -> None:
-    _globals[:] = before
-
 
 # The documented shapes of what a printed command may carry from the trail, a board, a file
 # or the network (a run id, a board spec, a path): anything else is not offered as a command.
@@ -53,19 +33,50 @@ class NotOffered(ValueError):
     """A value that does not have its documented shape: no command is printed with it."""
 
 
-def command(*words: str, args: tuple[str, ...] | list[str] = ()) -> str:
-    """`amdflash [--db X] [--config Y] WORDS… -- ARGS…`, each word shell-quoted: a line to paste.
+@dataclass(frozen=True)
+class Advice:
+    """The places every command suggested to the operator names: the audit database and the
+    config file of the command line (or API session) that suggests it, when they are not the
+    defaults, as absolute paths, so that a command pasted into any shell, from any directory,
+    reaches the same trail with the same settings. Built once where a command line's global
+    options are parsed (cli/main.py) or a session is made (commands/board.py Session), and
+    passed down as a value: two command lines in one process (the demo runs one inside
+    another) each name their own places."""
 
-    WORDS are the command and its options, each option's value right after it; ARGS its
-    positionals, after `--`, so that no value from the trail is ever read as an option when
-    pasted (a run INSERTed as `--config=/x/c.toml` would move the key its runs are checked
-    against). A run id, board spec or path of another shape is not offered: the words say so
-    instead (`checked`)."""
-    try:
-        checked(words, args)
-    except NotOffered as e:
-        return f"(no command offered: {e})"
-    return shlex.join(["amdflash", *_globals, *words, *(["--", *args] if args else [])])
+    db: str | None = None
+    config: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("db", "config"):
+            value = getattr(self, name)
+            if value:
+                object.__setattr__(self, name, os.path.abspath(value))
+
+    def command(self, *words: str, args: tuple[str, ...] | list[str] = ()) -> str:
+        """`amdflash [--db X] [--config Y] WORDS… -- ARGS…`, each word shell-quoted: a line to paste.
+
+        WORDS are the command and its options, each option's value right after it; ARGS its
+        positionals, after `--`, so that no value from the trail is ever read as an option when
+        pasted (a run INSERTed as `--config=/x/c.toml` would move the key its runs are checked
+        against). A run id, board spec or path of another shape is not offered: the words say so
+        instead (`checked`)."""
+        try:
+            checked(words, args)
+        except NotOffered as e:
+            return f"(no command offered: {e})"
+        places = [word for option, path in (("--db", self.db), ("--config", self.config)) if path
+                  for word in (option, path)]
+        return shlex.join(["amdflash", *places, *words, *(["--", *args] if args else [])])
+
+
+# The commands of words that name no place of a command line (a run of another host, told
+# from the central record: its --db and --config are that host's, not the reader's).
+BARE = Advice()
+
+
+def command(*words: str, args: tuple[str, ...] | list[str] = ()) -> str:
+    """A command naming no database or config file (BARE): see Advice.command."""
+    return BARE.command(*words, args=args)
 
 
 def checked(words: tuple[str, ...], args: tuple[str, ...] | list[str]) -> None:
@@ -141,12 +152,13 @@ def flash_state(report: dict[str, Any]) -> str:
 
 
 def advice(report: dict[str, Any], backup: str | None, made_by: str | None = None, put_back: str | None = None, *,
-           run_id: str, spec: str) -> str | None:
+           run_id: str, spec: str, say: Advice) -> str | None:
     """The next step after a run that did not succeed (None when there is nothing to add).
     `backup`: the board's original content, made by run `made_by`, written back by `put_back`.
     A report that already tells its run's end (commands.run_end: `outcome`, worked out from the
     flash as the run's whole lineage left it) is taken at its word: the command line and the
-    report say the same step."""
+    report say the same step. `say`: the places its commands name."""
+    command = say.command
     end = report.get("outcome")
     if isinstance(end, dict) and "next_step" in end:
         return end["next_step"]
@@ -173,7 +185,7 @@ def advice(report: dict[str, Any], backup: str | None, made_by: str | None = Non
     if ran == "hardware-report":
         left = scratch_left(report)
         if left:
-            return scratch_advice(*next(iter(left.items())), spec)
+            return scratch_advice(*next(iter(left.items())), spec, say=say)
     if ran == "ifwi-all":
         return ("the PSP bootloader may hold a partial stream: power the board off and on (all rails) before "
                 f"the next command (an emulated board: {command('sim', 'power-cycle', args=[sim_dir(spec)])})")
@@ -210,7 +222,7 @@ def scratch_left(report: dict[str, Any]) -> dict[int, tuple[str, str]]:
     return backed
 
 
-def scratch_advice(block: int, backup: tuple[str, str], spec: str) -> str:
+def scratch_advice(block: int, backup: tuple[str, str], spec: str, *, say: Advice) -> str:
     """What to do about a scratch block left torn: the command that writes its backup back, once
     the backup is checked to be the very file the run wrote (its sha256 in the trail)."""
     path, sha256 = backup
@@ -223,7 +235,7 @@ def scratch_advice(block: int, backup: tuple[str, str], spec: str) -> str:
         return (f"{where}, and its backup {path} is {'gone' if found is None else 'not the file the run wrote'} "
                 "(sha256 differs): its content is on no file amdflash knows of")
     # Quoted: the report's name (and so the backup's) is whatever the user chose.
-    put_back = command("flash", "--start-sector", str(block // 0x1000), "--sector-count", "16",
+    put_back = say.command("flash", "--start-sector", str(block // 0x1000), "--sector-count", "16",
                        "--board", spec, "--yes", "--force", args=[path])
     return (f"{where}: its content is in {path} (a whole-flash image holding only that block, sha256 checked); "
             f"to put it back: {put_back}")

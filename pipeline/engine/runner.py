@@ -59,6 +59,7 @@ class RunInfo:
     # The trail as the command opened it before the run (store.reading.Trail): what the job reads
     # of earlier runs (stranded registers, the board's history) goes through it, never by path.
     trail: TrailSource = None
+    advice: next_step.Advice = next_step.BARE          # the places the commands it suggests name (--db, --config)
 
 
 @dataclass
@@ -117,7 +118,7 @@ async def run_board(body: JobBody, info: RunInfo, writer, stop: StopFlag, ui: Pr
             # The driver owns BAR5: its jobs (amdgpu_jobs.py) drive the board through dev.amdgpu.
             dev = Device.through_amdgpu(opened.board, recorder, stop, progress)
         stage(recorder, "open_transport", "end", opened.identity.spec)
-        dev.suggest = next_step.command    # a step the board layer suggests carries --db/--config
+        dev.suggest = info.advice.command    # a step the board layer suggests names the run's --db/--config
         if registers:
             # Registers an earlier run left changed go back first; then the "before" snapshot.
             settled = await settle_registers(dev, info.trail or getattr(writer, "path", None))

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
 
-from amdflash.pipeline.engine.next_step import command
+from amdflash.pipeline.engine.next_step import BARE, Advice
 from amdflash.pipeline.fleet.coordinator import BoardPlace, Coordinator
 from amdflash.pipeline.fleet.labgrid_board import JobError, parse_results, started
 from amdflash.pipeline.fleet.trust import HOST_KEY_FAILED, Allowlist, board_problem, shown
@@ -215,7 +215,7 @@ class FleetRun:
                  output_dir: Path | None = None, parallel: int = 8, exporter_grace: float = 30.0,
                  flash_args: Sequence[str] = (), allow: Allowlist | None = None,
                  host_command: Sequence[str] = ("amdflash",), operator: str | None = None,
-                 overwrite: bool = False, hosts: Sequence[str] = ()):
+                 overwrite: bool = False, hosts: Sequence[str] = (), advice: Advice = BARE):
         self.allow = allow or Allowlist({})       # the hosts the operator allows (none: nothing runs)
         self.host_command = list(host_command)   # amdflash on those hosts: the operator's, never a resource's
         # Who runs the job, as the hosts' runs record it (claimed: a host's account is its own).
@@ -227,6 +227,7 @@ class FleetRun:
         self.output_dir = output_dir
         self.overwrite = overwrite           # dump: replace an existing DIR/PLACE.bin (as `dump --overwrite`)
         self.hosts = list(hosts)             # --hosts as given (else the config's fleet_hosts): for next steps
+        self.advice = advice                 # this command line's --db and --config: for next steps
         self.parallel = max(1, parallel)
         self.exporter_grace = exporter_grace
         self.flash_args = list(flash_args)   # --force / --expect-part / --start-over, for each host's flash
@@ -314,7 +315,7 @@ class FleetRun:
         words += ["--coordinator", self.address]
         for hosts in self.hosts:
             words += ["--hosts", hosts]
-        return command(*words)
+        return self.advice.command(*words)
 
     def _next_step(self, row: Row, board: BoardPlace) -> str | None:
         """A failed, interrupted, lost or refused row's next step, naming the host where it is

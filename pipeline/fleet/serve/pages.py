@@ -242,6 +242,7 @@ def _banner(ok: bool, host: str, run_id: str, problem: str | None) -> str:
 def render_run(url: str, host_id: int, run_id: str) -> tuple[int, str]:
     """(HTTP status, page) of one run: its report from the central record, checked again here."""
     from amdflash.pipeline.commands import board as commands
+    from amdflash.pipeline.engine.next_step import BARE
     from amdflash.pipeline.errors import Refusal
     from amdflash.store import central
     from amdflash.store.keys import KeyError_
@@ -265,7 +266,8 @@ def render_run(url: str, host_id: int, run_id: str) -> tuple[int, str]:
                              "has pushed it (its follow service pushes after every end; the push timer every 30 s)."
                              " Its live state is on the <a href=\"../../\">line</a>.</p>", prefix="../../")
         try:
-            rep, html = commands.report(found, str(Path(tmp) / "run.sqlite"), html=True, keys=[key])
+            # A run of another host: its commands name none of this server's places.
+            rep, html = commands.report(found, str(Path(tmp) / "run.sqlite"), html=True, keys=[key], advice=BARE)
         except (Refusal, RunUnverified, KeyError_) as e:
             # What does not match, and where to check it: on its host, in its own trail (the
             # copy checked here is this server's temporary file, nothing a reader can open).

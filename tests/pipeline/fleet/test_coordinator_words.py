@@ -175,12 +175,9 @@ def test_an_existing_dump_file_is_refused_before_its_job_unless_overwrite(monkey
     (out / "hosta-usb-1.bin").write_bytes(b"yesterday's dump")
     allow = run_module.Allowlist.parse(["hosta"], "test")
     fleet = run_module.FleetRun("10.9.9.9:20408", {}, "dump", output_dir=Path("out"), allow=allow,
-                                hosts=["hosta=/srv/a b.sqlite"])
-    said = next_step.use_globals(config="lab.toml")    # as `amdflash --config lab.toml fleet dump out` sets
-    try:
-        (row,) = asyncio.run(fleet.run()).rows
-    finally:
-        next_step.restore_globals(said)
+                                hosts=["hosta=/srv/a b.sqlite"],
+                                advice=next_step.Advice(config="lab.toml"))   # as `amdflash --config lab.toml` has
+    (row,) = asyncio.run(fleet.run()).rows
     assert row.status == "refused" and "out/hosta-usb-1.bin exists" in row.error, row.error
     assert taken == [] and (out / "hosta-usb-1.bin").read_bytes() == b"yesterday's dump"
     assert row.next_step.startswith(f"amdflash --config {tmp_path / 'lab.toml'} fleet dump {out} --overwrite "
