@@ -457,8 +457,12 @@ def restore_original(session: Session, engine: EngineOptions | None = None) -> l
     if len(specs) != 1 or specs[0].kind == "auto":
         raise Refusal("restore-original needs exactly one --board, as the board's earlier runs named it")
     spec = str(specs[0])
-    key = _known_board(session.db_path, spec)
-    history = board_history(session.db_path, key)
+    reader = auditdb.open_reader(session.db_path)     # one reader for both: the board, then its history
+    try:
+        key = _known_board(reader, session.db_path, spec)
+        history = board_history(reader, key)
+    finally:
+        reader.conn.close()
     if not history.original:
         raise Refusal(f"no backup of the original content of board {spec} is on record in {session.db_path}")
     for b in history.original:
@@ -522,26 +526,22 @@ def restore_from_bundle(session: Session, original: bytes, held: Sequence[tuple[
     return results
 
 
-def _known_board(db: str, spec: str) -> Any:
+def _known_board(reader: Any, db: str, spec: str) -> Any:
     """The board at `spec` as the newest run that identified it there recorded it, in a row
     its checkpoints seal: a `boards` row INSERTed without the key (a blank unique ID, which
-    would make the board known by its spec alone) is not the board."""
+    would make the board known by its spec alone) is not the board. `reader`: the trail at `db`."""
     from amdflash.store.originals import BoardKey
     from amdflash.store.run_rows import RunUnverified, open_run
 
-    reader = auditdb.open_reader(db)
-    try:
-        for uid, chip, run_id, seq in reader.conn.execute(
-                "SELECT b.unique_id, b.chip, b.run_id, b.seq FROM boards b JOIN runs r ON r.run_id = b.run_id "
-                "WHERE r.board_spec = ? AND b.chip IS NOT NULL ORDER BY b.seq DESC", (spec,)):
-            try:
-                rows = open_run(reader.conn, str(run_id))
-            except RunUnverified:
-                continue
-            if rows.key <= seq and not rows.unsealed(seq):
-                return BoardKey(str(uid or ""), str(chip), spec)
-    finally:
-        reader.conn.close()
+    for uid, chip, run_id, seq in reader.conn.execute(
+            "SELECT b.unique_id, b.chip, b.run_id, b.seq FROM boards b JOIN runs r ON r.run_id = b.run_id "
+            "WHERE r.board_spec = ? AND b.chip IS NOT NULL ORDER BY b.seq DESC", (spec,)).fetchall():
+        try:
+            rows = open_run(reader.conn, str(run_id))
+        except RunUnverified:
+            continue
+        if rows.key <= seq and not rows.unsealed(seq):
+            return BoardKey(str(uid or ""), str(chip), spec)
     raise Refusal(f"no run in {db} that verifies identified a board at {spec}: its original is not known")
 
 
