@@ -110,6 +110,9 @@ def left_words(regs: dict[str, Any]) -> str:
     """What the run left changed of the registers, and the later run that put them back, if one did."""
     changed = ", ".join(f"{c['register']} {c['before']} -> {c['left']}" for c in regs.get("left_changed") or ())
     source = ("its after-restore snapshot" if regs.get("left_from") == "after restore"
+              else "its sealed register writes up to the first that failed: the writes after it did not reach "
+                   "the board (the link was lost), its attempt to put them back among them"
+              if regs.get("left_from") == "sealed writes before the link was lost"
               else "its last sealed register writes; one recorded just as the run died may not have reached "
                    "the board")
     text = f"left changed (from {source}): {changed}" if changed else f"left changed: none (from {source})"
@@ -121,7 +124,7 @@ def left_words(regs: dict[str, Any]) -> str:
                  + (f" and put back {done}" if done else "; it put back nothing")
                  + (f" (changed since by something else: {', '.join(put['changed_since'])})"
                     if put.get("changed_since") else ""))
-    elif changed and regs.get("left_from") == "sealed writes":
+    elif changed and (regs.get("left_from") or "").startswith("sealed writes"):
         text += "; no later run on record has put them back (the next run on this board does, first)"
     return text
 

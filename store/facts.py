@@ -95,7 +95,8 @@ def last_writes(conn: sqlite3.Connection, rows: RunRows, offsets: set[int]) -> d
     transactions set (log_spi: their shape says which registers each wrote)."""
     if rows.sealed is None:
         return {}
-    span = (rows.key, rows.sealed, rows.key)
+    lost = link_lost(conn, rows)
+    span = (rows.key, rows.sealed if lost is None else min(rows.sealed, lost - 2), rows.key)
     last: dict[int, tuple[int, int]] = {}
     for seq, offset, value, data in conn.execute(
             "SELECT w.seq, w.offset, w.value, b.data FROM log_writes w LEFT JOIN blobs b ON b.id = w.data "
@@ -121,6 +122,15 @@ def last_writes(conn: sqlite3.Connection, rows: RunRows, offsets: set[int]) -> d
     return {k: v for k, (_, v) in last.items() if k in offsets}
 
 
+def link_lost(conn: sqlite3.Connection, rows: RunRows) -> int | None:
+    """The seq of the run's first sealed 'write failed' (the register write recorded just
+    before it did not reach the board: the transport was lost), if any. From there on its
+    recorded writes, its attempt to put the registers back among them, never reached it."""
+    found = conn.execute(f"SELECT min(seq) FROM stages WHERE {rows.sealed_sql} AND stage = 'transport' "
+                         "AND event = 'write failed'", rows.sealed_args).fetchone()
+    return found[0] if found and found[0] is not None else None
+
+
 def registers(conn: sqlite3.Connection, rows: RunRows) -> dict[str, Any]:
     """Before, after restore, and what the run left changed: from its "after restore" snapshot,
     or, where it ended without one (killed, its host lost), from its sealed register writes; and
@@ -135,6 +145,8 @@ def registers(conn: sqlite3.Connection, rows: RunRows) -> dict[str, Any]:
         left, out["left_from"] = after, "after restore"
     else:
         left, out["left_from"] = {**before, **last_writes(conn, rows, set(before))}, "sealed writes"
+        if link_lost(conn, rows) is not None:
+            out["left_from"] = "sealed writes before the link was lost"
     out["left_changed"] = [{"register": _name(k), "before": f"{before[k]:#010x}", "left": f"{left[k]:#010x}"}
                            for k in LEFT if k in before and k in left and left[k] != before[k]]
     if after is None:

@@ -256,6 +256,14 @@ def test_a_reviewer_with_only_the_database_and_the_key_answers_every_question(re
     assert "disconnected" in reports["usb-program"]["error"] and "partly written" in texts["usb-program"]
     assert reports["usb-backup"]["error"].startswith("backup of unit") and "disconnected" in \
         reports["usb-backup"]["error"] and "the flash was not changed" in texts["usb-backup"]
+    # What the lost link left in the registers: its writes from the loss on never reached the
+    # board (the restore's among them), so they are not what it left.
+    for name in ("usb-program", "usb-backup"):
+        lost = reports[name]["facts"]["registers"]
+        assert lost["left_from"] == "sealed writes before the link was lost", lost
+        assert {c["register"]: c["left"] for c in lost["left_changed"]}.get("ROM_CNTL") == "0x18000008", lost
+        assert "ROM_CNTL=0x18000008?" in reports[name]["error"]         # as its error says
+        assert "the writes after it did not reach the board" in words(name, "registers-left")
     stopped = reports["usb-backup"]["facts"]["backup"]
     assert stopped["path"] is None and 0 < stopped["units_in_trail"] < 32 and stopped["in_trail"] is False, stopped
     assert words("usb-backup", "backup-held").startswith(
