@@ -102,6 +102,7 @@ class Board:
     signed: str | None = None   # the signed record's status of its run (None: not pushed yet)
     stale: bool = False         # running, but no word of it for longer than the line's stale_after
     end: dict[str, Any] | None = None   # a failed or interrupted run's end as its signed record tells it
+    witnessed: tuple[int, int | None] | None = None   # (k, n) of its receipt's cosignatures (central's mirror)
 
     @property
     def state(self) -> str:
@@ -220,6 +221,7 @@ class Line:
         with self.lock:
             wanted = [(b.host_id, b.row["run_id"]) for b in self.boards.values()]
         signed = central.signed_status(pg, wanted)
+        witnessed = central.witness_states(pg, central.NS, wanted)
         hosts = central.hosts_health(pg)
         changed = False
         with self.lock:
@@ -227,6 +229,9 @@ class Line:
                 now = signed.get((b.host_id, b.row["run_id"]))
                 if now != b.signed:
                     b.signed, changed = now, True
+                cosigned = witnessed.get((b.host_id, b.row["run_id"]))
+                if cosigned != b.witnessed:
+                    b.witnessed, changed = cosigned, True
                 self._ask_end(b)
             if hosts != self.hosts:
                 self.hosts, changed = hosts, True
@@ -283,7 +288,7 @@ class Line:
         now = dt.datetime.now(dt.UTC)
         with self.lock:
             boards = sorted((Board(b.host_id, b.host, b.key, dict(b.row), b.signed, self._stale(b, now),
-                                   self.ends.get((b.host_id, str(b.row["run_id"]), b.signed)))
+                                   self.ends.get((b.host_id, str(b.row["run_id"]), b.signed)), b.witnessed)
                              for b in self.boards.values()), key=Board.sort_key)
             return LineSnapshot(boards, [dict(h) for h in self.hosts], dt.datetime.now(dt.UTC),
                                 self.version)

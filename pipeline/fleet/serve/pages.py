@@ -94,6 +94,12 @@ def board_row(b: Board, prefix: str = "") -> str:
     source = ("<span title=\"the run's signed record, verified by the central database\">signed</span>"
               if b.source == "signed" else
               "<span class=\"muted\" title=\"the host's live word: advisory, not signed\">live</span>")
+    witnessed = ""
+    if b.source == "signed" and b.witnessed is not None:      # its receipt is in the central record
+        from amdflash.store.central import witness_words
+
+        witnessed = escape(witness_words(b.witnessed))
+        source += f" <span class=\"muted\" data-field=\"witnessed\">{witnessed}</span>"
     stage = escape(str(row.get("stage") or "")) if state == "running" else ""
     if b.stale:
         stage += " <span class=\"muted\">(no word of it for a long time: not waited for)</span>"
@@ -109,7 +115,7 @@ def board_row(b: Board, prefix: str = "") -> str:
         job += " <span class=\"muted\">(resumes " + escape(str(row["resumes"])) + ")</span>"
     return (f"<tr class=\"s-{escape(state)}\" data-host=\"{escape(b.host)}\" data-place=\"{escape(b.place)}\" "
             f"data-state=\"{escape(state)}\" data-run=\"{run}\" data-source=\"{b.source}\" "
-            f"data-job=\"{escape(str(row.get('command') or ''))}\">"
+            f"data-job=\"{escape(str(row.get('command') or ''))}\" data-witnessed=\"{witnessed}\">"
             f"<td>{escape(b.host)}</td><td>{escape(b.place)}</td><td>{_state(state)} {source}</td>"
             f"<td>{job}</td><td>{stage}</td><td data-field=\"progress\">{bar}{escape(amounts)}</td>"
             f"<td>{escape(rate)}</td><td>{escape(eta)}</td><td>{link}</td><td class=\"error\">{error}</td></tr>")

@@ -113,14 +113,22 @@ def test_push_mirrors_tree_heads_cosignatures_and_receipts_and_a_second_push_sen
     from tests.pipeline.fleet.test_serve import _client, _line
 
     pytest.importorskip("starlette", reason="starlette is not installed (pip install '.[test]' brings it)")
+    from tests.pipeline.fleet.test_central_trust import as_login, host_id
+    from tests.pipeline.fleet.test_live import insert
+
+    insert(as_login(central, "hosta"), host_id(central, "hosta"), run_id=runs[-1], state="succeeded",
+           board="sim:/a/0", place="hosta-sim-0", command="flash")
     line = _line(central)
     try:
         with _client(line, central) as client:
             page = client.get("/history").text
+            board = client.get("/").text
     finally:
         line.close()
     shown = dict(re.findall(r'<tr data-run="([^"]+)".*?<td data-field="witnessed">([^<]*)</td></tr>', page))
     assert shown == {run: "witnessed 2 of 2" for run in runs}, page
+    assert re.findall(r'<tr class="s-succeeded"[^>]* data-run="([^"]+)"[^>]* data-witnessed="([^"]*)">', board) \
+        == [(runs[-1], "witnessed 2 of 2")], board
 
 
 def test_a_forked_log_is_refused_by_the_central_database_and_verify_central_says_so(
