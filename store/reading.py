@@ -113,10 +113,11 @@ def _check(conn: sqlite3.Connection, path: Path, path_text: str, strict: bool) -
 
 
 class Trail:
-    """The trail a board command reads during its run, through the one connection it opened
-    before the run (the one that prepared the database for its writer): the jobs of all its
+    """The trail a board command reads through its one connection, opened before the run just
+    after the writer process started (pipeline.engine.auditdb.open_writer): the jobs of all its
     boards read through it in turn (one read at a time: each is a read transaction), never by
-    path. What they read is what the writer had committed when each read began."""
+    path, and the command its reports once the writer has closed. What a read sees is what the
+    writer had committed when it began."""
 
     def __init__(self, db: sqlite_utils.Database) -> None:
         self.db = db

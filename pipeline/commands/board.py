@@ -153,19 +153,18 @@ def _run(session: Session, specs: list[BoardSpec], command: str, arguments: dict
         return amdgpu_jobs.for_command(command, body(spec, info), image, flash_options, session.db_path), info
 
     try:
-        runs = anyio.run(run_boards, make, specs, writer, session.progress, image_path)
-        interrupts.runs_recorded()
-    finally:
-        trail.close()       # before the writer: its connection, the last, tidies the WAL away
-        writer.close()
-    # One reader after the run (the trail the writer has just closed) for every board's report,
-    # the run's end, the transparency log and what `then` adds.
-    reader = auditdb.open_reader(session.db_path) if any(r.run_id for r in runs) else None
-    try:
+        try:
+            runs = anyio.run(run_boards, make, specs, writer, session.progress, image_path)
+            interrupts.runs_recorded()
+        finally:
+            writer.close()
+        # The same connection, once the writer has closed the trail, for every board's report,
+        # the run's end, the transparency log and what `then` adds; closed last (a writable
+        # connection: it tidies the WAL away as the writer's would have).
+        reader = trail.db if any(r.run_id for r in runs) else None
         return _results(session, command, result, runs, reader, witnesses, then, extra)
     finally:
-        if reader is not None:
-            reader.conn.close()
+        trail.close()
 
 
 def _results(session: Session, command: str, result: type[R], runs: list[RunResult], reader: Any,

@@ -89,10 +89,17 @@ def open_writer(path_text: str) -> AuditWriter:
             raise Refusal(f"audit database {path}: {e.strerror}") from None
         try:
             # Created, or one of an older amdflash refused ('audit upgrade' upgrades it), and
-            # proven writable, through this one connection: kept open for the command to read
-            # the trail during its run (run_trail), closed by it before the writer is.
-            conn = prepare(str(path), conn=conn, keep=True)
+            # proven writable, through this one connection.
+            prepare(str(path), conn=conn)
+            # Closed before the writer process is forked, and the command's own connection for
+            # reading the trail during its run (run_trail) opened after: a child forked with a
+            # connection open inherits SQLite's per-file lock state for it, believes it holds
+            # locks the kernel gave the parent, and once the parent dies another connection's
+            # close may checkpoint and remove the -wal under the writer's later commits (a
+            # killed host's last rows were lost: test_durability's host killed alone).
+            conn = None
             writer = AuditWriter(str(path), key_path=host_key_path(str(path))).open(prepared=True)
+            conn = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False, isolation_level=None)
         except (StoreUnavailable, SchemaError) as e:
             raise Refusal(str(e)) from None
     except BaseException:
@@ -104,9 +111,9 @@ def open_writer(path_text: str) -> AuditWriter:
 
 
 def run_trail(writer: object, path: str) -> Trail:
-    """The trail a board command's jobs read during its run (store.reading.Trail): the
-    connection open_writer prepared the database through, else (a writer made otherwise: tests,
-    benchmarks) the file opened read-only here."""
+    """The trail a board command's jobs read during its run, and the command its reports after
+    it (store.reading.Trail): the connection open_writer opened once the writer had started,
+    else (a writer made otherwise: tests, benchmarks) the file opened read-only here."""
     conn = getattr(writer, "kept", None)
     if isinstance(conn, sqlite3.Connection):
         writer.kept = None  # type: ignore[attr-defined]
