@@ -45,8 +45,9 @@ def _last_status(db: sqlite_utils.Database, rows: RunRows) -> dict[str, Any]:
 
 def _db_file(db: sqlite_utils.Database) -> str:
     """The file the connection reads (the operator needs to know which database was searched)."""
-    rows = [r for r in db.conn.execute("PRAGMA database_list") if r[1] == "main"]
-    return rows[0][2] if rows and rows[0][2] else "(in memory)"
+    from amdflash.store.read_only import source_path
+
+    return source_path(db.conn) or "(in memory)"
 
 
 def resolve_run(db: sqlite_utils.Database, run_id: str) -> str:

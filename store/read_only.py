@@ -118,7 +118,7 @@ def _private_copy(path: str) -> sqlite3.Connection:
     except BaseException:
         shutil.rmtree(place, ignore_errors=True)
         raise
-    conn.place = place
+    conn.place, conn.original = place, os.path.abspath(path)
     weakref.finalize(conn, shutil.rmtree, place, True)     # also if it is dropped unclosed
     return conn
 
@@ -127,8 +127,21 @@ class _CopyConnection(sqlite3.Connection):
     """A connection to a private copy: closing it removes the copy."""
 
     place = ""
+    original = ""       # the database it is a copy of
 
     def close(self) -> None:
         super().close()
         if self.place:
             shutil.rmtree(self.place, ignore_errors=True)
+
+
+def source_path(conn: sqlite3.Connection) -> str | None:
+    """The database file a connection reads, as the operator named it: for a private copy, the
+    database it is a copy of — what a printed command names, and where the trail's neighbours
+    (its anchor, its transparency log, backups/) are — never the copy, which is gone once
+    read. None for a database in memory."""
+    original = getattr(conn, "original", "")
+    if original:
+        return str(original)
+    rows = [r for r in conn.execute("PRAGMA database_list") if r[1] == "main" and r[2]]
+    return str(rows[0][2]) if rows else None

@@ -27,7 +27,9 @@ NAMES = (RECEIPT, PROOF, VKEY)
 
 def add(db: Any, selection: Any, facts: Any) -> dict[str, bytes]:
     """The receipt parts of the bundle's run, if its receipt is in the log (else none)."""
-    path = db.conn.execute("PRAGMA database_list").fetchone()[2]
+    from amdflash.store.read_only import source_path
+
+    path = source_path(db.conn) or ""      # the log sits beside the database, not beside a private copy
     directory = tlog.log_dir(path)
     logged = trail_log.logged_receipt(directory, selection.run_id)
     vkey = tlog.verifier_key(directory)

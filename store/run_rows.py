@@ -108,7 +108,10 @@ def verify_command(conn: sqlite3.Connection, run_id: object) -> str:
     """`amdflash --db FILE audit verify --run RUN_ID`, to paste: with the database this
     connection reads, by its absolute path (a message printed here may be read anywhere, and
     the database may not be the default one)."""
-    files = [row[2] for row in conn.execute("PRAGMA database_list") if row[1] == "main" and row[2]]
+    from amdflash.store.read_only import source_path
+
+    source = source_path(conn)
+    files = [source] if source else []
     run = str(run_id)
     # Bound to its option when it starts with '-': a run INSERTed as '--config=/x' stays a value.
     return shlex.join(["amdflash", *(["--db", files[0]] if files else []), "audit", "verify",

@@ -36,7 +36,9 @@ def add(db: Any, selection: Any, facts: Any) -> dict[str, bytes]:
     against (none when its receipt is not logged, or no quorum cosigned a head holding it)."""
     from amdflash.store import trail_log
 
-    path = db.conn.execute("PRAGMA database_list").fetchone()[2]
+    from amdflash.store.read_only import source_path
+
+    path = source_path(db.conn) or ""      # the log sits beside the database, not beside a private copy
     directory = tlog.log_dir(path)
     logged = trail_log.logged_receipt(directory, selection.run_id)
     if logged is None:

@@ -325,6 +325,29 @@ def test_a_copy_with_the_wal_a_killed_writer_left_is_read_through_a_private_copy
     assert set(Path(tempfile.gettempdir()).glob("amdflash-read-*")) <= left      # the private copies are gone
 
 
+def test_a_trail_read_through_a_private_copy_is_named_by_its_own_path(trail, tmp_path):
+    """Was: read through a private copy (a -wal a killed writer left, nobody holding it), the
+    report said it was read from the copy, gone once read, and its check command named it; the
+    bundle looked for the transparency log beside the copy. Every word names the trail itself."""
+    home, place = tmp_path / "home", tmp_path / "received"
+    for d in (home, place):
+        d.mkdir()
+    source = tmp_path / "source.sqlite"
+    shutil.copyfile(trail["db"], source)
+    writer = sqlite3.connect(source, isolation_level=None)
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('wal-probe', 'x')")
+    db = place / "received.sqlite"
+    shutil.copyfile(source, db)
+    shutil.copyfile(f"{source}-wal", f"{db}-wal")
+    writer.close()
+    r = cli.run("--db", db, "report", trail["failed"], env=reviewer_env(home))
+    assert f"database   read from {db}:" in r.out, r.out
+    assert "amdflash-read-" not in r.out + r.err
+    r = cli.run("--db", db, "report", trail["failed"], "--format", "json", env=reviewer_env(home))
+    assert "amdflash-read-" not in r.out + r.err and str(db) in r.out
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
 def test_another_user_reading_a_trail_changes_nothing(trail):
     """The trail readable by all (0644 in a 0755 directory, root's), read by uid 65534 with a
