@@ -115,6 +115,7 @@ def write_policy(f: Flashed, where: Path) -> Path:
     return policy
 
 
+@pytest.mark.slow      # several whole commands, five seconds or more: in CI's slow set
 def test_a_flash_s_bundle_is_checked_without_amdflash_and_against_a_policy(tmp_path: Path) -> None:
     verifier, program = outside._go_build(tmp_path), witnessed._go_build(tmp_path)
     f = flash_and_bundle(tmp_path)

@@ -9,8 +9,13 @@ import os
 import shlex
 from pathlib import Path
 
+import pytest
+
 from amdflash import api
 from tests.support.cli import run
+
+# Whole flashes through the API and the command line, ten seconds each: in CI's slow set.
+pytestmark = pytest.mark.slow
 
 
 def _differing(tmp_path: Path) -> Path:

@@ -16,6 +16,9 @@ from amdflash.stages.sim.synth import PART_KEY, synthetic_ifwi
 from tests.support import cli
 from tests.support.connections import counted
 
+# A flash and an info counted whole, a few seconds each: in CI's slow set.
+pytestmark = pytest.mark.slow
+
 MOST = 3
 
 

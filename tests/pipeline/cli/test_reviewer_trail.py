@@ -267,6 +267,7 @@ def review(db: Path, facts: dict[str, Any], out: Path, run: Any, full: bool = Fa
     return wrong
 
 
+@pytest.mark.slow      # several whole commands, five seconds or more: in CI's slow set
 def test_a_reviewer_s_copy_and_home_are_left_as_they_were(trail, tmp_path):
     """Was: `audit export` made a host key in the reviewer's home; every read made -wal and -shm
     beside the copy."""
@@ -426,6 +427,7 @@ def test_a_trail_a_writer_has_open_is_read_through_its_wal(trail, tmp_path):
         writer.close()
 
 
+@pytest.mark.slow      # several whole commands, five seconds or more: in CI's slow set
 def test_the_commands_docs_review_gives_work_on_a_received_copy(trail, tmp_path):
     """docs/review.md, typed as it stands by a reviewer holding only the database and the key,
     in a fresh home: every command it shows works (the operator's `audit key` excepted: it
