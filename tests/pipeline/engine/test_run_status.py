@@ -41,7 +41,8 @@ def every_view(run_id: str, tmp_path: Path) -> dict[str, str]:
     return {
         "runs": statuses()[run_id],
         "report": json.loads(amdflash("report", run_id, "--json", check=True).stdout)["status"],
-        "text": text.splitlines()[0].split("(", 1)[1].split(", ")[1].split(")")[0],     # run  ID  (command, status)
+        # run  ID  (command, status[; what a --force overrode])
+        "text": text.splitlines()[0].split("(", 1)[1].split(", ")[1].split(")")[0].split(";")[0],
         "html": html.split('data-field="status-badge">', 1)[1].split("<", 1)[0],
         "replay": replayed["status"],
     }
