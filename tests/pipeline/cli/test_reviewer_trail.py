@@ -301,14 +301,11 @@ def test_a_read_only_copy_is_read_as_it_is(trail, tmp_path):
         os.chmod(place, 0o755)
 
 
-def test_a_copy_with_the_wal_a_killed_writer_left_is_read_through_a_private_copy(trail, tmp_path):
-    """A -wal holding frames and nobody holding it: SQLite would make (or change) a -shm
-    beside it; the reader copies both aside instead, and what the WAL holds is read."""
-    home, place, out = tmp_path / "home", tmp_path / "received", tmp_path / "out"
-    for d in (home, place, out):
-        d.mkdir()
-    source = tmp_path / "source.sqlite"
-    shutil.copyfile(trail["db"], source)
+def copy_with_wal(trail_db: Path, work: Path, place: Path) -> Path:
+    """The trail copied into `place` with a -wal holding frames, as a copy taken while a writer
+    had it open leaves it (nobody holds it now)."""
+    source = work / "source.sqlite"
+    shutil.copyfile(trail_db, source)
     writer = sqlite3.connect(source, isolation_level=None)
     writer.execute("PRAGMA wal_autocheckpoint=0")
     writer.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('wal-probe', 'x')")
@@ -316,14 +313,26 @@ def test_a_copy_with_the_wal_a_killed_writer_left_is_read_through_a_private_copy
     shutil.copyfile(source, db)
     shutil.copyfile(f"{source}-wal", f"{db}-wal")          # taken while the writer had it open
     writer.close()
+    return db
+
+
+def test_a_copy_with_the_wal_a_killed_writer_left_is_read_through_a_private_copy(trail, tmp_path, monkeypatch):
+    """A -wal holding frames and nobody holding it: SQLite would make (or change) a -shm
+    beside it; the reader copies both aside instead, and what the WAL holds is read."""
+    home, place, out, temp = tmp_path / "home", tmp_path / "received", tmp_path / "out", tmp_path / "tmp"
+    for d in (home, place, out, temp):
+        d.mkdir()
+    db = copy_with_wal(trail["db"], tmp_path, place)
     assert os.path.getsize(f"{db}-wal") > 0
     before = files(place)
-    left = set(Path(tempfile.gettempdir()).glob("amdflash-read-*"))
+    # Private copies made in a temporary directory of this test's own: other tests' readers,
+    # running beside it, make theirs in the common one.
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     wrong = review(db, trail, out, lambda *a: cli.run(*a, env=reviewer_env(home)))
     assert files(place) == before and not Path(f"{db}-shm").exists()
     assert tree(home) == []
     assert wrong == []
-    assert set(Path(tempfile.gettempdir()).glob("amdflash-read-*")) <= left      # the private copies are gone
+    assert list(temp.glob("amdflash-read-*")) == []      # the private copies are gone
 
 
 def test_a_trail_read_through_a_private_copy_is_named_by_its_own_path(trail, tmp_path):
@@ -333,15 +342,7 @@ def test_a_trail_read_through_a_private_copy_is_named_by_its_own_path(trail, tmp
     home, place = tmp_path / "home", tmp_path / "received"
     for d in (home, place):
         d.mkdir()
-    source = tmp_path / "source.sqlite"
-    shutil.copyfile(trail["db"], source)
-    writer = sqlite3.connect(source, isolation_level=None)
-    writer.execute("PRAGMA wal_autocheckpoint=0")
-    writer.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('wal-probe', 'x')")
-    db = place / "received.sqlite"
-    shutil.copyfile(source, db)
-    shutil.copyfile(f"{source}-wal", f"{db}-wal")
-    writer.close()
+    db = copy_with_wal(trail["db"], tmp_path, place)
     r = cli.run("--db", db, "report", trail["failed"], env=reviewer_env(home))
     assert f"database   read from {db}:" in r.out, r.out
     assert "amdflash-read-" not in r.out + r.err
@@ -472,15 +473,7 @@ def test_a_private_copy_that_cannot_be_made_is_one_line_and_nothing_beside_the_t
     the reader says so in one line (exit 2) and still makes no -shm beside the trail."""
     place = tmp_path / "received"
     place.mkdir()
-    source = tmp_path / "source.sqlite"
-    shutil.copyfile(trail["db"], source)
-    writer = sqlite3.connect(source, isolation_level=None)
-    writer.execute("PRAGMA wal_autocheckpoint=0")
-    writer.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('wal-probe', 'x')")
-    db = place / "received.sqlite"
-    shutil.copyfile(source, db)
-    shutil.copyfile(f"{source}-wal", f"{db}-wal")
-    writer.close()
+    db = copy_with_wal(trail["db"], tmp_path, place)
     before = files(place)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-directory"))
     r = _run("--db", db, "runs")
